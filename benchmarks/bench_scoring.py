@@ -3,7 +3,8 @@
 For the first N cases of PEAK_counter.json, the edit prompt and every paraphrase prompt are scored against
 all of the case's correct answers, hard false answers and random false answers, on SmolLM2 with 2 threads.
 
-(a) editscope's engine: prefix sharing through the KV cache, LM head only where logits are read,
+(a) editscope's engine: each context with the prefix tree of its continuations in one sequence under a
+    tree attention mask, LM head only where logits are read,
     token-budget batches over the whole workload.
 (b) the peers' method (ROME's and PEAK's ``test_batch_prediction``): per case, one right-padded forward over
     all "prompt + candidate" rows, full log-softmax, log-probs read at the candidate tokens.

@@ -171,3 +171,31 @@ def test_duplicate_requests_are_scored_once_and_returned_in_order(tiny):
     assert [s.continuation for s in scores] == ["Paris", "world", "Paris"]
     np.testing.assert_array_equal(scores[0].token_logprobs, scores[2].token_logprobs)
     np.testing.assert_allclose(scores[1].token_logprobs, naive_logprobs(tiny, "Hello", "world"), atol=1e-4)
+
+
+SHARED_PREFIXES = ["New York", "New York City", "New Jersey", "New", "Newcastle upon Tyne", "Old York"]
+
+
+@pytest.mark.parametrize("max_row_tokens", [512, 9])
+def test_shared_continuation_prefixes_equal_naive(tiny, max_row_tokens):
+    """Continuations sharing token prefixes share tree nodes; a tiny row cap splits the tree over rows."""
+    engine = ScoringEngine(tiny, max_row_tokens=max_row_tokens)
+    reqs = [(ctx, cont) for ctx in CONTEXTS[:2] for cont in SHARED_PREFIXES]
+    for (ctx, cont), score in zip(reqs, engine.score(reqs), strict=True):
+        np.testing.assert_allclose(score.token_logprobs, naive_logprobs(tiny, ctx, cont), atol=1e-4)
+
+
+def test_prefix_tree_computes_each_shared_prefix_once(tiny_bundles):
+    from editscope.lm.engine import _Encoded, _TreeRow
+
+    engine = ScoringEngine(tiny_bundles["llama"])
+    row = _TreeRow(tuple(engine.encode("The city of")), None)
+    conts = [tuple(engine.encode_pair("The city of", c)[1]) for c in SHARED_PREFIXES]
+    for i, cont in enumerate(conts):
+        row.add(_Encoded(i, row.ctx_ids, cont, None))
+    expected = {cont[:j] for cont in conts for j in range(1, len(cont))}  # naive: every distinct fed prefix
+    assert row.n_nodes == len(expected)
+    mask = row.mask()
+    c = len(row.ctx_ids)
+    for k, depth in enumerate(row.node_depth):  # a node sees the whole context plus exactly its own prefix
+        assert mask[c + k, :c].all() and mask[c + k, c:].sum() == depth

@@ -3,9 +3,11 @@
 Every probability a suite, an editor objective or a metric needs comes from here:
 
 - :meth:`ScoringEngine.score` — log-probs of continuations given contexts (per token, sum, mean, and
-  whether each token is the argmax, for zsRE top-1). Continuations of one context share one forward of
-  the context (prefix sharing through the KV cache); the LM head runs only on positions whose logits are
-  read; batches are sized by a token budget.
+  whether each token is the argmax, for zsRE top-1). A context and the prefix tree of all its
+  continuations go through the model as one sequence with a tree-shaped attention mask (prefix sharing:
+  the context and every shared continuation prefix are computed once, in one large forward instead of a
+  KV-cache forward per continuation length); the LM head runs only on positions whose logits are read;
+  batches are sized by a token budget.
 - :meth:`ScoringEngine.next_token_logprobs` — the next-token distribution (full or top-k).
 - :meth:`ScoringEngine.hidden_states` — residual stream after chosen layers or the MLP key activation.
 - :meth:`ScoringEngine.generate` — greedy or seeded top-k sampling.
@@ -22,7 +24,6 @@ encoded together and split at the length of the encoded context.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -96,6 +97,78 @@ class TokenBatch:
     context_embeds: list[torch.Tensor | None]
 
 
+class _TreeRow:
+    """A context followed by the prefix tree of its continuations, scored as one sequence.
+
+    Node k stands for a continuation prefix t_1..t_j (j >= 1) that some continuation extends: it holds t_j at
+    position len(context) + j - 1 and attends to the context, its ancestors and itself, so its hidden state
+    equals the one an ordinary forward of context + t_1..t_j gives at t_j. A prefix shared by several
+    continuations (" New York", " New Jersey") is computed once; the last token of a continuation is never
+    forwarded (nothing reads its logits).
+    """
+
+    def __init__(self, ctx_ids: tuple[int, ...], embeds: torch.Tensor | None) -> None:
+        self.ctx_ids = ctx_ids
+        self.embeds = embeds
+        self._node_of: dict[tuple[int, ...], int] = {}
+        self.node_tokens: list[int] = []
+        self.node_parent: list[int] = []  # parent node, -1 for the context's last token
+        self.node_depth: list[int] = []
+        #: (continuation, read index per token): 0 is the context's last token, 1 + k is node k
+        self.members: list[tuple[_Encoded, list[int]]] = []
+
+    def add(self, enc: _Encoded) -> None:
+        reads, parent = [0], -1
+        for j in range(1, len(enc.cont_ids)):
+            node = self._node_of.get(enc.cont_ids[:j])
+            if node is None:
+                node = self._node_of[enc.cont_ids[:j]] = len(self.node_tokens)
+                self.node_tokens.append(enc.cont_ids[j - 1])
+                self.node_parent.append(parent)
+                self.node_depth.append(j)
+            reads.append(1 + node)
+            parent = node
+        self.members.append((enc, reads))
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_tokens)
+
+    @property
+    def n_reads(self) -> int:
+        return 1 + self.n_nodes
+
+    @property
+    def depth(self) -> int:
+        return max(self.node_depth, default=0)
+
+    def __len__(self) -> int:
+        return len(self.ctx_ids) + self.n_nodes
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.ctx_ids) + self.node_tokens
+
+    @property
+    def positions(self) -> list[int]:
+        c = len(self.ctx_ids)
+        return list(range(c)) + [c + d - 1 for d in self.node_depth]
+
+    def read_positions(self) -> list[int]:
+        c = len(self.ctx_ids)
+        return [c - 1] + [c + k for k in range(self.n_nodes)]
+
+    def mask(self) -> np.ndarray:
+        """[len, len] True where a query token may attend to a key token."""
+        c = len(self.ctx_ids)
+        allowed = np.zeros((len(self), len(self)), dtype=bool)
+        allowed[:c, :c] = np.tril(np.ones((c, c), dtype=bool))
+        for k, parent in enumerate(self.node_parent):
+            allowed[c + k] = allowed[c - 1 if parent < 0 else c + parent]
+            allowed[c + k, c + k] = True
+        return allowed
+
+
 def normalize_boundary(context: str, continuation: str, add_space: bool = True) -> tuple[str, str]:
     """Apply DESIGN.md rule 2 to one pair; see the module docstring."""
     stripped = context.rstrip()
@@ -110,7 +183,7 @@ class ScoringEngine:
     """Batched scoring for one model bundle. ``token_budget`` bounds the tokens in one forward."""
 
     def __init__(self, bundle: Bundle, *, token_budget: int = 2048, add_space: bool = True,
-                 padding_side: str = "right") -> None:
+                 padding_side: str = "right", max_row_tokens: int = 512) -> None:
         if padding_side not in ("left", "right"):
             raise ValueError("padding_side must be 'left' or 'right'")
         self.bundle = bundle
@@ -118,6 +191,8 @@ class ScoringEngine:
         self.tokenizer = bundle.tokenizer
         self.arch = bundle.arch
         self.token_budget = token_budget
+        #: a context's prefix tree is split over several rows beyond this length (attention cost is quadratic)
+        self.max_row_tokens = max(1, min(max_row_tokens, token_budget))
         self.add_space = add_space
         self.padding_side = padding_side
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
@@ -193,23 +268,6 @@ class ScoringEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         return ids, mask, positions, embeds
 
-    def _batches(self, groups: list[list[_Encoded]]) -> Iterator[list[list[_Encoded]]]:
-        """Pack context groups into batches whose padded token count stays within the budget."""
-        batch: list[list[_Encoded]] = []
-        max_ctx = max_cont = rows = 0
-        for group in sorted(groups, key=lambda g: len(g[0].ctx_ids)):
-            g_ctx = len(group[0].ctx_ids)
-            g_cont = max(len(e.cont_ids) for e in group)
-            n_ctx, n_rows = len(batch) + 1, rows + len(group)
-            cost = n_ctx * max(max_ctx, g_ctx) + n_rows * (max(max_ctx, g_ctx) + max(max_cont, g_cont))
-            if batch and cost > self.token_budget:
-                yield batch
-                batch, max_ctx, max_cont, rows = [], 0, 0, 0
-            batch.append(group)
-            max_ctx, max_cont, rows = max(max_ctx, g_ctx), max(max_cont, g_cont), rows + len(group)
-        if batch:
-            yield batch
-
     # -- scoring ------------------------------------------------------------------------------------
     @torch.no_grad()
     def score(self, requests: Sequence[ScoreRequest | tuple[str, str]]) -> list[ContinuationScore]:
@@ -227,7 +285,7 @@ class ScoringEngine:
             key = (enc.ctx_ids, id(enc.embeds) if enc.embeds is not None else None)
             groups.setdefault(key, []).append(enc)
         results: list[ContinuationScore | None] = [None] * len(encoded)
-        for batch in self._batches(list(groups.values())):
+        for batch in self._pack(self._rows(list(groups.values()))):
             for enc, lps, is_max in self._score_batch(batch):
                 for index in duplicates[enc.index]:
                     req = requests[index]
@@ -235,71 +293,94 @@ class ScoringEngine:
                     results[index] = ContinuationScore(ctx, cont, list(enc.cont_ids), lps.copy(), is_max.copy())
         return results  # type: ignore[return-value]
 
-    def _score_batch(self, batch: list[list[_Encoded]]):
+    def _rows(self, groups: list[list[_Encoded]]) -> list[_TreeRow]:
+        """One tree row per context group, split when a row would exceed ``max_row_tokens``."""
+        rows = []
+        for group in groups:
+            ctx_len = len(group[0].ctx_ids)
+            row = _TreeRow(group[0].ctx_ids, group[0].embeds)
+            # Sorted continuations keep shared prefixes in one row when a group is split.
+            for enc in sorted(group, key=lambda e: e.cont_ids):
+                if len(row.members) and ctx_len + row.n_nodes + len(enc.cont_ids) - 1 > self.max_row_tokens:
+                    rows.append(row)
+                    row = _TreeRow(group[0].ctx_ids, group[0].embeds)
+                row.add(enc)
+            rows.append(row)
+        return rows
+
+    def _pack(self, rows: list[_TreeRow]) -> Iterator[list[_TreeRow]]:
+        """Batches of rows of similar length whose padded token count stays within the budget."""
+        batch: list[_TreeRow] = []
+        width = 0
+        for row in sorted(rows, key=len):
+            if batch and (len(batch) + 1) * max(width, len(row)) > self.token_budget:
+                yield batch
+                batch, width = [], 0
+            batch.append(row)
+            width = max(width, len(row))
+        if batch:
+            yield batch
+
+    def _score_batch(self, batch: list[_TreeRow]):
+        """One forward of tree rows; the LM head runs on the read positions only."""
         side = self.padding_side
-        ctx_ids, ctx_mask, ctx_pos, ctx_embeds = self._inputs([(g[0].ctx_ids, g[0].embeds) for g in batch], side)
-        out = self._base(
-            input_ids=None if ctx_embeds is not None else ctx_ids,
-            inputs_embeds=ctx_embeds,
-            attention_mask=ctx_mask,
-            position_ids=ctx_pos,
-            use_cache=True,
-        )
-        ctx_lens = ctx_mask.sum(-1)
-        last = ctx_lens - 1 if side == "right" else torch.full_like(ctx_lens, ctx_ids.shape[1] - 1)
-        first_logits = self.logits_from_hidden(out.last_hidden_state[torch.arange(len(batch)), last]).float()
+        width = max(len(row) for row in batch)
+        window = getattr(self.model.config, "sliding_window", None)
+        if window and max(len(row.ctx_ids) + row.depth for row in batch) > window:
+            raise EditscopeError(f"context + continuation longer than the model's sliding window ({window} tokens)")
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((len(batch), width), dtype=torch.long)
+        allowed = np.zeros((len(batch), width, width), dtype=bool)
+        offsets = []
+        for b, row in enumerate(batch):
+            off = width - len(row) if side == "left" else 0
+            offsets.append(off)
+            span = slice(off, off + len(row))
+            ids[b, span] = torch.tensor(row.tokens)
+            positions[b, span] = torch.tensor(row.positions)
+            allowed[b, span, span] = row.mask()
+            pad = [i for i in range(width) if not off <= i < off + len(row)]
+            allowed[b, pad, pad] = True  # padding attends to itself only: no empty softmax rows
+        embeds = None
+        if any(row.embeds is not None for row in batch):
+            embeds = self.model.get_input_embeddings()(ids)
+            for b, row in enumerate(batch):
+                if row.embeds is not None:
+                    embeds[b, offsets[b]:offsets[b] + len(row.ctx_ids)] = row.embeds.to(embeds.dtype)
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
+        hidden = self._base(
+            input_ids=None if embeds is not None else ids,
+            inputs_embeds=embeds,
+            attention_mask=mask[:, None],
+            position_ids=positions,
+            use_cache=False,
+        ).last_hidden_state
 
-        rows = [(gi, enc) for gi, group in enumerate(batch) for enc in group]
-        # Token t_j (j >= 1) is predicted from the hidden state of t_{j-1}: the last token needs no forward.
-        tails = [(gi, enc) for gi, enc in rows if len(enc.cont_ids) > 1]
-        tail_logits = None
-        if tails:
-            tail_logits = self._tail_logits(out.past_key_values, ctx_mask, ctx_lens, tails)
-
-        # Gather every read log-prob in bulk: row r's token j comes from dists[index[r][j]].
-        logits = first_logits if tail_logits is None else torch.cat([first_logits, tail_logits])
+        # Read positions: each row's context end and its prefix nodes, each once.
+        read_b, read_t, read_at, start = [], [], [], 0
+        for b, row in enumerate(batch):
+            read_b += [b] * row.n_reads
+            read_t += [offsets[b] + t for t in row.read_positions()]
+            read_at.append(start)
+            start += row.n_reads
+        logits = self.logits_from_hidden(hidden[torch.tensor(read_b), torch.tensor(read_t)]).float()
         log_z = logits.logsumexp(-1)
         argmax = logits.argmax(-1)
-        dist_index, targets, offset = [], [], len(batch)
-        for gi, enc in rows:
-            n = len(enc.cont_ids)
-            dist_index.append(torch.cat([torch.tensor([gi]), torch.arange(offset, offset + n - 1)]))
-            offset += n - 1
-            targets.append(torch.tensor(enc.cont_ids))
-        flat_index, flat_targets = torch.cat(dist_index), torch.cat(targets)
-        token_lp = (logits[flat_index, flat_targets] - log_z[flat_index]).double().numpy()
-        token_max = (argmax[flat_index] == flat_targets).numpy()
+        flat_index, flat_targets, members = [], [], []
+        for b, row in enumerate(batch):
+            for enc, reads in row.members:
+                flat_index += [read_at[b] + r for r in reads]
+                flat_targets += enc.cont_ids
+                members.append(enc)
+        flat_index_t, flat_targets_t = torch.tensor(flat_index), torch.tensor(flat_targets)
+        token_lp = (logits[flat_index_t, flat_targets_t] - log_z[flat_index_t]).double().numpy()
+        token_max = (argmax[flat_index_t] == flat_targets_t).numpy()
         start = 0
-        for _, enc in rows:
+        for enc in members:
             n = len(enc.cont_ids)
             yield enc, token_lp[start:start + n], token_max[start:start + n]
             start += n
-
-    def _tail_logits(self, cache, ctx_mask, ctx_lens, tails) -> torch.Tensor:
-        """Logits predicting tokens 2..n of each continuation, rows concatenated in ``tails`` order.
-
-        Continuations are forwarded in buckets of equal length (no padding inside a bucket), each on its
-        own copy of the context cache with rows selected by ``index_select``: padding a short answer to the
-        longest one would cost as much as the peers' full-row forward.
-        """
-        buckets: dict[int, list[int]] = {}
-        for r, (_, enc) in enumerate(tails):
-            buckets.setdefault(len(enc.cont_ids) - 1, []).append(r)
-        per_row: list[torch.Tensor | None] = [None] * len(tails)
-        for i, (width, members) in enumerate(sorted(buckets.items())):
-            gidx = torch.tensor([tails[r][0] for r in members])
-            sub = cache if i == len(buckets) - 1 else copy.deepcopy(cache)
-            sub.reorder_cache(gidx)
-            ids = torch.tensor([tails[r][1].cont_ids[:-1] for r in members], dtype=torch.long)
-            mask = torch.cat([ctx_mask[gidx], torch.ones((len(members), width), dtype=ctx_mask.dtype)], dim=1)
-            positions = ctx_lens[gidx, None] + torch.arange(width)[None, :]
-            hidden = self._base(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=sub, use_cache=True
-            ).last_hidden_state
-            logits = self.logits_from_hidden(hidden.reshape(-1, hidden.shape[-1])).float()
-            for j, r in enumerate(members):
-                per_row[r] = logits[j * width:(j + 1) * width]
-        return torch.cat(per_row)  # type: ignore[arg-type]
 
     # -- differentiable path for editor objectives --------------------------------------------------
     def prepare(self, requests: Sequence[ScoreRequest | tuple[str, str]]) -> TokenBatch:
