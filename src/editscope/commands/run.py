@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="at most N cases per dataset block (after the slice)")
     parser.add_argument("--shard", metavar="I/N", help="run only shard I of N (0-based); merge with 'editscope merge'")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--repair", action="store_true",
+                        help="keep the first row of each (dataset, case, method) when results.jsonl holds duplicates "
+                        "(two writers or a hand edit) and say how many were dropped")
     parser.set_defaults(func=_run)
 
 
@@ -30,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
         raise EditscopeError("--limit must be >= 1")
     config = load_config(args.config)
     result = Runner(config, out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
-                    progress=not args.no_progress).run()
+                    progress=not args.no_progress, repair=args.repair).run()
     print(f"{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
           f"{result.out_dir / 'results.jsonl'}")
     print(f"summary: {result.out_dir / 'summary.md'}")

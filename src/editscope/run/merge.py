@@ -11,7 +11,16 @@ from typing import Any
 
 from editscope.errors import EditscopeError
 from editscope.run.config import RunConfig
-from editscope.run.store import RESULTS, RUN_JSON, atomic_write_text, read_json, read_results, row_key, write_results
+from editscope.run.store import (
+    RESULTS,
+    RUN_JSON,
+    atomic_write_text,
+    read_json,
+    read_results,
+    row_key,
+    run_lock,
+    write_results,
+)
 from editscope.run.summary import SummaryRow, write_summary
 
 
@@ -25,7 +34,11 @@ def row_order(config: RunConfig):
 
 def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path]) -> tuple[int, list[SummaryRow]]:
     """Merge ``shard_dirs`` into ``out_dir`` (which must not hold results yet). Returns (rows, summary)."""
-    out_dir = Path(out_dir)
+    with run_lock(out_dir):
+        return _merge_locked(Path(out_dir), shard_dirs)
+
+
+def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int, list[SummaryRow]]:
     if not shard_dirs:
         raise EditscopeError("merge: no shard directories given")
     if (out_dir / RESULTS).exists():

@@ -42,9 +42,11 @@ from editscope.run.store import (
     ResultsWriter,
     atomic_write_text,
     clean_metrics,
+    drop_duplicates,
     read_json,
     read_results,
     row_key,
+    run_lock,
 )
 from editscope.run.suites import SuiteFactory, make_suite, probe_cases
 from editscope.run.summary import SummaryRow, write_summary
@@ -179,13 +181,14 @@ class Runner:
     """
 
     def __init__(self, config: RunConfig, *, out_dir: str | Path | None = None, limit: int | None = None,
-                 shard: tuple[int, int] = (0, 1), progress: bool = True,
+                 shard: tuple[int, int] = (0, 1), progress: bool = True, repair: bool = False,
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  suite_factories: Mapping[str, SuiteFactory] | None = None, bundle: Bundle | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.out_dir = Path(out_dir if out_dir is not None else config.output)
         self.limit = limit
+        self.repair = repair
         self.shard = shard
         self.progress = progress
         self.on_row = on_row
@@ -248,6 +251,14 @@ class Runner:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Run (or resume) holding the output directory's lock: a second writer fails at once."""
+        with run_lock(self.out_dir):
+            if self.repair:
+                dropped = drop_duplicates(self.out_dir / RESULTS)
+                self.log(f"--repair: dropped {dropped} duplicate row(s) of {self.out_dir / RESULTS}")
+            return self._run_locked()
+
+    def _run_locked(self) -> RunResult:
         blocks, editors, hparams = self._prepare()
         bundle = self.bundle
         assert bundle is not None

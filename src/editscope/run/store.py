@@ -3,11 +3,13 @@ fsync) and atomic writes for everything else (temp file in the same folder + ren
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from editscope.errors import EditscopeError
 
 RESULTS = "results.jsonl"
 RUN_JSON = "run.json"
+LOCK = ".editscope.lock"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 TIMING_FIELDS = ("edit_seconds", "eval_seconds")
@@ -64,16 +67,30 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def read_results(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
+def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:
     """Rows of a results file. Every row is written as one line ending in a newline, so bytes after the last
     newline are the torn tail of a killed write: ignored, and with ``repair`` cut off the file. A malformed
-    complete line is an error (the file was damaged otherwise)."""
-    path = Path(path)
+    complete line is an error (the file was damaged otherwise).
+
+    A (dataset, case, method) key that occurs twice means two writers or a hand edit; it would count a case
+    twice in every summary, so it is an error naming both lines, unless ``dedupe`` keeps the first of each
+    (with ``repair`` the file is then rewritten without the later copies)."""
+    return _read_results(Path(path), repair=repair, dedupe=dedupe)[0]
+
+
+def drop_duplicates(path: str | Path) -> int:
+    """Keep the first row of each key in a results file (rewritten atomically); returns how many were dropped."""
+    return _read_results(Path(path), repair=True, dedupe=True)[1]
+
+
+def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[str, Any]], int]:
     if not path.is_file():
-        return []
+        return [], 0
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     rows: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str, str], int] = {}
+    dropped = 0
     for i, line in enumerate(data[:cut].split(b"\n")[:-1]):
         if not line.strip():
             continue
@@ -83,13 +100,55 @@ def read_results(path: str | Path, *, repair: bool = False) -> list[dict[str, An
             raise EditscopeError(f"{path}:line {i + 1}: not valid JSON ({exc}); the file is damaged") from exc
         if not isinstance(row, dict):
             raise EditscopeError(f"{path}:line {i + 1}: not a JSON object; the file is damaged")
+        try:
+            key = row_key(row)
+        except KeyError as exc:
+            raise EditscopeError(f"{path}:line {i + 1}: field {exc.args[0]!r} is missing; the file is damaged"
+                                 ) from None
+        if key in seen:
+            if not dedupe:
+                raise EditscopeError(f"{path}:line {i + 1}: duplicate row {key} (first at line {seen[key]}): two "
+                                     "writers or a hand edit; 'editscope run --repair' keeps the first of each")
+            dropped += 1
+            continue
+        seen[key] = i + 1
         rows.append(row)
-    if repair and cut < len(data):
+    if repair and dropped:
+        write_results(path, rows)
+    elif repair and cut < len(data):
         with open(path, "r+b") as fh:
             fh.truncate(cut)
             fh.flush()
             os.fsync(fh.fileno())
-    return rows
+    return rows, dropped
+
+
+@contextmanager
+def run_lock(out_dir: str | Path) -> Iterator[Path]:
+    """Hold the run directory's exclusive lock (one writer per run: ``run``, resume and ``merge``). The OS
+    releases it when the process exits, also on a crash or SIGKILL; a second writer fails at once naming the
+    holder's pid."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fh = open(out_dir / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise EditscopeError(f"{out_dir}: cannot create the run directory's lock file: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise EditscopeError(f"{out_dir}: another editscope process (pid {holder}) is writing this run "
+                                 "directory; wait for it to finish or use another output directory") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        yield out_dir
+    finally:
+        fh.close()  # closing the descriptor releases the flock
 
 
 class ResultsWriter:
