@@ -17,11 +17,14 @@ list expected                        ``expected a list of <items>, got <type>``;
                                      list, got an empty list`` where at least one element is required
 pair expected                        ``expected a [prompt, answer] pair, got list of 3``
 object expected                      ``expected an object, got <type>``
+unencodable text                     ``contains a lone surrogate U+D800 at character 12 (not valid text)``,
+                                     ``contains the control character U+0000 at character 3``
 template                             ``expected a template with exactly one '{}', got '...'``
 subject not in sentence              ``the subject 'X' does not occur in '...'``
 case id                              ``expected an int or a non-empty string, got <type>``;
                                      ``duplicate case id '7' (first at record 2)``
-file is not JSON                     ``invalid JSON: <reason>: line L column C (char P)`` (no record)
+file is not JSON                     ``invalid JSON: <reason>: line L column C (char P)`` (no record);
+                                     ``invalid JSON: nested too deeply`` / ``invalid JSON: <int limit>``
 top level is not a list              ``expected a list of records at the top level, got <type>``
 ===================================  ================================================================
 
@@ -86,6 +89,10 @@ def read_json_list(path: Path) -> list[Any]:
         data = json.loads(read_json_text(path))
     except json.JSONDecodeError as err:
         raise DataError(file, None, None, json_error(err)) from None
+    except RecursionError:
+        raise DataError(file, None, None, "invalid JSON: nested too deeply") from None
+    except ValueError as err:  # e.g. an integer of more than 4,300 digits
+        raise DataError(file, None, None, f"invalid JSON: {err}") from None
     if not isinstance(data, list):
         raise DataError(file, None, None, f"expected a list of records at the top level, got {type_name(data)}")
     if not data:
@@ -101,6 +108,21 @@ def string_problem(value: Any) -> str | None:
         return "expected a non-empty string, got an empty string"
     if not value.strip():
         return "expected a non-empty string, got a blank string"
+    return text_problem(value)
+
+
+#: Control characters a tokenizer may drop or reject; tab, newline and carriage return are ordinary text.
+_CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be tokenized as text (a lone surrogate from a bad ``\\ud83d`` escape, which no
+    tokenizer can encode, or a C0 control character), or None."""
+    for i, ch in enumerate(value):
+        if "\ud800" <= ch <= "\udfff":
+            return f"contains a lone surrogate U+{ord(ch):04X} at character {i} (not valid text)"
+        if ch in _CONTROL:
+            return f"contains the control character U+{ord(ch):04X} at character {i}"
     return None
 
 

@@ -55,6 +55,8 @@ def load_klob_u(path: str | Path | None = None, *, limit: int | None = None, off
             value = json.loads(line)
         except json.JSONDecodeError as err:
             raise DataError(file, index, None, json_error(err)) from None
+        except (ValueError, RecursionError) as err:  # huge integers, deep nesting
+            raise DataError(file, index, None, f"invalid JSON: {err or 'nested too deeply'}") from None
         if not isinstance(value, str):
             raise DataError(file, index, None, f"expected a JSON string, got {type_name(value)}")
         problem = string_problem(value)
