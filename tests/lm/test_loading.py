@@ -9,7 +9,7 @@ from transformers import BertConfig
 from editscope.errors import EditscopeError
 from editscope.lm import ARCHS, arch_for_config, load
 from editscope.lm.hooks import capture, hooks
-from editscope.lm.loading import _package_dir, fingerprint_model
+from editscope.lm.bundle import fingerprint_model, package_dir
 
 
 def test_unknown_model_name_is_a_clear_error():
@@ -19,7 +19,7 @@ def test_unknown_model_name_is_a_clear_error():
 
 def test_missing_wheel_names_the_package():
     with pytest.raises(EditscopeError, match="'not-a-wheel' is not installed"):
-        _package_dir("not_a_wheel_pkg", "not-a-wheel")
+        package_dir("not_a_wheel_pkg", "not-a-wheel")
 
 
 def test_unsupported_architecture_lists_supported():

@@ -82,7 +82,7 @@ def run_apply(args: argparse.Namespace) -> int:
     bundle = load(args.model)
     patch.apply(bundle)
     _write(bundle, args.out, {"applied": str(args.patch), "method": patch.method, "base_model": bundle.name,
-                              "base_fingerprint": bundle.fingerprint, "requests": patch.requests})
+                              "base_fingerprint": bundle.base_fingerprint, "requests": patch.requests})
     print(f"wrote edited model to {args.out}")
     return 0
 

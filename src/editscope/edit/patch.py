@@ -6,6 +6,10 @@ original tensors of the edited parameters and :meth:`Patch.revert` copies them b
 fingerprint of the model it was computed on and a checksum of each edited parameter's pre-edit bytes;
 applying it onto a model with another fingerprint (or with those parameters in another state, e.g. before
 the earlier patches of a sequence were applied) is an :class:`~editscope.errors.EditscopeError`.
+
+Applied to a :class:`Bundle`, a patch is recorded on it (:meth:`Bundle.record_apply` / ``record_revert``) so
+``bundle.fingerprint`` names the edited weights; a patch computed on an edited bundle (sequential editing)
+records that edited fingerprint and applies only on top of the same earlier patches.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from editscope.errors import EditscopeError
-from editscope.lm.loading import Bundle
+from editscope.lm.bundle import Bundle
 
 FORMAT = "editscope-patch-1"
 BASE_PREFIX = "base::"
@@ -63,6 +67,7 @@ class Patch:
     info: dict = field(default_factory=dict)
     bases: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _originals: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    _digest: str | None = field(default=None, repr=False)
 
     @property
     def applied(self) -> bool:
@@ -72,10 +77,28 @@ class Patch:
     def names(self) -> list[str]:
         return sorted(self.deltas)
 
+    @property
+    def digest(self) -> str:
+        """Content checksum of the deltas (names, dtypes, shapes, bytes): with the base fingerprint and the
+        order of application it names the edited weights (:attr:`Bundle.fingerprint`). Computed once; the
+        deltas are not meant to change after the patch is made."""
+        if self._digest is None:
+            h = hashlib.blake2b(digest_size=16)
+            for name in self.names:
+                h.update(name.encode() + b"=" + tensor_checksum(self.deltas[name]).encode() + b";")
+            self._digest = h.hexdigest()
+        return self._digest
+
     # -- model state ----------------------------------------------------------------------------------
     def _model(self, target: Bundle | nn.Module, check: bool) -> nn.Module:
         if isinstance(target, Bundle):
             if check and target.fingerprint != self.fingerprint:
+                if target.applied:
+                    raise EditscopeError(
+                        f"patch ({self.method}) was made on weights with fingerprint {self.fingerprint}; the model "
+                        f"is not in the state this patch was computed on: {len(target.applied)} patch(es) applied "
+                        f"({', '.join(p.method for p in target.applied)}), fingerprint {target.fingerprint}"
+                    )
                 raise EditscopeError(
                     f"patch ({self.method}) was made for model {self.model_name or '?'} with fingerprint "
                     f"{self.fingerprint}, not {target.name} with fingerprint {target.fingerprint}"
@@ -110,11 +133,15 @@ class Patch:
                 originals[name] = params[name].detach().clone()
                 params[name].add_(delta.to(params[name].dtype))
         self._originals = originals
+        if isinstance(target, Bundle):
+            target.record_apply(self)
 
     def revert(self, target: Bundle | nn.Module) -> None:
         """Restore the exact pre-apply values of every edited parameter (bit-exact)."""
         if self._originals is None:
             raise EditscopeError("patch is not applied")
+        if isinstance(target, Bundle):
+            target.record_revert(self)  # checks the order before any weight changes
         model = target.model if isinstance(target, Bundle) else target
         params = _params(model)
         with torch.no_grad():

