@@ -1,4 +1,5 @@
-"""Where editscope keeps its cache and finds the shared datasets (both configurable by environment)."""
+"""Where editscope keeps its cache, finds the shared datasets (both configurable by environment) and its shipped
+configs (package data, so a non-editable install finds them)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,25 @@ def data_file(relative: str) -> Path:
     if not path.exists():
         raise EditscopeError(f"dataset file not found: {path}")
     return path
+
+
+def configs_dir() -> Path:
+    """The shipped configs (``hparams/{method}/{model}.yaml``, ``demo.yaml``, ``experiments/``), inside the package."""
+    return Path(__file__).resolve().parent / "configs"
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """An experiment config file: the path as given when it exists; else, for a relative path, the shipped config
+    it names: ``demo``, ``demo.yaml`` and ``configs/demo.yaml`` (the repository path before configs moved into
+    the package) all give ``configs_dir() / "demo.yaml"``. A name that matches nothing is returned unchanged
+    (the caller reports it missing)."""
+    path = Path(name_or_path).expanduser()
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts[:1] == ("configs",) else path.parts
+    if not parts:
+        return path
+    shipped = configs_dir().joinpath(*parts)
+    if not shipped.suffix:
+        shipped = shipped.with_suffix(".yaml")
+    return shipped if shipped.is_file() else path

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from editscope.edit.patch import tensor_checksum
+from editscope.paths import configs_dir
 from editscope.report import build_report
 from editscope.run import Runner, load_config, read_results, recompute_metrics
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+DEMO = configs_dir() / "demo.yaml"
 
 
 @pytest.mark.slow

@@ -13,7 +13,9 @@ from pathlib import Path
 
 
 def demo_config_path() -> Path:
-    return Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
+    from editscope.paths import configs_dir
+
+    return configs_dir() / "demo.yaml"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

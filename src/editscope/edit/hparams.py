@@ -16,12 +16,13 @@ from typing import Any
 import yaml
 
 from editscope.errors import EditscopeError
+from editscope.paths import configs_dir
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
 
 
 def config_root() -> Path:
-    """``configs/hparams`` of the repository (next to ``src/``)."""
-    return Path(__file__).resolve().parents[3] / "configs" / "hparams"
+    """The shipped ``configs/hparams`` (package data: :func:`editscope.paths.configs_dir`)."""
+    return configs_dir() / "hparams"
 
 
 def _type_ok(value: Any, tp: Any) -> bool:

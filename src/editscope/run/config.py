@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from editscope.errors import EditscopeError
+from editscope.paths import config_path
 
 TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites"}
 METHOD_KEYS = {"name", "label", "hparams", "overrides"}
@@ -290,8 +291,9 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
 
 
 def load_config(path: str | Path, **known: Iterable[str] | None) -> RunConfig:
-    """Read and validate a YAML config file (see :func:`parse_config` for ``known``)."""
-    path = Path(path)
+    """Read and validate a YAML config file (see :func:`parse_config` for ``known``); a shipped config may be
+    named as ``demo`` or ``configs/demo.yaml`` (:func:`editscope.paths.config_path`)."""
+    path = config_path(path)
     if not path.is_file():
         raise EditscopeError(f"config file not found: {path}")
     try:
