@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import BertConfig
 
 from editscope.errors import EditscopeError
 from editscope.lm import ARCHS, arch_for_config, load
-from editscope.lm.hooks import capture, hooks
 from editscope.lm.bundle import fingerprint_model, package_dir
+from editscope.lm.hooks import capture, hooks
 
 
 def test_unknown_model_name_is_a_clear_error():
@@ -96,3 +99,88 @@ def test_bad_hook_point_is_a_clear_error(tiny):
         pass
     with pytest.raises(EditscopeError, match="out of range"), hooks(tiny.model, tiny.arch, {"blocks.99.mlp_out": abs}):
         pass
+
+
+# -- import graph -------------------------------------------------------------------------------------
+LM_DIR = Path(__file__).resolve().parents[2] / "src" / "editscope" / "lm"
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    """Every module an ``import``/``from ... import`` anywhere in the file names (function-local ones included,
+    ``if TYPE_CHECKING:`` blocks excluded since they never run); ``from pkg import name`` also counts
+    ``pkg.name`` in case the name is a submodule."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return out
+
+
+def lm_import_graph(folder: Path = LM_DIR, package: str = "editscope.lm") -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports."""
+    modules = {(package if p.name == "__init__.py" else f"{package}.{p.stem}"): p for p in folder.glob("*.py")}
+    return {name: {m for m in _imported_modules(path, name) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (as a path whose first and last entries are equal), or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := dfs(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := dfs(node)):
+            return found
+    return None
+
+
+def test_find_cycle_finds_function_local_cycles(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    from editscope.lm.b import x\n")
+    (tmp_path / "b.py").write_text("from . import a\n")
+    (tmp_path / "c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from editscope.lm import a\n")
+    graph = lm_import_graph(tmp_path)
+    assert graph["editscope.lm.c"] == set()
+    assert find_cycle(graph) == ["editscope.lm.a", "editscope.lm.b", "editscope.lm.a"]
+
+
+def test_lm_package_imports_are_acyclic():
+    graph = lm_import_graph()
+    assert {"editscope.lm.loading", "editscope.lm.tiny", "editscope.lm.bundle"} <= set(graph)
+    assert "editscope.lm.loading" not in graph["editscope.lm.tiny"]
+    assert find_cycle(graph) is None, f"import cycle in editscope.lm: {' -> '.join(find_cycle(graph))}"
