@@ -8,6 +8,7 @@ import torch
 
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoreRequest, ScoringEngine
+from editscope.lm.scorer import Scorer
 
 CONTEXTS = ["The capital of France is", "The Eiffel Tower is located in ", "Q: Who wrote Hamlet? A:"]
 CONTINUATIONS = ["Paris", " London", "the city of Rome", "William Shakespeare, the English poet", "a"]
@@ -157,7 +158,7 @@ def test_differentiable_batch_logprobs_equal_score(tiny):
         assert float(s) == pytest.approx(ref.sum, abs=1e-4)
 
 
-@pytest.mark.parametrize("ctx,cont", [("", "Paris"), ("   ", "Paris"), ("The capital is", ""), ("The capital is", " ")])
+@pytest.mark.parametrize("ctx,cont", [("   ", "Paris"), ("", ""), ("The capital is", ""), ("The capital is", " ")])
 def test_empty_input_is_a_clear_error(tiny_bundles, ctx, cont):
     engine = ScoringEngine(tiny_bundles["gpt2"])
     with pytest.raises(EditscopeError, match="empty"):
@@ -199,3 +200,35 @@ def test_prefix_tree_computes_each_shared_prefix_once(tiny_bundles):
     c = len(row.ctx_ids)
     for k, depth in enumerate(row.node_depth):  # a node sees the whole context plus exactly its own prefix
         assert mask[c + k, :c].all() and mask[c + k, c:].sum() == depth
+
+
+def test_empty_context_is_scored_from_the_start_token(tiny):
+    """Reference: a plain forward of [start] + the text's tokens, start = BOS else EOS (GPT-2's <|endoftext|>)."""
+    engine = ScoringEngine(tiny)
+    tok = tiny.tokenizer
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    texts = ["some sentence", "The Eiffel Tower is in Paris.", "Paris"]
+    scores = engine.score([("", t) for t in texts] + [("The capital of France is", "Paris")])
+    for text, score in zip(texts, scores, strict=False):
+        ids = tok(text)["input_ids"]
+        with torch.no_grad():
+            lp = tiny.model(torch.tensor([[start] + ids])).logits[0].double().log_softmax(-1)
+        ref = [float(lp[j, ids[j]]) for j in range(len(ids))]
+        assert score.token_ids == ids  # no space added: the text starts a document
+        np.testing.assert_allclose(score.token_logprobs, ref, atol=1e-4)
+        assert np.isfinite(score.token_logprobs).all() and (score.token_logprobs <= 0).all()
+    # the unconditional next-token distribution agrees with the first scored token
+    first = engine.next_token_logprobs([""])[0]
+    assert float(first[tok("Paris")["input_ids"][0]]) == pytest.approx(scores[2].token_logprobs[0], abs=1e-4)
+
+
+def test_engine_implements_the_scorer_protocol(tiny_bundles):
+    assert isinstance(ScoringEngine(tiny_bundles["gpt2"]), Scorer)
+
+
+def test_hidden_states_kind_comes_from_the_hook_point_map(tiny_bundles):
+    engine = ScoringEngine(tiny_bundles["llama"])
+    heads = engine.hidden_states(["The capital of France is"], [0, 2], kind="attn_heads")
+    assert heads.shape == (1, 2, 4, 16)
+    with pytest.raises(EditscopeError, match="resid_pre.*not 'bogus'"):
+        engine.hidden_states(["The capital"], [0], kind="bogus")

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import torch
 
 from editscope.data.records import EditRequest
+from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 
@@ -41,13 +42,30 @@ def fill(template: str, text: str) -> str:
     return template.replace("{}", text, 1)
 
 
+def subject_last_token_index(engine: ScoringEngine, prompt_template: str, subject: str) -> int:
+    """Index (in ``engine.encode`` of the filled prompt) of the subject's last token.
+
+    ``prompt_template`` holds one ``{}`` where ``subject`` goes (text before it may include a context
+    prefix). The subject's last token is the last token of the encoded text up to the end of the subject
+    (as ROME's ``subject_last`` lookup); it must lie inside the encoded full text.
+    """
+    if prompt_template.count("{}") != 1:
+        raise EditscopeError(f"prompt template must contain exactly one '{{}}': {prompt_template!r}")
+    head = prompt_template[: prompt_template.index("{}")] + subject
+    index = len(engine.encode(head)) - 1
+    full = prompt_template.replace("{}", subject)
+    if index < 0 or index >= len(engine.encode(full)):
+        raise EditscopeError(f"subject {subject!r} has no token inside {full!r}")
+    return index
+
+
 def prompt_rows(engine: ScoringEngine, request: EditRequest, templates: Sequence[str]) -> tuple[list[str], list[int]]:
     """The filled prompts (template ∘ request prompt ∘ subject) and the subject's last token index in each."""
     texts, positions = [], []
     for template in templates:
         prompt_template = fill(template, request.prompt)
         texts.append(prompt_template.replace("{}", request.subject))
-        positions.append(engine.subject_last_token_index(prompt_template, request.subject))
+        positions.append(subject_last_token_index(engine, prompt_template, request.subject))
     return texts, positions
 
 

@@ -1,17 +1,50 @@
-"""Architecture facts as data: one small map per model family (module paths and dimensions).
+"""Architecture facts as data: one small map per model family (module paths, dimensions, hook points, quirks).
 
 The family is detected from ``config.model_type`` only; a model name never decides anything. All module
-paths are relative to the ``*ForCausalLM`` object; per-layer paths are relative to one block.
+paths are relative to the ``*ForCausalLM`` object; per-layer paths are relative to one block. As pyvene keeps
+one ``type_to_module_mapping`` per architecture, each map lists its named hook points
+(:data:`HookPoint`: module path, ``"input"`` or ``"output"``) and its family quirks (Gemma3's final logit
+soft-capping, sliding window, post-MLP norm and scaled embeddings) as fields that the engine and the hooks read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 import torch
 from torch import nn
 
 from editscope.errors import EditscopeError
+
+
+class HookPoint(NamedTuple):
+    """Where a named hook point lives: a module path and whether the point is that module's first input or its
+    output. ``path`` is relative to the block for ``blocks.{i}.*`` points ("" is the block itself) and to the
+    model otherwise. ``heads`` marks a flat [.., n_heads * head_dim] tensor that :func:`editscope.lm.hooks.capture`
+    returns as [.., n_heads, head_dim] (heads are contiguous in every supported family)."""
+
+    path: str
+    where: Literal["input", "output"]
+    heads: bool = False
+
+
+BLOCK_POINT_PREFIX = "blocks.{i}."
+
+
+def _hook_points(embed: str, attn_out: str, mlp: str, mlp_out: str) -> dict[str, HookPoint]:
+    """The hook points every family has, from its module paths (see :mod:`editscope.lm.hooks` for meanings)."""
+    return {
+        "embed": HookPoint(embed, "output"),
+        "blocks.{i}.resid_pre": HookPoint("", "input"),
+        "blocks.{i}.resid_post": HookPoint("", "output"),
+        "blocks.{i}.attn_out": HookPoint(attn_out, "output"),
+        "blocks.{i}.attn_heads": HookPoint(attn_out, "input", heads=True),
+        "blocks.{i}.mlp_key": HookPoint(mlp_out, "input"),
+        "blocks.{i}.mlp_out": HookPoint(mlp, "output"),
+    }
 
 
 @dataclass(frozen=True)
@@ -21,6 +54,15 @@ class ArchMap:
     ``mlp_out`` is the MLP's output (down) projection: its *input* is the key activation k that ROME/MEMIT
     edit against, its weight W maps k to the MLP's contribution to the residual stream. ``transposed`` is
     True when weights are stored as (in, out) — GPT-2's Conv1D — instead of torch's (out, in).
+
+    Family quirks (None when the family has none): ``softcap_key`` names the config key of the final logit
+    soft-capping c (logits <- c * tanh(logits / c), Gemma 2/3); ``sliding_window_key`` the config key of the
+    local-attention window (a custom attention mask bypasses it, so the engine refuses longer rows);
+    ``mlp_post_norm`` the block-relative path of a norm applied to the MLP output before it joins the residual
+    (Gemma3's post_feedforward_layernorm: the residual update is not linear in the MLP output);
+    ``embed_scale`` how the embedding module scales the token table ("sqrt_hidden": x sqrt(d), Gemma).
+    ``start_token_keys`` are the tokenizer attributes tried in order for the token an empty context is scored
+    from (BOS, else EOS: GPT-2's <|endoftext|> convention, as lm-evaluation-harness's rolling log-likelihood).
     """
 
     family: str
@@ -39,6 +81,15 @@ class ArchMap:
     n_layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
     mlp_keys: tuple[str, ...] = ("intermediate_size",)
+    n_heads_keys: tuple[str, ...] = ("num_attention_heads",)
+    head_dim_keys: tuple[str, ...] = ("head_dim",)
+    #: name template -> where; ``blocks.{i}.`` names are per block
+    hook_points: Mapping[str, HookPoint] = field(default_factory=dict, hash=False)
+    softcap_key: str | None = None
+    sliding_window_key: str | None = None
+    mlp_post_norm: str | None = None
+    embed_scale: Literal["sqrt_hidden"] | None = None
+    start_token_keys: tuple[str, ...] = ("bos_token_id", "eos_token_id")
 
     # -- dimensions ---------------------------------------------------------------------------------
     def _config_value(self, config, keys: tuple[str, ...]) -> int | None:
@@ -58,6 +109,42 @@ class ArchMap:
         value = self._config_value(config, self.mlp_keys)
         # GPT-2 / GPT-J leave n_inner unset and use 4 * hidden.
         return value if value is not None else 4 * self.hidden_size(config)
+
+    def n_heads(self, config) -> int:
+        return int(self._config_value(config, self.n_heads_keys))
+
+    def head_dim(self, config) -> int:
+        """Per-head width of the attention output projection's input (Gemma sets it apart from d / n_heads)."""
+        value = self._config_value(config, self.head_dim_keys)
+        return value if value is not None else self.hidden_size(config) // self.n_heads(config)
+
+    # -- family quirks ------------------------------------------------------------------------------
+    def _quirk(self, config, key: str | None) -> float | None:
+        # A declared key may be unset for one model type of a family (LLaMA has no window, Mistral does).
+        value = None if key is None else getattr(config, key, None)
+        return None if value is None else float(value)
+
+    def final_logit_softcap(self, config) -> float | None:
+        """The final logit soft-capping c, or None (no capping)."""
+        value = self._quirk(config, self.softcap_key)
+        return value if value else None
+
+    def sliding_window(self, config) -> int | None:
+        """The local attention window in tokens, or None."""
+        value = self._quirk(config, self.sliding_window_key)
+        return int(value) if value else None
+
+    def embed_multiplier(self, config) -> float:
+        """Factor between the embedding module's output and its weight rows (Gemma: sqrt(d))."""
+        return math.sqrt(self.hidden_size(config)) if self.embed_scale == "sqrt_hidden" else 1.0
+
+    def start_token_id(self, tokenizer) -> int:
+        """The token an empty context is scored from (see the class docstring)."""
+        for key in self.start_token_keys:
+            value = getattr(tokenizer, key)
+            if value is not None:
+                return int(value)
+        raise EditscopeError(f"tokenizer has none of {', '.join(self.start_token_keys)}: cannot score an empty context")
 
     # -- module access ------------------------------------------------------------------------------
     def block_path(self, layer: int) -> str:
@@ -100,6 +187,8 @@ _ROTARY_DECODER = dict(
     mlp_out="mlp.down_proj",
     final_norm="model.norm",
     lm_head="lm_head",
+    hook_points=_hook_points(embed="model.embed_tokens", attn_out="self_attn.o_proj", mlp="mlp",
+                             mlp_out="mlp.down_proj"),
 )
 
 ARCHS: dict[str, ArchMap] = {
@@ -120,6 +209,8 @@ ARCHS: dict[str, ArchMap] = {
         n_layers_keys=("n_layer",),
         hidden_keys=("n_embd",),
         mlp_keys=("n_inner",),
+        n_heads_keys=("n_head",),
+        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.c_proj", mlp="mlp", mlp_out="mlp.c_proj"),
     ),
     "gptj": ArchMap(
         family="gptj",
@@ -137,10 +228,22 @@ ARCHS: dict[str, ArchMap] = {
         n_layers_keys=("n_layer",),
         hidden_keys=("n_embd",),
         mlp_keys=("n_inner",),
+        n_heads_keys=("n_head",),
+        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.out_proj", mlp="mlp", mlp_out="mlp.fc_out"),
     ),
     # LLaMA, Mistral and Qwen2 share module names (checked on tiny configs with transformers 5).
-    "llama": ArchMap(family="llama", model_types=("llama", "mistral", "qwen2"), **_ROTARY_DECODER),
-    "gemma3": ArchMap(family="gemma3", model_types=("gemma3_text",), **_ROTARY_DECODER),
+    # LLaMA has no window; Mistral and Qwen2 configs may set one.
+    "llama": ArchMap(family="llama", model_types=("llama", "mistral", "qwen2"), sliding_window_key="sliding_window",
+                     **_ROTARY_DECODER),
+    "gemma3": ArchMap(
+        family="gemma3",
+        model_types=("gemma3_text",),
+        softcap_key="final_logit_softcapping",
+        sliding_window_key="sliding_window",
+        mlp_post_norm="post_feedforward_layernorm",
+        embed_scale="sqrt_hidden",
+        **_ROTARY_DECODER,
+    ),
 }
 
 _BY_MODEL_TYPE = {mt: arch for arch in ARCHS.values() for mt in arch.model_types}

@@ -9,7 +9,7 @@ Every probability a suite, an editor objective or a metric needs comes from here
   KV-cache forward per continuation length); the LM head runs only on positions whose logits are read;
   batches are sized by a token budget.
 - :meth:`ScoringEngine.next_token_logprobs` — the next-token distribution (full or top-k).
-- :meth:`ScoringEngine.hidden_states` — residual stream after chosen layers or the MLP key activation.
+- :meth:`ScoringEngine.hidden_states` — any per-block hook point (residual stream, MLP key, ...) at one position.
 - :meth:`ScoringEngine.generate` — greedy or seeded top-k sampling.
 - :meth:`ScoringEngine.prepare` / :meth:`ScoringEngine.batch_logprobs` — a differentiable padded forward
   of pre-tokenized pairs, for editor objectives that optimise through the model.
@@ -19,7 +19,8 @@ All of these accept context embeddings instead of token ids (``context_embeds``,
 Boundary rule (DESIGN.md rule 2, as lm-evaluation-harness): a trailing space of the context moves to the
 continuation; with ``add_space`` (default) a continuation that starts without whitespace after a context that
 ends without whitespace is scored with a leading space ("Paris" -> " Paris"). Context and continuation are
-encoded together and split at the length of the encoded context.
+encoded together and split at the length of the encoded context. An empty context ("") is the start token
+(BOS, else EOS, declared on the architecture map) and the continuation is scored as the start of a document.
 """
 
 from __future__ import annotations
@@ -31,50 +32,12 @@ import numpy as np
 import torch
 
 from editscope.errors import EditscopeError
+from editscope.lm.archs import BLOCK_POINT_PREFIX
 from editscope.lm.hooks import capture
 from editscope.lm.loading import Bundle
+from editscope.lm.scorer import ContinuationScore, Scorer, ScoreRequest
 
-
-@dataclass(frozen=True)
-class ScoreRequest:
-    """Score ``continuation`` after ``context``; ``context_embeds`` ([n_ctx_tokens, d]) replaces the
-    embeddings of the context's tokens when given."""
-
-    context: str
-    continuation: str
-    context_embeds: torch.Tensor | None = None
-
-
-@dataclass
-class ContinuationScore:
-    """Log-probs of one continuation's tokens (natural log)."""
-
-    context: str
-    continuation: str
-    token_ids: list[int]
-    token_logprobs: np.ndarray
-    token_is_argmax: np.ndarray
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def sum(self) -> float:
-        return float(self.token_logprobs.sum())
-
-    @property
-    def mean(self) -> float:
-        return float(self.token_logprobs.mean())
-
-    def to_dict(self) -> dict:
-        return {
-            "continuation": self.continuation,
-            "n_tokens": self.n_tokens,
-            "logprob_sum": self.sum,
-            "token_logprobs": [float(x) for x in self.token_logprobs],
-            "token_is_argmax": [bool(x) for x in self.token_is_argmax],
-        }
+__all__ = ["ContinuationScore", "ScoreRequest", "Scorer", "ScoringEngine", "TokenBatch", "normalize_boundary"]
 
 
 @dataclass
@@ -179,8 +142,9 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     return context, continuation
 
 
-class ScoringEngine:
-    """Batched scoring for one model bundle. ``token_budget`` bounds the tokens in one forward."""
+class ScoringEngine(Scorer):
+    """Batched scoring for one model bundle (implements :class:`Scorer`). ``token_budget`` bounds the tokens in
+    one forward."""
 
     def __init__(self, bundle: Bundle, *, token_budget: int = 2048, add_space: bool = True,
                  padding_side: str = "right", max_row_tokens: int = 512) -> None:
@@ -198,7 +162,10 @@ class ScoringEngine:
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         self._base = self.model.get_submodule(self.arch.base)
         self._head = self.model.get_submodule(self.arch.lm_head)
-        self._softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        self._softcap = self.arch.final_logit_softcap(self.model.config)
+        self._window = self.arch.sliding_window(self.model.config)
+        #: the token an empty context is scored from (BOS, else EOS), declared on the architecture map
+        self.start_id = self.arch.start_token_id(self.tokenizer)
         #: per-engine memo of deterministic derived values (editors keep their context prefixes here, generated
         #: once per engine like ROME's template cache); owned by this engine, never module state.
         self.memo: dict = {}
@@ -208,15 +175,29 @@ class ScoringEngine:
         """Token ids of ``text`` as the model sees it (BOS prepended when the tokenizer adds one)."""
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
+    def context_ids(self, context: str) -> list[int]:
+        """Token ids a context is scored from: :meth:`encode`, or the start token alone for an empty context
+        (or the tokenizer's own BOS when it adds one). A whitespace-only context is an error."""
+        if context and not context.strip():
+            raise EditscopeError(f"empty context (prompt): only whitespace {context!r}")
+        ids = self.encode(context)
+        return ids if ids else [self.start_id]
+
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """Token ids of context and continuation, split at the boundary by DESIGN.md rule 2."""
-        if not context or not context.strip():
-            raise EditscopeError("empty context (prompt)")
+        """Token ids of context and continuation, split at the boundary by DESIGN.md rule 2.
+
+        An empty context scores the continuation from the start token (:attr:`start_id`) as the text that
+        begins a document: no space is added (lm-evaluation-harness's rolling log-likelihood; KLoB-u sentences).
+        """
+        ctx_ids = self.context_ids(context)
         if not continuation or not continuation.strip():
             raise EditscopeError(f"empty continuation after context {context!r}")
-        context, continuation = normalize_boundary(context, continuation, self.add_space)
-        ctx_ids = self.encode(context)
+        if context:
+            context, continuation = normalize_boundary(context, continuation, self.add_space)
+            ctx_ids = self.encode(context)
         whole = self.encode(context + continuation)
+        if not context and not self.encode(""):  # the tokenizer adds no BOS of its own: prepend the start token
+            whole = ctx_ids + whole
         cont_ids = whole[len(ctx_ids):]
         if not cont_ids:
             raise EditscopeError(f"continuation {continuation!r} encodes to no tokens after {context!r}")
@@ -325,9 +306,9 @@ class ScoringEngine:
         """One forward of tree rows; the LM head runs on the read positions only."""
         side = self.padding_side
         width = max(len(row) for row in batch)
-        window = getattr(self.model.config, "sliding_window", None)
-        if window and max(len(row.ctx_ids) + row.depth for row in batch) > window:
-            raise EditscopeError(f"context + continuation longer than the model's sliding window ({window} tokens)")
+        if self._window and max(len(row.ctx_ids) + row.depth for row in batch) > self._window:
+            raise EditscopeError(
+                f"context + continuation longer than the model's sliding window ({self._window} tokens)")
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         positions = torch.zeros((len(batch), width), dtype=torch.long)
         allowed = np.zeros((len(batch), width, width), dtype=bool)
@@ -413,9 +394,7 @@ class ScoringEngine:
             raise EditscopeError("no contexts given")
         rows = []
         for i, text in enumerate(contexts):
-            if not text or not text.strip():
-                raise EditscopeError("empty context (prompt)")
-            ids = self.encode(text)
+            ids = self.context_ids(text)
             emb = context_embeds[i] if context_embeds is not None else None
             if emb is not None and emb.shape[0] != len(ids):
                 raise EditscopeError(f"context_embeds[{i}] has {emb.shape[0]} rows, context has {len(ids)} tokens")
@@ -446,11 +425,14 @@ class ScoringEngine:
                       context_embeds: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
         """States [B, n_layers, dim] at one token position per context (default: the last token).
 
-        ``kind`` is ``resid_post`` (residual stream after the block) or ``mlp_key`` (input of the MLP's
-        down projection); ``positions`` are token indices (negative counts from the end).
+        ``kind`` names a per-block hook point of :mod:`editscope.lm.hooks` (``resid_post``: residual stream after
+        the block; ``mlp_key``: input of the MLP's down projection; ``attn_heads`` gives [B, n_layers, heads,
+        head_dim]); ``positions`` are token indices (negative counts from the end).
         """
-        if kind not in ("resid_post", "mlp_key"):
-            raise EditscopeError(f"kind must be resid_post or mlp_key, not {kind!r}")
+        if f"{BLOCK_POINT_PREFIX}{kind}" not in self.arch.hook_points:
+            kinds = [t.removeprefix(BLOCK_POINT_PREFIX) for t in self.arch.hook_points
+                     if t.startswith(BLOCK_POINT_PREFIX)]
+            raise EditscopeError(f"kind must be one of {', '.join(kinds)}, not {kind!r}")
         n_layers = self.bundle.n_layers
         for layer in layers:
             if not 0 <= layer < n_layers:
@@ -486,23 +468,6 @@ class ScoringEngine:
             torch.manual_seed(0 if seed is None else seed)
         out = self.model.generate(ids, **kwargs)
         return [self.tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
-
-    # -- token positions (editors) --------------------------------------------------------------------
-    def subject_last_token_index(self, prompt_template: str, subject: str) -> int:
-        """Index (in :meth:`encode` of the filled prompt) of the subject's last token.
-
-        ``prompt_template`` holds one ``{}`` where ``subject`` goes (text before it may include a context
-        prefix). The subject's last token is the last token of the encoded text up to the end of the subject
-        (as ROME's ``subject_last`` lookup); it must lie inside the encoded full text.
-        """
-        if prompt_template.count("{}") != 1:
-            raise EditscopeError(f"prompt template must contain exactly one '{{}}': {prompt_template!r}")
-        head = prompt_template[: prompt_template.index("{}")] + subject
-        index = len(self.encode(head)) - 1
-        full = prompt_template.replace("{}", subject)
-        if index < 0 or index >= len(self.encode(full)):
-            raise EditscopeError(f"subject {subject!r} has no token inside {full!r}")
-        return index
 
     def batch_hidden(self, batch: TokenBatch) -> torch.Tensor:
         """Final (normed) hidden states [B, L, d] of a prepared batch, differentiable; pair with

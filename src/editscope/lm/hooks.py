@@ -1,53 +1,79 @@
-"""Named hook points and context managers that install hooks and always remove them.
+"""Named hook points and context managers that install hooks and always remove them (DESIGN.md rule 7).
 
-Hook point names are stable across families (TransformerLens style):
+Hook point names are stable across families (TransformerLens style); where each lives is data on the
+architecture map (:attr:`ArchMap.hook_points`, pyvene style):
 
-- ``embed``                 output of the token embedding (after Gemma's scaling)
-- ``blocks.{i}.resid_post`` residual stream after block i
-- ``blocks.{i}.attn_out``   output of block i's attention output projection
-- ``blocks.{i}.mlp_key``    input of block i's MLP down/out projection (the key k of ROME/MEMIT)
-- ``blocks.{i}.mlp_out``    output of block i's MLP (its contribution to the residual stream)
+- ``embed``                  output of the token embedding (after Gemma's scaling)
+- ``blocks.{i}.resid_pre``   residual stream entering block i (the block's input)
+- ``blocks.{i}.resid_post``  residual stream after block i
+- ``blocks.{i}.attn_out``    output of block i's attention output projection
+- ``blocks.{i}.attn_heads``  input of that projection: per-head outputs, flat [.., n_heads * head_dim] for hook
+  functions, [.., n_heads, head_dim] in :func:`capture`
+- ``blocks.{i}.mlp_key``     input of block i's MLP down/out projection (the key k of ROME/MEMIT)
+- ``blocks.{i}.mlp_out``     output of block i's MLP (the residual update, except after Gemma3's post-MLP norm)
 
 A hook function receives the activation tensor and returns a replacement tensor or ``None`` (keep).
+:func:`capture` records activations as ROME's ``nethook.TraceDict`` does: optionally keeping their graph,
+stopping the forward once every point has fired, and recording gradients w.r.t. each point.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 
 from editscope.errors import EditscopeError
-from editscope.lm.archs import ArchMap
+from editscope.lm.archs import BLOCK_POINT_PREFIX, ArchMap, HookPoint
 
 HookFn = Callable[[torch.Tensor], torch.Tensor | None]
 
-_POINT = re.compile(r"^blocks\.(\d+)\.(resid_post|attn_out|mlp_key|mlp_out)$")
+_BLOCK_NAME = re.compile(r"^blocks\.(\d+)\.([a-z_]+)$")
+
+
+def point_names(arch: ArchMap, n_layers: int) -> list[str]:
+    """Every concrete hook point name of a model with ``n_layers`` blocks."""
+    names = []
+    for template in arch.hook_points:
+        if template.startswith(BLOCK_POINT_PREFIX):
+            names += [template.replace("{i}", str(i)) for i in range(n_layers)]
+        else:
+            names.append(template)
+    return names
+
+
+def _unknown(arch: ArchMap, name: str) -> EditscopeError:
+    return EditscopeError(f"unknown hook point {name!r} for family {arch.family}; valid: "
+                          + ", ".join(t.replace("{i}", "N") for t in arch.hook_points))
+
+
+def point(model: nn.Module, arch: ArchMap, name: str) -> tuple[nn.Module, HookPoint]:
+    """The module a hook point name refers to and its declaration."""
+    if not name.startswith("blocks."):
+        decl = arch.hook_points.get(name)
+        if decl is None:
+            raise _unknown(arch, name)
+        return model.get_submodule(decl.path), decl
+    match = _BLOCK_NAME.match(name)
+    decl = arch.hook_points.get(f"{BLOCK_POINT_PREFIX}{match.group(2)}") if match else None
+    if decl is None:
+        raise _unknown(arch, name)
+    layer = int(match.group(1))
+    n_layers = arch.n_layers(model.config)
+    if not 0 <= layer < n_layers:
+        raise EditscopeError(f"hook point {name!r}: layer {layer} out of range 0..{n_layers - 1}")
+    block = arch.block(model, layer)
+    return (block.get_submodule(decl.path) if decl.path else block), decl
 
 
 def resolve(model: nn.Module, arch: ArchMap, name: str) -> tuple[nn.Module, str]:
     """Map a hook point name to (module, "input" | "output")."""
-    if name == "embed":
-        return model.get_submodule(arch.embed), "output"
-    match = _POINT.match(name)
-    if not match:
-        raise EditscopeError(
-            f"unknown hook point {name!r} (expected embed or blocks.N.resid_post|attn_out|mlp_key|mlp_out)"
-        )
-    layer, kind = int(match.group(1)), match.group(2)
-    n_layers = arch.n_layers(model.config)
-    if not 0 <= layer < n_layers:
-        raise EditscopeError(f"hook point {name!r}: layer {layer} out of range 0..{n_layers - 1}")
-    if kind == "resid_post":
-        return arch.block(model, layer), "output"
-    if kind == "attn_out":
-        return arch.layer_module(model, layer, "attn_out"), "output"
-    if kind == "mlp_key":
-        return arch.layer_module(model, layer, "mlp_out"), "input"
-    return arch.layer_module(model, layer, "mlp"), "output"
+    module, decl = point(model, arch, name)
+    return module, decl.where
 
 
 def _output_hook(fn: HookFn):
@@ -61,9 +87,13 @@ def _output_hook(fn: HookFn):
 
 
 def _input_hook(fn: HookFn):
-    def hook(_module, args):
-        new = fn(args[0])
-        return None if new is None else (new, *args[1:])
+    def hook(_module, args, kwargs):
+        # Blocks take the residual stream positionally in every supported family; keep a kwarg path anyway.
+        if args:
+            new = fn(args[0])
+            return None if new is None else ((new, *args[1:]), kwargs)
+        new = fn(kwargs["hidden_states"])
+        return None if new is None else (args, {**kwargs, "hidden_states": new})
 
     return hook
 
@@ -78,26 +108,95 @@ def hooks(model: nn.Module, arch: ArchMap, fns: Mapping[str, HookFn]) -> Iterato
             if where == "output":
                 handles.append(module.register_forward_hook(_output_hook(fn)))
             else:
-                handles.append(module.register_forward_pre_hook(_input_hook(fn)))
+                handles.append(module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True))
         yield
     finally:
         for handle in handles:
             handle.remove()
 
 
+class StopForward(Exception):
+    """Raised inside a forward by a ``stop_after`` capture once all its points fired; caught by that capture."""
+
+    def __init__(self, owner: object) -> None:
+        super().__init__("forward stopped after the last captured hook point")
+        self.owner = owner
+
+
+class Captured(dict):
+    """Captured states by hook point name (last forward wins). With ``grad=True``, :attr:`grads` maps each
+    name to d(loss)/d(state) once a backward has run through it (same shape as the state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grads: dict[str, torch.Tensor] = {}
+
+
 @contextmanager
-def capture(
-    model: nn.Module, arch: ArchMap, names: list[str], *, detach: bool = True
-) -> Iterator[dict[str, torch.Tensor]]:
-    """Record the activations at ``names`` during forwards inside the block (last forward wins)."""
-    store: dict[str, torch.Tensor] = {}
+def capture(model: nn.Module, arch: ArchMap, names: Sequence[str], *, detach: bool = True,
+            stop_after: bool = False, grad: bool = False) -> Iterator[Captured]:
+    """Record the activations at ``names`` during forwards inside the block (ROME's ``nethook.TraceDict``).
+
+    - ``detach=False`` keeps the states in the autograd graph (``grad=True`` implies it).
+    - ``stop_after=True`` ends the forward as soon as every point has fired (the blocks after the last one do
+      not run): the forward call raises :class:`StopForward`, which this context swallows at its end, so code
+      after that call inside the ``with`` block is skipped — put the forward last, or use :func:`run_until`.
+    - ``grad=True`` records in ``captured.grads`` the gradient of whatever is later back-propagated w.r.t. each
+      state (a tensor hook on it). Where no graph reaches the state (frozen weights, token inputs) the state is
+      made a leaf that requires grad and fed on in place of the original, so gradients exist without touching
+      parameters; a state already in a graph is left in place.
+
+    Module hooks and tensor hooks are all removed on exit, also on error.
+    """
+    store = Captured()
+    owner = object()
+    pending: set[str] = set(names)
+    tensor_handles: list[Any] = []
+    shapes = {}
+    for name in names:
+        _, decl = point(model, arch, name)
+        if decl.heads:
+            shapes[name] = (arch.n_heads(model.config), arch.head_dim(model.config))
 
     def recorder(name: str) -> HookFn:
-        def record(x: torch.Tensor) -> None:
-            store[name] = x.detach() if detach else x
-            return None
+        def record(x: torch.Tensor) -> torch.Tensor | None:
+            state = x.unflatten(-1, shapes[name]) if name in shapes else x
+            if grad:
+                if not state.requires_grad:
+                    state = state.detach().requires_grad_(True)
+                tensor_handles.append(state.register_hook(lambda g: store.grads.__setitem__(name, g)))
+            store[name] = state.detach() if detach and not grad else state
+            if stop_after:
+                pending.discard(name)
+                if not pending:
+                    raise StopForward(owner)
+            # When the state's graph matters, the forward goes on from the stored tensor itself (a head-split
+            # view is a new tensor: feeding its flattening back puts it on the path to the loss).
+            keep_graph = grad or not detach
+            if keep_graph and name in shapes:
+                return state.flatten(-2)
+            return state if keep_graph and state is not x else None
 
         return record
 
-    with hooks(model, arch, {name: recorder(name) for name in names}):
-        yield store
+    try:
+        with hooks(model, arch, {name: recorder(name) for name in names}):
+            yield store
+    except StopForward as stop:
+        if stop.owner is not owner:
+            raise
+    finally:
+        for handle in tensor_handles:
+            handle.remove()
+
+
+def run_until(model: nn.Module, arch: ArchMap, names: Sequence[str], fn: Callable[[], Any], *,
+              detach: bool = True) -> Captured:
+    """Call ``fn`` (a forward, or an engine call that runs one) until every point in ``names`` has fired, and
+    return the captured states; the rest of that forward is skipped."""
+    with capture(model, arch, names, detach=detach, stop_after=True) as store:
+        fn()
+    missing = [name for name in names if name not in store]
+    if missing:
+        raise EditscopeError(f"the call ran no forward through hook points {missing}")
+    return store
