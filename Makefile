@@ -14,6 +14,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	# setuptools >= 70.1 builds wheels without the 'wheel' package: tests/test_packaging.py builds one offline
+	# (--no-build-isolation) and installs it into a temporary venv.
+	$(PIP) install -q 'setuptools>=70.1'
 	# torch first and pinned: a bare requirement would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
