@@ -1,27 +1,38 @@
 """A small real suite for runner tests (the registered suites are developed separately): CounterFact-style
-efficacy/paraphrase success from the scoring engine, following the raw-score conventions of
+efficacy/paraphrase success from the scoring engine, following the suite contract and raw-score conventions of
 ``editscope.suites.base``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from editscope.data.records import Case
 from editscope.lm.engine import ScoringEngine
+from editscope.metrics.registry import MetricSpec
 from editscope.metrics.rewrite import efficacy_success, paraphrase_success
+from editscope.suites.base import Suite
 
 
-class RewriteSuite:
-    """ES/PS (paper 002 eq. 24-25) and the mean change of log P(target_new) on the rewrite prompt."""
+class RewriteSuite(Suite):
+    """ES/PS (paper 002 eq. 24-25) after the edit and the change of log P(target_new) on the rewrite prompt."""
 
     name = "rewrite_es"
+    metrics_declared = (
+        MetricSpec("ES", "002", "eq 24", True, pairing="post_only"),
+        MetricSpec("PS", "002", "eq 25", True, pairing="post_only"),
+        MetricSpec("dlogp_new", "test", "log P(new) post - pre", True, None, "log-prob", pairing="post_only"),
+    )
 
     def __init__(self, paraphrases: int = 1) -> None:
         self.paraphrases = paraphrases
 
-    def probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
+    def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+        return [self._probe(engine, case) for case in cases]
+
+    def _probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
         req = case.request
         prompts = [("rewrite", req.text)] + [("paraphrase", p) for p in case.paraphrase_prompts[: self.paraphrases]]
         targets = [req.target_new, req.target_true]

@@ -30,7 +30,7 @@ def test_demo_like_run_on_smollm2(smollm2, tmp_path):
     rows = read_results(tmp_path / "results.jsonl")
     assert [(r["dataset"], r["method"]) for r in rows] == [("counterfact", "rome"), ("peak-cf", "rome")]
     cf = rows[0]["metrics"]["counterfact"]
-    assert cf["EM"] > cf["EM_pre"]  # the edit raised P(new) - P(true) on the rewrite prompt
+    assert cf["EM_post"] > cf["EM_pre"]  # the edit raised P(new) - P(true) on the rewrite prompt
     new_pre = [c for p in rows[1]["pre"]["peak"]["prompts"] if p["role"] == "rewrite" for c in p["candidates"]
                if c["kind"] == "new"][0]
     new_post = [c for p in rows[1]["post"]["peak"]["prompts"] if p["role"] == "rewrite" for c in p["candidates"]

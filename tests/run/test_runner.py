@@ -63,7 +63,7 @@ def test_reference_run_files(reference):
     assert set(meta["versions"]) >= {"editscope", "torch", "transformers", "numpy"}
     assert meta["model"]["fingerprint"]
     csv = (out / "summary.csv").read_text().splitlines()
-    assert csv[0] == "dataset,suite,method,metric,n,mean,ci95_low,ci95_high,std"
+    assert csv[0] == "dataset,suite,method,metric,n,mean,ci95_low,ci95_high,std,ci"
     es_rome = next(line for line in csv if ",rome,ES," in line).split(",")
     es = [r["metrics"]["rewrite_es"]["ES"] for r in rows if r["method"] == "rome"]
     assert int(es_rome[4]) == 3 and float(es_rome[5]) == pytest.approx(sum(es) / 3)

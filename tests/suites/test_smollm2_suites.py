@@ -34,10 +34,10 @@ def test_rome_edit_counterfact_metrics(smollm2):
     with edited(smollm2, "rome", case.request, hp):
         post = suite.probe(engine, case)
     row = suite.metrics(case, pre[0], post)
-    assert row["ES"] == 1.0
-    assert row["EM"] > 0.5  # P(English) - P(French) on the rewrite prompt, mean-token probabilities
-    assert row["EasyEdit_rewrite_acc"] == 1.0
-    assert row["NS"] == 1.0  # the neighbour's language is untouched
+    assert row["ES_post"] == 1.0
+    assert row["EM_post"] > 0.5  # P(English) - P(French) on the rewrite prompt, mean-token probabilities
+    assert row["EasyEdit_rewrite_acc_post"] == 1.0
+    assert row["NS_post"] == 1.0  # the neighbour's language is untouched
     # the edit was reverted: scores are back to the pre-edit ones
     again = suite.probe(engine, case)
     for a, b in zip(again["prompts"], pre[0]["prompts"], strict=True):

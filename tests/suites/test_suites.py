@@ -18,7 +18,7 @@ from editscope import metrics as M
 from editscope.data import load_cases
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.suites import SUITES, get_suite
+from editscope.suites import SUITES, Suite, get_suite
 from tests.lm.test_engine import naive_logprobs as _naive_logprobs
 
 pytestmark = pytest.mark.usefixtures("private_home")
@@ -120,7 +120,7 @@ def counterfact_expected(bundle, case) -> dict[str, float]:
     ps = M.paraphrase_success(p_new, p_true)
     ns = M.neighborhood_success(n_new, n_true)
     return {
-        "ES": es, "PS": ps, "NS": ns, "Score": M.editing_score(es, ps, ns),
+        "ES": es, "PS": ps, "NS": ns,
         "EM": M.efficacy_magnitude(e_new, e_true), "PM": M.paraphrase_magnitude(p_new, p_true),
         "NM": M.neighborhood_magnitude(n_new, n_true),
         "EasyEdit_rewrite_acc": M.easyedit_token_accuracy([naive_argmax(bundle, p, new) for p in rw]),
@@ -135,8 +135,9 @@ def test_counterfact_equals_naive(tiny_pair, dataset):
     pre, post = run(suite, tiny_pair, cases)
     for case, a, b in zip(cases, pre, post, strict=True):
         row = suite.metrics(case, a, b)
-        assert_rows_close(row, counterfact_expected(tiny_pair[1], case))
+        assert_rows_close(row, {f"{k}_post": v for k, v in counterfact_expected(tiny_pair[1], case).items()})
         assert_rows_close(row, {f"{k}_pre": v for k, v in counterfact_expected(tiny_pair[0], case).items()})
+        assert not any(k.startswith("Score") for k in row)  # the Score is computed by the summary
         # the raw numbers themselves equal the naive forward
         for prompt in b["prompts"]:
             for cand in prompt["candidates"]:
@@ -167,8 +168,8 @@ def test_counterfact_generation_ge_rs(tiny_pair):
     assert len(gen["texts"]) == len(gen["prompts"])
     assert gen["reference"] and case.request.target_new in gen["reference"]  # "English" is in wikitext
     row = suite.metrics(case, pre[0], post[0])
-    assert row["GE"] == pytest.approx(M.generation_entropy(gen["texts"]))
-    assert row["RS"] == pytest.approx(M.reference_score(gen["texts"], gen["reference"], suite.vectorizer()))
+    assert row["GE_post"] == pytest.approx(M.generation_entropy(gen["texts"]))
+    assert row["RS_post"] == pytest.approx(M.reference_score(gen["texts"], gen["reference"], suite.vectorizer()))
     # a fresh suite reads the TF-IDF cache from disk and gives the same RS
     again = get_suite("counterfact", generation=True)
     assert again.metrics(case, roundtrip(pre[0]), roundtrip(post[0])) == row
@@ -185,14 +186,14 @@ def test_zsre_equals_naive(tiny_pair):
     pre, post = run(suite, tiny_pair, cases)
     for case, a, b in zip(cases, pre, post, strict=True):
         row = suite.metrics(case, a, b)
-        for bundle, suffix in ((tiny_pair[1], ""), (tiny_pair[0], "_pre")):
+        for bundle, suffix in ((tiny_pair[1], "_post"), (tiny_pair[0], "_pre")):
             new = case.request.target_new
             eff = M.zsre_efficacy([naive_argmax(bundle, case.request.text, new)])
             par = M.zsre_paraphrase([naive_argmax(bundle, p, new) for p in case.paraphrase_prompts])
             spe = M.zsre_specificity([naive_argmax(bundle, p, ans) for p, ans in case.neighborhood])
             assert_rows_close(row, {f"Efficacy{suffix}": eff, f"Paraphrase{suffix}": par,
                                     f"Specificity{suffix}": spe})
-        assert row["Specificity_delta"] == pytest.approx(row["Specificity"] - row["Specificity_pre"])
+        assert row["Specificity_delta"] == pytest.approx(row["Specificity_post"] - row["Specificity_pre"])
 
 
 def test_zsre_top1_is_per_token_mean():
@@ -208,10 +209,10 @@ def test_zsre_top1_is_per_token_mean():
     ]}
     case = load_cases("zsre", limit=1)[0]
     row = get_suite("zsre").metrics(case, probe, probe)
-    assert row["Efficacy"] == pytest.approx(2 / 3)
-    assert row["Paraphrase"] == pytest.approx(0.5)
-    assert row["Specificity"] == 1.0
-    assert row["Score"] == pytest.approx(3 / (1.5 + 2 + 1))
+    assert row["Efficacy_post"] == row["Efficacy_pre"] == pytest.approx(2 / 3)
+    assert row["Paraphrase_post"] == pytest.approx(0.5)
+    assert row["Specificity_post"] == 1.0 and row["Specificity_delta"] == 0.0
+    assert "Score_post" not in row  # an aggregate: computed by the summary from the dataset-level means
 
 
 # ---------------------------------------------------------------------------------------------- PEAK
@@ -238,15 +239,16 @@ def peak_expected(pre_b, post_b, case) -> dict[str, float]:
     out: dict[str, float] = {}
     post_new = [p(post_b, q, [new])[0] for q in prompts]
     post_cor = [p(post_b, q, correct) for q in prompts]
-    out["ES_unfiltered"] = M.appending_efficacy(post_new[:1], post_cor[:1])
-    out["GS_unfiltered"] = M.appending_generalization(post_new[1:], post_cor[1:])
+    out["ES_unfiltered_post"] = M.appending_efficacy(post_new[:1], post_cor[:1])
+    out["GS_unfiltered_post"] = M.appending_generalization(post_new[1:], post_cor[1:])
     kept = [M.peak_answer_filter(p(pre_b, q, correct), p(pre_b, q, hard), p(pre_b, q, rnd))[0] for q in prompts]
     if kept[0].size:
-        out["ES"] = M.appending_efficacy(post_new[:1], [post_cor[0][kept[0]]])
+        out["ES_post"] = M.appending_efficacy(post_new[:1], [post_cor[0][kept[0]]])
     para = [i for i in range(1, len(prompts)) if kept[i].size]
     if para:
-        out["GS"] = M.appending_generalization([post_new[i] for i in para], [post_cor[i][kept[i]] for i in para])
-    out["LS"] = M.appending_locality([p(post_b, q, [a])[0] for q, a in case.neighborhood],
+        out["GS_post"] = M.appending_generalization([post_new[i] for i in para],
+                                                    [post_cor[i][kept[i]] for i in para])
+    out["LS_post"] = M.appending_locality([p(post_b, q, [a])[0] for q, a in case.neighborhood],
                                      [p(post_b, q, [new])[0] for q, _ in case.neighborhood])
     per = {"hard": [], "random": []}
     for q in prompts:
@@ -318,14 +320,14 @@ def test_peak_filter_and_prob_options():
     exp_r = M.additivity([0.5], [0.2], [0.001], [0.002])
     assert_rows_close(row, {f"{k}_hard": v for k, v in exp_h.items()})
     assert_rows_close(row, {f"{k}_random": v for k, v in exp_r.items()})
-    assert row["ES"] == 1.0 and row["ES_pre"] == 0.0  # over kept O = {a}: 0.4 > 0.2; 0.001 < 0.5
-    assert row["ES_unfiltered"] == 1.0 and row["ES_unfiltered_pre"] == 0.0  # 0.4 > min(0.2, 0.3); 0.001 < 0.01
+    assert row["ES_post"] == 1.0 and row["ES_pre"] == 0.0  # over kept O = {a}: 0.4 > 0.2; 0.001 < 0.5
+    assert row["ES_unfiltered_post"] == 1.0 and row["ES_unfiltered_pre"] == 0.0  # 0.4 > min(0.2, 0.3); 0.001 < 0.01
     # o* above the dropped answer b but below the kept a: fails on the filtered O only
     changed = json.loads(json.dumps(post))
     changed["prompts"][0]["candidates"][1] = cand("b", "correct", ln(0.05))
     changed["prompts"][0]["candidates"][6] = cand("o*", "new", ln(0.1))
     row2 = get_suite("peak").metrics(case, pre, changed)
-    assert row2["ES"] == 0.0 and row2["ES_unfiltered"] == 1.0
+    assert row2["ES_post"] == 0.0 and row2["ES_unfiltered_post"] == 1.0
     unfiltered = get_suite("peak", filter_answers=False).metrics(case, pre, post)
     exp_u = M.additivity([0.5, 0.01], [0.2, 0.3], [0.05, 0.02], [0.3, 0.01])
     assert_rows_close(unfiltered, {f"{k}_hard": v for k, v in exp_u.items()})
@@ -385,6 +387,8 @@ def test_metrics_identical_after_json_roundtrip(tiny_pair, name, dataset):
         again = suite.metrics(case, roundtrip(a), roundtrip(b))
         assert direct == again
         assert all(isinstance(v, float) for v in direct.values())
+        assert suite.declarations.undeclared(list(direct)) == []  # only declared names
+        assert suite.checked_metrics(case, a, b) == direct
     # probe_many over several cases equals one probe per case
     engine = ScoringEngine(tiny_pair[0])
     single = suite.probe(engine, cases[1])
@@ -409,7 +413,13 @@ def test_probe_sends_one_score_call(tiny_pair, monkeypatch):
 def test_registry():
     assert set(SUITES) == {"counterfact", "zsre", "peak", "one_to_n"}
     for name in SUITES:
-        assert get_suite(name).name == name
+        suite = get_suite(name)
+        assert suite.name == name and isinstance(suite, Suite)
+        specs = suite.declarations.specs
+        assert specs and all(s.paper and s.equation for s in specs)
+        for spec in specs:  # one naming scheme: NAME_pre/NAME_post, or plain NAME for post-only metrics
+            assert spec.columns == ((f"{spec.name}_pre", f"{spec.name}_post") if spec.pairing == "pre_post"
+                                    else (spec.name,))
     with pytest.raises(EditscopeError, match="registered: counterfact"):
         get_suite("nope")
     with pytest.raises(EditscopeError, match="bad options"):

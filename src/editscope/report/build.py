@@ -1,12 +1,16 @@
 """``report``: one self-contained ``report.html`` (figures embedded as base64 PNG) and a ``report.md`` (figures
-written next to it under ``figures/``) from one or more run directories."""
+written next to it under ``figures/``) from one or more run directories.
+
+Everything suite-specific comes from declarations: the metric declarations stored in each run's
+``run.json`` (directions, units, ranges, pre/post pairing, aggregates) and each suite's ``figures`` hook
+(suites built from the run's config through the registry or ``suite_factories``)."""
 
 from __future__ import annotations
 
 import base64
 import html
 import json
-import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +18,9 @@ from typing import Any
 from editscope.errors import EditscopeError
 from editscope.report import figures
 from editscope.run.store import RESULTS, RUN_JSON, atomic_write_text, read_json, read_results
-from editscope.run.summary import SummaryRow, fmt_mean_ci, summarize
+from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
+from editscope.run.summary import TABLE_NOTE, SummaryRow, metric_label, spec_of, summarize, table_rows
+from editscope.suites.base import Suite, SuiteFigure
 
 
 @dataclass
@@ -24,12 +30,7 @@ class Run:
     rows: list[dict[str, Any]]
 
 
-@dataclass
-class Figure:
-    slug: str
-    title: str
-    caption: str
-    png: bytes
+Figure = SuiteFigure  # slug, title, caption, png
 
 
 def load_runs(run_dirs: list[str | Path]) -> list[Run]:
@@ -67,17 +68,35 @@ def _ordered(runs: list[Run], field: str, config_key: str) -> list[str]:
     return out
 
 
-def _sample_case(rows: list[dict[str, Any]], seed: int) -> str | None:
-    """A case with a one_to_n probe, drawn with ``seed``; preferring gold from counts and >= 2 answers."""
-    ids = list(dict.fromkeys(r["case_id"] for r in rows))
-    good = [c for c in ids if any(r["case_id"] == c and r["pre"]["one_to_n"]["gold"]["source"] == "counts"
-                                   and len(r["pre"]["one_to_n"]["gold"]["answers"]) >= 2 for r in rows)]
-    pool = good or ids
-    return random.Random(seed).choice(pool) if pool else None
+def _suites(runs: list[Run], suite_factories: Mapping[str, SuiteFactory] | None) -> dict[tuple[str, str], Suite]:
+    """(dataset, suite name) -> the suite as each run's config built it (first run wins); suites that are
+    neither registered nor in ``suite_factories`` are left out (their tables still render)."""
+    out: dict[tuple[str, str], Suite] = {}
+    for run in runs:
+        for block in run.meta.get("config", {}).get("blocks", []):
+            for spec in block.get("suites", []):
+                key = (block["label"], spec["name"])
+                if key in out:
+                    continue
+                try:
+                    out[key] = make_suite(spec["name"], spec.get("options") or {}, suite_factories)
+                except EditscopeError:
+                    continue
+    return out
 
 
-def build_figures(runs: list[Run], summary: list[SummaryRow], methods: list[str], *,
-                  seed: int = 0) -> list[Figure]:
+def _specs(runs: list[Run], suite_factories: Mapping[str, SuiteFactory] | None) -> DeclaredMetrics:
+    out: DeclaredMetrics = {}
+    for run in runs:
+        for key, specs in declared_metrics(run.meta, suite_factories).items():
+            out.setdefault(key, specs)
+    return out
+
+
+def build_figures(runs: list[Run], summary: list[SummaryRow], methods: list[str], *, seed: int = 0,
+                  specs: DeclaredMetrics | None = None,
+                  suite_factories: Mapping[str, SuiteFactory] | None = None) -> list[Figure]:
+    """Metric bars per (dataset, suite) from the summary and declarations, then every suite's own figures."""
     rows = [r for run in runs for r in run.rows]
     out = []
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
@@ -85,67 +104,35 @@ def build_figures(runs: list[Run], summary: list[SummaryRow], methods: list[str]
         tables.setdefault((r.dataset, r.suite), []).append(r)
     for (dataset, suite), rs in tables.items():
         present = [m for m in methods if any(r.method == m for r in rs)]
+        by_column = {r.metric: spec_of(specs, dataset, suite, r.metric) for r in rs}
         out.append(Figure(f"bars-{dataset}-{suite}", f"{suite} on {dataset}",
-                          "Mean over cases per method; error bars are 95% confidence intervals (Student t).",
-                          figures.metric_bars(rs, present, f"{suite} on {dataset}")))
-    # 1-to-N distribution of a sampled case (paper 000, Fig. 5)
-    for dataset in dict.fromkeys(r["dataset"] for r in rows if "one_to_n" in r["pre"]):
-        drows = [r for r in rows if r["dataset"] == dataset and "one_to_n" in r["pre"]]
-        case_id = _sample_case(drows, seed)
-        crows = [r for r in drows if r["case_id"] == case_id]
-        pre = crows[0]["pre"]["one_to_n"]
-        posts = {r["method"]: r["post"]["one_to_n"] for r in sorted(crows, key=lambda r: methods.index(r["method"]))}
-        query = next(p["prompt"] for p in pre["prompts"] if p["role"] == "rewrite")
-        reqs = crows[0].get("requests") or []
-        note = ""
-        if reqs:
-            targets = ", ".join(r["target_new"] for r in reqs)
-            note = f"edit: {'append' if len(reqs) == 1 else 'write'} “{targets}”"
-        out.append(Figure(
-            f"one-to-n-{dataset}-{case_id}", f"1-to-N distribution of case {case_id} ({dataset})",
-            "Model probability of each valid answer (sequence probability renormalised over the valid answers) "
-            "before and after each method's edit, beside the gold distribution Q from corpus co-occurrence "
-            "counts (uniform when no count is found); cf. paper 000, Fig. 5.",
-            figures.one_to_n_case(case_id, query, pre["gold"], pre, posts, note)))
-    # probability shift of correct vs false answers (paper 003, Fig. 2)
-    for dataset in dict.fromkeys(r["dataset"] for r in rows if "peak" in r["pre"]):
-        pairs: dict[str, list] = {}
-        for m in methods:
-            sel = [(r["pre"]["peak"], r["post"]["peak"]) for r in rows if r["dataset"] == dataset
-                   and r["method"] == m and "peak" in r["pre"]]
-            if sel:
-                pairs[m] = sel
-        out.append(Figure(
-            f"peak-shift-{dataset}", f"Probability shift of correct vs false answers ({dataset})",
-            "Mean probability P = exp(mean token log-prob) of the correct answers O, hard and random false answers "
-            "and the appended answer o* on the edit prompt, before (light) and after (dark) the edit; per case the "
-            "mean over its answers of a kind, error bars are 95% CIs over cases; cf. paper 003, Fig. 2.",
-            figures.peak_shift(pairs)))
+                          "Mean over cases per method; error bars are 95% confidence intervals (Student t; "
+                          "bootstrap for aggregates); dashed: the mean before the edit.",
+                          figures.metric_bars(rs, present, f"{suite} on {dataset}",
+                                              {k: v for k, v in by_column.items() if v is not None})))
+    for (dataset, name), suite in _suites(runs, suite_factories).items():
+        drows = [r for r in rows if r["dataset"] == dataset and name in r["pre"]]
+        if drows:
+            out += suite.figures(dataset, drows, methods, seed=seed)
     return out
 
 
-def _md_table(rs: list[SummaryRow], methods: list[str]) -> list[str]:
-    metrics = list(dict.fromkeys(r.metric for r in rs))
-    cell = {(r.method, r.metric): r for r in rs}
-    lines = ["| method | n | " + " | ".join(metrics) + " |", "|---|---:|" + "---:|" * len(metrics)]
-    for m in [m for m in methods if any(r.method == m for r in rs)]:
-        n = max(cell[(m, k)].n for k in metrics if (m, k) in cell)
-        lines.append(f"| {m} | {n} | " + " | ".join(fmt_mean_ci(cell[(m, k)]) if (m, k) in cell else ""
-                                                    for k in metrics) + " |")
-    return lines
+def _md_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None = None) -> list[str]:
+    metrics, body = table_rows(rs, methods)
+    labels = [metric_label(k, spec_of(specs, rs[0].dataset, rs[0].suite, k)) for k in metrics]
+    return (["| method | n | " + " | ".join(labels) + " |", "|---|---:|" + "---:|" * len(metrics)]
+            + ["| " + " | ".join(cells) + " |" for cells in body])
 
 
-def _html_table(rs: list[SummaryRow], methods: list[str]) -> str:
-    metrics = list(dict.fromkeys(r.metric for r in rs))
-    cell = {(r.method, r.metric): r for r in rs}
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in metrics)
-    body = []
-    for m in [m for m in methods if any(r.method == m for r in rs)]:
-        n = max(cell[(m, k)].n for k in metrics if (m, k) in cell)
-        tds = "".join(f"<td>{html.escape(fmt_mean_ci(cell[(m, k)]))}</td>" if (m, k) in cell else "<td></td>"
-                      for k in metrics)
-        body.append(f"<tr><th>{html.escape(m)}</th><td>{n}</td>{tds}</tr>")
-    return f"<table><thead><tr><th>method</th><th>n</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+def _html_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None = None) -> str:
+    metrics, body = table_rows(rs, methods)
+    head = "".join(f"<th>{html.escape(metric_label(k, spec_of(specs, rs[0].dataset, rs[0].suite, k)))}</th>"
+                   for k in metrics)
+    trs = []
+    for cells in body:
+        tds = "".join(f"<td>{html.escape(c)}</td>" for c in cells[1:])
+        trs.append(f"<tr><th>{html.escape(cells[0])}</th>{tds}</tr>")
+    return f"<table><thead><tr><th>method</th><th>n</th>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
 
 
 CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;
@@ -165,9 +152,11 @@ def _run_meta(run: Run) -> list[tuple[str, str]]:
             ("time", f"{m.get('started')} – {m.get('finished')}"), ("versions", versions)]
 
 
-def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0) -> tuple[Path, Path]:
+def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
+                 suite_factories: Mapping[str, SuiteFactory] | None = None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) to ``out_dir`` (default: the first run
-    directory); return their paths."""
+    directory); return their paths. ``suite_factories`` supplies suites that are not registered (for their
+    figures and, in runs without stored declarations, their metric declarations)."""
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
@@ -175,8 +164,9 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
-    summary = summarize(rows, method_order=methods, dataset_order=datasets)
-    figs = build_figures(runs, summary, methods, seed=seed)
+    specs = _specs(runs, suite_factories)
+    summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets)
+    figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for f in figs:
         (out / "figures" / f"{f.slug}.png").write_bytes(f.png)
@@ -186,8 +176,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
         tables.setdefault((r.dataset, r.suite), []).append(r)
     bars = {f.slug: f for f in figs}
     title = "editscope report"
-    note = ("Cells: mean ± half-width of the 95% confidence interval (Student t over cases); n = cases with a "
-            "value. Metrics are recomputable from the raw probes in each run's results.jsonl.")
+    note = TABLE_NOTE + " Metrics are recomputable from the raw probes in each run's results.jsonl."
 
     md = [f"# {title}", ""]
     for run in runs:
@@ -207,8 +196,8 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                  f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
 
     for (dataset, suite), rs in tables.items():
-        md += [f"## {suite} on {dataset}", ""] + _md_table(rs, methods) + [""]
-        h.append(f"<h2>{html.escape(suite)} on {html.escape(dataset)}</h2>{_html_table(rs, methods)}")
+        md += [f"## {suite} on {dataset}", ""] + _md_table(rs, methods, specs) + [""]
+        h.append(f"<h2>{html.escape(suite)} on {html.escape(dataset)}</h2>{_html_table(rs, methods, specs)}")
         add_figure(bars[f"bars-{dataset}-{suite}"])
     extra = [f for f in figs if not f.slug.startswith("bars-")]
     if extra:

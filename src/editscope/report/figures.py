@@ -1,13 +1,12 @@
-"""Report figures (matplotlib, Agg backend): metric bars with 95% CIs, the 1-to-N distribution of a sampled
-case against its gold distribution (paper 000, Fig. 5), and the probability shift of correct vs false answers
-after an appending edit (paper 003, Fig. 2). Every function returns PNG bytes."""
+"""Report figures (matplotlib, Agg backend): metric bars with 95% CIs, drawn from the metrics' declarations
+(pre/post pairing, direction, range). Suite-specific figures live with their suites (``Suite.figures``).
+Every function returns PNG bytes."""
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -15,12 +14,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from editscope.run.summary import SummaryRow, mean_ci  # noqa: E402
+from editscope.metrics.registry import MetricSpec  # noqa: E402
+from editscope.run.summary import SummaryRow  # noqa: E402
 
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
-KIND_LABELS = {"correct": "correct (O)", "hard_false": "hard false", "random_false": "random false",
-               "new": "new answer o*"}
-KIND_COLORS = {"correct": "#009E73", "hard_false": "#D55E00", "random_false": "#E69F00", "new": "#0072B2"}
 
 plt.rcParams.update({
     "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
@@ -40,22 +37,21 @@ def method_colors(methods: Sequence[str]) -> dict[str, str]:
     return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(methods)}
 
 
-def pre_partner(metric: str, metrics: Sequence[str]) -> str | None:
-    """The pre-edit metric paired with ``metric`` (``ES`` -> ``ES_pre``; ``NKL_post`` -> ``NKL_pre``)."""
-    for cand in (f"{metric}_pre", metric[: -len("_post")] + "_pre" if metric.endswith("_post") else None):
-        if cand and cand in metrics:
-            return cand
-    return None
-
-
-def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str, *, columns: int = 4) -> bytes:
-    """One panel per metric, one bar per method (mean), error bars = 95% CI (Student t over cases). A metric's
-    pre-edit value (``X_pre`` beside ``X`` or ``X_post``) is a dashed line in its panel, not a panel of its own.
-    Metrics whose every value lies in [0, 1] have their CIs clipped to [0, 1]; positive metrics spanning
-    orders of magnitude get a log axis."""
+def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
+                specs: Mapping[str, MetricSpec] | None = None, *, columns: int = 4) -> bytes:
+    """One panel per metric, one bar per method (mean), error bars = 95% CI. ``specs`` maps a metric column to
+    its declaration: a ``pre_post`` metric is one panel of its ``_post`` values with the ``_pre`` mean as a
+    dashed line; the title carries the direction (↑/↓); a declared range bounds the axis and the CIs (the
+    whole range when it is finite; log axis when an open-ended positive metric spans orders of magnitude).
+    Undeclared metrics get one panel each and a free axis."""
+    specs = specs or {}
     all_metrics = list(dict.fromkeys(r.metric for r in rows))
-    partners = {m: pre_partner(m, all_metrics) for m in all_metrics}
-    paired_pre = {p for p in partners.values() if p}
+    partners: dict[str, str] = {}
+    for m in all_metrics:
+        spec = specs.get(m)
+        if spec is not None and spec.pre is not None and m == spec.post and spec.pre in all_metrics:
+            partners[m] = spec.pre
+    paired_pre = set(partners.values())
     metrics = [m for m in all_metrics if m not in paired_pre]
     cell = {(r.method, r.metric): r for r in rows}
     colors = method_colors(methods)
@@ -63,15 +59,15 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str, 
     nrows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(2.4 * cols + 0.6, 2.2 * nrows + 0.8), squeeze=False)
     for ax, metric in zip(axes.flat, metrics, strict=False):
+        spec = specs.get(metric)
         x = np.arange(len(methods))
         rs = [cell.get((m, metric)) for m in methods]
         means = np.array([r.mean if r else np.nan for r in rs])
         lo = np.array([r.ci95_low if r else np.nan for r in rs])
         hi = np.array([r.ci95_high if r else np.nan for r in rs])
         finite = means[np.isfinite(means)]
-        unit = bool(finite.size) and bool(np.all((finite >= 0) & (finite <= 1))) and not metric.startswith("n_")
-        if unit:
-            lo, hi = np.clip(lo, 0, 1), np.clip(hi, 0, 1)
+        bounds = spec.range if spec is not None and spec.range is not None else (-math.inf, math.inf)
+        lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
         err = np.vstack([np.where(np.isfinite(lo), means - lo, 0), np.where(np.isfinite(hi), hi - means, 0)])
         err = np.nan_to_num(np.clip(err, 0, None))
         ax.bar(x, np.nan_to_num(means), yerr=err if err.any() else None, color=[colors[m] for m in methods],
@@ -82,14 +78,20 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str, 
             pre_means = [v for v in pre_means if math.isfinite(v)]
             if pre_means:
                 ax.axhline(float(np.mean(pre_means)), color="#222222", linestyle="--", linewidth=1.0, zorder=3)
-        if finite.size and np.all(finite > 0) and finite.max() / max(finite.min(), 1e-300) > 1e3:
+        low, high = bounds
+        if math.isfinite(low) and math.isfinite(high):
+            pad = 0.05 * (high - low)
+            ax.set_ylim(low - (pad if low < 0 else 0), high + pad)
+        elif (low >= 0 and finite.size and np.all(finite > 0)
+              and finite.max() / max(finite.min(), 1e-300) > 1e3):
             ax.set_yscale("log")
-        elif unit:
-            ax.set_ylim(0, 1.05)
-        else:
+        elif math.isfinite(low):
+            ax.set_ylim(bottom=low)
+        if low < 0:
             ax.axhline(0, color="#555555", linewidth=0.6)
         ns = [r.n if r else 0 for r in rs]
-        ax.set_title(f"{metric}  (n={min(ns)})" if len(set(ns)) == 1 else f"{metric}  (n={min(ns)}–{max(ns)})")
+        name = (spec.post if pre and spec is not None else metric) + (f" {spec.arrow}" if spec and spec.arrow else "")
+        ax.set_title(f"{name}  (n={min(ns)})" if len(set(ns)) == 1 else f"{name}  (n={min(ns)}–{max(ns)})")
         rot = len(methods) > 3
         ax.set_xticks(x, methods, rotation=30 if rot else 0, ha="right" if rot else "center")
         ax.set_xlim(-0.6, len(methods) - 0.4)
@@ -99,111 +101,10 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str, 
     labels = list(methods)
     if paired_pre:
         handles.append(plt.Line2D([0], [0], color="#222222", linestyle="--", linewidth=1.0))
-        labels.append("before edit")
+        labels.append("before edit (_pre)")
     height = fig.get_figheight()
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
     fig.suptitle(title + " — mean over cases, error bars: 95% CI", y=1 - 0.08 / height, va="top", fontsize=10)
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.32 / height))
-    return _png(fig)
-
-
-def _renorm(logprobs: Sequence[float]) -> np.ndarray:
-    lp = np.asarray(logprobs, dtype=np.float64)
-    lp = lp - lp.max()
-    p = np.exp(lp)
-    return p / p.sum()
-
-
-def one_to_n_case(case_id: str, query: str, gold: dict[str, Any], pre: dict[str, Any],
-                  posts: dict[str, dict[str, Any]], edit_note: str = "", max_answers: int = 10) -> bytes:
-    """Paper 000 Fig. 5: the model's distribution over the valid answers of one query before and after each
-    method's edit (sequence probabilities renormalised over the valid answers) beside the gold distribution."""
-    answers = list(gold["answers"])
-
-    def valid_lp(probe: dict[str, Any]) -> list[float]:
-        cands = {c["text"]: c for p in probe["prompts"] if p["role"] == "rewrite" for c in p["candidates"]
-                 if c.get("kind") == "correct"}
-        return [float(cands[a]["logprob_sum"]) for a in answers]
-
-    series = [("gold Q (" + gold.get("source", "?") + ")", np.asarray(gold["weights"], float), "#777777", "//")]
-    series.append(("before edit", _renorm(valid_lp(pre)), "#bbbbbb", ""))
-    colors = method_colors(list(posts))
-    for m, probe in posts.items():
-        series.append((f"after {m}", _renorm(valid_lp(probe)), colors[m], ""))
-    # at most max_answers answers: the largest by gold weight, then by any probability shown
-    peak = np.max(np.vstack([v for _, v, _, _ in series]), axis=0)
-    order = sorted(range(len(answers)), key=lambda i: (-series[0][1][i], -peak[i]))[:max_answers]
-    hidden = len(answers) - len(order)
-    answers = [answers[i] for i in order]
-    series = [(label, vals[order], color, hatch) for label, vals, color, hatch in series]
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.75 * len(answers) + 2.5), 3.4))
-    x = np.arange(len(answers))
-    for k, (label, vals, color, hatch) in enumerate(series):
-        ax.bar(x - 0.4 + width * (k + 0.5), vals, width, label=label, color=color, hatch=hatch,
-               edgecolor="white" if not hatch else "#444444", linewidth=0.5)
-    ax.set_xticks(x, [a if len(a) <= 18 else a[:16] + "…" for a in answers], rotation=20, ha="right")
-    ax.set_ylabel("probability over valid answers")
-    ax.set_ylim(0, 1.0)
-    ax.set_xlabel("valid answer a of the query" + (f" ({hidden} more with small probability not shown)"
-                                                   if hidden else ""))
-    ax.set_title(f"1-to-N distribution, case {case_id}: “{query}”" + (f"\n{edit_note}" if edit_note else ""))
-    ax.legend(frameon=False, ncol=2, loc="upper right")
-    fig.tight_layout()
-    return _png(fig)
-
-
-def _kind_probs(probe: dict[str, Any], kind: str, role: str = "rewrite", prob: str = "mean") -> list[float]:
-    out = []
-    for p in probe["prompts"]:
-        if p["role"] != role:
-            continue
-        for c in p["candidates"]:
-            if c.get("kind") == kind:
-                lp = float(c["logprob_sum"])
-                out.append(math.exp(lp / c["n_tokens"] if prob == "mean" else lp))
-    return out
-
-
-def peak_shift(pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]], *, prob: str = "mean") -> bytes:
-    """Paper 003 Fig. 2: mean probability of correct, hard false, random false and the new answer on the edit
-    prompt, before vs after each method's appending edit, on a log axis; error bars = 95% CI over cases (per
-    case the mean over its answers of that kind; lower bars clipped above 0 for the log axis).
-    P = exp(mean token log-prob) (PEAK's convention) unless ``prob='sum'``."""
-    methods = list(pairs)
-    kinds = ["correct", "hard_false", "random_false", "new"]
-    fig, axes = plt.subplots(1, len(methods), figsize=(3.3 * len(methods) + 0.4, 3.1), squeeze=False, sharey=True)
-    shown: list[float] = []
-    for ax, m in zip(axes[0], methods, strict=True):
-        x = np.arange(len(kinds))
-        for j, (tag, shade) in enumerate((("before", 0.45), ("after", 1.0))):
-            means, errs = [], [[], []]
-            for kind in kinds:
-                per_case = []
-                for pre, post in pairs[m]:
-                    vals = _kind_probs(pre if tag == "before" else post, kind, prob=prob)
-                    if vals:
-                        per_case.append(float(np.mean(vals)))
-                mean, lo, hi, _ = mean_ci(per_case)
-                means.append(mean)
-                shown += [v for v in (mean, lo, hi) if math.isfinite(v) and v > 0]
-                errs[0].append(mean - max(lo, mean * 1e-3) if math.isfinite(lo) else 0)
-                errs[1].append(hi - mean if math.isfinite(hi) else 0)
-            ax.bar(x + (j - 0.5) * 0.38, np.nan_to_num(means), 0.38, yerr=errs, capsize=2.5,
-                   color=[KIND_COLORS[k] for k in kinds], alpha=shade, edgecolor="#333333", linewidth=0.5,
-                   label=tag, error_kw={"elinewidth": 0.8})
-        ax.set_xticks(x, [KIND_LABELS[k] for k in kinds], rotation=25, ha="right")
-        ax.set_title(f"{m} (n={len(pairs[m])} case{'s' if len(pairs[m]) != 1 else ''})")
-    if shown:  # log axis: false answers start orders of magnitude below the new answer
-        axes[0][0].set_yscale("log")
-        axes[0][0].set_ylim(min(shown) / 3, min(1.0, max(shown) * 3))
-    axes[0][0].set_ylabel("P(answer | edit prompt)" + ("\n= exp(mean token log-prob)" if prob == "mean" else ""))
-    light = plt.Rectangle((0, 0), 1, 1, facecolor="#999999", alpha=0.45, edgecolor="#333333")
-    dark = plt.Rectangle((0, 0), 1, 1, facecolor="#999999", alpha=1.0, edgecolor="#333333")
-    fig.legend([light, dark], ["before edit (light)", "after edit (dark)"], loc="upper center", ncol=2,
-               frameon=False, bbox_to_anchor=(0.5, 1.06))
-    fig.suptitle("Probability shift of correct vs false answers after appending o* (mean, 95% CI)", y=1.12,
-                 fontsize=10)
-    fig.tight_layout()
     return _png(fig)

@@ -21,6 +21,7 @@ from editscope.run.store import (
     run_lock,
     write_results,
 )
+from editscope.run.suites import declared_metrics
 from editscope.run.summary import SummaryRow, write_summary
 
 
@@ -58,7 +59,8 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int,
             rows.setdefault(row_key(row), row)
     merged = sorted(rows.values(), key=row_order(config))
     write_results(out_dir / RESULTS, merged)
-    summary = write_summary(out_dir, merged, method_order=[m.label for m in config.methods],
+    summary = write_summary(out_dir, merged, specs=declared_metrics(first),
+                            method_order=[m.label for m in config.methods],
                             dataset_order=[b.label for b in config.blocks])
     shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})
     n = shards[0][1] if shards else 1

@@ -48,7 +48,7 @@ from editscope.run.store import (
     row_key,
     run_lock,
 )
-from editscope.run.suites import SuiteFactory, make_suite, probe_cases
+from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite, probe_cases
 from editscope.run.summary import SummaryRow, write_summary
 from editscope.suites.base import Suite
 
@@ -136,15 +136,12 @@ def load_blocks(config: RunConfig, *, limit: int | None = None,
 
 
 def edit_requests(label: str, suites: Mapping[str, Suite], case: Case) -> tuple[EditRequest, ...]:
-    """What to edit for ``case``: the case's requests, unless a suite says otherwise (``edit_requests(case)``,
-    e.g. the one_to_n suite edits every valid answer). Suites of one block must agree."""
+    """What to edit for ``case``: every suite's ``edit_requests(case)`` (by default the case's requests; the
+    one_to_n suite edits every valid answer). Suites of one block must agree."""
     chosen: tuple[EditRequest, ...] | None = None
     chooser = None
     for name, suite in suites.items():
-        fn = getattr(suite, "edit_requests", None)
-        if fn is None:
-            continue
-        reqs = tuple(fn(case))
+        reqs = tuple(suite.edit_requests(case))
         if chosen is not None and reqs != chosen:
             raise EditscopeError(f"dataset {label}: suites {chooser} and {name} edit different things for case "
                                  f"{case.case_id}; put them in separate dataset blocks")
@@ -196,10 +193,12 @@ class Runner:
         self.bundle = bundle
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self._state_templates: dict[str, Any] = {}
+        self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _prepare(self):
         blocks = load_blocks(self.config, limit=self.limit, suite_factories=self.suite_factories)
+        self._declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
         assign_groups(blocks, self.config.group_size, self.shard)
         if self.bundle is None:
             from editscope.lm import load
@@ -229,6 +228,7 @@ class Runner:
             "status": status,
             "rows": rows,
             "argv": sys.argv,
+            "metrics": declarations_to_json(self._declared),
         }
 
     def _check_existing(self) -> str | None:
@@ -305,7 +305,7 @@ class Runner:
         finally:
             bar.close()
             rows = read_results(self.out_dir / RESULTS)
-            summary = write_summary(self.out_dir, rows, method_order=methods,
+            summary = write_summary(self.out_dir, rows, specs=self._declared, method_order=methods,
                                     dataset_order=[b.label for b in self.config.blocks])
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary)
@@ -367,7 +367,7 @@ class Runner:
         for k, (i, case) in enumerate(zip(members, cases, strict=True)):
             if i not in todo:
                 continue
-            metrics = {name: clean_metrics(s.metrics(case, pre[name][k], post[name][k]))
+            metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][k]))
                        for name, s in block.suites.items()}
             rows.append({
                 "dataset": block.label,
@@ -415,7 +415,7 @@ def recompute_metrics(run_dir: str | Path, *, suite_factories: Mapping[str, Suit
         block = blocks[row["dataset"]]
         case = by_id[row["dataset"]][row["case_id"]]
         for name, suite in block.suites.items():
-            new = clean_metrics(suite.metrics(case, row["pre"][name], row["post"][name]))
+            new = clean_metrics(suite.checked_metrics(case, row["pre"][name], row["post"][name]))
             if new != row["metrics"][name]:
                 bad.append((row_key(row), name, row["metrics"][name], new))
     return bad

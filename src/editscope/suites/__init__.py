@@ -1,11 +1,13 @@
 """Evaluation suites: cases -> scoring requests -> metric rows (protocol in ``editscope.suites.base``).
 
-``SUITES`` maps a suite name to its factory; ``get_suite(name, **options)`` builds one. Every suite offers
-``probe(engine, case)``, ``probe_many(engine, cases)`` (one ``engine.score`` call for many cases) and the pure
-``metrics(case, pre, post)``. The probe formats and metric names are documented in each module:
+``SUITES`` maps a suite name to its factory; ``get_suite(name, **options)`` builds one. It is the one place
+to add a suite. Every suite is a :class:`~editscope.suites.base.Suite`: it declares its metrics
+(``metrics_declared``), offers ``probe_many(engine, cases)`` (one ``engine.score`` call for many cases),
+``probe(engine, case)``, the pure ``metrics(case, pre, post)``, ``edit_requests(case)`` and its report
+``figures``. The probe formats and metrics are documented in each module:
 
-* ``counterfact`` -- :mod:`.counterfact` (ES/PS/NS/Score, EM/PM/NM, EasyEdit accuracies, optional GE/RS);
-* ``zsre`` -- :mod:`.zsre` (Efficacy/Paraphrase/Specificity top-1);
+* ``counterfact`` -- :mod:`.counterfact` (ES/PS/NS, EM/PM/NM, EasyEdit accuracies, optional GE/RS; Score);
+* ``zsre`` -- :mod:`.zsre` (Efficacy/Paraphrase/Specificity top-1; Score);
 * ``peak`` -- :mod:`.peak` (appending ES/GS/LS, additivity for hard and random false answers);
 * ``one_to_n`` -- :mod:`.one_to_n` (NKL/MaxAcc/Precision@K/PPL before and after).
 """
@@ -16,13 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from editscope.errors import EditscopeError
-from editscope.suites.base import Suite
+from editscope.suites.base import Suite, SuiteFigure
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
 from editscope.suites.zsre import ZsreSuite
 
-SUITES: dict[str, Callable[..., Any]] = {
+SUITES: dict[str, Callable[..., Suite]] = {
     "counterfact": CounterFactSuite,
     "zsre": ZsreSuite,
     "peak": PeakSuite,
@@ -41,4 +43,5 @@ def get_suite(name: str, **options: Any) -> Suite:
         raise EditscopeError(f"suite {name!r}: bad options {sorted(options)}: {exc}") from None
 
 
-__all__ = ["SUITES", "CounterFactSuite", "OneToNSuite", "PeakSuite", "Suite", "ZsreSuite", "get_suite"]
+__all__ = ["SUITES", "CounterFactSuite", "OneToNSuite", "PeakSuite", "Suite", "SuiteFigure", "ZsreSuite",
+           "get_suite"]

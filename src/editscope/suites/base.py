@@ -1,56 +1,113 @@
-"""The suite protocol: how a family of evaluations turns cases into scoring requests and metric rows.
+"""The suite contract: how a family of evaluations turns cases into scoring requests and metric rows.
 
-A suite does two things, kept apart so any metric can be recomputed from stored raw scores alone:
+A suite is a subclass of :class:`Suite` and declares, instead of the runner or the report probing for them:
 
-- ``probe(engine, case) -> dict``: ask the scoring engine everything the suite needs about one case on the
-  model as it is *now* (called once before the edit and once after). The result is JSON-serialisable raw
-  data: log-prob sums and token counts per prompt and candidate (and generated texts where needed).
-- ``metrics(case, pre, post) -> dict[str, float]``: pure; computes the suite's metric row from two probes
-  with ``editscope.metrics`` functions. No model access.
+- ``name``: the registry key (``editscope.suites.SUITES``);
+- ``metrics_declared``: every metric it emits, once, as :class:`~editscope.metrics.registry.MetricSpec`
+  (paper, equation, direction, range, unit, paper scale, pre/post pairing; aggregates such as the CounterFact
+  Score are computed by the summary from these declarations). Emitting an undeclared metric is an error
+  (:meth:`Suite.checked_metrics`, called by the runner);
+- ``probe_many(engine, cases) -> list[dict]`` (required): ask the scoring engine everything the suite needs
+  about many cases on the model as it is *now* (once before the edit and once after) with one
+  ``engine.score`` call. The results are JSON-serialisable raw data; ``probe(engine, case)`` is
+  ``probe_many`` of one case;
+- ``metrics(case, pre, post) -> dict[str, float]`` (required, pure): the metric row from two probes, with
+  ``editscope.metrics`` functions; no model access;
+- ``edit_requests(case)``: what the runner edits for a case; default: the case's own requests
+  (``one_to_n`` overrides it to write every valid answer);
+- ``figures(dataset, rows, methods, seed)``: the suite's own report figures (default: none); the report
+  draws its generic tables and bar charts from the declarations and adds these.
+
+Metric naming, one scheme for every suite: a metric measured on the unedited and on the edited model is
+emitted as ``NAME_pre`` and ``NAME_post`` (``pairing="pre_post"``); a metric that only exists after the edit
+(it compares pre and post itself, or describes the case) is plain ``NAME`` (``pairing="post_only"``). A key
+whose value is undefined for a case (e.g. a PEAK setting where the pre-edit filter left no prompt) is
+*absent* rather than NaN; values may be ``inf`` (PPL overflow).
 
 Raw-score conventions every suite follows (the runner and the report rely on them):
 
-- a scored candidate is ``{"text": str, "logprob_sum": float, "n_tokens": int}``, and, where a suite needs
-  it, ``"token_logprobs": [float]`` and ``"token_is_argmax": [bool]``;
+- a scored candidate is ``{"text": str, "kind": str, "logprob_sum": float, "n_tokens": int,
+  "token_logprobs": [float], "token_is_argmax": [bool]}``; ``"text"`` is the answer as given (the engine
+  adds the boundary space when scoring);
 - a probe is ``{"prompts": [{"prompt": str, "role": str, "candidates": [candidate, ...]}, ...], ...}`` with
-  ``role`` one of ``rewrite``, ``paraphrase``, ``neighborhood`` and suite-specific extras at the top level;
-- the ``one_to_n`` probe also holds ``"gold": {"answers": [str], "weights": [float], "source": "counts" |
-  "uniform"}``; the ``peak`` probe labels candidates with ``"kind": "correct" | "hard_false" |
-  "random_false" | "new"``.
+  ``role`` one of ``rewrite``, ``paraphrase``, ``neighborhood`` and suite-specific extras at the top level
+  (``counterfact`` ``"generation"``, ``one_to_n`` ``"gold"``);
+- ``counterfact`` and ``zsre`` label candidates ``"new"`` (target_new) and ``"true"`` (target_true, or a
+  neighbourhood prompt's own answer); ``peak`` labels ``"correct" | "hard_false" | "random_false" | "new"``.
 
-Clarifications (additive; the four suites in this package follow them):
-
-- every candidate of these suites carries ``"kind"`` and both token lists; ``counterfact`` and ``zsre``
-  label ``"new"`` (target_new) and ``"true"`` (target_true, or a neighbourhood prompt's own answer);
-  ``peak`` labels a locality prompt's original answer ``"correct"`` and o* ``"new"``;
-- a candidate's ``"text"`` is the answer as given (the engine adds the boundary space when scoring);
-- suite-specific top-level extras: ``counterfact`` ``"generation"`` (with ``generation=True``),
-  ``one_to_n`` ``"gold"`` (also ``"counts"``, ``"window"``, ``"corpus"``);
-- a suite may offer ``probe_many(engine, cases) -> list[dict]`` (equal to ``probe`` per case, one
-  ``engine.score`` call for all cases); all four do;
-- ``metrics`` rows: a key whose value is undefined for a case (e.g. a PEAK setting where the pre-edit
-  filter left no prompt) is *absent* rather than NaN; values may be ``inf`` (PPL overflow).
-
-Adding a suite is one module plus one line in ``editscope.suites.SUITES``.
+Adding a suite is one module (a :class:`Suite` subclass) plus one line in ``editscope.suites.SUITES``; the
+runner, summary and report need no change.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
 
-from editscope.data.records import Case
-from editscope.lm.engine import ScoringEngine
+from editscope.data.records import Case, EditRequest
+from editscope.errors import EditscopeError
+from editscope.lm.scorer import Scorer
+from editscope.metrics.registry import Declarations, MetricSpec
 
 
-class Suite(Protocol):
+@dataclass(frozen=True)
+class SuiteFigure:
+    """One figure a suite adds to the report: file slug, title, caption and the PNG bytes."""
+
+    slug: str
+    title: str
+    caption: str
+    png: bytes
+
+
+class Suite(ABC):
     """One evaluation family (see the module docstring)."""
 
-    name: str
+    name: ClassVar[str]
 
-    def probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
-        """Raw scores of ``case`` on the model as it is now (JSON-serialisable)."""
-        ...
+    @property
+    @abstractmethod
+    def metrics_declared(self) -> tuple[MetricSpec, ...]:
+        """Every metric this suite (with its options) can emit, plus its summary-time aggregates."""
 
+    @abstractmethod
+    def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
+        """Raw scores of ``cases`` on the model as it is now, one probe per case (JSON-serialisable)."""
+
+    @abstractmethod
     def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
         """The suite's metric row from a pre-edit and a post-edit probe (pure)."""
-        ...
+
+    def probe(self, engine: Scorer, case: Case) -> dict[str, Any]:
+        """Raw scores of one case (``probe_many`` of one case)."""
+        return self.probe_many(engine, [case])[0]
+
+    def edit_requests(self, case: Case) -> list[EditRequest]:
+        """What to edit for ``case``: its own requests."""
+        return list(case.requests)
+
+    def figures(self, dataset: str, rows: Sequence[dict[str, Any]], methods: Sequence[str], *,
+                seed: int = 0) -> list[SuiteFigure]:
+        """Suite-specific report figures from the results rows of one dataset (``row["pre"][self.name]``...)."""
+        return []
+
+    @cached_property
+    def declarations(self) -> Declarations:
+        """``metrics_declared``, checked (unique names; aggregates over declared metrics)."""
+        try:
+            return Declarations(tuple(self.metrics_declared))
+        except ValueError as exc:
+            raise EditscopeError(f"suite {self.name}: {exc}") from None
+
+    def checked_metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
+        """``metrics`` after checking that the row holds only declared per-case metric names."""
+        row = self.metrics(case, pre, post)
+        bad = self.declarations.undeclared(list(row))
+        if bad:
+            raise EditscopeError(f"suite {self.name}: metric {bad[0]!r} is not declared in metrics_declared "
+                                 f"(undeclared: {', '.join(bad)}; declared: "
+                                 f"{', '.join(self.declarations.per_case_columns)})")
+        return row

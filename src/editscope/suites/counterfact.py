@@ -13,18 +13,22 @@ Probe (``probe(engine, case)``), following :mod:`editscope.suites.base`::
 Each candidate is ``{"text", "kind", "logprob_sum", "n_tokens", "token_logprobs", "token_is_argmax"}``.
 All requests of a case (of all cases, in :meth:`CounterFactSuite.probe_many`) go to one ``engine.score``.
 
-Metrics (``metrics(case, pre, post)``), from the post-edit probe, and the same names with ``_pre`` from the
-pre-edit probe:
+Metrics (``metrics(case, pre, post)``; declared in :data:`METRICS`), each as ``NAME_pre`` (pre-edit probe)
+and ``NAME_post`` (post-edit probe):
 
 * ``ES`` (eq 24), ``PS`` (eq 25), ``NS`` (eq 26): per prompt, the mean per-token NLL of target_new vs the
   true answer, exactly as ROME/MEMIT's code (``nll_true > nll_new`` for ES/PS, ``<`` for NS), averaged over
-  the prompts of the case; ``Score`` = harmonic mean of ES, PS, NS (:func:`~editscope.metrics.editing_score`);
+  the prompts of the case;
+* ``Score`` (aggregate, not in the rows): the summary's harmonic mean of the *dataset-level* means of ES, PS
+  and NS (paper 002 appendix C; ROME/MEMIT's summaries), with a bootstrap CI over cases. The mean over cases
+  of a per-case harmonic mean is a different, lower number (on one-paraphrase data: the share of cases where
+  all three succeed) and is not emitted;
 * ``EM``, ``PM``, ``NM``: the magnitudes, mean of ``P(new) - P(true)`` (NM: ``P(true) - P(new)``) with
   ``P = exp(-mean NLL)``;
 * ``EasyEdit_rewrite_acc``, ``EasyEdit_rephrase_acc``: EasyEdit's teacher-forced token accuracy of
   target_new on the rewrite / paraphrase prompts -- a *different* number from ES/PS, named apart;
 * with ``generation=True``: ``GE`` (eq 27, bits, ``convention`` option; "paper" by default) and ``RS``
-  (TF-IDF cosine), post-edit, plus ``GE_pre``/``RS_pre``. ``RS`` is absent when no reference text was found.
+  (TF-IDF cosine). ``RS_*`` is absent when no reference text was found.
 
 The "true" answer of a neighbourhood prompt is the answer stored with it (``case.neighborhood``): on
 CounterFact that is ``target_true`` (ROME's definition); on zsRE it is the Natural Questions answer of the
@@ -47,6 +51,7 @@ object once loaded.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -58,7 +63,6 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.metrics import (
     easyedit_token_accuracy,
-    editing_score,
     efficacy_magnitude,
     efficacy_success,
     fit_tfidf,
@@ -71,6 +75,7 @@ from editscope.metrics import (
     tfidf_from_state,
     tfidf_state,
 )
+from editscope.metrics.registry import MetricSpec, hmean_of
 from editscope.paths import home
 from editscope.suites._common import (
     Corpus,
@@ -81,6 +86,35 @@ from editscope.suites._common import (
     read_json,
     score_plans,
     write_json_atomic,
+)
+from editscope.suites.base import Suite
+
+_P = "002 (ROME), appendix C.2"
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("ES", _P, "eq 24", True, paper_scale=100, description="Efficacy Success: P(new) > P(true) on the "
+               "rewrite prompt (mean per-token NLL, ROME's code)"),
+    MetricSpec("PS", _P, "eq 25", True, paper_scale=100, description="Paraphrase Success, the same on paraphrases"),
+    MetricSpec("NS", _P, "eq 26", True, paper_scale=100, description="Neighborhood Success: P(true) > P(new) on "
+               "neighbourhood prompts"),
+    MetricSpec("Score", _P, "harmonic mean of ES, PS, NS", True, paper_scale=100,
+               aggregate=hmean_of(("ES", "PS", "NS")),
+               description="harmonic mean of the dataset-level means of ES, PS, NS (bootstrap CI over cases)"),
+    MetricSpec("EM", _P, "magnitude of eq 24", True, (-1.0, 1.0), "prob-diff", 100,
+               description="Efficacy Magnitude: mean P(new) - P(true), P = exp(-mean NLL)"),
+    MetricSpec("PM", _P, "magnitude of eq 25", True, (-1.0, 1.0), "prob-diff", 100,
+               description="Paraphrase Magnitude"),
+    MetricSpec("NM", _P, "magnitude of eq 26", True, (-1.0, 1.0), "prob-diff", 100,
+               description="Neighborhood Magnitude: mean P(true) - P(new)"),
+    MetricSpec("EasyEdit_rewrite_acc", "EasyEdit (token accuracy)", "teacher-forced top-1 share", True,
+               description="EasyEdit's rewrite accuracy of target_new; not ES"),
+    MetricSpec("EasyEdit_rephrase_acc", "EasyEdit (token accuracy)", "teacher-forced top-1 share", True,
+               description="EasyEdit's rephrase accuracy of target_new; not PS"),
+)
+GENERATION_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("GE", _P, "eq 27", True, (0.0, math.inf), "bits", 100,
+               description="Generation Entropy (fluency), weighted 2-/3-gram entropy"),
+    MetricSpec("RS", _P, "C.2 (Reference Score)", True, (0.0, 1.0), "cosine", 100,
+               description="TF-IDF cosine of the generated texts to reference passages about target_new"),
 )
 
 
@@ -111,7 +145,7 @@ def _nll_pairs(prompts: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rewrite_metrics(probe: dict[str, Any]) -> dict[str, float]:
-    """ES/PS/NS/Score, EM/PM/NM and EasyEdit's accuracies of one probe (paper 002, eqs 24-26)."""
+    """ES/PS/NS, EM/PM/NM and EasyEdit's accuracies of one probe (paper 002, eqs 24-26)."""
     row: dict[str, float] = {}
     rewrite = prompts_with_role(probe, "rewrite")
     para = prompts_with_role(probe, "paraphrase")
@@ -131,12 +165,10 @@ def rewrite_metrics(probe: dict[str, Any]) -> dict[str, float]:
         new, true = _nll_pairs(neigh)
         row["NS"] = neighborhood_success(new, true)
         row["NM"] = neighborhood_magnitude(new, true)
-    if para and neigh:
-        row["Score"] = editing_score(row["ES"], row["PS"], row["NS"])
     return row
 
 
-class CounterFactSuite:
+class CounterFactSuite(Suite):
     """CounterFact probability tests (+ optional generation tests); see the module docstring."""
 
     name = "counterfact"
@@ -154,14 +186,14 @@ class CounterFactSuite:
         self._vectorizer: Any = None
         self._references: dict[str, list[str]] = {}
 
+    @property
+    def metrics_declared(self) -> tuple[MetricSpec, ...]:
+        return METRICS + (GENERATION_METRICS if self.generation else ())
+
     # -- probing ------------------------------------------------------------------------------------
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""
         return rewrite_plan(case)
-
-    def probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
-        """Raw scores of one case (one ``engine.score`` call)."""
-        return self.probe_many(engine, [case])[0]
 
     def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call (plus one ``generate`` per case)."""
@@ -222,8 +254,9 @@ class CounterFactSuite:
         return row
 
     def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
-        """The CounterFact metric row (post-edit values, and ``*_pre`` from the pre-edit probe)."""
-        row = {**rewrite_metrics(post), **self._generation_metrics(post)}
-        pre_row = {**rewrite_metrics(pre), **self._generation_metrics(pre)}
-        row.update({f"{k}_pre": v for k, v in pre_row.items()})
-        return {k: float(v) for k, v in row.items()}
+        """The CounterFact metric row: ``*_pre`` from the pre-edit probe, ``*_post`` from the post-edit one."""
+        row: dict[str, float] = {}
+        for tag, probe in (("pre", pre), ("post", post)):
+            values = {**rewrite_metrics(probe), **self._generation_metrics(probe)}
+            row.update({f"{k}_{tag}": float(v) for k, v in values.items()})
+        return row

@@ -21,14 +21,15 @@ Probe, following :mod:`editscope.suites.base`::
 Candidates are ``{"text", "kind", "logprob_sum", "n_tokens", "token_logprobs", "token_is_argmax"}``. False
 answers that equal a valid answer are dropped (35 PEAK-CF records overlap; see :mod:`editscope.suites.peak`).
 
-Metrics (each ``*_pre`` and ``*_post``, as paper 000 compares them):
+Metrics (declared by :attr:`OneToNSuite.metrics_declared`; each ``*_pre`` and ``*_post``, as paper 000
+compares them, except ``gold_uniform``):
 
 * ``NKL`` (eq 10): Q-weighted length-normalised NLL of the valid answers;
 * ``MaxAcc``: is the most probable candidate (valid + false answers, sequence log-prob = sum over tokens,
   eq 3) valid; ``Precision@K`` (K = option ``k``, default 3, the key is e.g. ``Precision@3``): is any of the
   top-K candidates valid;
 * ``PPL``: ``exp(-mean over valid answers of log P(a | q))`` with sequence log-probs (may be ``inf``);
-* ``gold_uniform``: 1.0 when the gold distribution fell back to uniform (all counts 0), else 0.0.
+* ``gold_uniform`` (post-only): 1.0 when the gold distribution fell back to uniform (all counts 0), else 0.0.
 
 Gold distribution Q (section 3.4): co-occurrence counts of (subject, answer) in a corpus, normalised over the
 valid answers (:func:`~editscope.metrics.gold_distribution`); uniform when every count is 0 (the paper drops
@@ -43,7 +44,9 @@ cached on disk as JSON under ``home()/cooccurrence/<corpus sha256>-<window>.json
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +58,7 @@ from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.metrics import gold_distribution, max_acc, nkl, perplexity, precision_at_k
+from editscope.metrics.registry import MetricSpec
 from editscope.paths import home
 from editscope.suites._common import (
     Corpus,
@@ -68,6 +72,9 @@ from editscope.suites._common import (
     surface,
     write_json_atomic,
 )
+from editscope.suites.base import Suite, SuiteFigure
+
+_P = "000 (1-to-N knowledge)"
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -140,7 +147,7 @@ class CooccurrenceCounter:
         self._dirty = False
 
 
-class OneToNSuite:
+class OneToNSuite(Suite):
     """1-to-N knowledge metrics before and after an edit; see the module docstring."""
 
     name = "one_to_n"
@@ -155,6 +162,20 @@ class OneToNSuite:
         self.edits = edits
         self.corpus = Corpus(corpus)
         self.counter = CooccurrenceCounter(self.corpus, window)
+
+    @property
+    def metrics_declared(self) -> tuple[MetricSpec, ...]:
+        return (
+            MetricSpec("NKL", _P, "eq 10", False, (0.0, math.inf), "nats",
+                       description="Q-weighted length-normalised NLL of the valid answers"),
+            MetricSpec("MaxAcc", _P, "section 2.2 (1)", True, description="the most probable candidate is valid"),
+            MetricSpec(f"Precision@{self.k}", _P, "section 2.2 (2)", True,
+                       description=f"a valid answer is among the top-{self.k} candidates"),
+            MetricSpec("PPL", _P, "section 2.2 (3)", False, (1.0, math.inf), "ppl",
+                       description="exp(-mean over valid answers of the sequence log-prob)"),
+            MetricSpec("gold_uniform", _P, "section 3.4", None, (0.0, 1.0), "flag", pairing="post_only",
+                       description="1 when the gold distribution fell back to uniform (no co-occurrence)"),
+        )
 
     def edit_requests(self, case: Case) -> list[EditRequest]:
         """The edits the runner should make for ``case`` (paper 000, appendix D.2; see the module docstring)."""
@@ -195,10 +216,6 @@ class OneToNSuite:
             "corpus": self.corpus.hash,
         }
 
-    def probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
-        """Raw scores of one case (one ``engine.score`` call) and its gold distribution."""
-        return self.probe_many(engine, [case])[0]
-
     def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call."""
         probes = score_plans(engine, [self.plan(c) for c in cases])
@@ -232,3 +249,37 @@ class OneToNSuite:
             row.update({f"{k}_{tag}": v for k, v in self._values(probe).items()})
         row["gold_uniform"] = float(post["gold"]["source"] == "uniform")
         return {k: float(v) for k, v in row.items()}
+
+    # -- report -------------------------------------------------------------------------------------
+    def sample_case(self, rows: Sequence[dict[str, Any]], seed: int) -> str | None:
+        """A case id drawn with ``seed``, preferring gold from counts and >= 2 valid answers."""
+        ids = list(dict.fromkeys(r["case_id"] for r in rows))
+        good = [c for c in ids if any(r["case_id"] == c and r["pre"][self.name]["gold"]["source"] == "counts"
+                                       and len(r["pre"][self.name]["gold"]["answers"]) >= 2 for r in rows)]
+        pool = good or ids
+        return random.Random(seed).choice(pool) if pool else None
+
+    def figures(self, dataset: str, rows: Sequence[dict[str, Any]], methods: Sequence[str], *,
+                seed: int = 0) -> list[SuiteFigure]:
+        """The 1-to-N distribution of a sampled case before and after each method's edit (paper 000, Fig. 5)."""
+        from editscope.suites._figures import one_to_n_case
+
+        case_id = self.sample_case(rows, seed)
+        if case_id is None:
+            return []
+        order = {m: i for i, m in enumerate(methods)}
+        crows = sorted((r for r in rows if r["case_id"] == case_id), key=lambda r: order.get(r["method"], len(order)))
+        pre = crows[0]["pre"][self.name]
+        posts = {r["method"]: r["post"][self.name] for r in crows}
+        query = next(p["prompt"] for p in pre["prompts"] if p["role"] == "rewrite")
+        reqs = crows[0].get("requests") or []
+        note = ""
+        if reqs:
+            targets = ", ".join(r["target_new"] for r in reqs)
+            note = f"edit: {'append' if len(reqs) == 1 else 'write'} “{targets}”"
+        return [SuiteFigure(
+            f"one-to-n-{dataset}-{case_id}", f"1-to-N distribution of case {case_id} ({dataset})",
+            "Model probability of each valid answer (sequence probability renormalised over the valid answers) "
+            "before and after each method's edit, beside the gold distribution Q from corpus co-occurrence "
+            "counts (uniform when no count is found); cf. paper 000, Fig. 5.",
+            one_to_n_case(case_id, query, pre["gold"], pre, posts, note))]

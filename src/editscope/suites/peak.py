@@ -33,16 +33,17 @@ that is at least as probable as the least probable kept correct answer is droppe
 both probes of the case. A prompt whose correct list or false list (of a setting) becomes empty is skipped
 for that setting. ``filter_answers=False`` turns the filter off.
 
-Metrics (post-edit unless noted):
+Metrics (declared in :data:`METRICS`; ``NAME_pre``/``NAME_post`` for the appending metrics, plain ``NAME``
+for the post-only additivity metrics):
 
 * ``ES`` (appending efficacy): ``P*(o*) > min_O P*(o)`` on the edit prompt; ``GS``: the same averaged over
   the paraphrase prompts; ``LS``: ``P*(o_l | p_l) > P*(o* | p_l)`` averaged over the locality prompts;
-  ``ES_pre``, ``GS_pre``, ``LS_pre`` on the unedited model. O here is the *filtered* list of each prompt
+  each as ``*_pre`` (unedited model) and ``*_post``. O here is the *filtered* list of each prompt
   (the answers the unedited model knows; section 5.1 filters the dataset's answers before any metric), so
   an edit must lift o* above the least probable known answer; a prompt with no kept answer is skipped (ES
   absent when that is the edit prompt). With the full published O, whose least probable answer is often
-  tiny, ES_pre was 0.8 on 5 PEAK-CF cases with SmolLM2; those values are kept as ``ES_unfiltered``,
-  ``GS_unfiltered`` (and ``*_unfiltered_pre``).
+  tiny, ES_pre was 0.8 on 5 PEAK-CF cases with SmolLM2; those values are kept as ``ES_unfiltered_pre``,
+  ``ES_unfiltered_post``, ``GS_unfiltered_pre``, ``GS_unfiltered_post``.
 * for ``S`` in ``hard``, ``random``: ``RFF_S``, ``RNF_S``, ``CPC_S``, ``FPC_S``, ``AFF_S``, ``ANF_S``
   (eqs 1-6) per prompt of ``{p} U P^G`` (after filtering), averaged over the prompts (as PEAK reports them);
   ``n_prompts_S`` is the number of prompts that survived the filter. When none survived, the six keys of
@@ -51,6 +52,7 @@ Metrics (post-edit unless noted):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -66,9 +68,45 @@ from editscope.metrics import (
     appending_locality,
     peak_answer_filter,
 )
+from editscope.metrics.registry import MetricSpec
 from editscope.suites._common import Plan, by_kind, dedupe, one, prompts_with_role, score_plans
+from editscope.suites.base import Suite, SuiteFigure
 
 ADDITIVITY_KEYS = ("RFF", "RNF", "CPC", "FPC", "AFF", "ANF")
+SETTINGS = ("hard", "random")
+_P = "003 (PEAK)"
+_INF = (0.0, math.inf)
+
+
+def _additivity_specs(setting: str) -> tuple[MetricSpec, ...]:
+    def spec(key: str, eq: str, better: bool, rng: tuple[float, float] = (0.0, 1.0), unit: str = "share",
+             scale: float = 100, what: str = "") -> MetricSpec:
+        return MetricSpec(f"{key}_{setting}", _P, eq, better, rng, unit, scale, "post_only",
+                          f"{what} ({setting} false answers)")
+    return (
+        spec("RFF", "eq 1", False, what="Ranking Forgetting Factor"),
+        spec("RNF", "eq 2", False, what="Ranking Noising Factor"),
+        spec("CPC", "eq 3", True, _INF, "ratio", 1, "Correct Probability Change (post / pre)"),
+        spec("FPC", "eq 4", False, _INF, "ratio", 1, "False Probability Change (post / pre)"),
+        spec("AFF", "eq 5", False, what="Additive Forgetting Factor"),
+        spec("ANF", "eq 6", False, what="Additive Noising Factor"),
+        MetricSpec(f"n_prompts_{setting}", _P, "section 5.1 filter", None, _INF, "count", 1, "post_only",
+                   f"prompts left by the pre-edit answer filter ({setting} setting)"),
+    )
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("ES", _P, "section 3.2 (appending efficacy)", True, paper_scale=100,
+               description="P(o*) above the least probable kept correct answer on the edit prompt"),
+    MetricSpec("GS", _P, "section 3.2 (appending generalization)", True, paper_scale=100,
+               description="the same on the paraphrase prompts"),
+    MetricSpec("LS", _P, "section 3.2 (locality)", True, paper_scale=100,
+               description="P(o_l) > P(o*) on the locality prompts"),
+    MetricSpec("ES_unfiltered", _P, "section 3.2, unfiltered O", True, paper_scale=100,
+               description="ES against the full published answer list"),
+    MetricSpec("GS_unfiltered", _P, "section 3.2, unfiltered O", True, paper_scale=100,
+               description="GS against the full published answer list"),
+) + tuple(spec for setting in SETTINGS for spec in _additivity_specs(setting))
 
 
 def answer_lists(case: Case) -> tuple[list[str], list[str], list[str]]:
@@ -84,10 +122,11 @@ def answer_lists(case: Case) -> tuple[list[str], list[str], list[str]]:
     return correct, hard, random
 
 
-class PeakSuite:
+class PeakSuite(Suite):
     """PEAK appending + additivity; see the module docstring."""
 
     name = "peak"
+    metrics_declared = METRICS
 
     def __init__(self, *, prob: Literal["mean", "sum"] = "mean", filter_answers: bool = True,
                  max_share_below: float = 0.2) -> None:
@@ -110,10 +149,6 @@ class PeakSuite:
         for p, answer in case.neighborhood:
             plan.add_prompt(p, "neighborhood", [(answer, "correct"), (new, "new")])
         return plan
-
-    def probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
-        """Raw scores of one case (one ``engine.score`` call)."""
-        return self.probe_many(engine, [case])[0]
 
     def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call."""
@@ -185,19 +220,37 @@ class PeakSuite:
         return row
 
     def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
-        """The PEAK metric row: appending ES/GS/LS (+ ``*_pre``) and additivity per false-answer setting."""
+        """The PEAK metric row: appending ES/GS/LS (``*_pre``/``*_post``) and additivity per false-answer setting."""
         roles = ("rewrite", "paraphrase")
         pre_prompts = [p for p in pre["prompts"] if p["role"] in roles]
         if [p["prompt"] for p in pre_prompts] != [p["prompt"] for p in post["prompts"] if p["role"] in roles]:
             raise EditscopeError("peak: pre and post probes hold different prompts")
         keeps = [self._keep(p) for p in pre_prompts]
         kept_correct = [k[0] for k in keeps]
-        row = self._appending(post, kept_correct)
-        row.update({f"{k}_pre": v for k, v in self._appending(pre, kept_correct).items()})
-        for tag, probe in (("", post), ("_pre", pre)):
+        row: dict[str, float] = {}
+        for tag, probe in (("pre", pre), ("post", post)):
+            row.update({f"{k}_{tag}": v for k, v in self._appending(probe, kept_correct).items()})
             unfiltered = self._appending(probe, None)
             for key in ("ES", "GS"):
                 if key in unfiltered:
-                    row[f"{key}_unfiltered{tag}"] = unfiltered[key]
+                    row[f"{key}_unfiltered_{tag}"] = unfiltered[key]
         row.update(self._additivity(pre, post, keeps))
         return {k: float(v) for k, v in row.items()}
+
+    # -- report -------------------------------------------------------------------------------------
+    def figures(self, dataset: str, rows: Sequence[dict[str, Any]], methods: Sequence[str], *,
+                seed: int = 0) -> list[SuiteFigure]:
+        """The probability shift of correct vs false answers on the edit prompt (paper 003, Fig. 2)."""
+        from editscope.suites._figures import peak_shift
+
+        pairs = {m: [(r["pre"][self.name], r["post"][self.name]) for r in rows if r["method"] == m]
+                 for m in methods}
+        pairs = {m: sel for m, sel in pairs.items() if sel}
+        if not pairs:
+            return []
+        return [SuiteFigure(
+            f"peak-shift-{dataset}", f"Probability shift of correct vs false answers ({dataset})",
+            "Mean probability P = exp(mean token log-prob) of the correct answers O, hard and random false answers "
+            "and the appended answer o* on the edit prompt, before (light) and after (dark) the edit; per case the "
+            "mean over its answers of a kind, error bars are 95% CIs over cases; cf. paper 003, Fig. 2.",
+            peak_shift(pairs, prob=self.prob))]

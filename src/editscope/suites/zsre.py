@@ -16,16 +16,17 @@ argmax of the model's distribution given the prompt and ``t_<j`` (the engine's `
 ROME/MEMIT's ``compute_rewrite_quality_zsre`` does by appending the answer prefixes to the prompt. Per prompt,
 the mean over its target tokens; per case, the mean over its prompts.
 
-Metrics (post-edit; ``*_pre`` the same on the pre-edit probe):
+Metrics (declared in :data:`METRICS`; each as ``NAME_pre`` and ``NAME_post`` unless noted):
 
 * ``Efficacy`` (eq 21): target_new on the edit prompt;
 * ``Paraphrase`` (eq 22): target_new on the paraphrase prompts;
 * ``Specificity`` (eq 23): the neighbourhood prompt's *dataset* answer (MEND's ``loc_ans``, the
   ``o_i^c`` of eq 23) on the neighbourhood prompts, scored against that ground truth -- as MEMIT's code does,
   not against the pre-edit prediction (that is EasyEdit's "locality", a different number). Because the
-  unedited model rarely gets the NQ answers right, compare ``Specificity`` with ``Specificity_pre``;
-  ``Specificity_delta`` = post - pre is emitted for that;
-* ``Score``: harmonic mean of the three (paper 002, C.1).
+  unedited model rarely gets the NQ answers right, compare ``Specificity_post`` with ``Specificity_pre``;
+  ``Specificity_delta`` (post-only) = post - pre is emitted for that;
+* ``Score`` (aggregate, computed by the summary): harmonic mean of the *dataset-level* means of the three
+  (paper 002, C.1), with a bootstrap CI over cases.
 """
 
 from __future__ import annotations
@@ -36,8 +37,25 @@ from typing import Any
 from editscope.data.records import Case
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.metrics import editing_score, zsre_efficacy, zsre_paraphrase, zsre_specificity
+from editscope.metrics import zsre_efficacy, zsre_paraphrase, zsre_specificity
+from editscope.metrics.registry import MetricSpec, hmean_of
 from editscope.suites._common import Plan, one, prompts_with_role, score_plans
+from editscope.suites.base import Suite
+
+_P = "002 (ROME), appendix C.1"
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("Efficacy", _P, "eq 21", True, paper_scale=100,
+               description="top-1 token accuracy of target_new on the edit prompt"),
+    MetricSpec("Paraphrase", _P, "eq 22", True, paper_scale=100,
+               description="top-1 token accuracy of target_new on the paraphrases"),
+    MetricSpec("Specificity", _P, "eq 23", True, paper_scale=100,
+               description="top-1 token accuracy of the neighbourhood questions' dataset answers"),
+    MetricSpec("Score", _P, "harmonic mean of eqs 21-23", True, paper_scale=100,
+               aggregate=hmean_of(("Efficacy", "Paraphrase", "Specificity")),
+               description="harmonic mean of the dataset-level means (bootstrap CI over cases)"),
+    MetricSpec("Specificity_delta", _P, "eq 23, post - pre", True, (-1.0, 1.0), paper_scale=100,
+               pairing="post_only", description="Specificity after minus before the edit"),
+)
 
 
 def _flags(prompts: list[dict[str, Any]], kind: str) -> list[list[bool]]:
@@ -45,7 +63,7 @@ def _flags(prompts: list[dict[str, Any]], kind: str) -> list[list[bool]]:
 
 
 def top1_metrics(probe: dict[str, Any]) -> dict[str, float]:
-    """Efficacy / Paraphrase / Specificity / Score of one probe (paper 002, eqs 21-23)."""
+    """Efficacy / Paraphrase / Specificity of one probe (paper 002, eqs 21-23)."""
     rewrite = prompts_with_role(probe, "rewrite")
     para = prompts_with_role(probe, "paraphrase")
     neigh = prompts_with_role(probe, "neighborhood")
@@ -56,15 +74,14 @@ def top1_metrics(probe: dict[str, Any]) -> dict[str, float]:
         row["Paraphrase"] = zsre_paraphrase(_flags(para, "new"))
     if neigh:
         row["Specificity"] = zsre_specificity(_flags(neigh, "true"))
-    if para and neigh:
-        row["Score"] = editing_score(row["Efficacy"], row["Paraphrase"], row["Specificity"])
     return row
 
 
-class ZsreSuite:
+class ZsreSuite(Suite):
     """zsRE top-1 probability tests; see the module docstring."""
 
     name = "zsre"
+    metrics_declared = METRICS
 
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""
@@ -77,19 +94,15 @@ class ZsreSuite:
             plan.add_prompt(p, "neighborhood", [(answer, "true")])
         return plan
 
-    def probe(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
-        """Raw scores of one case (one ``engine.score`` call)."""
-        return self.probe_many(engine, [case])[0]
-
     def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call."""
         return score_plans(engine, [self.plan(c) for c in cases])
 
     def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
-        """The zsRE metric row (post-edit values, ``*_pre`` and ``Specificity_delta``)."""
-        row = top1_metrics(post)
-        pre_row = top1_metrics(pre)
-        row.update({f"{k}_pre": v for k, v in pre_row.items()})
-        if "Specificity" in row:
-            row["Specificity_delta"] = row["Specificity"] - pre_row["Specificity"]
-        return {k: float(v) for k, v in row.items()}
+        """The zsRE metric row (``*_pre``, ``*_post`` and ``Specificity_delta``)."""
+        pre_row, post_row = top1_metrics(pre), top1_metrics(post)
+        row = {f"{k}_pre": float(v) for k, v in pre_row.items()}
+        row.update({f"{k}_post": float(v) for k, v in post_row.items()})
+        if "Specificity" in post_row:
+            row["Specificity_delta"] = float(post_row["Specificity"] - pre_row["Specificity"])
+        return row
