@@ -1,7 +1,7 @@
 """Shared pieces of the suites: candidate records, one-call batching of many cases, the reference corpus.
 
 Every suite builds a *plan* per case (the list of ``(context, continuation)`` pairs it needs plus where each
-lands in the probe), submits the plans of all cases in one :meth:`ScoringEngine.score` call, and fills the
+lands in the probe), submits the plans of all cases in one :meth:`Scorer.score` call, and fills the
 probes from the scores (:func:`score_plans`). The corpus helpers read the wikitext-2 text of
 ``data_dir()/corpus`` (or any text files given) and hash it for disk-cache keys; no state is global.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ContinuationScore, ScoringEngine
+from editscope.lm.scorer import ContinuationScore, Scorer
 from editscope.paths import data_dir
 
 DEFAULT_CORPUS = ("wikitext-2-raw_wiki.test.raw.txt", "wikitext-2-raw_wiki.valid.raw.txt")
@@ -65,7 +65,7 @@ def candidate(score: ContinuationScore, text: str, kind: str) -> dict[str, Any]:
     }
 
 
-def score_plans(engine: ScoringEngine, plans: Sequence[Plan]) -> list[dict[str, Any]]:
+def score_plans(engine: Scorer, plans: Sequence[Plan]) -> list[dict[str, Any]]:
     """Score the pairs of all plans in ONE engine call and return one ``{"prompts": [...]}`` probe per plan."""
     pairs = [pair for plan in plans for pair in plan.pairs]
     scores = engine.score(pairs) if pairs else []

@@ -60,7 +60,7 @@ import numpy as np
 
 from editscope.data.records import Case
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.scorer import Scorer
 from editscope.metrics import (
     easyedit_token_accuracy,
     efficacy_magnitude,
@@ -195,7 +195,7 @@ class CounterFactSuite(Suite):
         """The scoring requests of one case."""
         return rewrite_plan(case)
 
-    def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+    def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call (plus one ``generate`` per case)."""
         probes = score_plans(engine, [self.plan(c) for c in cases])
         if self.generation:
@@ -207,7 +207,7 @@ class CounterFactSuite(Suite):
         """The prompts generated from: the case's generation prompts, else rewrite + paraphrase prompts."""
         return list(case.generation_prompts) or [case.request.text, *case.paraphrase_prompts]
 
-    def _generate(self, engine: ScoringEngine, case: Case) -> dict[str, Any]:
+    def _generate(self, engine: Scorer, case: Case) -> dict[str, Any]:
         prompts = self.generation_prompts(case)
         texts = engine.generate(prompts, max_new_tokens=self.max_new_tokens, top_k=self.top_k, seed=self.seed)
         passages = self.reference_passages(case.request.target_new)

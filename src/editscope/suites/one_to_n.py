@@ -56,7 +56,7 @@ import numpy as np
 
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.scorer import Scorer
 from editscope.metrics import gold_distribution, max_acc, nkl, perplexity, precision_at_k
 from editscope.metrics.registry import MetricSpec
 from editscope.paths import home
@@ -216,7 +216,7 @@ class OneToNSuite(Suite):
             "corpus": self.corpus.hash,
         }
 
-    def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+    def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call."""
         probes = score_plans(engine, [self.plan(c) for c in cases])
         for case, probe in zip(cases, probes, strict=True):

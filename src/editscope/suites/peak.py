@@ -60,7 +60,7 @@ import numpy as np
 
 from editscope.data.records import Case
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.scorer import Scorer
 from editscope.metrics import (
     additivity,
     appending_efficacy,
@@ -150,7 +150,7 @@ class PeakSuite(Suite):
             plan.add_prompt(p, "neighborhood", [(answer, "correct"), (new, "new")])
         return plan
 
-    def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+    def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call."""
         return score_plans(engine, [self.plan(c) for c in cases])
 

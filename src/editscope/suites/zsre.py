@@ -36,7 +36,7 @@ from typing import Any
 
 from editscope.data.records import Case
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.scorer import Scorer
 from editscope.metrics import zsre_efficacy, zsre_paraphrase, zsre_specificity
 from editscope.metrics.registry import MetricSpec, hmean_of
 from editscope.suites._common import Plan, one, prompts_with_role, score_plans
@@ -94,7 +94,7 @@ class ZsreSuite(Suite):
             plan.add_prompt(p, "neighborhood", [(answer, "true")])
         return plan
 
-    def probe_many(self, engine: ScoringEngine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+    def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Raw scores of many cases with one ``engine.score`` call."""
         return score_plans(engine, [self.plan(c) for c in cases])
 
