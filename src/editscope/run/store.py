@@ -1,18 +1,16 @@
 """The results store: ``results.jsonl`` (one line per finished (dataset, case, method), appended with flush +
-fsync) and atomic writes for everything else (temp file in the same folder + rename)."""
+fsync) and atomic writes for everything else (:mod:`editscope.atomic`)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
-import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
 
 RESULTS = "results.jsonl"
@@ -48,23 +46,6 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
 def dumps_row(row: dict[str, Any]) -> str:
     """One JSON line (no newline inside). Raw probes keep non-finite floats as Python's NaN/Infinity tokens."""
     return json.dumps(row, default=_default, separators=(",", ":"))
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temp file in the same folder, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:
@@ -123,32 +104,11 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
     return rows, dropped
 
 
-@contextmanager
-def run_lock(out_dir: str | Path) -> Iterator[Path]:
-    """Hold the run directory's exclusive lock (one writer per run: ``run``, resume and ``merge``). The OS
-    releases it when the process exits, also on a crash or SIGKILL; a second writer fails at once naming the
-    holder's pid."""
+def run_lock(out_dir: str | Path):
+    """Hold the run directory's exclusive lock (one writer per run: ``run``, resume and ``merge``); a second
+    writer fails at once naming the holder's pid. Released on exit, also on a crash or SIGKILL."""
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fh = open(out_dir / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 (closed below)
-    except OSError as exc:
-        raise EditscopeError(f"{out_dir}: cannot create the run directory's lock file: {exc.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
-            raise EditscopeError(f"{out_dir}: another editscope process (pid {holder}) is writing this run "
-                                 "directory; wait for it to finish or use another output directory") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
-        yield out_dir
-    finally:
-        fh.close()  # closing the descriptor releases the flock
+    return file_lock(out_dir / LOCK, blocking=False, what=f"run directory {out_dir}")
 
 
 class ResultsWriter:

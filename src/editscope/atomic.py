@@ -1,0 +1,115 @@
+"""Atomic writes and locks: the one place editscope puts a file or a folder on disk that others may read.
+
+A reader never sees a partial file or folder: everything is written under a unique temporary name in the
+target's own folder (so the final rename stays on one file system) and renamed into place. Caches that
+several processes may build at once (converted models, tokenizers, layer statistics, co-occurrence counts)
+take a lock around the build, so the second process waits and then reads what the first one wrote instead of
+building it again. Locks are ``fcntl.flock`` on a lock file: the OS releases them when the process exits,
+also on a crash or SIGKILL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from editscope.errors import EditscopeError
+
+
+def _writable_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EditscopeError(f"{path}: cannot create its folder {path.parent}: {exc.strerror}") from None
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` to write a temporary file beside ``path``, fsync it, rename it to ``path``.
+    For libraries that write to a path themselves (``safetensors.torch.save_file``)."""
+    path = Path(path)
+    _writable_parent(path)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise EditscopeError(f"{path}: cannot write into {path.parent}: {exc.strerror}") from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextmanager
+def file_lock(path: str | Path, *, blocking: bool = True, what: str = "") -> Iterator[Path]:
+    """Hold an exclusive lock on ``path`` (created if missing) for the block. Non-blocking: a lock held by
+    another process is an :class:`EditscopeError` naming that process's pid (``what`` says what it guards)."""
+    path = Path(path)
+    _writable_parent(path)
+    try:
+        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (closed below; closing releases the lock)
+    except OSError as exc:
+        raise EditscopeError(f"{path}: cannot open the lock file: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise EditscopeError(f"{what or path}: in use by another editscope process (pid {holder})") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        yield path
+    finally:
+        fh.close()
+
+
+def build_dir(target: str | Path, build: Callable[[Path], None], *, ready: str | None = None) -> Path:
+    """The folder ``target``, built once by ``build(tmp_folder)`` if it is missing.
+
+    ``ready`` names a file inside the folder that marks it complete (default: the folder itself). The build
+    runs under a lock beside the target, into a unique temporary folder renamed into place at the end, so
+    concurrent callers build it once and never see it half-written; a folder left without its ``ready``
+    file (an old partial build) is replaced."""
+    target = Path(target)
+
+    def complete() -> bool:
+        return (target / ready).is_file() if ready else target.is_dir()
+
+    if complete():
+        return target
+    with file_lock(target.parent / f".{target.name}.lock"):
+        if complete():  # another process built it while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        try:
+            build(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
