@@ -118,11 +118,13 @@ def test_alphaedit_end_to_end_and_sequential_state(tiny_bundles, request_a, requ
     editor = get_editor("alphaedit")
     hp = editor.load_hparams(bundle)
     state = editor.new_state()
+    covs = {layer: second_moment(bundle, layer, token_budget=hp.mom2_tokens, progress=False)  # of the base weights
+            for layer in hp.layers}
     with torch.no_grad():
         patch = editor.apply(bundle, request_a, hp, state)
     try:
         for layer in hp.layers:
-            cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, progress=False)
+            cov = covs[layer]
             u, s, _ = torch.linalg.svd(cov)
             preserved = u[:, s >= hp.nullspace_threshold]
             assert 0 < preserved.shape[1] < cov.shape[0]

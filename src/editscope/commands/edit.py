@@ -8,6 +8,8 @@ import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from editscope.edit.registry import EDITORS
+
     parser = sub.add_parser(
         "edit",
         help="edit one fact and show log-probs before/after",
@@ -17,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--save-patch and use `editscope patch apply` to write an edited model folder.",
     )
     parser.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
-    parser.add_argument("--method", default="rome", help="editing method (rome, memit, alphaedit, prune, rect, ft)")
+    parser.add_argument("--method", default="rome", choices=sorted(EDITORS), help="editing method")
     parser.add_argument("--prompt", required=True, help="template with {} for the subject, e.g. '{} is a citizen of'")
     parser.add_argument("--subject", required=True)
     parser.add_argument("--target", required=True, help="the new answer")
@@ -26,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="more prompts to score (a {} is filled with the subject)")
     parser.add_argument("--hparams", default=None, help="hparams YAML (default configs/hparams/METHOD/MODEL.yaml)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override hparams")
+    parser.add_argument("--plugin", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+                        help="attach a loss-term plug-in with its hparams (repeatable; optimising methods only)")
+    parser.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
+                        help="import a Python module that registers plug-ins (editscope.edit.plugins.register_plugin)")
     parser.add_argument("--save-patch", default=None, metavar="FILE", help="write the patch (safetensors)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -43,22 +49,26 @@ def _scores(engine, prompt: str, target: str, target_true: str | None) -> dict:
 def run(args: argparse.Namespace) -> int:
     from editscope.data.records import EditRequest
     from editscope.edit import get_editor, parse_overrides
+    from editscope.edit.plugins import import_plugin_modules, parse_plugin_arg
     from editscope.errors import EditscopeError
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
     editor = get_editor(args.method)
+    import_plugin_modules(args.plugin_module)
+    plugins = editor.attach([parse_plugin_arg(text) for text in args.plugin], "--plugin")
     try:
         request = EditRequest(args.prompt, args.subject, args.target, args.target_true)
     except ValueError as exc:
         raise EditscopeError(str(exc)) from exc
     bundle = load(args.model)
+    editor.check_model(bundle)
     hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
     engine = ScoringEngine(bundle)
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
     pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
     t0 = time.perf_counter()
-    patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine)
+    patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, plugins=plugins)
     seconds = time.perf_counter() - t0
     try:
         post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
@@ -68,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         patch.save(args.save_patch)
     result = {
         "method": args.method,
+        "label": editor.display(plugins),
+        "plugins": [p.to_dict() for p in plugins],
         "model": bundle.name,
         "prompt": request.text,
         "pre": pre[0],
@@ -79,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{args.method} on {bundle.name}: {request.text!r} -> {args.target!r} ({seconds:.1f} s)")
+    print(f"{editor.display(plugins)} on {bundle.name}: {request.text!r} -> {args.target!r} ({seconds:.1f} s)")
     print(f"{'prompt':<50}  {'answer':<16}  {'pre':>9}  {'post':>9}")
     for prompt, a, b in zip(prompts, pre, post, strict=True):
         for key, answer in (("target", args.target), ("target_true", args.target_true)):

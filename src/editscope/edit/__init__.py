@@ -3,16 +3,24 @@
 from editscope.edit.hparams import HParams, VStarHParams, load_yaml, parse_overrides
 from editscope.edit.objectives import EssenceKL, NormPenalty, ObjectiveTerm, TargetNLL, VContext, VStep
 from editscope.edit.patch import Patch
-from editscope.edit.registry import EDITORS, Editor, apply, edited, get_editor
+from editscope.edit.plugins import PLUGINS, Plugin, PluginHParams, PluginSpec, register_plugin
+from editscope.edit.registry import EDITORS, Editor, apply, edited, get_editor, register_editor
+from editscope.edit.state import EditState, NoState
 
 __all__ = [
     "EDITORS",
+    "PLUGINS",
+    "EditState",
     "Editor",
     "EssenceKL",
     "HParams",
+    "NoState",
     "NormPenalty",
     "ObjectiveTerm",
     "Patch",
+    "Plugin",
+    "PluginHParams",
+    "PluginSpec",
     "TargetNLL",
     "VContext",
     "VStarHParams",
@@ -22,4 +30,6 @@ __all__ = [
     "get_editor",
     "load_yaml",
     "parse_overrides",
+    "register_editor",
+    "register_plugin",
 ]

@@ -22,6 +22,7 @@ from editscope.data.records import EditRequest
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.memit import spread_over_layers
 from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.state import EditState
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
@@ -41,7 +42,7 @@ class AlphaEditHParams(VStarHParams):
 
 
 @dataclass
-class AlphaEditState:
+class AlphaEditState(EditState):
     """Sequential-editing state: per layer the projector P and the accumulated K_p K_pᵀ (float64)."""
 
     projections: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -77,7 +78,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state
     state = state if state is not None else AlphaEditState()
     missing = [layer for layer in hp.layers if layer not in state.projections]
     if missing:
-        covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens)
+        covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base")
         for layer in missing:
             state.projections[layer] = null_space_projector(covs[layer], hp.nullspace_threshold)
             state.null_dims[layer] = int(torch.linalg.svdvals(covs[layer].double()).lt(hp.nullspace_threshold).sum())

@@ -5,6 +5,9 @@ W of ``blocks.L`` MLP down projection is trained with Adam on the target NLL of 
 (the :class:`~editscope.edit.objectives.TargetNLL` term plus any plug-in terms); after each step every entry
 is clamped to ‖W − W₀‖_∞ ≤ ``norm_constraint`` (the L∞ constraint of FT-L). The model is restored on return;
 the patch holds W_final − W₀.
+
+Every term's ``setup`` runs once per request before training (unedited weights); each step runs one forward
+per request batch, shared by all terms (the loss is the mean over requests of the summed terms).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
-from editscope.edit.objectives import ObjectiveTerm, TargetNLL, VContext, VStep
+from editscope.edit.objectives import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
@@ -36,6 +39,11 @@ class FTHParams(HParams):
                 raise EditscopeError(f"{where}: key {key!r}: must be positive, got {getattr(self, key)}")
 
 
+def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:
+    """All terms on one forward (``step.hidden``)."""
+    return sum(term(step) for term in terms)
+
+
 def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, *, engine: ScoringEngine,
             extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
@@ -43,6 +51,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, 
     originals = {n: params[n].detach().clone() for n in names}
     ctxs = [VContext(engine, bundle, r, None, engine.prepare([(r.text, r.target_new)]), [], 1) for r in requests]
     terms = [TargetNLL(), *extra_terms]
+    for ctx in ctxs:
+        setup_terms(ctx, terms)
     history = []
     try:
         for n in names:
@@ -51,7 +61,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, 
         for i in range(hp.steps):
             opt.zero_grad()
             with torch.enable_grad():
-                loss = sum(term(VStep(ctx, None, engine.batch_hidden(ctx.batch))) for ctx in ctxs for term in terms)
+                loss = sum(_step_loss(VStep(ctx, None, engine.batch_hidden(ctx.batch)), terms) for ctx in ctxs)
                 loss = loss / len(ctxs)
             history.append(float(loss.detach()))
             if float(loss.detach()) < hp.stop_loss or i == hp.steps - 1:

@@ -48,27 +48,54 @@ def _type_name(tp: Any) -> str:
 
 
 @dataclass
-class HParams:
-    """Base of every editor's hyperparameters: the edited layers."""
-
-    method: typing.ClassVar[str] = ""
-    layers: list[int] = field(default_factory=lambda: [0])
+class Params:
+    """Typed, validated parameters (of an editor or a plug-in): ``from_dict`` rejects an unknown key or a value
+    of the wrong type with an :class:`EditscopeError` naming the key; subclasses add value checks in ``check``."""
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "<hparams>") -> HParams:
+    def owner(cls) -> str:
+        """Who these parameters belong to, for error messages."""
+        return cls.__name__
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "<hparams>") -> typing.Self:
         if not isinstance(data, dict):
             raise EditscopeError(f"{where}: expected a mapping of hyperparameters, got {type(data).__name__}")
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         for key, value in data.items():
             if key not in names:
-                raise EditscopeError(f"{where}: key {key!r}: unknown hyperparameter for {cls.method or cls.__name__} "
-                                     f"(known: {', '.join(sorted(names))})")
+                raise EditscopeError(f"{where}: key {key!r}: unknown hyperparameter for {cls.owner()} "
+                                     f"(known: {', '.join(sorted(names)) or 'none'})")
             if not _type_ok(value, hints[key]):
                 raise EditscopeError(f"{where}: key {key!r}: expected {_type_name(hints[key])}, got {value!r}")
         hp = cls(**{k: (float(v) if hints[k] is float else v) for k, v in data.items()})
         hp.check(where)
         return hp
+
+    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
+        """Value checks (none by default)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> typing.Self:
+        data = self.to_dict()
+        data.update(changes)
+        return type(self).from_dict(data, "<replace>")
+
+
+@dataclass
+class HParams(Params):
+    """Base of every editor's hyperparameters: the edited layers. ``stats_layers``/``stats_tokens`` declare the
+    key statistics (:mod:`editscope.stats`) the editor will read, so a runner can compute them up front."""
+
+    method: typing.ClassVar[str] = ""
+    layers: list[int] = field(default_factory=lambda: [0])
+
+    @classmethod
+    def owner(cls) -> str:
+        return cls.method or cls.__name__
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         """Value checks; with ``n_layers`` also that every edit layer exists in the model."""
@@ -81,13 +108,13 @@ class HParams:
             if bad:
                 raise EditscopeError(f"{where}: key 'layers': layer {bad[0]} out of range 0..{n_layers - 1}")
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def stats_layers(self) -> list[int]:
+        """Layers whose key second moment the editor reads (none by default)."""
+        return []
 
-    def replace(self, **changes: Any) -> HParams:
-        data = self.to_dict()
-        data.update(changes)
-        return type(self).from_dict(data, "<replace>")
+    def stats_tokens(self) -> int:
+        """Token budget of those statistics."""
+        return DEFAULT_TOKEN_BUDGET
 
 
 @dataclass
@@ -118,6 +145,12 @@ class VStarHParams(HParams):
             if len(spec) != 2 or min(spec) < 1:
                 raise EditscopeError(f"{where}: key 'context_templates': entries are [n_tokens, n_prefixes] >= 1, "
                                      f"got {spec}")
+
+    def stats_layers(self) -> list[int]:
+        return list(self.layers)
+
+    def stats_tokens(self) -> int:
+        return self.mom2_tokens
 
 
 def hparams_path(method: str, model: str) -> Path:

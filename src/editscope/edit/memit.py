@@ -103,7 +103,7 @@ def spread_over_layers(bundle, engine: ScoringEngine, requests: Sequence[EditReq
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MemitHParams, state=None, *, engine: ScoringEngine,
             extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens)
+    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)

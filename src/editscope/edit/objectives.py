@@ -10,13 +10,15 @@ output at the subject's last token:
 with ‖δ‖ clamped to ``clamp_norm_factor · ‖v₀‖`` after each step. MEMIT (Meng et al. 2023, eq. 16) optimises
 the same loss on the residual stream after the last edit layer; AlphaEdit, PRUNE and RECT reuse MEMIT's.
 
-**Term protocol.** A term is any object with ``name: str`` and ``__call__(step: VStep) -> Tensor`` (a weighted
-scalar loss), optionally ``setup(ctx: VContext) -> None`` called once before optimisation with the unedited
-model (no grad) to record pre-edit quantities in ``ctx.store[name]``. ``step.hidden`` holds the final hidden
-states of the main batch with δ installed; ``step.logprobs_at(rows, cols)`` gives full-vocabulary
-log-probabilities at chosen positions; ``ctx.run(batch, positions, delta)`` runs any other batch prepared by
+**Term protocol** (:class:`ObjectiveTerm`; subclass :class:`Term` for the no-op set-up). A term has
+``name: str``, ``setup(ctx: VContext) -> None`` — called once per edited request before optimisation, with the
+unedited model, to record pre-edit quantities in ``ctx.store[name]`` — and ``__call__(step: VStep) -> Tensor``
+(a weighted scalar loss). Every optimising editor runs ONE forward of the main batch per step and hands the
+same :class:`VStep` to every term: ``step.hidden`` holds the final hidden states of the main batch with δ
+(or the trained weights) installed; ``step.logprobs_at(rows, cols)`` gives full-vocabulary log-probabilities
+at chosen positions; ``ctx.run(batch, positions, delta)`` runs any other batch prepared by
 ``ctx.engine.prepare`` (or with ``context_embeds``) with the same δ hook, for plug-ins (APP: other answers;
-EVK-Align: perturbed embeddings). Add a plug-in by passing ``extra_terms=[MyTerm(...)]`` to an editor.
+EVK-Align: perturbed embeddings). Plug-ins are registered in :mod:`editscope.edit.plugins`.
 """
 
 from __future__ import annotations
@@ -122,13 +124,31 @@ class VStep:
 
 @runtime_checkable
 class ObjectiveTerm(Protocol):
+    """A weighted scalar loss term of the v* (or weight) objective; see the module docstring."""
+
     name: str
+
+    def setup(self, ctx: VContext) -> None: ...
 
     def __call__(self, step: VStep) -> torch.Tensor: ...
 
 
+class Term:
+    """Base for terms that need no pre-edit quantities: ``setup`` does nothing."""
+
+    def setup(self, ctx: VContext) -> None:
+        return None
+
+
+def setup_terms(ctx: VContext, terms: Sequence[ObjectiveTerm]) -> None:
+    """Each term's set-up, once per request context, with the unedited model and no gradient."""
+    with torch.no_grad():
+        for term in terms:
+            term.setup(ctx)
+
+
 @dataclass
-class TargetNLL:
+class TargetNLL(Term):
     """(1/N) Σ_j mean-token NLL of o* after prefix x_j (ROME eq. 4, first term; MEMIT eq. 16)."""
 
     weight: float = 1.0
@@ -141,7 +161,7 @@ class TargetNLL:
 
 
 @dataclass
-class EssenceKL:
+class EssenceKL(Term):
     """kl_factor · D_KL(P_edited[· | p′] ‖ P_pre[· | p′]) for p′ = "{subject} is a" (ROME eq. 4, second term;
     the reference code's ``kl_div(pre, post, log_target=True)`` with batchmean)."""
 
@@ -164,7 +184,7 @@ class EssenceKL:
 
 
 @dataclass
-class NormPenalty:
+class NormPenalty(Term):
     """w · ‖δ‖ / ‖v₀‖² (ROME/MEMIT reference code's ``v_weight_decay`` term; the paper states the constraint
     as the clamp ‖δ‖ ≤ c·‖v₀‖, applied by :func:`optimise_delta`)."""
 
@@ -209,10 +229,7 @@ def optimise_delta(ctx: VContext, terms: Sequence[ObjectiveTerm], *, lr: float, 
     history goes to ``ctx.store["losses"]``."""
     if ctx.v_init is None:
         raise ValueError("optimise_delta needs a context with a hook point")
-    for term in terms:
-        setup = getattr(term, "setup", None)
-        if setup is not None:
-            setup(ctx)
+    setup_terms(ctx, terms)
     delta = torch.zeros(ctx.v_init.shape[0], dtype=torch.float32, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
     max_norm = clamp_norm_factor * float(ctx.v_init.norm())

@@ -22,6 +22,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.memit import MemitHParams, memit_update, spread_over_layers
 from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.state import EditState
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
@@ -32,12 +33,16 @@ class PruneHParams(MemitHParams):
 
 
 @dataclass
-class PruneState:
+class PruneState(EditState):
     """Per parameter: the accumulated raw ΔW (float64), the restrained ΔW currently applied, σ̄(W₀)."""
 
     accumulated: dict[str, torch.Tensor] = field(default_factory=dict)
     applied: dict[str, torch.Tensor] = field(default_factory=dict)
     sigma_max: dict[str, float] = field(default_factory=dict)
+
+    def without_edits(self) -> PruneState:
+        """No accumulated ΔW; σ̄ is re-read from W₀ at the next first edit (cheap)."""
+        return PruneState()
 
 
 def restrain(delta: torch.Tensor, sigma_max: float) -> torch.Tensor:
@@ -52,7 +57,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: Pr
             engine: ScoringEngine, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     state = state if state is not None else PruneState()
     params = dict(bundle.model.named_parameters())
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens)
+    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)

@@ -1,43 +1,126 @@
-"""The editor registry: one interface for every editing method.
+"""The editor registry: one declared contract for every editing method.
 
-``EDITORS[name].apply(bundle, requests, hparams=None, state=None)`` computes the edit, applies it to the
-model and returns the :class:`~editscope.edit.patch.Patch` (which can revert it bit-exactly). Adding a method
-is one module exposing ``compute(bundle, requests, hp, state, *, engine, extra_terms) -> (deltas, info)`` and
-an ``HParams`` subclass, plus one line in :data:`EDITORS`. Sequential state (AlphaEdit's keys, PRUNE's ΔW)
-is created by ``editor.new_state()`` and owned by the caller; nothing is kept in module state.
+An :class:`Editor` states what a method is and can do — its name and display label, the parameters it writes,
+whether it optimises through a loss built from :class:`~editscope.edit.objectives.ObjectiveTerm` (so plug-ins
+apply), the key statistics it reads, its sequential state class and the architecture families it supports —
+plus its hparams class and its ``compute`` function (:class:`ComputeFn`). The runner, the CLI and reports read
+these declarations; nothing is probed.
+
+``EDITORS[name].apply(bundle, requests, hparams=None, state=None, plugins=[...])`` computes the edit, applies it
+and returns the :class:`~editscope.edit.patch.Patch` (which reverts it bit-exactly). Adding a method is one
+module exposing ``compute`` and an ``HParams`` subclass, plus one entry in :data:`EDITORS`. Sequential state
+(AlphaEdit's keys, PRUNE's ΔW) is ``editor.new_state()``, owned by the caller; nothing is kept in module state.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
+
+import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, ft, memit, prune, rect, rome
 from editscope.edit.hparams import HParams, hparams_path, load_yaml
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
+from editscope.edit.plugins import Plugin, PluginLike, attach, combined_label
+from editscope.edit.state import EditState, NoState
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 
 
+class ComputeFn(Protocol):
+    """``compute(bundle, requests, hp, state, *, engine, extra_terms) -> (deltas, info)``: ΔW per parameter
+    (stored orientation) and diagnostics; the model is unchanged on return. ``extra_terms`` (the attached
+    plug-ins' terms) are added to the editor's loss; editors that do not optimise never receive any."""
+
+    def __call__(self, bundle: Bundle, requests: list[EditRequest], hp: HParams, state: EditState, *,
+                 engine: ScoringEngine, extra_terms: Sequence[ObjectiveTerm] = ()
+                 ) -> tuple[dict[str, torch.Tensor], dict]: ...
+
+
+#: MEMIT's residual spread (and the solves built on it) assume ΔW's output adds linearly to the residual
+#: stream. Gemma 3 normalises the MLP output (post_feedforward_layernorm) before adding it, so those
+#: editors do not support it; ROME and FT target the MLP module output itself (before that norm).
+LINEAR_RESIDUAL_FAMILIES = frozenset({"gpt2", "gptj", "llama"})
+
+
 @dataclass(frozen=True)
 class Editor:
+    """The declared contract of an editing method (see the module docstring).
+
+    ``writes`` is the per-layer part (an :class:`~editscope.lm.archs.ArchMap` field) whose weight is edited at
+    each of ``hp.layers``; ``optimises`` says the method minimises a sum of objective terms, so plug-ins
+    apply; ``state_class`` is its sequential state (:class:`NoState` when edits are independent);
+    ``families`` the architecture families it supports (None: all).
+    """
+
     name: str
+    label: str
     hparams_class: type[HParams]
-    compute: Callable
-    new_state: Callable[[], object] = lambda: None
-    sequential_state: bool = False
+    compute: ComputeFn
+    optimises: bool
+    writes: str = "mlp_out"
+    state_class: type[EditState] = NoState
+    families: frozenset[str] | None = None
+
+    # -- declarations read by the runner and the CLI -------------------------------------------------------
+    @property
+    def sequential(self) -> bool:
+        """Whether edits carry state from one to the next."""
+        return self.state_class is not NoState
+
+    def new_state(self) -> EditState:
+        return self.state_class()
+
+    def param_names(self, bundle: Bundle, hp: HParams) -> list[str]:
+        """Names of the parameters an edit with ``hp`` writes."""
+        return [bundle.arch.weight_name(layer, self.writes) for layer in hp.layers]
+
+    def stats_layers(self, hp: HParams) -> list[int]:
+        """Layers whose key statistics an edit with ``hp`` reads (computed up front by the runner)."""
+        return hp.stats_layers()
+
+    def stats_tokens(self, hp: HParams) -> int:
+        """Token budget of those statistics."""
+        return hp.stats_tokens()
+
+    def supports(self, family: str) -> bool:
+        return self.families is None or family in self.families
+
+    def check_model(self, bundle: Bundle) -> None:
+        """A clear error, before any work, when the model's family is not supported."""
+        if not self.supports(bundle.arch.family):
+            raise EditscopeError(
+                f"{self.name} does not support the {bundle.arch.family!r} architecture of {bundle.name} "
+                f"(supported: {', '.join(sorted(self.families or ()))}); it assumes the MLP output adds linearly "
+                "to the residual stream")
+
+    def attach(self, plugins: Sequence[PluginLike], where: str = "plugins") -> list[Plugin]:
+        """Validated plug-ins for this editor; an error when there are any and the editor does not optimise."""
+        attached = attach(plugins, where)
+        if attached and not self.optimises:
+            raise EditscopeError(f"{where}: {self.name} does not optimise a loss, so plug-ins "
+                                 f"({', '.join(p.name for p in attached)}) cannot be attached to it")
+        return attached
+
+    def display(self, plugins: Sequence[Plugin] = ()) -> str:
+        """How results and tables name this editor with plug-ins (``ROME+APP``)."""
+        return combined_label(self.label, plugins)
 
     def load_hparams(self, model: str | Bundle, path: str | Path | None = None,
                      overrides: dict | None = None) -> HParams:
         """Hyperparameters from ``path`` or ``configs/hparams/{method}/{model}.yaml``, validated."""
         n_layers = model.n_layers if isinstance(model, Bundle) else None
         model_name = model.name if isinstance(model, Bundle) else model
+        if isinstance(model, Bundle):
+            self.check_model(model)
         if path is None:
             path = hparams_path(self.name, model_name)
             if not path.is_file():
@@ -47,31 +130,44 @@ class Editor:
         return load_yaml(path, self.hparams_class, overrides, n_layers)
 
     def apply(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,
-              state: object | None = None, *, engine: ScoringEngine | None = None,
-              extra_terms: Sequence[ObjectiveTerm] = ()) -> Patch:
-        """Edit ``bundle.model`` in place and return the patch (``patch.revert(bundle)`` undoes it exactly)."""
-        patch = self.compute_patch(bundle, requests, hparams, state, engine=engine, extra_terms=extra_terms)
+              state: EditState | None = None, *, engine: ScoringEngine | None = None,
+              plugins: Sequence[PluginLike] = ()) -> Patch:
+        """Edit ``bundle.model`` in place and return the patch (``patch.revert(bundle)`` undoes it exactly).
+        ``plugins``: names, ``(name, {hparam: value})`` pairs, :class:`PluginSpec` or :class:`Plugin` objects."""
+        patch = self.compute_patch(bundle, requests, hparams, state, engine=engine, plugins=plugins)
         patch.apply(bundle, check=False)
         return patch
 
     def compute_patch(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
-                      hparams: HParams | None = None, state: object | None = None, *,
-                      engine: ScoringEngine | None = None, extra_terms: Sequence[ObjectiveTerm] = ()) -> Patch:
+                      hparams: HParams | None = None, state: EditState | None = None, *,
+                      engine: ScoringEngine | None = None, plugins: Sequence[PluginLike] = ()) -> Patch:
         """The patch of an edit without applying it (the model is unchanged on return)."""
         if isinstance(requests, EditRequest):
             requests = [requests]
         if not requests:
             raise EditscopeError("no edit requests")
+        self.check_model(bundle)
+        attached = self.attach(plugins)
         hp = hparams if hparams is not None else self.load_hparams(bundle)
         if not isinstance(hp, self.hparams_class):
             raise EditscopeError(f"{self.name}: hparams of type {type(hp).__name__}, expected "
                                  f"{self.hparams_class.__name__}")
         hp.check(f"<{self.name} hparams>", bundle.n_layers)
+        state = state if state is not None else self.new_state()
+        if not isinstance(state, self.state_class):
+            raise EditscopeError(f"{self.name}: state of type {type(state).__name__}, expected "
+                                 f"{self.state_class.__name__}")
         engine = engine or ScoringEngine(bundle)
         params = dict(bundle.model.named_parameters())
         t0 = time.perf_counter()
-        deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine, extra_terms=extra_terms)
+        deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine,
+                                    extra_terms=[p.term() for p in attached])
         info["seconds"] = time.perf_counter() - t0
+        unexpected = set(deltas) - set(self.param_names(bundle, hp))
+        if unexpected:  # the declaration is what the runner and reports rely on
+            raise EditscopeError(f"{self.name} wrote undeclared parameters {sorted(unexpected)} (bug: please report)")
+        if attached:
+            info["plugins"] = [p.to_dict() for p in attached]
         return Patch(
             deltas=deltas,
             method=self.name,
@@ -86,14 +182,26 @@ class Editor:
         )
 
 
-EDITORS: dict[str, Editor] = {
-    "rome": Editor("rome", rome.RomeHParams, rome.compute),
-    "memit": Editor("memit", memit.MemitHParams, memit.compute),
-    "alphaedit": Editor("alphaedit", alphaedit.AlphaEditHParams, alphaedit.compute, alphaedit.AlphaEditState, True),
-    "prune": Editor("prune", prune.PruneHParams, prune.compute, prune.PruneState, True),
-    "rect": Editor("rect", rect.RectHParams, rect.compute),
-    "ft": Editor("ft", ft.FTHParams, ft.compute),
-}
+EDITORS: dict[str, Editor] = {e.name: e for e in (
+    Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True),
+    Editor("memit", "MEMIT", memit.MemitHParams, memit.compute, optimises=True,
+           families=LINEAR_RESIDUAL_FAMILIES),
+    Editor("alphaedit", "AlphaEdit", alphaedit.AlphaEditHParams, alphaedit.compute, optimises=True,
+           state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
+    Editor("prune", "PRUNE", prune.PruneHParams, prune.compute, optimises=True, state_class=prune.PruneState,
+           families=LINEAR_RESIDUAL_FAMILIES),
+    Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, families=LINEAR_RESIDUAL_FAMILIES),
+    Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True),
+)}
+
+
+def register_editor(editor: Editor, *, replace: bool = False) -> Editor:
+    """Add an editor to :data:`EDITORS` (tests and user extensions; a taken name is an error unless
+    ``replace``)."""
+    if editor.name in EDITORS and not replace and EDITORS[editor.name] is not editor:
+        raise EditscopeError(f"edit method {editor.name!r} is already registered")
+    EDITORS[editor.name] = editor
+    return editor
 
 
 def get_editor(method: str) -> Editor:
@@ -104,14 +212,14 @@ def get_editor(method: str) -> Editor:
 
 
 def apply(bundle: Bundle, method: str, requests: Sequence[EditRequest] | EditRequest,
-          hparams: HParams | None = None, state: object | None = None, **kwargs) -> Patch:
+          hparams: HParams | None = None, state: EditState | None = None, **kwargs) -> Patch:
     """Edit with ``method`` (see :meth:`Editor.apply`)."""
     return get_editor(method).apply(bundle, requests, hparams, state, **kwargs)
 
 
 @contextmanager
 def edited(bundle: Bundle, method: str, requests: Sequence[EditRequest] | EditRequest,
-           hparams: HParams | None = None, state: object | None = None, **kwargs) -> Iterator[Patch]:
+           hparams: HParams | None = None, state: EditState | None = None, **kwargs) -> Iterator[Patch]:
     """Apply an edit for the duration of the block; the weights are restored bit-exactly on exit (also on
     error)."""
     patch = apply(bundle, method, requests, hparams, state, **kwargs)

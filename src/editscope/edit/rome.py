@@ -37,6 +37,9 @@ class RomeHParams(VStarHParams):
         if len(self.layers) != 1:
             raise EditscopeError(f"{where}: key 'layers': ROME edits exactly one layer, got {self.layers}")
 
+    def stats_layers(self) -> list[int]:
+        return list(self.layers) if self.mom2_adjustment else []  # C = I needs no statistics
+
 
 def rank_one_update(k: torch.Tensor, residual: torch.Tensor, cov: torch.Tensor | None) -> torch.Tensor:
     """ΔW (out, in) = r (C⁻¹k)ᵀ / ((C⁻¹k)ᵀ k) with r = v* − W k* (ROME eq. 2); ``cov=None`` means C = I.
@@ -51,7 +54,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
     """ΔW of the edit layer (stored orientation) and diagnostics; the model is unchanged on return."""
     layer = hp.layers[0]
     name = bundle.arch.weight_name(layer)
-    cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens) if hp.mom2_adjustment else None
+    cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base") if hp.mom2_adjustment else None
     templates = context_templates(engine, hp.context_templates, hp.template_seed)
     total = torch.zeros(dict(bundle.model.named_parameters())[name].shape, dtype=torch.float64)
     info: dict = {"templates": templates, "requests": []}

@@ -10,9 +10,12 @@ Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
     methods:                     # a name, or a mapping
       - rome
       - name: memit
-        label: memit-fast        # how results name it (default: name); must be unique
+        label: memit-fast        # how results name it (default: name, plus "+plugin" per plug-in); unique
         hparams: hp/memit.yaml   # default configs/hparams/{name}/{model}.yaml; relative to this file
         overrides: {v_steps: 10}
+        plugins:                 # loss-term plug-ins (editscope.edit.plugins), optimising editors only
+          - {name: app, weight: 0.1}   # the plug-in's name plus its hparams
+    plugin_modules: [my.plugins] # Python modules imported first (they call register_plugin)
     datasets:                    # one block per dataset; or the keys dataset/slice/suites at top level
       - dataset: counterfact     # registered name or JSON file (relative to this file)
         label: cf                # default: the dataset; must be unique
@@ -37,8 +40,9 @@ import yaml
 from editscope.errors import EditscopeError
 from editscope.paths import config_path
 
-TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites"}
-METHOD_KEYS = {"name", "label", "hparams", "overrides"}
+TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites",
+            "plugin_modules"}
+METHOD_KEYS = {"name", "label", "hparams", "overrides", "plugins"}
 BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
@@ -47,10 +51,31 @@ MODES = ("single", "batch", "sequential")
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """One method entry. ``plugins`` holds ``{"name": plug-in, **hparams}`` mappings (validated at load)."""
+
     name: str
     label: str
     hparams: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    plugins: tuple[dict[str, Any], ...] = ()
+
+    def attached_plugins(self) -> list:
+        """The plug-ins as :class:`~editscope.edit.plugins.Plugin` objects for this method's editor."""
+        from editscope.edit.registry import get_editor
+
+        return get_editor(self.name).attach([(p["name"], {k: v for k, v in p.items() if k != "name"})
+                                             for p in self.plugins], f"method {self.label!r}: plugins")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["plugins"] = [dict(p) for p in self.plugins]
+        if not self.plugins:  # configs without plug-ins keep the digest they had before plug-ins existed
+            data.pop("plugins")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MethodSpec:
+        return cls(**{**data, "plugins": tuple(dict(p) for p in data.get("plugins", ()))})
 
 
 @dataclass(frozen=True)
@@ -80,11 +105,15 @@ class RunConfig:
     seed: int = 0
     output: str = "runs/run"
     save_patches: bool = False
+    plugin_modules: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
         data = asdict(self)
-        data["methods"] = [asdict(m) for m in self.methods]
+        data["methods"] = [m.to_dict() for m in self.methods]
+        data["plugin_modules"] = list(self.plugin_modules)
+        if not self.plugin_modules:
+            data.pop("plugin_modules")
         data["blocks"] = [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in self.blocks]
         return data
 
@@ -93,11 +122,11 @@ class RunConfig:
         """Inverse of :meth:`to_dict` (no validation: the dict comes from a run.json this package wrote)."""
         return cls(
             model=data["model"],
-            methods=tuple(MethodSpec(**m) for m in data["methods"]),
+            methods=tuple(MethodSpec.from_dict(m) for m in data["methods"]),
             blocks=tuple(BlockSpec(**{**b, "suites": tuple(SuiteSpec(**s) for s in b["suites"])})
                          for b in data["blocks"]),
             mode=data["mode"], group_size=data["group_size"], seed=data["seed"], output=data["output"],
-            save_patches=data["save_patches"],
+            save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
         )
 
     def digest(self) -> str:
@@ -196,6 +225,16 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     else:
         raise c.fail("mode", f"expected 'single', {{batch: N}} or {{sequential: N}}, got {raw_mode!r}")
 
+    plugin_modules = c.typed(data.get("plugin_modules", []) or [], list, "plugin_modules", "a list of module names")
+    for i, module in enumerate(plugin_modules):
+        c.text(module, f"plugin_modules[{i}]")
+    from editscope.edit.plugins import import_plugin_modules
+
+    try:
+        import_plugin_modules(plugin_modules)
+    except EditscopeError as exc:
+        raise c.fail("plugin_modules", str(exc)) from exc
+
     if "methods" not in data:
         raise c.fail("methods", "required (a list of edit methods)")
     raw_methods = c.typed(data["methods"], list, "methods", "a list")
@@ -213,7 +252,8 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
         name = c.text(m["name"], f"{key}.name")
         if name not in known_methods:
             raise c.fail(f"{key}.name", f"unknown edit method {name!r}; available: {', '.join(known_methods)}")
-        label = c.text(m.get("label", name), f"{key}.label")
+        plugins = _plugins(c, m.get("plugins", []) or [], name, f"{key}.plugins")
+        label = c.text(m.get("label", "+".join([name, *(p["name"] for p in plugins)])), f"{key}.label")
         hp = m.get("hparams")
         if hp is not None:
             hp_path = Path(_resolve(c.text(hp, f"{key}.hparams"), base_dir))
@@ -221,7 +261,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
                 raise c.fail(f"{key}.hparams", f"file not found: {hp}")
             hp = str(hp_path)
         overrides = c.typed(m.get("overrides", {}) or {}, dict, f"{key}.overrides", "a mapping")
-        method_specs.append(MethodSpec(name, label, hp, dict(overrides)))
+        method_specs.append(MethodSpec(name, label, hp, dict(overrides), plugins))
     labels = [m.label for m in method_specs]
     dup = next((x for x in labels if labels.count(x) > 1), None)
     if dup:
@@ -287,7 +327,39 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     if dup:
         raise c.fail("datasets", f"dataset label {dup!r} appears twice (give one a different 'label')")
     return RunConfig(model=model, methods=tuple(method_specs), blocks=tuple(blocks), mode=mode,
-                     group_size=group_size, seed=seed, output=output, save_patches=save_patches)
+                     group_size=group_size, seed=seed, output=output, save_patches=save_patches,
+                     plugin_modules=tuple(plugin_modules))
+
+
+def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, Any], ...]:
+    """A method's ``plugins: [{name: X, hparam: value, ...}]``, validated against the plug-in registry and the
+    editor's declaration (plug-ins need an optimising editor); hparams are stored complete (defaults filled)."""
+    from editscope.edit.plugins import get_plugin
+    from editscope.edit.registry import EDITORS
+
+    raw = c.typed(raw, list, key, "a list of plug-ins ({name: X, hparam: value, ...})")
+    out = []
+    for i, entry in enumerate(raw):
+        ekey = f"{key}[{i}]"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        c.typed(entry, dict, ekey, "a plug-in name or a mapping {name: X, hparam: value, ...}")
+        if "name" not in entry:
+            raise c.fail(f"{ekey}.name", "required")
+        name = c.text(entry["name"], f"{ekey}.name")
+        try:
+            spec = get_plugin(name)
+            plugin = spec.attach({k: v for k, v in entry.items() if k != "name"}, f"{c.where}: key {ekey!r}")
+        except EditscopeError as exc:
+            msg = str(exc)
+            raise (EditscopeError(msg) if msg.startswith(c.where) else c.fail(f"{ekey}.name", msg)) from exc
+        out.append(plugin.to_dict())
+    names = [p["name"] for p in out]
+    if len(set(names)) != len(names):
+        raise c.fail(key, "a plug-in appears twice")
+    if out and method in EDITORS and not EDITORS[method].optimises:
+        raise c.fail(key, f"{method} does not optimise a loss, so plug-ins cannot be attached to it")
+    return tuple(out)
 
 
 def load_config(path: str | Path, **known: Iterable[str] | None) -> RunConfig:

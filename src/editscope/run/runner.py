@@ -194,6 +194,8 @@ class Runner:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self._state_templates: dict[str, Any] = {}
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
+        self._editors: dict[str, Any] = {}  # label -> Editor (set by _prepare)
+        self._plugins: dict[str, list] = {}  # label -> attached plug-ins
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _prepare(self):
@@ -208,8 +210,11 @@ class Runner:
         bundle = self.bundle
         editors, hparams = {}, {}
         for spec in self.config.methods:
-            editors[spec.label] = get_editor(spec.name)
-            hparams[spec.label] = editors[spec.label].load_hparams(bundle, spec.hparams, spec.overrides or None)
+            editors[spec.label] = editor = get_editor(spec.name)
+            editor.check_model(bundle)  # an unsupported family fails here, before any work
+            self._plugins[spec.label] = spec.attached_plugins()
+            hparams[spec.label] = editor.load_hparams(bundle, spec.hparams, spec.overrides or None)
+        self._editors = editors
         return blocks, editors, hparams
 
     def _run_json(self, started: str, status: str, rows: int, finished: str | None = None) -> dict[str, Any]:
@@ -311,8 +316,8 @@ class Runner:
         return RunResult(self.out_dir, written, total - pending, len(rows), summary)
 
     def _new_state(self, label: str, editor) -> Any:
-        """A fresh sequential state; when the editor's state can shed its edits (AlphaEdit: keep the
-        projectors, drop the accumulated keys) the expensive part is computed once per method."""
+        """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;
+        AlphaEdit keeps its projectors, so the expensive part is computed once per method)."""
         template = self._state_templates.get(label)
         return template.without_edits() if template is not None else editor.new_state()
 
@@ -322,9 +327,11 @@ class Runner:
         from editscope.stats import second_moments
 
         by_budget: dict[int, set[int]] = {}
-        for hp in hparams.values():
-            if hasattr(hp, "mom2_tokens") and getattr(hp, "mom2_adjustment", True):
-                by_budget.setdefault(hp.mom2_tokens, set()).update(hp.layers)
+        for label, hp in hparams.items():
+            editor = self._editors[label]
+            layers = editor.stats_layers(hp)
+            if layers:
+                by_budget.setdefault(editor.stats_tokens(hp), set()).update(layers)
         for budget, layers in sorted(by_budget.items()):
             self.log(f"layer statistics for layers {sorted(layers)} ({budget} tokens; cached after the first run)")
             second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress)
@@ -342,13 +349,14 @@ class Runner:
             state = self._new_state(label, editor)
             if mode == "batch":
                 requests = [r for i in members for r in block.requests[i]]
-                patches.append(editor.apply(bundle, requests, hp, state, engine=engine))
+                patches.append(editor.apply(bundle, requests, hp, state, engine=engine, plugins=self._plugins[label]))
                 seconds = [patches[0].info["seconds"]] * len(cases)
             else:  # single (one case per group) or sequential (state shared through the group)
                 for i in members:
-                    patches.append(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine))
+                    patches.append(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
+                                                plugins=self._plugins[label]))
                     seconds.append(patches[-1].info["seconds"])
-            if label not in self._state_templates and hasattr(state, "without_edits"):
+            if label not in self._state_templates:
                 self._state_templates[label] = state.without_edits()
             if self.config.save_patches:
                 for k, patch in enumerate(patches):
@@ -375,6 +383,8 @@ class Runner:
                 "index": i,
                 "method": label,
                 "editor": editor.name,
+                "method_display": editor.display(self._plugins[label]),
+                "plugins": [p.to_dict() for p in self._plugins[label]],
                 "mode": self.config.mode_label,
                 "group": g,
                 "group_size": len(cases),

@@ -1,0 +1,151 @@
+"""Loss-term plug-ins: extra terms added to the objective of every editor that optimises (DESIGN.md rule 6).
+
+A plug-in is a :class:`PluginSpec` — a name, a display label, a hyperparameter dataclass (validated like an
+editor's: an unknown key or a wrong type is an :class:`EditscopeError` naming the key) and a factory
+``make(hp) -> ObjectiveTerm`` — registered in :data:`PLUGINS` with :func:`register_plugin`. APP and EVK-Align
+will be the first shipped ones; tests and users register their own (``editscope edit --plugin-module MODULE``
+imports a module that calls :func:`register_plugin`).
+
+Attach plug-ins with ``editor.apply(..., plugins=[("name", {key: value}), spec, ...])``, with ``plugins:`` in a
+run config's method entry, or with ``editscope edit --plugin NAME[:key=value,...]``. Each attached plug-in is a
+:class:`Plugin` (spec + validated hparams); its term is made fresh for every edit.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from editscope.edit.hparams import Params
+from editscope.edit.objectives import ObjectiveTerm
+from editscope.errors import EditscopeError
+
+
+@dataclass
+class PluginHParams(Params):
+    """Base of a plug-in's hyperparameters (subclass it as a dataclass with typed fields)."""
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """What a plug-in is: ``make(hp)`` returns the loss term for one edit."""
+
+    name: str
+    label: str
+    hparams_class: type[PluginHParams]
+    make: Callable[[Any], ObjectiveTerm]
+    doc: str = ""
+
+    def attach(self, values: Mapping[str, Any] | None = None, where: str | None = None) -> Plugin:
+        """This plug-in with hparams ``values`` (defaults for missing keys), validated."""
+        hp = self.hparams_class.from_dict(dict(values or {}), where or f"<plug-in {self.name}>")
+        return Plugin(self, hp)
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """An attached plug-in: its spec and validated hyperparameters."""
+
+    spec: PluginSpec
+    hparams: PluginHParams = field(compare=True)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def term(self) -> ObjectiveTerm:
+        term = self.spec.make(self.hparams)
+        if not isinstance(term, ObjectiveTerm):
+            raise EditscopeError(f"plug-in {self.name}: make() returned {type(term).__name__}, which lacks the "
+                                 "ObjectiveTerm interface (name, setup(ctx), __call__(step))")
+        return term
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"name": ..., **hparams}`` (what result rows and patches record)."""
+        return {"name": self.name, **self.hparams.to_dict()}
+
+
+#: name -> spec of every known plug-in
+PLUGINS: dict[str, PluginSpec] = {}
+
+#: what :func:`attach` accepts per plug-in
+PluginLike = Plugin | PluginSpec | tuple[str, Mapping[str, Any]] | str
+
+
+def register_plugin(spec: PluginSpec, *, replace: bool = False) -> PluginSpec:
+    """Add ``spec`` to :data:`PLUGINS` (a name already taken is an error unless ``replace``)."""
+    if not spec.name or not spec.name.replace("_", "").replace("-", "").isalnum():
+        raise EditscopeError(f"plug-in name {spec.name!r}: use letters, digits, '-' and '_'")
+    if spec.name in PLUGINS and not replace and PLUGINS[spec.name] is not spec:
+        raise EditscopeError(f"plug-in {spec.name!r} is already registered")
+    PLUGINS[spec.name] = spec
+    return spec
+
+
+def get_plugin(name: str) -> PluginSpec:
+    spec = PLUGINS.get(name)
+    if spec is None:
+        raise EditscopeError(f"unknown plug-in {name!r}; available: {', '.join(sorted(PLUGINS)) or 'none'}")
+    return spec
+
+
+def attach(items: Sequence[PluginLike], where: str = "plugins") -> list[Plugin]:
+    """Validated :class:`Plugin` objects from names, (name, hparams) pairs, specs or plugins."""
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, Plugin):
+            out.append(item)
+        elif isinstance(item, PluginSpec):
+            out.append(item.attach())
+        elif isinstance(item, str):
+            out.append(get_plugin(item).attach(None, f"{where}[{i}]"))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            out.append(get_plugin(item[0]).attach(item[1], f"{where}[{i}] ({item[0]})"))
+        else:
+            raise EditscopeError(f"{where}[{i}]: expected a plug-in name, (name, hparams), PluginSpec or Plugin, "
+                                 f"got {item!r}")
+    names = [p.name for p in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise EditscopeError(f"{where}: plug-in {dup!r} attached twice")
+    return out
+
+
+def parse_plugin_arg(text: str) -> tuple[str, dict[str, Any]]:
+    """``"NAME[:key=value,...]"`` (values YAML-typed) -> (name, hparams)."""
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if not name:
+        raise EditscopeError(f"--plugin {text!r}: expected NAME[:key=value,...]")
+    values: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise EditscopeError(f"--plugin {text!r}: {item!r} is not key=value")
+        try:
+            values[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise EditscopeError(f"--plugin {text!r}: value of {key.strip()!r} is not valid YAML") from exc
+    return name, values
+
+
+def import_plugin_modules(modules: Sequence[str]) -> None:
+    """Import user modules that register plug-ins (``--plugin-module``)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EditscopeError(f"plug-in module {module!r} cannot be imported: {exc}") from exc
+
+
+def combined_label(editor_label: str, plugins: Sequence[Plugin]) -> str:
+    """How results name an editor with plug-ins: ``ROME+APP``."""
+    return "+".join([editor_label, *(p.spec.label for p in plugins)])
+
+
+__all__ = ["PLUGINS", "Plugin", "PluginHParams", "PluginLike", "PluginSpec", "attach", "combined_label",
+           "get_plugin", "import_plugin_modules", "parse_plugin_arg", "register_plugin"]
