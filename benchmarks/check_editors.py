@@ -87,9 +87,9 @@ def single(bundle, engine, method: str, cases, log) -> dict:
         before_sum = checksum(bundle.model, names)
         pre = case_scores(engine, req, rephrase)
         t0 = time.perf_counter()
-        state = base_state.without_edits() if hasattr(base_state, "without_edits") else editor.new_state()
+        state = base_state.without_edits()  # every EditState declares its reset
         patch = editor.apply(bundle, req, hp, state, engine=engine)
-        if i == 0 and hasattr(base_state, "without_edits"):
+        if i == 0:
             base_state = state  # keep the projectors computed by the first edit
         seconds.append(time.perf_counter() - t0)
         post = case_scores(engine, req, rephrase)

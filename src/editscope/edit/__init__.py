@@ -5,11 +5,13 @@ from editscope.edit.objectives import EssenceKL, NormPenalty, ObjectiveTerm, Tar
 from editscope.edit.patch import Patch
 from editscope.edit.plugins import PLUGINS, Plugin, PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import EDITORS, Editor, apply, edited, get_editor, register_editor
+from editscope.edit.session import EditSession
 from editscope.edit.state import EditState, NoState
 
 __all__ = [
     "EDITORS",
     "PLUGINS",
+    "EditSession",
     "EditState",
     "Editor",
     "EssenceKL",
