@@ -170,6 +170,11 @@ class ScoringEngine(Scorer):
         #: once per engine like ROME's template cache); owned by this engine, never module state.
         self.memo: dict = {}
 
+    @property
+    def n_layers(self) -> int:
+        """Number of transformer blocks of the model."""
+        return self.bundle.n_layers
+
     # -- tokenization -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the model sees it (BOS prepended when the tokenizer adds one)."""

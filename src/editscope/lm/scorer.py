@@ -62,8 +62,17 @@ class Scorer(Protocol):
     """Batched scoring of one model. Log-probs are natural logs; an empty context ("") is scored from the
     model's start token (BOS, else EOS), so ``score([("", text)])`` is the unconditional log-prob of ``text``."""
 
+    @property
+    def n_layers(self) -> int:
+        """Number of transformer blocks (``hidden_states`` layers are 0..n_layers-1)."""
+        ...
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the model sees it."""
+        ...
+
+    def embed(self, text_or_ids: str | Sequence[int]) -> torch.Tensor:
+        """Input embeddings [n_tokens, d] of a text or token ids (EVK perturbs them, paper 004 eq 4)."""
         ...
 
     def score(self, requests: Sequence[ScoreRequest | tuple[str, str]]) -> list[ContinuationScore]:

@@ -9,7 +9,8 @@ to add a suite. Every suite is a :class:`~editscope.suites.base.Suite`: it decla
 * ``counterfact`` -- :mod:`.counterfact` (ES/PS/NS, EM/PM/NM, EasyEdit accuracies, optional GE/RS; Score);
 * ``zsre`` -- :mod:`.zsre` (Efficacy/Paraphrase/Specificity top-1; Score);
 * ``peak`` -- :mod:`.peak` (appending ES/GS/LS, additivity for hard and random false answers);
-* ``one_to_n`` -- :mod:`.one_to_n` (NKL/MaxAcc/Precision@K/PPL before and after).
+* ``one_to_n`` -- :mod:`.one_to_n` (NKL/MaxAcc/Precision@K/PPL before and after);
+* ``evk`` -- :mod:`.evk` (EVK-Bench Embedding/Text Stability per drift type and σ).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from editscope.errors import EditscopeError
 from editscope.suites.base import Suite, SuiteFigure
 from editscope.suites.counterfact import CounterFactSuite
+from editscope.suites.evk import EvkSuite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
 from editscope.suites.zsre import ZsreSuite
@@ -29,6 +31,7 @@ SUITES: dict[str, Callable[..., Suite]] = {
     "zsre": ZsreSuite,
     "peak": PeakSuite,
     "one_to_n": OneToNSuite,
+    "evk": EvkSuite,
 }
 """Suite name -> factory (keyword options as documented by each suite class)."""
 
@@ -43,5 +46,5 @@ def get_suite(name: str, **options: Any) -> Suite:
         raise EditscopeError(f"suite {name!r}: bad options {sorted(options)}: {exc}") from None
 
 
-__all__ = ["SUITES", "CounterFactSuite", "OneToNSuite", "PeakSuite", "Suite", "SuiteFigure", "ZsreSuite",
+__all__ = ["SUITES", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite", "Suite", "SuiteFigure", "ZsreSuite",
            "get_suite"]
