@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit import alphaedit, ft, memit, prune, rect, rome
+from editscope.edit import alphaedit, evk_edit, ft, memit, prune, rect, rome
 from editscope.edit.hparams import HParams, hparams_path, load_yaml
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
@@ -192,6 +192,8 @@ EDITORS: dict[str, Editor] = {e.name: e for e in (
            families=LINEAR_RESIDUAL_FAMILIES),
     Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, families=LINEAR_RESIDUAL_FAMILIES),
     Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True),
+    Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
+           state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
 )}
 
 
