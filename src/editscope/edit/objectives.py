@@ -31,6 +31,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.context import prompt_rows
+from editscope.edit.fastpath import SuffixForward
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.hooks import capture, hooks
 from editscope.lm.loading import Bundle
@@ -57,6 +58,8 @@ class VContext:
     n_rewrite: int
     v_init: torch.Tensor | None = None
     store: dict = field(default_factory=dict)
+    #: the main batch's suffix forward (edit.fastpath), built on its first run with δ; False: full forward only
+    _fast: SuffixForward | bool | None = field(default=None, repr=False)
 
     @property
     def essence_rows(self) -> list[int]:
@@ -74,9 +77,19 @@ class VContext:
         return add
 
     def run(self, batch: TokenBatch, positions: Sequence[int], delta: torch.Tensor | None) -> torch.Tensor:
-        """Final hidden states [B, L, d] of ``batch`` with δ added at ``positions`` (one per row)."""
+        """Final hidden states [B, L, d] of ``batch`` with δ added at ``positions`` (one per row).
+
+        For the main batch at the subject positions (and ``engine.objective_path == "fast"``) only the positions
+        from each row's subject token on are computed per call (:mod:`editscope.edit.fastpath`); the others
+        come from one unedited forward. Any other batch takes a full forward."""
         if delta is None or self.hook_point is None:
             return self.engine.batch_hidden(batch)
+        if (batch is self.batch and self.engine.objective_path == "fast"
+                and list(positions) == list(self.subject_positions)):
+            if self._fast is None:
+                self._fast = SuffixForward.build(self.engine, batch, positions, self.hook_point) or False
+            if self._fast:
+                return self._fast.hidden(delta)
         with hooks(self.bundle.model, self.bundle.arch, {self.hook_point: self.delta_hook(delta, positions)}):
             return self.engine.batch_hidden(batch)
 
@@ -89,9 +102,14 @@ class VStep:
     delta: torch.Tensor | None
     hidden: torch.Tensor
     _cache: dict = field(default_factory=dict)
+    #: [B, L, V] log-probabilities at every position (the "plain" objective path computes them, as the
+    #: reference code does); None: the LM head runs only where read
+    full_logprobs: torch.Tensor | None = None
 
     def logprobs_at(self, rows: Sequence[int], cols: Sequence[int]) -> torch.Tensor:
         """Log-probabilities [n, V] of the next token at (row, col) positions of the main batch."""
+        if self.full_logprobs is not None:
+            return self.full_logprobs[torch.tensor(list(rows)), torch.tensor(list(cols))]
         logits = self.ctx.engine.logits_from_hidden(self.hidden[torch.tensor(list(rows)), torch.tensor(list(cols))])
         return logits.float().log_softmax(-1)
 
@@ -237,7 +255,11 @@ def optimise_delta(ctx: VContext, terms: Sequence[ObjectiveTerm], *, lr: float, 
     for i in range(steps):
         opt.zero_grad()
         with torch.enable_grad():  # also when the caller runs under no_grad
-            step = VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta))
+            hidden = ctx.run(ctx.batch, ctx.subject_positions, delta)
+            full = None
+            if ctx.engine.objective_path == "plain":  # kmeng01/rome compute_v: log_softmax of all logits
+                full = ctx.engine.logits_from_hidden(hidden).float().log_softmax(-1)
+            step = VStep(ctx, delta, hidden, full_logprobs=full)
             parts = {term.name: term(step) for term in terms}
             loss = sum(parts.values())
         history.append({k: float(v.detach()) for k, v in parts.items()})

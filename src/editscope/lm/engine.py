@@ -169,6 +169,10 @@ class ScoringEngine(Scorer):
         #: per-engine memo of deterministic derived values (editors keep their context prefixes here, generated
         #: once per engine like ROME's template cache); owned by this engine, never module state.
         self.memo: dict = {}
+        #: how editor objectives run their steps: "fast" (only the positions δ can reach, edit.fastpath), "full" (a
+        #: full forward, LM head where read) or "plain" (a full forward and full-vocabulary logits at every
+        #: position: the reference code's cost structure, for benchmarks)
+        self.objective_path: str = "fast"
 
     @property
     def n_layers(self) -> int:
@@ -474,9 +478,10 @@ class ScoringEngine(Scorer):
         out = self.model.generate(ids, **kwargs)
         return [self.tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
 
-    def batch_hidden(self, batch: TokenBatch) -> torch.Tensor:
+    def batch_hidden(self, batch: TokenBatch, *, cache=None) -> torch.Tensor:
         """Final (normed) hidden states [B, L, d] of a prepared batch, differentiable; pair with
-        :meth:`logits_from_hidden` at the few positions an objective reads (saves the full-vocab head)."""
+        :meth:`logits_from_hidden` at the few positions an objective reads (saves the full-vocab head).
+        ``cache`` (a transformers ``Cache``) is filled with every layer's keys/values when given."""
         embeds = None
         if any(e is not None for e in batch.context_embeds):
             embeds = self.model.get_input_embeddings()(batch.input_ids).clone()
@@ -489,5 +494,6 @@ class ScoringEngine(Scorer):
             inputs_embeds=embeds,
             attention_mask=batch.attention_mask,
             position_ids=positions,
-            use_cache=False,
+            past_key_values=cache,
+            use_cache=cache is not None,
         ).last_hidden_state

@@ -1,0 +1,105 @@
+"""The suffix-only v*/z forward (edit.fastpath) against the full forward it replaces (tiny models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from editscope.data.records import EditRequest
+from editscope.edit import get_editor
+from editscope.edit.context import context_templates
+from editscope.edit.fastpath import SuffixForward
+from editscope.edit.objectives import build_context
+from editscope.lm.engine import ScoringEngine
+
+FAMILIES = ["llama", "gpt2", "gptj", "gemma3"]
+
+
+def _context(bundle, request, hook_point: str):
+    engine = ScoringEngine(bundle)
+    templates = context_templates(engine, [[5, 3]], 0)
+    return engine, build_context(engine, request, templates, hook_point)
+
+
+def _both(ctx, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden, d loss / dδ) on the fast path and on the full forward, for a loss reading every real position."""
+    out = []
+    for path in ("fast", "plain"):
+        ctx.engine.objective_path = path
+        d = delta.clone().requires_grad_(True)
+        hidden = ctx.run(ctx.batch, ctx.subject_positions, d)
+        weights = torch.linspace(-1, 1, hidden.shape[-1])
+        loss = ((hidden * weights).sum(-1) * ctx.batch.attention_mask).sum()
+        loss.backward()
+        out += [hidden.detach(), d.grad]
+    ctx.engine.objective_path = "fast"
+    return tuple(out)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["mlp_out", "resid_post"])
+def test_suffix_forward_equals_full_forward(tiny_bundles, request_a, family, kind):
+    bundle = tiny_bundles[family]
+    engine, ctx = _context(bundle, request_a, f"blocks.1.{kind}")
+    assert min(ctx.subject_positions) > 0  # a real prefix to reuse
+    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(1)) * ctx.v_init.norm()
+    fast, fast_grad, full, full_grad = _both(ctx, delta.float())
+    real = ctx.batch.attention_mask.bool()
+    assert isinstance(ctx._fast, SuffixForward)
+    assert (fast[real] - full[real]).abs().max() <= 1e-5 * full[real].abs().max()
+    assert (fast_grad - full_grad).norm() <= 1e-5 * full_grad.norm()
+    # δ does act: the states after the subject differ from the unedited ones, those before do not
+    base = engine.batch_hidden(ctx.batch).detach()
+    row, p = 0, ctx.subject_positions[0]
+    assert torch.equal(fast[row, :p], base[row, :p])
+    assert (fast[row, p:int(real[row].sum())] - base[row, p:int(real[row].sum())]).abs().max() > 1e-3
+
+
+def test_other_batches_take_the_full_forward(tiny_bundles, request_a):
+    """A plug-in's ``ctx.run`` of another batch (APP's other answers) is the plain hooked forward."""
+    engine, ctx = _context(tiny_bundles["llama"], request_a, "blocks.1.mlp_out")
+    other = engine.prepare([("Danielle Darrieux speaks", " French"), ("Danielle Darrieux lives in", " Paris")])
+    pos = [3, 3]
+    delta = torch.ones(ctx.v_init.shape[0])
+    got = ctx.run(other, pos, delta)
+    engine.objective_path = "plain"
+    want = ctx.run(other, pos, delta)
+    assert torch.equal(got, want)
+    assert ctx._fast is None  # never built for a batch other than the main one
+
+
+def test_rows_beyond_the_sliding_window_take_the_full_forward(tiny_bundles):
+    bundle = tiny_bundles["gemma3"]
+    window = bundle.arch.sliding_window(bundle.model.config)
+    long_prompt = "Once upon a time " * (window // 3) + "{} speaks"
+    request = EditRequest(long_prompt, "Danielle Darrieux", "English", "French")
+    engine, ctx = _context(bundle, request, "blocks.1.mlp_out")
+    assert int(ctx.batch.attention_mask.sum(-1).max()) > window
+    assert SuffixForward.build(engine, ctx.batch, ctx.subject_positions, ctx.hook_point) is None
+    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(2))
+    fast, _, full, _ = _both(ctx, delta)
+    assert ctx._fast is False and torch.equal(fast, full)
+
+
+def _patch(bundle, method: str, request, path: str, **changes):
+    editor = get_editor(method)
+    hp = editor.load_hparams(bundle).replace(**changes)
+    engine = ScoringEngine(bundle)
+    engine.objective_path = path
+    return editor.compute_patch(bundle, request, hp, engine=engine)
+
+
+@pytest.mark.parametrize("method,family", [("rome", f) for f in FAMILIES]
+                         + [("memit", f) for f in ("llama", "gpt2", "gptj")])
+def test_edit_equals_full_forward_path(tiny_bundles, request_a, method, family):
+    """Same ΔW as every step's full forward to 1e-5 relative, and as the reference cost structure (full
+    logits: the vocabulary-wide head rounds differently, 1e-5 after a few Adam steps) to 1e-4."""
+    bundle = tiny_bundles[family]
+    changes = {"v_steps": 8}
+    fast = _patch(bundle, method, request_a, "fast", **changes)
+    for path, tol in (("full", 1e-5), ("plain", 1e-4)):
+        other = _patch(bundle, method, request_a, path, **changes)
+        assert fast.deltas.keys() == other.deltas.keys()
+        for name, d in other.deltas.items():
+            assert d.norm() > 0
+            assert (fast.deltas[name] - d).norm() <= tol * d.norm(), (path, name)
