@@ -1,0 +1,116 @@
+"""Locating methods on tiny random-init models, checked against independent computations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from editscope.lm.engine import ScoringEngine
+from editscope.lm.hooks import hooks
+from editscope.locate import encode_prompt, locate
+from editscope.locate.attribution import grad_x_activation, knowledge_neurons
+from editscope.locate.causal_trace import CausalTracer, trace, window_layers
+from editscope.metrics.klob import rsim_from_results
+
+TEMPLATE, SUBJECT, ANSWER = "The {} is located in", "Eiffel Tower", " Paris"
+
+
+def _prob_from_embeds(engine, embeds, answer_id):
+    with torch.no_grad():
+        logits = engine.model(inputs_embeds=embeds[None], use_cache=False).logits[0, -1]
+    return float(logits.float().softmax(-1)[answer_id])
+
+
+def test_restoring_everything_gives_clean_and_nothing_gives_corrupted(tiny):
+    engine = ScoringEngine(tiny)
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    tracer = CausalTracer(engine, prompt, samples=3, seed=1)
+    n_tokens = len(prompt.ids)
+    every = [[(f"blocks.{layer}.resid_post", t) for t in range(n_tokens)] for layer in range(tiny.n_layers)]
+    np.testing.assert_allclose(tracer.restored_probs(every), tracer.clean_prob, rtol=1e-5)
+    # corrupted run, computed naively: one forward per noise sample with the noisy embeddings fed directly
+    start, end = prompt.subject_span
+    clean_embeds = engine.model.get_input_embeddings()(torch.tensor(prompt.ids)).detach()
+    naive = []
+    for s in range(tracer.samples):
+        embeds = clean_embeds.clone()
+        embeds[start:end] += tracer.noise[s]
+        naive.append(_prob_from_embeds(engine, embeds, prompt.answer_id))
+    assert tracer.corrupted_prob == pytest.approx(float(np.mean(naive)), rel=1e-5)
+    # clean, naively
+    assert tracer.clean_prob == pytest.approx(_prob_from_embeds(engine, clean_embeds, prompt.answer_id), rel=1e-5)
+    assert tracer.clean_prob != pytest.approx(tracer.corrupted_prob, rel=1e-3)
+
+
+def test_trace_maps_restore_single_states():
+    from editscope.lm import load
+
+    engine = ScoringEngine(load("tiny-llama"))
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    result = trace(engine, prompt, samples=2, window=3, seed=2)
+    last_layer, last_token = engine.bundle.n_layers - 1, len(prompt.ids) - 1
+    # the last block's output at the last token decides the answer alone: restoring it gives the clean probability
+    assert result.states["residual"][last_layer, last_token] == pytest.approx(result.meta["clean_prob"], rel=1e-5)
+    # restoring a state after the subject at layer 0 cannot see the noise... but a subject state can: check one
+    # cell against a restoration run built by hand (MLP window around layer 1 at the subject's last token)
+    tracer = CausalTracer(engine, prompt, samples=2, seed=2)
+    subject_last = prompt.subject_span[1] - 1
+    pattern = [(f"blocks.{lay}.mlp_out", subject_last) for lay in window_layers(1, 3, engine.bundle.n_layers)]
+    assert result.states["mlp"][1, subject_last] == pytest.approx(tracer.restored_probs([pattern])[0], rel=1e-6)
+    effect = result.states["mlp"][:, subject_last] - result.meta["corrupted_prob"]
+    np.testing.assert_allclose(result.neurons[:, 0], effect)
+    assert np.all(result.neurons == result.neurons[:, :1])
+
+
+@pytest.mark.parametrize("rule, steps, tol", [("midpoint", 64, 0.01), ("right", 400, 0.02)])
+def test_integrated_gradients_completeness(tiny, rule, steps, tol):
+    if tiny.arch.mlp_post_norm:
+        # Gemma3 norms the MLP output: f(αk) is flat for α > ~eps and jumps at 0, which no Riemann sum resolves
+        pytest.skip("post-MLP norm makes f(αk) a step at α = 0 (see editscope.locate.attribution)")
+    engine = ScoringEngine(tiny)
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    layers = [0, tiny.n_layers - 1]
+    result = knowledge_neurons(engine, prompt, steps=steps, rule=rule, layers=layers)
+    ids = torch.tensor([prompt.ids])
+    with torch.no_grad():
+        f_x = float(engine.model(input_ids=ids).logits[0, -1].float().softmax(-1)[prompt.answer_id])
+    for layer in layers:
+        def zero(x):
+            x = x.clone()
+            x[:, -1] = 0
+            return x
+
+        with torch.no_grad(), hooks(engine.model, engine.arch, {f"blocks.{layer}.mlp_key": zero}):
+            f_0 = float(engine.model(input_ids=ids).logits[0, -1].float().softmax(-1)[prompt.answer_id])
+        total = result.neurons[layer].sum()
+        assert abs(total - (f_x - f_0)) <= tol * abs(f_x - f_0) + 1e-9, (layer, total, f_x - f_0)
+        assert abs(f_x - f_0) > 0
+    assert np.all(result.neurons[1:-1] == 0) or tiny.n_layers == 2
+
+
+def test_grad_x_act_is_one_step_ig():
+    from editscope.lm import load
+
+    engine = ScoringEngine(load("tiny-gpt2"))
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    one_step = knowledge_neurons(engine, prompt, steps=1, rule="right")
+    scale = np.abs(one_step.neurons).max()
+    assert scale > 0
+    np.testing.assert_allclose(grad_x_activation(engine, prompt).neurons, one_step.neurons, rtol=0, atol=1e-3 * scale)
+
+
+def test_random_baseline_rsim_is_about_zero():
+    from editscope.lm import load
+
+    engine = ScoringEngine(load("tiny-llama"))
+    facts = [("{} is located in", s, " Paris") for s in ["Rome", "Berlin", "Madrid", "Oslo", "Vienna", "Bern"]]
+    results = [[locate(engine, "random", t.replace("is located", form), s, a).neurons
+                for form in ("is located", "can be found", "lies")] for t, s, a in facts]
+    pool = [r for group in results for r in group]
+    for k in (1, 5, 10):
+        values = [rsim_from_results(group, pool, k) for group in results]
+        assert np.mean(values) < 0.05
+    # distinct sentences get distinct random scores; the same sentence the same
+    assert not np.array_equal(results[0][0], results[0][1])
+    np.testing.assert_array_equal(results[0][0], locate(engine, "random", *facts[0]).neurons)
