@@ -32,7 +32,8 @@ def test_counts_match_manifest(cf_cases, t_cases, manifest_records):
 def test_peak_cf_case_0(cf_cases):
     case = cf_cases[0]
     assert case.source == "peak-cf"
-    assert case.request == EditRequest("{} shares border with", "Turkey", "Central African", "Armenian")
+    assert case.request == EditRequest("{} shares border with", "Turkey", "Central African", "Armenian",
+                                       correct_answers=tuple(case.valid_answers), hard_false=tuple(case.hard_false))
     assert len(case.valid_answers) == 18
     assert case.valid_answers[:3] == ["Armenian", "Syria", "Hellenic"]
     assert case.hard_false[0] == "Zambia" and len(case.hard_false) == 10
@@ -46,7 +47,8 @@ def test_peak_cf_case_0(cf_cases):
 def test_peak_t_case_0_has_the_same_schema(t_cases):
     case = t_cases[0]
     assert case.request == EditRequest(
-        "{}, which recently employ a new player", "HC 's-Hertogenbosch", "Alexander Stadler", "Dylan Wotherspoon"
+        "{}, which recently employ a new player", "HC 's-Hertogenbosch", "Alexander Stadler", "Dylan Wotherspoon",
+        correct_answers=tuple(case.valid_answers), hard_false=tuple(case.hard_false)
     )
     assert case.paraphrase_prompts == [
         "HC 's-Hertogenbosch, that recently brought in a new team member",

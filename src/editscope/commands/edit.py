@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="attach a loss-term plug-in with its hparams (repeatable; optimising methods only)")
     parser.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
                         help="import a Python module that registers plug-ins (editscope.edit.plugins.register_plugin)")
+    parser.add_argument("--correct", nargs="+", default=[], metavar="ANSWER",
+                        help="other correct answers of the question the edit should keep (read by plug-ins such as "
+                        "APP; their log-probs are shown before/after)")
+    parser.add_argument("--hard-false", nargs="+", default=[], metavar="ANSWER",
+                        help="hard false answers the edit should not raise (read by plug-ins such as APP; shown "
+                        "before/after)")
     parser.add_argument("--save-patch", default=None, metavar="FILE", help="write the patch (safetensors)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -58,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     import_plugin_modules(args.plugin_module)
     plugins = editor.attach([parse_plugin_arg(text) for text in args.plugin], "--plugin")
     try:
-        request = EditRequest(args.prompt, args.subject, args.target, args.target_true)
+        request = EditRequest(args.prompt, args.subject, args.target, args.target_true,
+                              correct_answers=tuple(args.correct), hard_false=tuple(args.hard_false))
     except ValueError as exc:
         raise EditscopeError(str(exc)) from exc
     bundle = load(args.model)
@@ -67,11 +74,14 @@ def run(args: argparse.Namespace) -> int:
     engine = ScoringEngine(bundle)
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
     pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
+    answers = [(a, "correct") for a in args.correct] + [(a, "hard_false") for a in args.hard_false]
+    pre_answers = engine.score([(request.text, a) for a, _ in answers])
     t0 = time.perf_counter()
     patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, plugins=plugins)
     seconds = time.perf_counter() - t0
     try:
         post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
+        post_answers = engine.score([(request.text, a) for a, _ in answers])
     finally:
         patch.revert(bundle)
     if args.save_patch:
@@ -85,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         "pre": pre[0],
         "post": post[0],
         "checks": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(prompts[1:], pre[1:], post[1:], strict=True)],
+        "answers": [{"text": a, "kind": kind, "n_tokens": x.n_tokens, "pre": x.sum, "post": y.sum}
+                    for (a, kind), x, y in zip(answers, pre_answers, post_answers, strict=True)],
         "seconds": seconds,
         "patch": args.save_patch,
     }
@@ -97,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         for key, answer in (("target", args.target), ("target_true", args.target_true)):
             if key in a:
                 print(f"{prompt[:50]:<50}  {answer[:16]:<16}  {a[key]:>9.3f}  {b[key]:>9.3f}")
+    for row in result["answers"]:
+        label = f"{row['text']} ({row['kind']})"
+        print(f"{request.text[:50]:<50}  {label[:16]:<16}  {row['pre']:>9.3f}  {row['post']:>9.3f}")
     if args.save_patch:
         print(f"patch saved to {args.save_patch}")
     return 0

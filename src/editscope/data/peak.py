@@ -9,7 +9,8 @@ accepted too, but not both spellings in one record. Errors name the published sp
 
 Mapping to :class:`Case`:
 
-- ``requests = (EditRequest(prompt, subject, target_new.str, target_true.str),)``;
+- ``requests = (EditRequest(prompt, subject, target_new.str, target_true.str, correct_answers=positive list,
+  hard_false=negative list),)`` (the lists as published, for plug-ins such as APP);
 - ``valid_answers`` = positive list (the correct answers of the 1-to-N question; holds ``target_true``);
 - ``hard_false`` = negative list (PEAK's *Hard* false answers O_h: objects directly related to the new
   object);
@@ -27,6 +28,7 @@ disjoint lists must filter).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ def parse_peak_record(f: Fields, source: str) -> Case:
     request = rewrite.rome_rewrite()
     valid = f.answers(f.pick(*POSITIVE_KEYS))
     hard_false = f.answers(f.pick(*NEGATIVE_KEYS))
+    request = replace(request, correct_answers=tuple(valid), hard_false=tuple(hard_false))
     random_false = f.answers(f.pick(*RANDOM_KEYS))
     paraphrases = f.strings(f.pick(*PARAPHRASE_KEYS))
     neighborhood = f.pairs("neighborhood_prompts")

@@ -12,14 +12,28 @@ class EditRequest:
 
     ``prompt`` is a template holding exactly one ``{}`` where the subject goes. Targets are stored as
     given by the dataset (usually without a leading space); the scoring engine handles the boundary.
+
+    ``correct_answers`` / ``hard_false``: other correct answers of the same question (PEAK's positive list)
+    and hard false answers (PEAK's negative list) that the edit should keep / not raise; empty unless the
+    dataset has them. Loss-term plug-ins read them (APP, :mod:`editscope.edit.plugins.app`); editors ignore them.
     """
 
     prompt: str
     subject: str
     target_new: str
     target_true: str | None = None
+    correct_answers: tuple[str, ...] = ()
+    hard_false: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("correct_answers", "hard_false"):  # tuples keep the request hashable
+            raw = getattr(self, name)
+            if isinstance(raw, str):
+                raise ValueError(f"{name}: expected a sequence of answers, got the string {raw!r}")
+            value = tuple(raw)
+            if not all(isinstance(a, str) and a.strip() for a in value):
+                raise ValueError(f"{name}: every answer must be a non-empty string")
+            object.__setattr__(self, name, value)
         if self.prompt.count("{}") != 1:
             raise ValueError(f"prompt template must contain exactly one '{{}}': {self.prompt!r}")
         if not self.subject.strip():

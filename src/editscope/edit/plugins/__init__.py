@@ -150,7 +150,8 @@ def combined_label(editor_label: str, plugins: Sequence[Plugin]) -> str:
 __all__ = ["PLUGINS", "Plugin", "PluginHParams", "PluginLike", "PluginSpec", "attach", "combined_label",
            "get_plugin", "import_plugin_modules", "parse_plugin_arg", "register_plugin"]
 
-# The shipped plug-ins register on import (after the definitions above, which they use).
+# The shipped plug-ins register themselves on import (after the definitions above, which they use).
+from editscope.edit.plugins import app as _app  # noqa: E402,F401
 from editscope.edit.plugins import evk_align as _evk_align  # noqa: E402
 
 register_plugin(_evk_align.SPEC)
