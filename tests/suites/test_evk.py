@@ -1,0 +1,180 @@
+"""EVK instances and the evk suite (paper 004, §3.1, eqs 4-9): spans, drift, seeding, ES/TS values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from editscope.data.evk import DRIFTS, drift_embeddings, evk_instances, prompt_spans
+from editscope.data.records import Case, EditRequest
+from editscope.edit.registry import edited
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.suites import get_suite
+from editscope.suites.evk import EvkSuite
+
+# (template, subject, the subject's words, the relation's words) — subject at start, middle, end.
+PROMPTS = [
+    ("{} is a citizen of", "Danielle Darrieux", "is a citizen of"),
+    ("The mother tongue of {} is", "Thomas Joannes Stieltjes", "The mother tongue of is"),
+    ("The capital city of France is {}", "Paris", "The capital city of France is"),
+    ("{}'s headquarters are in", "Xyzzyplugh Qwertzuiop", "'s headquarters are in"),
+]
+
+
+@pytest.fixture(scope="module")
+def gpt2_engine(tiny_bundles):
+    return ScoringEngine(tiny_bundles["gpt2"])
+
+
+@pytest.fixture(scope="module")
+def llama_engine(tiny_bundles):
+    return ScoringEngine(tiny_bundles["llama"])
+
+
+def _words(engine, ids, idx) -> str:
+    return " ".join("".join(engine.tokenizer.decode([ids[i]]) for i in idx).split())
+
+
+def _check_spans(engine, template, subject, relation_words):
+    spans = prompt_spans(engine, template, subject)
+    text = template.replace("{}", subject)
+    assert list(spans.ids) == engine.encode(text)
+    assert len(spans.subject) >= 2 or subject == "Paris"  # multi-token subjects are covered
+    assert list(spans.subject) == list(range(spans.subject[0], spans.subject[-1] + 1))  # contiguous
+    assert _words(engine, spans.ids, spans.subject) == subject
+    # relation = every other token, in order; together they are the whole prompt
+    assert sorted(spans.subject + spans.relation) == list(spans.all)
+    assert _words(engine, spans.ids, spans.relation).replace(" '", "'") == relation_words
+    return spans
+
+
+@pytest.mark.parametrize("template,subject,relation", PROMPTS)
+def test_spans_gpt2_bpe(gpt2_engine, template, subject, relation):
+    spans = _check_spans(gpt2_engine, template, subject, relation)
+    assert spans.all == tuple(range(len(spans.ids)))  # GPT-2 adds no BOS
+
+
+def test_spans_position_and_last_subject_token(gpt2_engine):
+    from editscope.edit.context import subject_last_token_index
+
+    for template, subject, _ in PROMPTS:
+        spans = prompt_spans(gpt2_engine, template, subject)
+        assert spans.subject[-1] == subject_last_token_index(gpt2_engine, template, subject)
+    assert prompt_spans(gpt2_engine, *PROMPTS[0][:2]).subject[0] == 0  # at the start
+    end = prompt_spans(gpt2_engine, *PROMPTS[2][:2])
+    assert end.subject[-1] == len(end.ids) - 1  # at the end
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template,subject,relation", PROMPTS)
+def test_spans_smollm2(smollm2, template, subject, relation):
+    _check_spans(ScoringEngine(smollm2), template, subject, relation)
+
+
+def test_spans_errors(gpt2_engine):
+    with pytest.raises(EditscopeError, match="exactly one"):
+        prompt_spans(gpt2_engine, "no slot", "x")
+    with pytest.raises(EditscopeError, match="drift type"):
+        prompt_spans(gpt2_engine, "{} is", "Paris").span("object")
+
+
+def test_drift_touches_only_the_span_with_sigma():
+    base = torch.randn(12, 4096, generator=torch.Generator().manual_seed(1))
+    span = [2, 3, 7]
+    out = drift_embeddings(base, span, 0.3, torch.Generator().manual_seed(0))
+    diff = out - base
+    others = [i for i in range(12) if i not in span]
+    assert torch.equal(out[others], base[others])
+    assert bool((diff[span] != 0).all())
+    assert float(diff[span].std()) == pytest.approx(0.3, rel=0.02)  # 12,288 samples: sd of the std ≈ 0.6%
+    assert float(diff[span].mean()) == pytest.approx(0.0, abs=0.01)
+
+
+@pytest.mark.parametrize("drift", DRIFTS)
+def test_instances_perturb_their_span(llama_engine, drift):
+    template, subject, _ = PROMPTS[1]
+    spans = prompt_spans(llama_engine, template, subject)
+    clean = llama_engine.embed(template.replace("{}", subject))
+    (inst,) = evk_instances(llama_engine, template, subject, sigma=0.5, n=1, drifts=[drift], key="c")
+    changed = [i for i in range(len(spans.ids)) if not torch.equal(inst.embeds[i], clean[i])]
+    assert changed == list(spans.span(drift))
+
+
+def test_sigma_zero_is_the_clean_prompt(llama_engine):
+    template, subject, _ = PROMPTS[0]
+    text = template.replace("{}", subject)
+    clean = llama_engine.embed(text)
+    insts = evk_instances(llama_engine, template, subject, sigma=0.0, n=2, key="c")
+    assert len(insts) == 2 * len(DRIFTS)
+    for inst in insts:
+        assert torch.equal(inst.embeds, clean)
+    h_clean = llama_engine.hidden_states([text], [3])
+    h_inst = llama_engine.hidden_states([text], [3], context_embeds=[insts[0].embeds])
+    torch.testing.assert_close(h_inst, h_clean, rtol=0, atol=1e-6)
+
+
+def test_instances_seeded_per_case(llama_engine):
+    template, subject, _ = PROMPTS[0]
+    a = evk_instances(llama_engine, template, subject, sigma=0.3, n=2, key="case-1")
+    b = evk_instances(llama_engine, template, subject, sigma=0.3, n=2, key="case-1")
+    c = evk_instances(llama_engine, template, subject, sigma=0.3, n=2, key="case-2")
+    assert all(torch.equal(x.embeds, y.embeds) for x, y in zip(a, b, strict=True))
+    assert not any(torch.equal(x.embeds, y.embeds) for x, y in zip(a, c, strict=True))
+    assert not torch.equal(a[0].embeds, a[1].embeds)  # instances of one type differ
+
+
+def _case() -> Case:
+    return Case("7", "test", (EditRequest("The mother tongue of {} is", "Danielle Darrieux", "English", "French"),),
+                neighborhood=[("Michel Rocard is a native speaker of", "French"),
+                              ("Jacques Chirac speaks", "French")])
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.3])
+def test_unedited_stability_is_exactly_one(llama_engine, sigma):
+    suite = get_suite("evk", sigma=sigma, instances_per_type=2, sigmas=[0.05, 1.0])
+    case = _case()
+    pre, post = suite.probe(llama_engine, case), suite.probe(llama_engine, case)
+    json.dumps(pre)  # JSON-serialisable
+    row = suite.checked_metrics(case, pre, post)
+    assert set(row) == set(suite.declarations.per_case_columns)
+    assert all(v == 1.0 for v in row.values()), row
+    assert len(pre["evk"]) == 3 * len(DRIFTS) * 2 and len(pre["text"]) == 2
+
+
+def test_stability_after_an_edit_matches_a_direct_cosine(tiny_bundles):
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    suite = EvkSuite(sigma=0.3)
+    case = _case()
+    pre = suite.probe(engine, case)
+    insts = suite.instances(engine, case)
+    texts = [p for p, _ in case.neighborhood]
+    contexts = [i["prompt"] for i in insts] + texts
+    embeds = [i["embeds"] for i in insts] + [None] * len(texts)
+    h_pre = engine.hidden_states(contexts, [3], context_embeds=embeds)[:, 0].double().numpy()
+    with edited(bundle, "rome", case.request):
+        post = suite.probe(engine, case)
+        h_post = engine.hidden_states(contexts, [3], context_embeds=embeds)[:, 0].double().numpy()
+    row = suite.metrics(case, pre, post)
+    cos = (h_pre * h_post).sum(1) / np.linalg.norm(h_pre, axis=1) / np.linalg.norm(h_post, axis=1)
+    for j, drift in enumerate(DRIFTS):
+        assert row[f"EVK_ES_{drift}"] == pytest.approx(cos[j], abs=1e-5)
+    assert row["EVK_ES"] == pytest.approx(cos[:3].mean(), abs=1e-5)
+    assert row["EVK_TS"] == pytest.approx(cos[3:].mean(), abs=1e-5)
+    assert row["EVK_ES"] < 1.0 and row["EVK_TS"] < 1.0  # the edit moved the states
+
+
+def test_neighbourhood_source_and_text_option(llama_engine):
+    case = _case()
+    suite = EvkSuite(source="both", text="attribute")
+    probe = suite.probe(llama_engine, case)
+    sources = [(i["source"], i["drift"]) for i in probe["evk"]]
+    assert sources == [("edit", d) for d in DRIFTS] + [("neighborhood", "all")] * 2
+    assert probe["text"] == []  # no attribute prompts in this case
+    assert "EVK_TS" not in suite.metrics(case, probe, probe)
+    with pytest.raises(EditscopeError, match="source"):
+        EvkSuite(source="paraphrase")
