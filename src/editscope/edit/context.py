@@ -15,26 +15,56 @@ from editscope.lm.loading import Bundle
 PREFIX_STARTS = ("The", "Therefore", "Because", "I", "You")
 
 
-def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed: int = 0) -> list[str]:
-    """``["{}"] + [prefix + ". {}", ...]``: short random prefixes as in ROME §3.1 / MEMIT's reference code.
+def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed: int = 0,
+                      start: str | None = None) -> list[str]:
+    """``["{}"] + [prefix + ". {}", ...]``: short prefixes sampled from the model itself, as MEMIT's reference
+    ``get_context_templates`` (kmeng01/memit memit_main.py; ROME §3.1, MEMIT §4.3 "random prefixes").
 
-    For each ``[n_tokens, n_prefixes]`` in ``spec``, ``n_prefixes`` prefixes are sampled (top-5, seeded) from
-    the starts :data:`PREFIX_STARTS` in turn, each ``n_tokens`` new tokens long. Braces and newlines are
-    removed so a prefix never contains a template slot. Generated once per engine and (spec, seed), from the
-    model as it is then (as ROME/MEMIT's template cache), and reused by later edits through the same engine.
+    For each ``[n_tokens, n_prefixes]`` in ``spec`` (one template *group*, see :func:`template_weights`),
+    ``n_prefixes`` prefixes are sampled with top-5 sampling (seeded) from the starts :data:`PREFIX_STARTS` in
+    turn; a prefix is ``n_tokens`` tokens long including its start word (the reference's ``max_out_len``).
+    ``start`` is text put before the start word while sampling and dropped from the prefix: SmolLM2 predicts "-"
+    with p ≈ 0.4 after a lone "The" at position 0 (giving "The-the-key-to-the-secret."), and fluent text after
+    its document separator "<|endoftext|>The" — which is what a model whose tokenizer adds a BOS sees anyway.
+    Braces are replaced by spaces (as the reference) and runs of whitespace collapsed, so a prefix never holds
+    a template slot or a line break. Generated once per engine and (spec, seed, start), from the model as it is
+    then (as ROME/MEMIT's template cache), and reused by later edits through the same engine.
     """
-    key = ("context_templates", tuple(tuple(int(x) for x in s) for s in spec), int(seed))
+    key = ("context_templates", tuple(tuple(int(x) for x in s) for s in spec), int(seed), start)
     if key in engine.memo:
         return list(engine.memo[key])
     templates = ["{}"]
     for i, (n_tokens, n_prefixes) in enumerate(spec):
         starts = [PREFIX_STARTS[j % len(PREFIX_STARTS)] for j in range(n_prefixes)]
-        texts = engine.generate(starts, max_new_tokens=int(n_tokens), top_k=5, seed=seed + i)
-        for start, text in zip(starts, texts, strict=True):
-            prefix = " ".join((start + text).replace("{", " ").replace("}", " ").split())
+        texts: dict[int, str] = {}
+        by_length: dict[int, list[int]] = {}  # one sampling call per start length: every prefix has n_tokens
+        for j, word in enumerate(starts):
+            by_length.setdefault(len(engine.encode(word)), []).append(j)
+        for length, rows in sorted(by_length.items()):
+            prompts = [(start or "") + starts[j] for j in rows]
+            new = engine.generate(prompts, max_new_tokens=max(1, int(n_tokens) - length), top_k=5,
+                                  seed=seed + 1000 * i + length)
+            texts.update({j: starts[j] + text for j, text in zip(rows, new, strict=True)})
+        for j in range(n_prefixes):
+            prefix = " ".join(texts[j].replace("{", " ").replace("}", " ").split())
             templates.append(prefix + ". {}")
     engine.memo[key] = tuple(templates)
     return templates
+
+
+def template_weights(spec: Sequence[Sequence[int]], convention: str = "paper") -> torch.Tensor:
+    """Weight of each template of :func:`context_templates` in the key average k* (float64, sums to 1).
+
+    ``paper``: uniform, k* = (1/N) Σ_j k(x_j + s) (ROME eq. 3; MEMIT eq. 18). ``reference``: the mean within
+    each template group, then the mean over groups, as MEMIT's ``compute_ks`` (kmeng01/memit compute_ks.py);
+    the bare prompt is a group of its own, so with one group of prefixes it weighs ½.
+    """
+    sizes = [1] + [int(n) for _, n in spec]
+    if convention == "paper":
+        return torch.full((sum(sizes),), 1.0 / sum(sizes), dtype=torch.float64)
+    if convention == "reference":
+        return torch.cat([torch.full((n,), 1.0 / (len(sizes) * n), dtype=torch.float64) for n in sizes])
+    raise EditscopeError(f"unknown convention {convention!r} (known: paper, reference)")
 
 
 def fill(template: str, text: str) -> str:
@@ -70,14 +100,17 @@ def prompt_rows(engine: ScoringEngine, request: EditRequest, templates: Sequence
 
 
 def subject_keys(engine: ScoringEngine, requests: Sequence[EditRequest], templates: Sequence[str],
-                 layers: Sequence[int]) -> torch.Tensor:
+                 layers: Sequence[int], weights: torch.Tensor | None = None) -> torch.Tensor:
     """k* per request and layer, [n_requests, n_layers, mlp] (float64): the MLP key at the subject's last token
-    averaged over the context templates (ROME eq. 3; MEMIT eq. 18)."""
+    averaged over the context templates (ROME eq. 3; MEMIT eq. 18), uniformly or with ``weights`` per template
+    (:func:`template_weights`)."""
+    if weights is not None and len(weights) != len(templates):
+        raise EditscopeError(f"{len(weights)} template weights for {len(templates)} templates")
     out = []
     for request in requests:
         texts, positions = prompt_rows(engine, request, templates)
-        states = engine.hidden_states(texts, list(layers), kind="mlp_key", positions=positions)
-        out.append(states.double().mean(0))
+        states = engine.hidden_states(texts, list(layers), kind="mlp_key", positions=positions).double()
+        out.append(states.mean(0) if weights is None else torch.einsum("t,tld->ld", weights.double(), states))
     return torch.stack(out)
 
 

@@ -12,6 +12,11 @@
    multiplies its mean ``mom2`` by this weight; it stands for the sample count of eq. 14's K₀K₀ᵀ).
 
 The per-layer solve is a parameter (``solver``) so AlphaEdit, PRUNE and RECT reuse steps 1-2.
+
+``convention: paper`` (default) averages each k_i^l uniformly over all templates (eq. 18) and reads the
+essence KL after "{subject} is a" (eq. 16). ``convention: reference`` computes as kmeng01/memit: keys averaged
+within each template group, then over groups (``compute_ks``; the bare prompt is its own group, weighing ½ with
+one group of prefixes), and the essence KL read at the subject's last token (``compute_z``'s ``lookup_idxs``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.context import context_templates, subject_keys, subject_states, temporarily_added
+from editscope.edit.context import context_templates, subject_keys, subject_states, template_weights, temporarily_added
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.objectives import ObjectiveTerm, build_context, default_terms, optimise_delta
 from editscope.errors import EditscopeError
@@ -60,7 +65,7 @@ def compute_targets(bundle, engine: ScoringEngine, requests: Sequence[EditReques
     zs = []
     for request in requests:
         ctx = build_context(engine, request, templates, f"blocks.{z_layer}.resid_post")
-        terms = default_terms(hp.kl_factor, hp.v_weight_decay) + list(extra_terms)
+        terms = default_terms(hp.kl_factor, hp.v_weight_decay, hp.convention) + list(extra_terms)
         delta = optimise_delta(ctx, terms, lr=hp.v_lr, steps=hp.v_steps, clamp_norm_factor=hp.clamp_norm_factor,
                                stop_loss=hp.stop_loss)
         zs.append(ctx.v_init + delta)
@@ -75,15 +80,16 @@ def spread_over_layers(bundle, engine: ScoringEngine, requests: Sequence[EditReq
                        ) -> tuple[dict[str, torch.Tensor], dict]:
     """Steps 1-2 of the module docstring with a pluggable per-layer solve. ``after(keys_at)`` is called with
     the updates of all layers in place (``keys_at(layer)`` -> K [in, n]) before the model is restored."""
-    templates = context_templates(engine, hp.context_templates, hp.template_seed)
-    info: dict = {"templates": templates}
+    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start)
+    weights = template_weights(hp.context_templates, hp.convention)
+    info: dict = {"templates": templates, "template_weights": weights}
     zs = compute_targets(bundle, engine, requests, hp, templates, extra_terms, info)
     info["vectors"] = {"z": zs}
     z_layer = hp.layers[-1]
     deltas: dict[str, torch.Tensor] = {}
 
     def keys_at(layer: int) -> torch.Tensor:
-        return subject_keys(engine, requests, templates, [layer])[:, 0].T
+        return subject_keys(engine, requests, templates, [layer], weights)[:, 0].T
 
     with temporarily_added(bundle, {}) as add:
         for i, layer in enumerate(hp.layers):

@@ -181,21 +181,42 @@ class TargetNLL(Term):
 @dataclass
 class EssenceKL(Term):
     """kl_factor · D_KL(P_edited[· | p′] ‖ P_pre[· | p′]) for p′ = "{subject} is a" (ROME eq. 4, second term;
-    the reference code's ``kl_div(pre, post, log_target=True)`` with batchmean)."""
+    the reference code's ``kl_div(pre, post, log_target=True)`` with batchmean).
+
+    ``at`` is where the distribution is read. ``"next"`` (convention ``paper``): the next token after the whole
+    prompt p′, the distribution P[x | p′] that eq. 4 writes. ``"subject"`` (convention ``reference``): the
+    logits at the subject's last token of p′, as ``lookup_idxs`` of kmeng01/rome ``compute_v`` and kmeng01/memit
+    ``compute_z`` pick them for the KL prompt (the position δ is added at, before " is a" is read).
+    """
 
     weight: float = 0.0625
     name: str = "essence_kl"
+    at: str = "next"
+
+    def __post_init__(self) -> None:
+        if self.at not in ("next", "subject"):
+            raise ValueError(f"EssenceKL.at must be 'next' or 'subject', not {self.at!r}")
+
+    def logprobs(self, step: VStep) -> torch.Tensor:
+        """Log-probs [n_essence, V] at the read position ``at`` of each essence row."""
+        if self.at == "next":
+            return step.essence_logprobs()
+        key = "essence_subject"
+        if key not in step._cache:
+            rows = step.ctx.essence_rows
+            step._cache[key] = step.logprobs_at(rows, [step.ctx.subject_positions[r] for r in rows])
+        return step._cache[key]
 
     def setup(self, ctx: VContext) -> None:
         with torch.no_grad():
             hidden = ctx.engine.batch_hidden(ctx.batch)
             step = VStep(ctx, None, hidden)
-            ctx.store[self.name] = step.essence_logprobs().detach()
+            ctx.store[self.name] = self.logprobs(step).detach()
 
     def __call__(self, step: VStep) -> torch.Tensor:
         if not step.ctx.essence_rows or self.weight == 0:
             return step.hidden.new_zeros(())
-        post = step.essence_logprobs()
+        post = self.logprobs(step)
         pre = step.ctx.store[self.name]
         kl = (post.exp() * (post - pre)).sum(-1).mean()
         return self.weight * kl
@@ -235,9 +256,13 @@ def build_context(engine: ScoringEngine, request: EditRequest, templates: Sequen
     return ctx
 
 
-def default_terms(kl_factor: float, v_weight_decay: float) -> list[ObjectiveTerm]:
-    """NLL + essence KL + norm penalty: the loss of ROME eq. 4 / MEMIT eq. 16."""
-    return [TargetNLL(), EssenceKL(kl_factor), NormPenalty(v_weight_decay)]
+def default_terms(kl_factor: float, v_weight_decay: float, convention: str = "paper") -> list[ObjectiveTerm]:
+    """NLL + essence KL + norm penalty: the loss of ROME eq. 4 / MEMIT eq. 16; ``convention`` picks where the
+    essence distribution is read (:class:`EssenceKL`: ``paper`` -> after the prompt, ``reference`` -> subject)."""
+    at = {"paper": "next", "reference": "subject"}.get(convention)
+    if at is None:
+        raise ValueError(f"unknown convention {convention!r} (known: paper, reference)")
+    return [TargetNLL(), EssenceKL(kl_factor, at=at), NormPenalty(v_weight_decay)]
 
 
 def optimise_delta(ctx: VContext, terms: Sequence[ObjectiveTerm], *, lr: float, steps: int,

@@ -7,6 +7,14 @@ For one request at layer L (hook point ``blocks.L.mlp_out``; weight W of the MLP
 - Ŵ = W + Λ (C⁻¹k*)ᵀ with Λ = (v* − W k*) / ((C⁻¹k*)ᵀ k*) (eq. 2; PEAK eq. 13), C = E[k kᵀ] the uncentered
   second moment of the keys (:mod:`editscope.stats`). ``mom2_adjustment: false`` uses C = I.
 
+``convention: paper`` (default) reads eq. 2 literally: the template-averaged k* in the residual and the
+denominator, so Ŵ k* = v*. ``convention: reference`` computes as kmeng01/rome does (``compute_v``: ``cur_input``,
+``cur_output`` at the bare prompt; ``right_vector = (target − cur_output) / (cur_input · left_vector)``;
+``compute_u``: ``left_vector ∝ C⁻¹k*``): Λ = (v* − W k_bare) / ((C⁻¹k*)ᵀ k_bare) with k_bare the key at the
+subject's last token of the bare prompt, so Ŵ k_bare = v*; and the essence KL is read at the subject's last
+token (:class:`~editscope.edit.objectives.EssenceKL`). k* is the uniform mean over the templates under both
+(ROME's ``compute_u`` has no template groups).
+
 Several requests are edited one after another (each on the model already holding the previous ones), as
 the reference implementation does; the patch holds the summed update.
 """
@@ -19,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys, temporarily_added
+from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys, subject_states, temporarily_added
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.objectives import ObjectiveTerm, build_context, default_terms, optimise_delta
 from editscope.errors import EditscopeError
@@ -41,12 +49,14 @@ class RomeHParams(VStarHParams):
         return list(self.layers) if self.mom2_adjustment else []  # C = I needs no statistics
 
 
-def rank_one_update(k: torch.Tensor, residual: torch.Tensor, cov: torch.Tensor | None) -> torch.Tensor:
-    """ΔW (out, in) = r (C⁻¹k)ᵀ / ((C⁻¹k)ᵀ k) with r = v* − W k* (ROME eq. 2); ``cov=None`` means C = I.
-    Then ΔW k = r exactly. Computed in float64."""
+def rank_one_update(k: torch.Tensor, residual: torch.Tensor, cov: torch.Tensor | None,
+                    k_apply: torch.Tensor | None = None) -> torch.Tensor:
+    """ΔW (out, in) = r (C⁻¹k)ᵀ / ((C⁻¹k)ᵀ k_a) (ROME eq. 2 with k_a = k, r = v* − W k*; the reference code's
+    form with k_a = k_bare, r = v* − W k_bare). ``cov=None`` means C = I. Then ΔW k_a = r exactly. float64."""
     k = k.double()
+    k_apply = k if k_apply is None else k_apply.double()
     u = torch.linalg.solve(cov.double(), k) if cov is not None else k
-    return torch.outer(residual.double(), u) / torch.dot(u, k)
+    return torch.outer(residual.double(), u) / torch.dot(u, k_apply)
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None, *, engine: ScoringEngine,
@@ -55,23 +65,26 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
     layer = hp.layers[0]
     name = bundle.arch.weight_name(layer)
     cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base") if hp.mom2_adjustment else None
-    templates = context_templates(engine, hp.context_templates, hp.template_seed)
+    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start)
     total = torch.zeros(dict(bundle.model.named_parameters())[name].shape, dtype=torch.float64)
     info: dict = {"templates": templates, "requests": []}
     with temporarily_added(bundle, {}) as add:
         for request in requests:
             ctx = build_context(engine, request, templates, f"blocks.{layer}.mlp_out")
-            terms = default_terms(hp.kl_factor, hp.v_weight_decay) + list(extra_terms)
+            terms = default_terms(hp.kl_factor, hp.v_weight_decay, hp.convention) + list(extra_terms)
             delta = optimise_delta(ctx, terms, lr=hp.v_lr, steps=hp.v_steps,
                                    clamp_norm_factor=hp.clamp_norm_factor, stop_loss=hp.stop_loss)
             v_star = ctx.v_init + delta
             k_star = subject_keys(engine, [request], templates, [layer])[0, 0]
-            residual = v_star - mlp_out_of_keys(bundle, layer, k_star[None])[0]
-            upd = bundle.arch.from_out_in(rank_one_update(k_star, residual, cov))
+            # the key the update is solved on: k* (eq. 2) or the bare prompt's key (reference compute_v)
+            k_apply = k_star if hp.convention == "paper" else subject_states(engine, [request], layer, "mlp_key")[0]
+            residual = v_star - mlp_out_of_keys(bundle, layer, k_apply[None])[0]
+            upd = bundle.arch.from_out_in(rank_one_update(k_star, residual, cov, k_apply))
             add(name, upd.float())
             total += upd
             info["requests"].append({"losses": ctx.store["losses"], "delta_norm": float(delta.norm()),
                                      "v_init_norm": float(ctx.v_init.norm())})
             info.setdefault("vectors", {}).setdefault("k_star", []).append(k_star)
+            info["vectors"].setdefault("k_apply", []).append(k_apply)
             info["vectors"].setdefault("v_star", []).append(v_star)
     return {name: total.float().contiguous()}, info
