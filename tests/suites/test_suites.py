@@ -187,10 +187,10 @@ def test_zsre_equals_naive(tiny_pair):
     for case, a, b in zip(cases, pre, post, strict=True):
         row = suite.metrics(case, a, b)
         for bundle, suffix in ((tiny_pair[1], "_post"), (tiny_pair[0], "_pre")):
-            new = case.request.target_new
+            new = case.extra["answers"][0]  # MEMIT's edit target (the default, option target: answers0)
             eff = M.zsre_efficacy([naive_argmax(bundle, case.request.text, new)])
             par = M.zsre_paraphrase([naive_argmax(bundle, p, new) for p in case.paraphrase_prompts])
-            spe = M.zsre_specificity([naive_argmax(bundle, p, ans) for p, ans in case.neighborhood])
+            spe = M.zsre_specificity([naive_argmax(bundle, p + "?", ans) for p, ans in case.neighborhood])
             assert_rows_close(row, {f"Efficacy{suffix}": eff, f"Paraphrase{suffix}": par,
                                     f"Specificity{suffix}": spe})
         assert row["Specificity_delta"] == pytest.approx(row["Specificity_post"] - row["Specificity_pre"])
@@ -411,7 +411,7 @@ def test_probe_sends_one_score_call(tiny_pair, monkeypatch):
 
 
 def test_registry():
-    assert set(SUITES) == {"counterfact", "zsre", "peak", "one_to_n"}
+    assert set(SUITES) == {"counterfact", "zsre", "peak", "one_to_n", "evk"}
     for name in SUITES:
         suite = get_suite(name)
         assert suite.name == name and isinstance(suite, Suite)

@@ -81,6 +81,13 @@ class Suite(ABC):
     def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
         """The suite's metric row from a pre-edit and a post-edit probe (pure)."""
 
+    @property
+    def protocol(self) -> dict[str, str]:
+        """The protocol this suite's numbers follow (DESIGN rule 10), copied into every results row and printed
+        under the report's tables: ``{"name": "paper" | "reference" | ..., "note": one sentence}``. Suites whose
+        options choose between a paper's and its reference code's protocol override it."""
+        return {"name": "paper", "note": "as the papers cited by the metric declarations define them"}
+
     def probe(self, engine: Scorer, case: Case) -> dict[str, Any]:
         """Raw scores of one case (``probe_many`` of one case)."""
         return self.probe_many(engine, [case])[0]

@@ -190,6 +190,17 @@ class CounterFactSuite(Suite):
     def metrics_declared(self) -> tuple[MetricSpec, ...]:
         return METRICS + (GENERATION_METRICS if self.generation else ())
 
+    @property
+    def protocol(self) -> dict[str, str]:
+        """``paper``: ES/PS/NS as paper 002 defines them and ROME/MEMIT's code computes them; the EasyEdit
+        columns follow EasyEdit's token-accuracy protocol, named apart."""
+        note = ("ES/PS/NS, EM/PM/NM: paper 002 eqs 24-26 as ROME/MEMIT's code computes them (mean per-token NLL "
+                "per prompt); Score: harmonic mean of the dataset-level means; EasyEdit_rewrite_acc, "
+                "EasyEdit_rephrase_acc: EasyEdit's teacher-forced token accuracy (a different number from ES/PS)")
+        if self.generation:
+            note += f"; GE: {self.ge_convention} convention, RS: TF-IDF cosine to wikitext passages (not ROME's)"
+        return {"name": "paper", "note": note}
+
     # -- probing ------------------------------------------------------------------------------------
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""

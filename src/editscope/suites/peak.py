@@ -33,6 +33,20 @@ that is at least as probable as the least probable kept correct answer is droppe
 both probes of the case. A prompt whose correct list or false list (of a setting) becomes empty is skipped
 for that setting. ``filter_answers=False`` turns the filter off.
 
+Protocol (option ``protocol``; DESIGN rule 10; recorded in every results row via :attr:`PeakSuite.protocol`):
+
+* ``"paper"`` (default): the definitions of paper 003 section 3.2 read literally. LS averages over *all*
+  locality prompts; a rewrite/paraphrase prompt is skipped only for the setting whose filtered false list is
+  empty (and for ES/GS only when no correct answer is kept);
+* ``"reference"``: as PEAK's ``experiments/summarize.py`` computes them. (a) LS averages only over the
+  locality prompts the *unedited* model gets right, ``P(o_l | p_l) > P(o* | p_l)`` on the pre-edit probe
+  (``local_id``; LS is absent when none is); so ``LS_pre`` is 1 by construction. (b) A rewrite/paraphrase
+  prompt is skipped for *both* settings and for ES/GS when the kept correct list or *either* filtered false
+  list is empty (``select_pos_neg`` and the ``len(temp_neg)==0 or len(temp_neg_random)==0`` checks).
+  Not reproduced: after its per-prompt loop, ``summarize.py`` re-tests the lists of the *last* prompt only and
+  drops the whole case's additivity when that prompt was skipped (a loop-variable slip); here the case keeps
+  the mean over its surviving prompts.
+
 Metrics (declared in :data:`METRICS`; ``NAME_pre``/``NAME_post`` for the appending metrics, plain ``NAME``
 for the post-only additivity metrics):
 
@@ -74,6 +88,7 @@ from editscope.suites.base import Suite, SuiteFigure
 
 ADDITIVITY_KEYS = ("RFF", "RNF", "CPC", "FPC", "AFF", "ANF")
 SETTINGS = ("hard", "random")
+PROTOCOLS = ("paper", "reference")
 _P = "003 (PEAK)"
 _INF = (0.0, math.inf)
 
@@ -122,6 +137,15 @@ def answer_lists(case: Case) -> tuple[list[str], list[str], list[str]]:
     return correct, hard, random
 
 
+def _both_settings(keep: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PEAK's reference rule: a prompt whose kept correct list or either kept false list is empty is dropped
+    entirely (every index list empty), for both settings and for ES/GS."""
+    if all(k.size for k in keep):
+        return keep
+    empty = np.array([], dtype=np.int64)
+    return empty, empty, empty
+
+
 class PeakSuite(Suite):
     """PEAK appending + additivity; see the module docstring."""
 
@@ -129,12 +153,29 @@ class PeakSuite(Suite):
     metrics_declared = METRICS
 
     def __init__(self, *, prob: Literal["mean", "sum"] = "mean", filter_answers: bool = True,
-                 max_share_below: float = 0.2) -> None:
+                 max_share_below: float = 0.2, protocol: Literal["paper", "reference"] = "paper") -> None:
         if prob not in ("mean", "sum"):
-            raise EditscopeError(f"prob must be 'mean' or 'sum', not {prob!r}")
+            raise EditscopeError(f"peak suite: option prob must be 'mean' or 'sum', not {prob!r}")
+        if protocol not in PROTOCOLS:
+            raise EditscopeError(f"peak suite: option protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
         self.prob = prob
         self.filter_answers = filter_answers
         self.max_share_below = max_share_below
+        self.peak_protocol = protocol
+
+    @property
+    def protocol(self) -> dict[str, str]:
+        """``paper`` or ``reference`` (PEAK's summarize.py), with the choices that move the numbers."""
+        p = "exp(mean token log-prob)" if self.prob == "mean" else "exp(sum of token log-probs)"
+        filt = (f"pre-edit answer filter ({self.max_share_below:g} share rule of select_pos_neg)"
+                if self.filter_answers else "no answer filter")
+        if self.peak_protocol == "reference":
+            rule = ("PEAK reference code (summarize.py): LS only over locality prompts the unedited model gets right; "
+                    "a prompt is skipped for both settings and ES/GS when either filtered false list is empty")
+        else:
+            rule = ("paper 003 section 3.2: LS over all locality prompts; a prompt is skipped per setting when its "
+                    "filtered false list is empty")
+        return {"name": self.peak_protocol, "note": f"{rule}; P = {p}; {filt}"}
 
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""
@@ -172,9 +213,10 @@ class PeakSuite(Suite):
             return np.arange(len(pc)), np.arange(len(ph)), np.arange(len(pr))
         return peak_answer_filter(pc, ph, pr, max_share_below=self.max_share_below)
 
-    def _appending(self, probe: dict[str, Any], keeps: list[np.ndarray] | None) -> dict[str, float]:
+    def _appending(self, probe: dict[str, Any], keeps: list[np.ndarray] | None,
+                   local: list[int] | None = None) -> dict[str, float]:
         """ES/GS over the rewrite/paraphrase prompts (O restricted to ``keeps[i]`` per prompt when given;
-        prompts with nothing kept are skipped) and LS over the locality prompts."""
+        prompts with nothing kept are skipped) and LS over the locality prompts (those in ``local`` when given)."""
         row: dict[str, float] = {}
         prompts = [p for p in probe["prompts"] if p["role"] in ("rewrite", "paraphrase")]
         new: dict[str, list[float]] = {"rewrite": [], "paraphrase": []}
@@ -192,6 +234,8 @@ class PeakSuite(Suite):
         if new["paraphrase"]:
             row["GS"] = appending_generalization(new["paraphrase"], cor["paraphrase"])
         neigh = prompts_with_role(probe, "neighborhood")
+        if local is not None:
+            neigh = [neigh[i] for i in local]
         if neigh:
             row["LS"] = appending_locality([self.probs([one(p, "correct")])[0] for p in neigh],
                                            [self.probs([one(p, "new")])[0] for p in neigh])
@@ -226,16 +270,27 @@ class PeakSuite(Suite):
         if [p["prompt"] for p in pre_prompts] != [p["prompt"] for p in post["prompts"] if p["role"] in roles]:
             raise EditscopeError("peak: pre and post probes hold different prompts")
         keeps = [self._keep(p) for p in pre_prompts]
+        local = None
+        if self.peak_protocol == "reference":
+            keeps = [_both_settings(k) for k in keeps]
+            local = self.locality_kept(pre)
         kept_correct = [k[0] for k in keeps]
         row: dict[str, float] = {}
         for tag, probe in (("pre", pre), ("post", post)):
-            row.update({f"{k}_{tag}": v for k, v in self._appending(probe, kept_correct).items()})
+            row.update({f"{k}_{tag}": v for k, v in self._appending(probe, kept_correct, local).items()})
             unfiltered = self._appending(probe, None)
             for key in ("ES", "GS"):
                 if key in unfiltered:
                     row[f"{key}_unfiltered_{tag}"] = unfiltered[key]
         row.update(self._additivity(pre, post, keeps))
         return {k: float(v) for k, v in row.items()}
+
+    def locality_kept(self, pre: dict[str, Any]) -> list[int]:
+        """Indices of the locality prompts the unedited model gets right, ``P(o_l) > P(o*)`` on the pre-edit
+        probe (PEAK's summarize.py, ``local_id``; ``protocol="reference"``)."""
+        neigh = prompts_with_role(pre, "neighborhood")
+        return [i for i, p in enumerate(neigh)
+                if self.probs([one(p, "correct")])[0] > self.probs([one(p, "new")])[0]]
 
     # -- report -------------------------------------------------------------------------------------
     def figures(self, dataset: str, rows: Sequence[dict[str, Any]], methods: Sequence[str], *,

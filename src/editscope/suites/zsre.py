@@ -1,10 +1,31 @@
 """zsRE suite: Efficacy, Paraphrase, Specificity top-1 accuracy (paper 002, appendix C.1, eqs 21-23).
 
+Protocol (DESIGN rule 10; both choices are options, recorded in every results row via :attr:`ZsreSuite.protocol`):
+
+* ``target`` -- what is edited (:meth:`ZsreSuite.edit_requests`, the runner edits exactly that) and scored by
+  Efficacy/Paraphrase:
+
+  - ``"answers0"`` (default): MEND's ``answers[0]``, as the reference code of ROME and MEMIT
+    (``dsets/zsre.py``, ``MENDQADataset``: ``target_new = record["answers"][0]``) and of AlphaEdit (its
+    ``dsets/zsre.py`` is MEMIT's, unchanged) -- the protocol behind paper 002's zsRE table. Paper 002 does not
+    name the field; its numbers come from that code, so it is the default. The edit then writes the answer the
+    dataset calls correct, which the unedited model sometimes already predicts: ``Efficacy_pre`` is not ~0
+    (GPT-J: 26.4 in paper 002's table);
+  - ``"alt"``: MEND's alternative answer ``alt``, as EasyEdit's ``ZsreDataset`` (``target_new = record["alt"]``)
+    -- a counterfactual edit; ``Case.request.target_new`` of the zsRE loader.
+
+* ``loc_question_mark`` -- how the neighbourhood question is presented: ``True`` (default) scores the answer
+  after ``loc + "?"``, as MEMIT's ``MENDQADataset`` builds its neighbourhood prompts
+  (``record["loc"] + "?" + tok.decode(ans_toks[:i])``, answer tokens of ``" " + loc_ans``); ``False`` scores it
+  after ``loc`` exactly as published, as EasyEdit's ``locality_prompt``. The published ``loc`` has no question
+  mark (none of the 1,000 records of the shared MEND train sample ends in ``"?"``); a ``loc`` that already ends
+  in ``"?"`` gets no second one.
+
 Probe, following :mod:`editscope.suites.base`::
 
     {"prompts": [
-        {"prompt": <edit prompt>, "role": "rewrite", "candidates": [<target_new, kind "new">]},
-        {"prompt": <paraphrase>, "role": "paraphrase", "candidates": [<target_new, kind "new">]}, ...
+        {"prompt": <edit prompt>, "role": "rewrite", "candidates": [<edit target, kind "new">]},
+        {"prompt": <paraphrase>, "role": "paraphrase", "candidates": [<edit target, kind "new">]}, ...
         {"prompt": <neighbourhood question>, "role": "neighborhood",
          "candidates": [<its answer, kind "true">]}, ...]}
 
@@ -18,8 +39,8 @@ the mean over its target tokens; per case, the mean over its prompts.
 
 Metrics (declared in :data:`METRICS`; each as ``NAME_pre`` and ``NAME_post`` unless noted):
 
-* ``Efficacy`` (eq 21): target_new on the edit prompt;
-* ``Paraphrase`` (eq 22): target_new on the paraphrase prompts;
+* ``Efficacy`` (eq 21): the edit target on the edit prompt;
+* ``Paraphrase`` (eq 22): the edit target on the paraphrase prompts;
 * ``Specificity`` (eq 23): the neighbourhood prompt's *dataset* answer (MEND's ``loc_ans``, the
   ``o_i^c`` of eq 23) on the neighbourhood prompts, scored against that ground truth -- as MEMIT's code does,
   not against the pre-edit prediction (that is EasyEdit's "locality", a different number). Because the
@@ -32,9 +53,9 @@ Metrics (declared in :data:`METRICS`; each as ``NAME_pre`` and ``NAME_post`` unl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from editscope.data.records import Case
+from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics import zsre_efficacy, zsre_paraphrase, zsre_specificity
@@ -77,21 +98,69 @@ def top1_metrics(probe: dict[str, Any]) -> dict[str, float]:
     return row
 
 
+TARGETS = ("answers0", "alt")
+
+
+def neighborhood_question(loc: str, question_mark: bool = True) -> str:
+    """The neighbourhood prompt as scored: ``loc + "?"`` (MEMIT's ``MENDQADataset``; none when ``loc`` already
+    ends in ``"?"``) or ``loc`` as published (``question_mark=False``, EasyEdit)."""
+    return loc + "?" if question_mark and not loc.endswith("?") else loc
+
+
 class ZsreSuite(Suite):
-    """zsRE top-1 probability tests; see the module docstring."""
+    """zsRE top-1 probability tests; options ``target`` and ``loc_question_mark`` (see the module docstring)."""
 
     name = "zsre"
     metrics_declared = METRICS
 
+    def __init__(self, *, target: Literal["answers0", "alt"] = "answers0", loc_question_mark: bool = True) -> None:
+        if target not in TARGETS:
+            raise EditscopeError(f"zsre suite: option target must be one of {', '.join(TARGETS)}, not {target!r}")
+        if not isinstance(loc_question_mark, bool):
+            raise EditscopeError("zsre suite: option loc_question_mark must be true or false, "
+                                 f"not {loc_question_mark!r}")
+        self.target = target
+        self.loc_question_mark = loc_question_mark
+
+    @property
+    def protocol(self) -> dict[str, str]:
+        """``paper`` (MEMIT's code: target answers[0], neighbourhood ``loc + "?"``), ``easyedit`` (target alt,
+        ``loc`` as published) or a named mix of the two options."""
+        memit = (self.target == "answers0", self.loc_question_mark)
+        name = {(True, True): "paper", (False, False): "easyedit"}.get(memit, "custom")
+        target = ("answers[0] (ROME/MEMIT/AlphaEdit code)" if self.target == "answers0"
+                  else "alt (EasyEdit)")
+        loc = 'loc + "?" (MEMIT code)' if self.loc_question_mark else "loc as published (EasyEdit)"
+        return {"name": name, "note": f"paper 002 eqs 21-23, teacher-forced top-1 token accuracy; edit target "
+                                      f"{target}; neighbourhood question {loc}; Specificity against loc_ans"}
+
+    def edit_target(self, case: Case) -> str:
+        """The answer this suite edits and scores on the edit/paraphrase prompts (option ``target``)."""
+        if self.target == "alt":
+            return case.request.target_new
+        answers = case.extra.get("answers") or []
+        if not answers or not str(answers[0]).strip():
+            raise EditscopeError(f"zsre suite: case {case.case_id}: target answers0 needs extra['answers'] "
+                                 "(MEND's answers list; load the case with the zsRE loader)")
+        return str(answers[0])
+
+    def edit_requests(self, case: Case) -> list[EditRequest]:
+        """The edit of ``case``: its prompt and subject with target_new = :meth:`edit_target`. With
+        ``target="answers0"`` no target_true is set (ROME/MEMIT give ``"<|endoftext|>"``, used by no editor)."""
+        req = case.request
+        if self.target == "alt":
+            return [req]
+        return [EditRequest(req.prompt, req.subject, self.edit_target(case), None)]
+
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""
         plan = Plan()
-        new = case.request.target_new
+        new = self.edit_target(case)
         plan.add_prompt(case.request.text, "rewrite", [(new, "new")])
         for p in case.paraphrase_prompts:
             plan.add_prompt(p, "paraphrase", [(new, "new")])
         for p, answer in case.neighborhood:
-            plan.add_prompt(p, "neighborhood", [(answer, "true")])
+            plan.add_prompt(neighborhood_question(p, self.loc_question_mark), "neighborhood", [(answer, "true")])
         return plan
 
     def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
