@@ -113,6 +113,14 @@ class EvkSuite(Suite):
                       for d in self.drifts]
         return tuple(specs)
 
+    @property
+    def protocol(self) -> dict[str, str]:
+        """The paper's protocol (module docstring) with this suite's choices spelled out."""
+        return {"name": "paper",
+                "note": (f"paper 004 eq 9: cosine of the last block's residual state at the final token (before the "
+                         f"final norm); {self.instances_per_type} instance(s) per drift type at sigma={self.sigma:g} "
+                         f"from the {self.source} prompt(s); TS on {self.text} text prompts")}
+
     # -- probing -----------------------------------------------------------------------------------
     def text_prompts(self, case: Case) -> list[str]:
         """The TS prompts of ``case`` (module docstring, ``text`` option)."""
