@@ -19,6 +19,7 @@ COMMANDS = [
     "editscope.commands.merge",
     "editscope.commands.report",
     "editscope.commands.demo",
+    "editscope.commands.locate",
 ]
 
 

@@ -1,0 +1,139 @@
+"""``editscope locate``: where a model keeps one fact (causal tracing heatmap, top neurons), or the per-layer
+MLP indirect effect averaged over N CounterFact facts (the curve behind a locate-then-edit layer choice)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from editscope.locate import METHODS
+
+    parser = sub.add_parser(
+        "locate",
+        help="locate a fact in the model (causal tracing, knowledge neurons, ...)",
+        description="Run a knowledge-locating method on one fact and print the top layers / neurons; "
+        "causal_trace can draw ROME's heatmaps (--plot). With --layer-curve N, trace the MLP states at the "
+        "subject's last token for N CounterFact facts the model knows and print the mean indirect effect per layer.",
+    )
+    parser.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    parser.add_argument("--prompt", help="template with one {} for the subject, e.g. '{} is located in'")
+    parser.add_argument("--subject", help="the subject, e.g. 'Eiffel Tower'")
+    parser.add_argument("--answer", help="the answer scored, e.g. ' Paris' (default: the model's greedy token)")
+    parser.add_argument("--method", default="causal_trace", choices=list(METHODS))
+    parser.add_argument("--plot", help="write the causal-tracing heatmaps to this image file")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--samples", type=int, default=10, help="noise samples (causal_trace)")
+    parser.add_argument("--noise", type=float, default=3.0, help="noise level in embedding stds (causal_trace)")
+    parser.add_argument("--window", type=int, default=None, help="MLP/attn window (default: 10 scaled to depth)")
+    parser.add_argument("--steps", type=int, default=20, help="integrated-gradient steps (kn)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top", type=int, default=10, help="how many top layers / neurons to print")
+    parser.add_argument("--layer-curve", type=int, metavar="N", default=None,
+                        help="average the MLP indirect effect per layer over N CounterFact facts instead")
+    parser.add_argument("--dataset", default="counterfact-1k", help="facts for --layer-curve")
+    parser.add_argument("--kind", default="mlp", choices=["mlp", "attn", "residual"], help="state for --layer-curve")
+    parser.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace) -> dict:
+    if args.method == "causal_trace":
+        return {"samples": args.samples, "noise": args.noise, "window": args.window, "seed": args.seed}
+    if args.method == "kn":
+        return {"steps": args.steps}
+    if args.method == "random":
+        return {"seed": args.seed}
+    return {}
+
+
+def _clean(value):
+    """JSON without NaN (untraced cells become null)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from editscope.errors import EditscopeError
+    from editscope.lm import load
+    from editscope.lm.engine import ScoringEngine
+
+    engine = ScoringEngine(load(args.model))
+    if args.layer_curve is not None:
+        return _layer_curve(args, engine)
+    if not args.prompt or not args.subject:
+        raise EditscopeError("locate needs --prompt and --subject (or --layer-curve N)")
+    from editscope.locate import locate
+
+    result = locate(engine, args.method, args.prompt, args.subject, args.answer, **_options(args))
+    if args.plot:
+        if not result.states:
+            raise EditscopeError(f"--plot draws causal-tracing heatmaps; method {args.method!r} has none")
+        from editscope.locate.plot import plot_trace
+
+        print(f"wrote {plot_trace(result, args.plot)}", file=sys.stderr)
+    if args.json:
+        out = result.to_dict()
+        out["top_neurons"] = result.top_neurons(args.top)
+        print(json.dumps(_clean(out), indent=1))
+        return 0
+    print(f"{result.prompt!r} -> {result.answer!r} (token {result.answer_token}), method {result.method}")
+    if result.method == "causal_trace":
+        meta = result.meta
+        print(f"p(clean) {meta['clean_prob']:.4f}   p(corrupted) {meta['corrupted_prob']:.4f}   "
+              f"noise {meta['noise']} x sigma {meta['sigma']:.4f}, {meta['samples']} samples, window {meta['window']}")
+        effect = meta["mlp_indirect_effect"]
+        order = sorted(range(len(effect)), key=lambda i: -effect[i])[: args.top]
+        print("top layers by MLP indirect effect at the subject's last token:")
+        for layer in order:
+            print(f"  layer {layer:>3}  {effect[layer]:+.4f}")
+        return 0
+    print("top neurons (layer, neuron, score):")
+    for layer, neuron, score in result.top_neurons(args.top):
+        print(f"  L{layer:<3} n{neuron:<6} {score:+.4g}")
+    per_layer = result.layer_scores()
+    order = sorted(range(len(per_layer)), key=lambda i: -per_layer[i])[: min(args.top, 5)]
+    print("top layers by summed score: " + ", ".join(f"{i} ({per_layer[i]:+.3g})" for i in order))
+    return 0
+
+
+def _layer_curve(args: argparse.Namespace, engine) -> int:
+    from editscope.data import load_cases
+    from editscope.errors import EditscopeError
+    from editscope.locate.layers import layer_curve
+
+    facts = []
+    for case in load_cases(args.dataset):
+        request = case.requests[0]
+        if request.target_true:
+            facts.append((request.prompt, request.subject, request.target_true))
+        if len(facts) >= 4 * args.layer_curve:  # known facts are a subset: read a few more than N
+            break
+    curve = layer_curve(engine, facts, kind=args.kind, window=args.window, samples=args.samples, seed=args.seed,
+                        limit=args.layer_curve,
+                        progress=lambda i, n: print(f"\rtraced {i}/{n}", end="", file=sys.stderr))
+    if curve.n_facts == 0:
+        raise EditscopeError(f"the model knows none of the {len(facts)} {args.dataset} facts read (greedy first "
+                             "token = the true answer's): nothing to trace")
+    print(file=sys.stderr)
+    if args.json:
+        print(json.dumps(_clean({"kind": curve.kind, "window": curve.window, "n_facts": curve.n_facts,
+                                 "effect": curve.effect.tolist(), "normalised": curve.normalised.tolist(),
+                                 "facts": curve.facts}), indent=1))
+        return 0
+    print(f"{args.kind} indirect effect at the subject's last token, window {curve.window}, "
+          f"{curve.n_facts} {args.dataset} facts the model knows ({len(curve.skipped)} unknown skipped)")
+    peak = max(float(curve.effect.max()), 1e-12)
+    print(f"{'layer':>5}  {'AIE':>8}  {'normalised':>10}")
+    for layer, (eff, norm) in enumerate(zip(curve.effect, curve.normalised, strict=True)):
+        bar = "#" * max(0, int(round(30 * eff / peak)))
+        print(f"{layer:>5}  {eff:>8.4f}  {norm:>10.3f}  {bar}")
+    print("top layers: " + ", ".join(str(i) for i in curve.top_layers()))
+    return 0
