@@ -1,0 +1,224 @@
+"""KLoB sets built from the shared data (paper 001, §3.3; Table 3 templates in :mod:`klob_templates`).
+
+- **KLoB-c** (consistency): one fact (relation, subject, answer) through the three templates of its relation.
+  Facts come from PEAK-CF (``requested_rewrite``: relation_id, subject, target_true; ``re_Pxx`` relations
+  turned forward, see :func:`peak_facts`) and MQuAKE-hard (every hop
+  of the *true* chains: hop 0's subject is the rewrite's subject, hop i's the answer of hop i−1; the hop's
+  relation is the i-th rewrite's relation_id, accepted only where that rewrite's prompt filled with the hop's
+  subject is the hop's cloze). Relations without Table 3 templates are left out; duplicates (same relation,
+  subject, answer) are kept once.
+- **KLoB-r** (relevance): two facts sharing an entity, from consecutive hops of MQuAKE-hard's true chains:
+  (s, r1, o1) and (o1, r2, o2). The first fact is rendered with its relation's first Table 3 template (or its
+  MQuAKE prompt when the relation has none); the second with its MQuAKE cloze. The paper's second sentence
+  rephrases the whole two-hop question; MQuAKE ships no such statements, so the pair shares the entity o1
+  instead (documented difference).
+- **KLoB-u** (unbiasedness): the published KLoB-u sentences; the text before the blank is the prompt, its first
+  word is treated as the "subject" (causal tracing needs tokens to corrupt), the answer is the model's own
+  greedy next token.
+
+:func:`recall_filter` keeps facts the model under test recalls (the paper used Llama-2-7b with 8 in-context
+demonstrations): the answer is recalled when every answer token is the greedy prediction after the prompt,
+optionally preceded by ``shots`` demonstrations of other facts of the same relation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from editscope.data.klob import KlobSentence, load_klob_u
+from editscope.data.klob_templates import KLOB_C_TEMPLATES
+from editscope.data.records import Case
+
+
+@dataclass(frozen=True)
+class KlobPrompt:
+    """One sentence to locate: ``template`` with one ``{}`` for ``subject``; ``answer`` None = the model's
+    greedy next token (KLoB-u)."""
+
+    template: str
+    subject: str
+    answer: str | None
+
+    @property
+    def text(self) -> str:
+        return self.template.replace("{}", self.subject)
+
+
+@dataclass(frozen=True)
+class KlobExample:
+    """One KLoB example: ``subset`` "c" | "r" | "u", a stable ``example_id``, its relation (KLoB-r: the first
+    fact's, as the paper counts it) and its prompts
+    (three for KLoB-c, two for KLoB-r, one for KLoB-u); ``source`` names the dataset record."""
+
+    subset: str
+    example_id: str
+    relation: str
+    prompts: tuple[KlobPrompt, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class Fact:
+    relation: str
+    subject: str
+    answer: str
+    cloze_template: str
+    source: str
+
+
+def peak_facts(cases: Iterable[Case]) -> Iterator[Fact]:
+    """(relation, subject, true answer) of PEAK-CF cases that carry a relation id.
+
+    PEAK-CF's ``re_Pxx`` relations are Wikidata relations read backwards ("{} is the author of": the subject is
+    Pxx's tail); they become the forward fact (target_true, Pxx, subject), e.g. re_P50 (Bertrand Russell,
+    "Power: A New Social Analysis") -> "The author of Power: A New Social Analysis is" Bertrand Russell.
+    """
+    for case in cases:
+        relation = case.extra.get("relation_id")
+        request = case.requests[0]
+        if not relation or not request.target_true:
+            continue
+        source = f"{case.source}:{case.case_id}"
+        if relation.startswith("re_"):
+            yield Fact(relation[3:], request.target_true, request.subject, "{}", source)
+        else:
+            yield Fact(relation, request.subject, request.target_true, request.prompt, source)
+
+
+def mquake_chains(cases: Iterable[Case]) -> Iterator[list[Fact]]:
+    """The true chain of each MQuAKE case as facts (hops whose relation cannot be aligned end the chain)."""
+    for case in cases:
+        chain: list[Fact] = []
+        subject = case.requests[0].subject
+        for i, hop in enumerate(case.extra["single_hops"]):
+            if i >= len(case.requests):
+                break
+            request, relation = case.requests[i], case.extra["relation_ids"][i]
+            if not relation or request.prompt.replace("{}", subject) != hop.cloze:
+                break
+            chain.append(Fact(relation, subject, hop.answer, request.prompt, f"{case.source}:{case.case_id}:hop{i}"))
+            subject = hop.answer
+        yield chain
+
+
+def klob_c(facts: Iterable[Fact]) -> list[KlobExample]:
+    """KLoB-c examples: each fact with a Table 3 relation through its three templates (duplicates once)."""
+    seen, out = set(), []
+    for fact in facts:
+        if fact.relation not in KLOB_C_TEMPLATES:
+            continue
+        key = (fact.relation, fact.subject, fact.answer)
+        if key in seen:
+            continue
+        seen.add(key)
+        templates = KLOB_C_TEMPLATES[fact.relation][1]
+        prompts = tuple(KlobPrompt(t, fact.subject, fact.answer) for t in templates)
+        out.append(KlobExample("c", f"c:{fact.relation}:{len(out)}", fact.relation, prompts, fact.source))
+    return out
+
+
+def klob_r(chains: Iterable[Sequence[Fact]]) -> list[KlobExample]:
+    """KLoB-r examples: consecutive hops (s, r1, o1), (o1, r2, o2) of each chain (duplicates once)."""
+    seen, out = set(), []
+    for chain in chains:
+        for first, second in zip(chain, chain[1:], strict=False):
+            key = (first.relation, first.subject, first.answer, second.relation, second.answer)
+            if key in seen:
+                continue
+            seen.add(key)
+            entry = KLOB_C_TEMPLATES.get(first.relation)
+            template = entry[1][0] if entry else first.cloze_template
+            prompts = (KlobPrompt(template, first.subject, first.answer),
+                       KlobPrompt(second.cloze_template, second.subject, second.answer))
+            out.append(KlobExample("r", f"r:{first.relation}-{second.relation}:{len(out)}", first.relation,
+                                   prompts, first.source))
+    return out
+
+
+def klob_u(sentences: Iterable[KlobSentence]) -> list[KlobExample]:
+    """KLoB-u examples: each sentence's prompt with its first word as the subject slot."""
+    out = []
+    for sentence in sentences:
+        words = sentence.prompt.split(" ", 1)
+        if len(words) < 2 or "{}" in sentence.prompt:
+            continue
+        prompt = KlobPrompt("{} " + words[1], words[0], None)
+        out.append(KlobExample("u", f"u:{sentence.index}", "-", (prompt,), f"KLoB-u:{sentence.index}"))
+    return out
+
+
+def build_klob(*, u_limit: int | None = None) -> dict[str, list[KlobExample]]:
+    """All three subsets from the shared data (PEAK-CF + MQuAKE-hard for c, MQuAKE-hard for r, KLoB-u file)."""
+    from editscope.data import load_cases
+
+    peak = list(load_cases("peak-cf"))
+    mquake = list(load_cases("mquake-hard"))
+    chains = list(mquake_chains(mquake))
+    facts = list(peak_facts(peak)) + [fact for chain in chains for fact in chain]
+    return {"c": klob_c(facts), "r": klob_r(chains), "u": klob_u(load_klob_u(limit=u_limit))}
+
+
+def shuffled(examples: Sequence[KlobExample], seed: int) -> list[KlobExample]:
+    """A seeded order (so a small ``n`` spreads over relations instead of taking the file's first ones)."""
+    order = list(examples)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def relation_counts(examples: Iterable[KlobExample]) -> Counter:
+    return Counter(example.relation for example in examples)
+
+
+def format_counts(counts: Counter, title: str = "Number of examples of each relation") -> str:
+    """Two relations per line, as the paper's Table 2."""
+    def label(rel: str) -> str:
+        entry = KLOB_C_TEMPLATES.get(rel)
+        return f"{rel} ({entry[0]})" if entry else rel
+
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max([len(label(r)) for r, _ in items] + [8])
+    lines = [f"{'Relation':<{width}} {'Count':>6}   {'Relation':<{width}} {'Count':>6}"]
+    half = (len(items) + 1) // 2
+    for left, right in zip(items[:half], items[half:] + [None] * (2 * half - len(items)), strict=True):
+        line = f"{label(left[0]):<{width}} {left[1]:>6}"
+        if right:
+            line += f"   {label(right[0]):<{width}} {right[1]:>6}"
+        lines.append(line)
+    lines.append(f"{title}: {sum(counts.values())} in total, {len(counts)} relations")
+    return "\n".join(lines)
+
+
+def recalled(engine, prompt: KlobPrompt, demos: Sequence[KlobPrompt] = ()) -> bool:
+    """Whether every answer token is the greedy prediction after the prompt (and the demonstrations)."""
+    prefix = "".join(f"{d.text} {d.answer.strip()}.\n" for d in demos if d.answer)
+    score = engine.score([(prefix + prompt.text, prompt.answer)])[0]
+    return bool(score.token_is_argmax.all())
+
+
+def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any", shots: int = 0,
+                  limit: int | None = None, pool: Sequence[KlobExample] = ()) -> list[KlobExample]:
+    """Examples whose facts the model recalls: KLoB-c needs ``mode`` ("any", "all", "first") of its templates;
+    KLoB-r both facts; KLoB-u passes. ``shots`` demonstrations come from other examples of ``pool`` with the
+    same relation (and template position). Stops after ``limit`` kept examples."""
+    if mode not in ("any", "all", "first"):
+        raise ValueError(f"mode must be 'any', 'all' or 'first', not {mode!r}")
+    by_relation: dict[str, list[KlobExample]] = {}
+    for example in pool:
+        by_relation.setdefault(example.relation, []).append(example)
+    kept = []
+    for example in examples:
+        if limit is not None and len(kept) >= limit:
+            break
+        if example.subset == "u":
+            kept.append(example)
+            continue
+        others = [e for e in by_relation.get(example.relation, []) if e.example_id != example.example_id][:shots]
+        hits = [recalled(engine, p, [o.prompts[i] for o in others]) for i, p in enumerate(example.prompts)]
+        ok = (any(hits) if mode == "any" else hits[0] if mode == "first" else all(hits)) if example.subset == "c" \
+            else all(hits)
+        if ok:
+            kept.append(example)
+    return kept

@@ -1,0 +1,70 @@
+"""KLoB-c templates (paper 001, appendix B, Table 3): three per Wikidata relation, as published.
+
+``[X]`` (the head entity) is written ``{}``; ``[Y]`` (the tail entity, the answer) ends every template and is
+dropped, so each template is a prompt the answer completes. Kept verbatim, the paper's slips included (P176's
+second template contains "Lumia 800", P407's third "langeuage"; P138 repeats P36's capital templates and P17
+repeats P159's headquarters templates): changing them would make a different benchmark.
+"""
+
+from __future__ import annotations
+
+#: relation id -> (short label as in Table 2, three templates)
+KLOB_C_TEMPLATES: dict[str, tuple[str, tuple[str, str, str]]] = {
+    "P103": ("native", ("The native language of {} is", "The mother tongue of {} is",
+                        "The language {} speaks at hometown is")),
+    "P1001": ("legal-term", ("{} is a legal term in", "{} serves as one of the legal term for",
+                             "{} : the legal term for")),
+    "P101": ("work", ("{} works in the field of", "{} specializes in the field of",
+                      "The domain of activity of {} is")),
+    "P106": ("by-profession", ("{} works as", "{} ’s occupation is", "the profession of {} is")),
+    "P108": ("works-for", ("{} works for the company:", "The company that employs {} is",
+                           "The company providing employment to {} is")),
+    "P127": ("owned-by", ("{} belongs to", "the company that owns {} is", "the owner company of {} is")),
+    "P1303": ("play", ("{} plays the musical instrument known as the", "{} is known for playing the",
+                       "In the hands of {} , music emerges from the")),
+    "P131": ("located-in", ("{} is located in", "{} can be found in", "The location of {} is")),
+    "P136": ("plays-music", ("{} composes in the genre of", "{} engages in the performance of",
+                             "The music genre that {} performs is")),
+    "P1376": ("capital", ("{} is the capital of", "{} holds the status of being the capital of",
+                          "{} , the capital city of")),
+    "P138": ("is-name-after", ("{} is the capital of", "{} holds the status of being the capital of",
+                               "{} , the capital city of")),
+    "P1412": ("communicate", ("{} used to communicate in the language of",
+                              "{} expressed himself through the language of",
+                              "In language {} utilizes for communication is")),
+    "P159": ("headquarter", ("The headquarters of {} is located in", "{} , whose headquarters is in",
+                             "{} has established its headquarters in")),
+    "P17": ("is-located", ("The headquarters of {} is located in", "{} , whose headquarters is in",
+                           "{} has established its headquarters in")),
+    "P176": ("produce", ("{} is produced by the company:", "The company behind {} Lumia 800",
+                         "{} is one among products crafted by")),
+    "P178": ("develop", ("{} , a product manufactured by the company:", "The company that developed {} is",
+                         "The company that stands behind the creation of {} is")),
+    "P19": ("born", ("{} was born in", "The place of birth for {} is", "The birth of {} occurred in")),
+    "P276": ("locate", ("{} is located in", "{} can be found in", "The location of {} is")),
+    "P36": ("capital", ("{} is the capital of", "{} holds the status of being the capital of",
+                        "{} , the capital city of")),
+    "P37": ("official-language", ("The official language of {} is", "In terms of official language, {} uses",
+                                  "Under {} law, the official language is recognized as")),
+    "P39": ("position", ("{} assumed the role of", "{} holds the position of", "{} served in the capacity of")),
+    "P407": ("write", ("The language of {} is", "The {} was penned in", "{} was written with the langeuage of")),
+    "P413": ("play", ("{} plays in the position of a", "{} ’s role on the team involves him serving as a",
+                      "When on the field, {} is positioned as a")),
+    "P449": ("air", ("{} was originally aired on", "{} , initially, was broadcasted on",
+                     "{} was originally presented to audiences on")),
+    "P495": ("create", ("{} was created in the country of", "The country where creation of {} took place is",
+                        "{} has its birthplace in the country of")),
+    "P26": ("spouse", ("{} is married to", "The spouse of {} is none other than", "In matrimony, {} is bound to")),
+    "P50": ("author", ("The author of {} is", "{} was written by", "Credited with the creation of {} is")),
+    "P112": ("founded by", ("{} was founded by", "The {} owes its existence to the person of",
+                            "The person behind the inception of the {} is")),
+    "P69": ("educated at", ("{} was educated at a university named",
+                            "{} received his education from the institution known as",
+                            "The university where {} was educated is")),
+    "P140": ("affiliated-with", ("{} is affiliated with the religion of", "{} is a follower of the faith known as the",
+                                 "The religion that {} adheres to is")),
+    "P175": ("performer", ("{} was performed by", "{} was presented to audiences by",
+                           "In the performance of {} , the artist is")),
+    "P641": ("sport", ("{} is associated with the sport of", "The sport that {} is linked to is association",
+                       "{} pertains to the sport known as association")),
+}
