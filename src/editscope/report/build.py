@@ -3,7 +3,8 @@ written next to it under ``figures/``) from one or more run directories.
 
 Everything suite-specific comes from declarations: the metric declarations stored in each run's
 ``run.json`` (directions, units, ranges, pre/post pairing, aggregates) and each suite's ``figures`` hook
-(suites built from the run's config through the registry or ``suite_factories``)."""
+(suites built from the run's config through the registry or ``suite_factories``). Under every table it prints
+the protocol its numbers follow and the editors' conventions (:func:`editscope.run.summary.protocol_notes`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.report import figures
-from editscope.run.store import RESULTS, RUN_JSON, atomic_write_text, read_json, read_results
+from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
-from editscope.run.summary import TABLE_NOTE, SummaryRow, metric_label, spec_of, summarize, table_rows
+from editscope.run.summary import (
+    TABLE_NOTE,
+    SummaryRow,
+    metric_label,
+    protocol_notes,
+    spec_of,
+    summarize,
+    table_rows,
+)
 from editscope.suites.base import Suite, SuiteFigure
 
 
@@ -139,7 +149,8 @@ CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-
 padding:0 1em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px;display:block;
 overflow-x:auto}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}
 thead th{background:#f3f3f3}tbody th{text-align:left}figure{margin:1em 0 2em}img{max-width:100%}
-figcaption{font-size:13px;color:#555}code{background:#f5f5f5;padding:0 3px}.meta td,.meta th{text-align:left}"""
+figcaption,.protocol{font-size:13px;color:#555}code{background:#f5f5f5;padding:0 3px}
+.meta td,.meta th{text-align:left}"""
 
 
 def _run_meta(run: Run) -> list[tuple[str, str]]:
@@ -166,6 +177,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     rows = [r for run in runs for r in run.rows]
     specs = _specs(runs, suite_factories)
     summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets)
+    notes = protocol_notes(rows)
     figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for f in figs:
@@ -196,8 +208,11 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                  f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
 
     for (dataset, suite), rs in tables.items():
+        lines = notes.get((dataset, suite), [])
         md += [f"## {suite} on {dataset}", ""] + _md_table(rs, methods, specs) + [""]
+        md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
         h.append(f"<h2>{html.escape(suite)} on {html.escape(dataset)}</h2>{_html_table(rs, methods, specs)}")
+        h += [f"<p class='protocol'>{html.escape(n)}</p>" for n in lines]
         add_figure(bars[f"bars-{dataset}-{suite}"])
     extra = [f for f in figs if not f.slug.startswith("bars-")]
     if extra:

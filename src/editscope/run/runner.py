@@ -393,6 +393,8 @@ class Runner:
                 "edit_info": info or _scalars(patches[k].info),
                 "requests": [{"prompt": r.prompt, "subject": r.subject, "target_new": r.target_new,
                               "target_true": r.target_true} for r in block.requests[i]],
+                "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
+                "protocol": {name: s.protocol for name, s in block.suites.items()},  # DESIGN rule 10
                 "metrics": metrics,
                 "pre": {name: pre[name][k] for name in block.suites},
                 "post": {name: post[name][k] for name in block.suites},

@@ -6,7 +6,13 @@ Driven by the suites' metric declarations (:class:`~editscope.metrics.registry.M
 (dataset label, suite name)): metrics come in declaration order; aggregate metrics (the CounterFact/zsRE
 Score) are computed here from the dataset-level means of their components, with a seeded percentile
 bootstrap CI over cases (``ci = "bootstrap"``); table headers carry the direction (↑/↓), unit and paper
-scale. Metrics of a suite without declarations (an old run) are listed as stored, without aggregates."""
+scale. Metrics of a suite without declarations (an old run) are listed as stored, without aggregates.
+
+Every table is followed by the protocol its numbers follow (DESIGN rule 10; :func:`protocol_notes`): the
+suite's protocol as stored in each results row (``row["protocol"][suite]``: paper / reference code / EasyEdit
+token accuracy, with the choices that move the numbers) and each editor's ``convention`` from the row's
+resolved ``hparams`` where the editor has one, so "why does my number differ from the paper" is answered under
+the table."""
 
 from __future__ import annotations
 
@@ -21,8 +27,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as st
 
+from editscope.atomic import atomic_write_text
 from editscope.metrics.registry import Declarations, MetricSpec
-from editscope.run.store import SUMMARY_CSV, SUMMARY_MD, atomic_write_text
+from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
 N_BOOTSTRAP = 1000
@@ -206,9 +213,55 @@ def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[s
     return metrics, body
 
 
+NotesMap = Mapping[tuple[str, str], Sequence[str]]
+"""(dataset label, suite name) -> lines printed under that table (:func:`protocol_notes`)."""
+
+
+def _methods_text(methods: Sequence[str], all_methods: Sequence[str]) -> str:
+    return "" if list(methods) == list(all_methods) else f" ({', '.join(methods)})"
+
+
+def protocol_notes(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """The protocol lines of every (dataset, suite) table, from the results rows.
+
+    ``Protocol: NAME — NOTE`` from ``row["protocol"][suite]`` (one line per distinct protocol, naming the
+    methods when they differ; "not recorded" for rows written before protocol labels), then
+    ``Editor conventions: METHOD: CONVENTION, ...`` from ``row["hparams"]["convention"]`` for the methods whose
+    editors have one (``paper`` = the paper's equations, ``reference`` = the reference code's)."""
+    protos: dict[tuple[str, str], dict[str, list[str]]] = {}
+    conventions: dict[str, list[str]] = {}
+    methods: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        method = row["method"]
+        for suite in row["metrics"]:
+            key = (row["dataset"], suite)
+            proto = (row.get("protocol") or {}).get(suite)
+            text = (f"{proto.get('name', '?')} — {proto.get('note', '')}".rstrip(" —") if proto
+                    else "not recorded (row written before protocol labels)")
+            users = protos.setdefault(key, {}).setdefault(text, [])
+            if method not in users:
+                users.append(method)
+            seen = methods.setdefault(key, [])
+            if method not in seen:
+                seen.append(method)
+            convention = (row.get("hparams") or {}).get("convention")
+            if convention is not None and str(convention) not in conventions.setdefault(method, []):
+                conventions[method].append(str(convention))
+    out: dict[tuple[str, str], list[str]] = {}
+    for key, texts in protos.items():
+        lines = [f"Protocol{_methods_text(users, methods[key])}: {text}" for text, users in texts.items()]
+        conv = [f"{m}: {', '.join(conventions[m])}" for m in methods[key] if m in conventions]
+        if conv:
+            lines.append("Editor conventions (paper = the paper's equations, reference = the reference code's): "
+                         + "; ".join(conv))
+        out[key] = lines
+    return out
+
+
 def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
-                title: str | None = "Summary") -> str:
-    """One table per (dataset, suite): methods as rows, metrics as columns, ``mean ± 95% CI half-width``."""
+                title: str | None = "Summary", notes: NotesMap | None = None) -> str:
+    """One table per (dataset, suite): methods as rows, metrics as columns, ``mean ± 95% CI half-width``;
+    ``notes`` (:func:`protocol_notes`) printed under each table."""
     lines = [f"# {title}", ""] if title else []
     lines.append(TABLE_NOTE)
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
@@ -222,13 +275,17 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
         lines.append("| method | n | " + " | ".join(labels) + " |")
         lines.append("|---|---:|" + "---:|" * len(metrics))
         lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        if notes and notes.get((dataset, suite)):
+            lines += [""] + [f"*{n}*  " for n in notes[(dataset, suite)]]
     return "\n".join(lines) + "\n"
 
 
 def write_summary(out_dir: str | Path, rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None,
                   method_order: Sequence[str] = (), dataset_order: Sequence[str] = ()) -> list[SummaryRow]:
-    """Write ``summary.csv`` and ``summary.md`` atomically; return the summary."""
+    """Write ``summary.csv`` and ``summary.md`` (with the protocol notes under each table) atomically; return
+    the summary."""
+    rows = list(rows)
     summary = summarize(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
     atomic_write_text(Path(out_dir) / SUMMARY_CSV, to_csv(summary))
-    atomic_write_text(Path(out_dir) / SUMMARY_MD, to_markdown(summary, specs=specs))
+    atomic_write_text(Path(out_dir) / SUMMARY_MD, to_markdown(summary, specs=specs, notes=protocol_notes(rows)))
     return summary
