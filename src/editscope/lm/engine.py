@@ -456,7 +456,8 @@ class ScoringEngine(Scorer):
             if (index < 0).any() or (index >= lengths).any():
                 raise EditscopeError(f"token positions {list(positions)} outside the contexts")
         names = [f"blocks.{layer}.{kind}" for layer in layers]
-        with capture(self.model, self.arch, names) as store:
+        # the forward stops once the highest requested layer has fired (keys k* need no later block)
+        with capture(self.model, self.arch, names, stop_after=True) as store:
             self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,
                        attention_mask=mask, position_ids=pos, use_cache=False)
         arange = torch.arange(len(rows))

@@ -1,0 +1,36 @@
+"""The benchmark scripts run end to end on a tiny model and print their ratios (no timing assertions: the
+numbers depend on the machine; the scripts' own agreement checks still fail the run)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_edit_runs_on_two_records():
+    out = _run("bench_edit.py", "--cases", "2", "--model", "tiny-llama", "--threads", "1", "--profile-top", "3")
+    for method in ("rome", "memit", "alphaedit"):
+        assert f"{method} speedup " in out
+        assert f"{method}: (a) editscope " in out
+
+
+@pytest.mark.slow
+def test_bench_stats_runs():
+    out = _run("bench_stats.py", "--model", "tiny-llama", "--tokens", "512", "--seq-len", "64", "--layers", "1,2",
+               "--rounds", "1", "--threads", "1")
+    assert "token rate ratio " in out and "speedup " in out
