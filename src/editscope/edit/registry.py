@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit import alphaedit, evk_edit, ft, memit, prune, rect, rome
+from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
 from editscope.edit.hparams import HParams, hparams_path, load_yaml
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
@@ -194,6 +194,7 @@ EDITORS: dict[str, Editor] = {e.name: e for e in (
     Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True),
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
            state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
+    Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
 )}
 
 

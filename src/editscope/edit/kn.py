@@ -1,0 +1,146 @@
+"""KN — knowledge neurons (Dai et al. 2022, "Knowledge Neurons in Pretrained Transformers", ACL; the KN baseline
+of paper 003, ../shared/papers/003 §7 and App. B.1).
+
+1. **Locate** (Dai et al. §3.2-3.3): for each prompt expressing the fact, integrated gradients of P(old answer's
+   first token | prompt) over the MLP key activations of ``hp.layers`` (:func:`editscope.locate.knowledge_neurons`,
+   eq. 2-3); the prompt's *coarse* neurons are those with Attr > t · max Attr (``adaptive_threshold`` t, the max
+   over the searched layers). The *knowledge neurons* are the coarse neurons shared by more than a share p of the
+   prompts (``share``). Prompts are ``prefix + request prompt`` for each of ``prefixes`` (an edit request carries
+   no paraphrases; templates stand in for Dai et al.'s paraphrased prompts).
+2. **Update** (Dai et al. §5.1, "Updating Facts"): for each knowledge neuron i, its value slot — column i of the
+   MLP down projection W (out, in) — moves from the old answer's embedding towards the new one's:
+   ``W[:, i] <- W[:, i] - λ1·t + λ2·t'``, with t, t' the embeddings of the old and new answers' first tokens.
+   Dai et al. give no λ; the reference code (knowledge-neurons, used by EasyEdit) uses λ1 = λ2 = 2 and the
+   *input* word embeddings of the model's greedy prediction (old) and the target. Here ``embedding: output``
+   (default) takes the rows of the LM head (the direction that raises the answer's logit; the same rows for tied
+   models), ``input`` the token embeddings; ``old_answer: target_true`` (default) the request's true answer,
+   ``argmax`` the model's greedy next token as the reference does.
+
+No loss is optimised, so loss-term plug-ins (APP) do not apply: the registry declares ``optimises=False``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from editscope.data.records import EditRequest
+from editscope.edit.hparams import HParams
+from editscope.edit.objectives import ObjectiveTerm
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.locate import encode_prompt
+from editscope.locate.attribution import knowledge_neurons
+
+OLD_ANSWERS = ("target_true", "argmax")
+EMBEDDINGS = ("output", "input")
+
+
+@dataclass
+class KNHParams(HParams):
+    """``layers``: where neurons are searched (Dai et al.: all layers); ``steps``: Riemann steps m of the
+    integral (Dai et al.: 20); ``adaptive_threshold``: t (Dai et al.: 0.2); ``share``: p, a neuron must be coarse
+    in more than p·(number of prompts) prompts; ``max_neurons``: keep at most this many (highest summed
+    attribution; None: no cap)."""
+
+    method = "kn"
+    steps: int = 20
+    adaptive_threshold: float = 0.2
+    share: float = 0.5
+    prefixes: list[str] = field(default_factory=lambda: [""])
+    lambda_old: float = 2.0
+    lambda_new: float = 2.0
+    old_answer: str = "target_true"
+    embedding: str = "output"
+    max_neurons: int | None = None
+
+    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
+        super().check(where, n_layers)
+        if self.steps < 1:
+            raise EditscopeError(f"{where}: key 'steps': must be >= 1, got {self.steps}")
+        if not 0.0 <= self.adaptive_threshold <= 1.0:
+            raise EditscopeError(f"{where}: key 'adaptive_threshold': must be in [0, 1], got {self.adaptive_threshold}")
+        if not 0.0 <= self.share < 1.0:
+            raise EditscopeError(f"{where}: key 'share': must be in [0, 1), got {self.share}")
+        if not self.prefixes:
+            raise EditscopeError(f"{where}: key 'prefixes': at least one prefix ('' = the bare prompt)")
+        if self.old_answer not in OLD_ANSWERS:
+            raise EditscopeError(f"{where}: key 'old_answer': one of {', '.join(OLD_ANSWERS)}, got {self.old_answer!r}")
+        if self.embedding not in EMBEDDINGS:
+            raise EditscopeError(f"{where}: key 'embedding': one of {', '.join(EMBEDDINGS)}, got {self.embedding!r}")
+        if self.max_neurons is not None and self.max_neurons < 1:
+            raise EditscopeError(f"{where}: key 'max_neurons': must be >= 1 or null, got {self.max_neurons}")
+
+
+def coarse_neurons(attr: np.ndarray, threshold: float) -> np.ndarray:
+    """Dai et al. §3.3: the mask of neurons whose attribution exceeds ``threshold`` × the maximum attribution."""
+    top = float(attr.max())
+    if top <= 0:
+        return np.zeros(attr.shape, dtype=bool)
+    return attr > threshold * top
+
+
+def select_neurons(attrs: Sequence[np.ndarray], hp: KNHParams) -> list[tuple[int, int]]:
+    """Knowledge neurons (Dai et al. §3.3): coarse in more than ``hp.share`` of the prompts; ``attrs`` are per prompt,
+    [n searched layers, mlp]; returns (layer, neuron) pairs in model layer numbers, strongest first."""
+    counts = sum(coarse_neurons(a, hp.adaptive_threshold).astype(np.int64) for a in attrs)
+    keep = counts > hp.share * len(attrs)
+    total = np.sum(attrs, axis=0)
+    rows, cols = np.nonzero(keep)
+    order = np.argsort(-total[rows, cols], kind="stable")
+    if hp.max_neurons is not None:
+        order = order[: hp.max_neurons]
+    return [(hp.layers[int(rows[i])], int(cols[i])) for i in order]
+
+
+def answer_embeddings(bundle, engine: ScoringEngine, hp: KNHParams) -> torch.Tensor:
+    """The [vocab, hidden] embedding table whose rows are the answers' directions (see the module docstring)."""
+    path = bundle.arch.lm_head if hp.embedding == "output" else bundle.arch.embed
+    return bundle.model.get_submodule(path).weight.detach()
+
+
+def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams) -> tuple[list[tuple[int, int]], int]:
+    """The knowledge neurons of ``request``'s old fact and the old answer's token id."""
+    if hp.old_answer == "target_true" and request.target_true is None:
+        raise EditscopeError(f"kn: request {request.text!r} has no target_true (set old_answer: argmax to use the "
+                             "model's greedy prediction)")
+    attrs, old_id = [], None
+    answer = request.target_true if hp.old_answer == "target_true" else None
+    for prefix in hp.prefixes:
+        prompt = encode_prompt(engine, prefix + request.prompt, request.subject, answer)
+        if old_id is None:  # the first prompt fixes the old answer token (argmax: its greedy token) for all
+            old_id = prompt.answer_id
+        prompt = dataclasses.replace(prompt, answer_id=old_id)
+        with torch.enable_grad():
+            result = knowledge_neurons(engine, prompt, steps=hp.steps, layers=list(hp.layers))
+        attrs.append(result.neurons[hp.layers])
+    return select_neurons(attrs, hp), int(old_id)
+
+
+def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, *, engine: ScoringEngine,
+            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+    if extra_terms:  # the registry refuses plug-ins first (optimises=False); this guards direct calls
+        raise EditscopeError("kn does not optimise a loss, so loss-term plug-ins cannot be attached to it")
+    table = answer_embeddings(bundle, engine, hp)
+    params = dict(bundle.model.named_parameters())
+    out_in: dict[int, torch.Tensor] = {}
+    info: dict = {"neurons": [], "old_token": [], "new_token": []}
+    for request in requests:
+        neurons, old_id = locate_request(engine, request, hp)
+        _, cont = engine.encode_pair(request.text, request.target_new)
+        new_id = int(cont[0])
+        move = hp.lambda_new * table[new_id].float() - hp.lambda_old * table[old_id].float()
+        for layer, neuron in neurons:
+            if layer not in out_in:
+                weight = bundle.arch.as_out_in(params[bundle.arch.weight_name(layer)])
+                out_in[layer] = torch.zeros(weight.shape, dtype=weight.dtype)
+            out_in[layer][:, neuron] += move.to(out_in[layer].dtype)
+        info["neurons"].append([[layer, neuron] for layer, neuron in neurons])
+        info["old_token"].append(old_id)
+        info["new_token"].append(new_id)
+    deltas = {bundle.arch.weight_name(layer): bundle.arch.from_out_in(d).contiguous() for layer, d in out_in.items()}
+    return deltas, info
