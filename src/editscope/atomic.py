@@ -44,6 +44,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, permissions, a folder in the way...
+        tmp.unlink(missing_ok=True)
+        raise EditscopeError(f"{path}: cannot write: {exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -112,4 +115,28 @@ def build_dir(target: str | Path, build: Callable[[Path], None], *, ready: str |
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    return target
+
+
+def new_dir(target: str | Path, build: Callable[[Path], None]) -> Path:
+    """Create the folder ``target`` (which must not exist) by ``build(tmp_folder)`` on a unique temporary folder
+    renamed into place: an interrupted build leaves no partial ``target``. For outputs a user names (no lock
+    file is left beside them); a folder that appears meanwhile makes the rename fail rather than be replaced."""
+    target = Path(target)
+    if target.exists():
+        raise EditscopeError(f"{target}: output folder exists")
+    _writable_parent(target)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise EditscopeError(f"{target}: cannot write into {target.parent}: {exc.strerror}") from None
+    try:
+        build(tmp)
+        os.rename(tmp, target)  # refuses to replace a non-empty folder created meanwhile
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EditscopeError(f"{target}: cannot write the folder: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return target

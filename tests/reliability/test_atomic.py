@@ -54,7 +54,7 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
         tmp.write_text("half")
         raise OSError("disk full")
 
-    with pytest.raises(OSError):
+    with pytest.raises(EditscopeError, match="a.json: cannot write: disk full"):
         atomic_write(target, broken)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 
@@ -57,21 +55,14 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def _write(bundle, out: str, note: dict) -> None:
-    from editscope.errors import EditscopeError
+    from editscope.atomic import new_dir
 
-    target = Path(out)
-    if target.exists():
-        raise EditscopeError(f"output folder exists: {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    def build(tmp: Path) -> None:
         bundle.model.save_pretrained(tmp)
         bundle.tokenizer.save_pretrained(tmp)
         (tmp / "editscope-patch.json").write_text(json.dumps(note, indent=1))
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    new_dir(out, build)
 
 
 def run_apply(args: argparse.Namespace) -> int:

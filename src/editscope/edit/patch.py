@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from editscope.atomic import atomic_write
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 
@@ -180,20 +179,11 @@ class Patch:
 
     def save(self, path: str | Path) -> Path:
         """Write the deltas and metadata as one safetensors file (atomic: temp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-        os.close(fd)
-        try:
-            tensors = {k: v.detach().contiguous() for k, v in self.deltas.items()}
-            for k, v in (self.bases or {}).items():
-                tensors[BASE_PREFIX + k] = v.detach().contiguous()
-            save_file(tensors, tmp, metadata=self.metadata())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        tensors = {k: v.detach().contiguous() for k, v in self.deltas.items()}
+        for k, v in (self.bases or {}).items():
+            tensors[BASE_PREFIX + k] = v.detach().contiguous()
+        metadata = self.metadata()
+        return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     @classmethod
     def load(cls, path: str | Path) -> Patch:

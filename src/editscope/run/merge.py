@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.run.config import RunConfig
 from editscope.run.store import (
     RESULTS,
     RUN_JSON,
-    atomic_write_text,
     read_json,
     read_results,
     row_key,

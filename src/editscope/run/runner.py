@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from editscope.atomic import atomic_write_text
 from editscope.data import load_cases
 from editscope.data.records import Case, EditRequest
 from editscope.edit.patch import Patch, tensor_checksum
@@ -40,7 +41,6 @@ from editscope.run.store import (
     RESULTS,
     RUN_JSON,
     ResultsWriter,
-    atomic_write_text,
     clean_metrics,
     drop_duplicates,
     read_json,

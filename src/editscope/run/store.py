@@ -1,5 +1,5 @@
 """The results store: ``results.jsonl`` (one line per finished (dataset, case, method), appended with flush +
-fsync) and atomic writes for everything else (:mod:`editscope.atomic`)."""
+fsync); everything else is written with :mod:`editscope.atomic` (import it from there)."""
 
 from __future__ import annotations
 

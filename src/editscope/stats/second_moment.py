@@ -25,6 +25,8 @@ cache file also records a checksum of the weights the layer's keys depend on (ev
 it), verified on every read (~0.3 s per 100M parameters): a mismatch recomputes and overwrites the file with a
 warning. The limit: such a change is caught when the cache is read, so until then the file under the unedited
 fingerprint may hold values of the changed weights (never served for other weights).
+A file that is unreadable (truncated), fails its own content checksum, has the wrong shape or holds
+non-finite values is recomputed the same way. Files are written atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -43,9 +43,10 @@ from typing import Literal
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
+from editscope.atomic import atomic_write
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
@@ -138,23 +139,40 @@ def weights_checksum(bundle: Bundle, layer: int) -> str:
     return h.hexdigest()
 
 
-def _cached_checksum(path: Path) -> str | None:
-    with safe_open(str(path), framework="pt") as fh:
-        meta = fh.metadata() or {}
-    return json.loads(meta["weights"]) if "weights" in meta else None
+def _content_checksum(mom2: torch.Tensor) -> str:
+    """blake2b of the matrix's bytes: a file damaged after writing (or torn by a crash) is caught on read."""
+    return hashlib.blake2b(mom2.contiguous().cpu().view(torch.uint8).numpy().data, digest_size=16).hexdigest()
+
+
+def _read_cached(path: Path, checksum: str, dim: int) -> tuple[torch.Tensor | None, str]:
+    """The cached C of ``path`` if it is sound, else ``(None, why)``: unreadable or truncated file, another
+    weights checksum, content not matching its own checksum, wrong shape, or non-finite values."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            mom2 = fh.get_tensor("mom2")
+        weights = json.loads(meta["weights"]) if "weights" in meta else None
+        content = json.loads(meta["content"]) if "content" in meta else None
+    except Exception as exc:  # safetensors/json raise their own types on a damaged file
+        return None, f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+    if weights is None:
+        return None, "has no weights checksum (older cache)"
+    if weights != checksum:
+        return None, "was cached for other weights than the model's now (changed outside a Patch?)"
+    if content != _content_checksum(mom2):
+        return None, "does not match its content checksum (damaged or written by an older version)"
+    if tuple(mom2.shape) != (dim, dim):
+        return None, f"holds a {tuple(mom2.shape)} matrix, expected {(dim, dim)}"
+    if not torch.isfinite(mom2).all():
+        return None, "holds non-finite values"
+    return mom2, ""
 
 
 def _save(path: Path, mom2: torch.Tensor, count: int, meta: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({"mom2": mom2.contiguous(), "count": torch.tensor([count], dtype=torch.int64)}, tmp,
-                  metadata={k: json.dumps(v) for k, v in meta.items()})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    mom2 = mom2.contiguous()
+    metadata = {k: json.dumps(v) for k, v in {**meta, "content": _content_checksum(mom2)}.items()}
+    tensors = {"mom2": mom2, "count": torch.tensor([count], dtype=torch.int64)}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, batch_rows: int = DEFAULT_BATCH_ROWS,
@@ -222,12 +240,10 @@ def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | No
     for layer in layers:
         path = cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len)
         if use_cache and path.is_file():
-            cached = _cached_checksum(path)
-            if cached == checksums[layer]:
-                out[layer] = load_file(path)["mom2"]
+            cached, why = _read_cached(path, checksums[layer], bundle.arch.mlp_size(bundle.config))
+            if cached is not None:
+                out[layer] = cached
                 continue
-            why = "has no weights checksum (older cache)" if cached is None else \
-                "was cached for other weights than the model's now (changed outside a Patch?)"
             warnings.warn(f"{path} {why}; recomputing", stacklevel=2)
         missing.append(layer)
     if missing:

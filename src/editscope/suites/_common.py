@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import ContinuationScore, Scorer
 from editscope.paths import data_dir
@@ -177,16 +177,8 @@ def read_json(path: Path) -> Any:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON through a temporary file and a rename (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically (:func:`editscope.atomic.atomic_write_text`: readers never see half a file)."""
+    atomic_write_text(path, json.dumps(obj))
 
 
 def as_float_dict(row: dict[str, Any]) -> dict[str, float]:
