@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 
@@ -52,6 +53,23 @@ def _scores(engine, prompt: str, target: str, target_true: str | None) -> dict:
     return out
 
 
+def _strict_json(result: dict) -> str:
+    """``result`` as strict JSON; a NaN or infinite number is an error naming where it is (never printed)."""
+    from editscope.errors import EditscopeError
+
+    def bad(value, key: str) -> list[str]:
+        if isinstance(value, float) and not math.isfinite(value):
+            return [f"{key}={value}"]
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        return [b for k, v in items for b in bad(v, f"{key}.{k}" if key else str(k))]
+
+    found = bad(result, "")
+    if found:
+        raise EditscopeError(f"edit --json: non-finite result ({', '.join(found[:4])}); the edit or the model "
+                             "broke the scores, so no JSON (and no patch) is written")
+    return json.dumps(result, indent=1, allow_nan=False)
+
+
 def run(args: argparse.Namespace) -> int:
     from editscope.data.records import EditRequest
     from editscope.edit import get_editor, parse_overrides
@@ -84,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
         post_answers = engine.score([(request.text, a) for a, _ in answers])
     finally:
         patch.revert(bundle)
-    if args.save_patch:
-        patch.save(args.save_patch)
     result = {
         "method": args.method,
         "label": editor.display(plugins),
@@ -100,8 +116,11 @@ def run(args: argparse.Namespace) -> int:
         "seconds": seconds,
         "patch": args.save_patch,
     }
+    text = _strict_json(result) if args.json else ""  # fails (before saving anything) on NaN/inf
+    if args.save_patch:
+        patch.save(args.save_patch)
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(text)
         return 0
     print(f"{editor.display(plugins)} on {bundle.name}: {request.text!r} -> {args.target!r} ({seconds:.1f} s)")
     print(f"{'prompt':<50}  {'answer':<16}  {'pre':>9}  {'post':>9}")

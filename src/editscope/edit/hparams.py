@@ -7,6 +7,8 @@ wrong type, or an edit layer outside the model is an :class:`EditscopeError` nam
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -43,6 +45,18 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
+def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
+    """The first NaN/±inf float in ``value`` (lists and mappings searched) with its key path, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return key, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")
+        if found:
+            return found
+    return None
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -69,6 +83,9 @@ class Params:
                                      f"(known: {', '.join(sorted(names)) or 'none'})")
             if not _type_ok(value, hints[key]):
                 raise EditscopeError(f"{where}: key {key!r}: expected {_type_name(hints[key])}, got {value!r}")
+            bad = _non_finite(value, key)
+            if bad:  # YAML's .nan / .inf are floats: no step size, weight or threshold may be one
+                raise EditscopeError(f"{where}: key {bad[0]!r}: must be a finite number, got {bad[1]}")
         hp = cls(**{k: (float(v) if hints[k] is float else v) for k, v in data.items()})
         hp.check(where)
         return hp
@@ -174,22 +191,41 @@ def hparams_path(method: str, model: str) -> Path:
 
 
 def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = None,
-              n_layers: int | None = None) -> HParams:
-    """Read and validate one hparams file (``yaml.safe_load``), then apply ``overrides``."""
+              n_layers: int | None = None, overrides_label: str = "--set") -> HParams:
+    """Read and validate one hparams file (``yaml.safe_load``), then apply ``overrides``. A problem with an
+    overridden key names the override (``--set layers=[7]``; ``overrides_label`` says where overrides came
+    from), not the file."""
     path = Path(path)
+    if path.is_dir():
+        raise EditscopeError(f"{path}: is a folder, not an hparams file")
     if not path.is_file():
         raise EditscopeError(f"hparams file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
         raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
+    except RecursionError:
+        raise EditscopeError(f"{path}: YAML nested too deeply") from None
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
-    hp = cls.from_dict(data, str(path))
-    if overrides:
-        merged = {**data, **overrides}
-        hp = cls.from_dict(merged, f"{path} (with overrides)")
-    hp.check(str(path), n_layers)
+    where = str(path)
+    hp = cls.from_dict(data, where)
+    if not overrides:
+        hp.check(where, n_layers)
+        return hp
+    try:
+        hp = cls.from_dict({**data, **overrides}, where)
+        hp.check(where, n_layers)
+    except EditscopeError as exc:
+        blamed = re.match(re.escape(where) + r": key '([^'.\[]+)", str(exc))
+        if blamed and blamed.group(1) in overrides:
+            key = blamed.group(1)
+            shown = yaml.safe_dump(overrides[key], default_flow_style=True, width=200).removesuffix("...\n").strip()
+            raise EditscopeError(str(exc).replace(where, f"{overrides_label} {key}={shown} (over {where})", 1)) \
+                from None
+        raise
     return hp
 
 

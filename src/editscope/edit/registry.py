@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -115,8 +115,9 @@ class Editor:
         return combined_label(self.label, plugins)
 
     def load_hparams(self, model: str | Bundle, path: str | Path | None = None,
-                     overrides: dict | None = None) -> HParams:
-        """Hyperparameters from ``path`` or ``configs/hparams/{method}/{model}.yaml``, validated."""
+                     overrides: dict | None = None, overrides_label: str = "--set") -> HParams:
+        """Hyperparameters from ``path`` or ``configs/hparams/{method}/{model}.yaml``, validated (a bad override
+        is named as ``{overrides_label} key=value``)."""
         n_layers = model.n_layers if isinstance(model, Bundle) else None
         model_name = model.name if isinstance(model, Bundle) else model
         if isinstance(model, Bundle):
@@ -127,7 +128,7 @@ class Editor:
                 have = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
                 raise EditscopeError(f"no hparams for {self.name} on model {model_name!r} ({path}); "
                                      f"available: {', '.join(have) or 'none'} (or pass --hparams FILE)")
-        return load_yaml(path, self.hparams_class, overrides, n_layers)
+        return load_yaml(path, self.hparams_class, overrides, n_layers, overrides_label)
 
     def apply(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,
               state: EditState | None = None, *, engine: ScoringEngine | None = None,
@@ -163,6 +164,7 @@ class Editor:
         deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine,
                                     extra_terms=[p.term() for p in attached])
         info["seconds"] = time.perf_counter() - t0
+        _check_finite(self.name, requests, deltas, info)
         unexpected = set(deltas) - set(self.param_names(bundle, hp))
         if unexpected:  # the declaration is what the runner and reports rely on
             raise EditscopeError(f"{self.name} wrote undeclared parameters {sorted(unexpected)} (bug: please report)")
@@ -180,6 +182,27 @@ class Editor:
             info=info,
             bases={name: params[name].detach().clone() for name in deltas},
         )
+
+
+def _non_finite(values: Any, key: str) -> list[str]:
+    """Names of the tensors in ``values`` (a tensor, or lists/mappings of them) holding NaN or ±inf."""
+    if isinstance(values, torch.Tensor):
+        return [] if bool(torch.isfinite(values).all()) else [key]
+    items = values.items() if isinstance(values, dict) else enumerate(values) if isinstance(values, list | tuple) \
+        else ()
+    return [name for k, v in items for name in _non_finite(v, f"{key}.{k}" if key else str(k))]
+
+
+def _check_finite(method: str, requests: Sequence[EditRequest], deltas: dict, info: dict) -> None:
+    """An edit whose ΔW or vectors (v*, k*...) hold NaN/inf is refused before anything is applied or saved.
+    (A sequential ``state`` may already hold the failed edit's keys: start it again.)"""
+    bad = _non_finite(deltas, "") + _non_finite(info.get("vectors", {}), "")
+    if bad:
+        shown = "; ".join(f"{r.subject!r} -> {r.target_new!r}" for r in requests[:3])
+        more = f" (+{len(requests) - 3} more)" if len(requests) > 3 else ""
+        raise EditscopeError(f"{method}: the edit of {shown}{more} produced non-finite values in "
+                             f"{', '.join(bad[:4])}; nothing was applied (check the hparams: a learning rate too "
+                             "large, a zero or tiny regularizer)")
 
 
 EDITORS: dict[str, Editor] = {e.name: e for e in (

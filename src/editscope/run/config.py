@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -171,6 +172,19 @@ class _Checker:
         return value
 
 
+def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
+    """The first NaN/±inf float in a parsed YAML value, with its key path (``methods[0].overrides.v_lr``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return key, value
+    if isinstance(value, dict):
+        items = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{key}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((found for k, v in items if (found := _non_finite(v, k))), None)
+
+
 def _resolve(path: str, base: Path | None) -> str:
     p = Path(path).expanduser()
     if not p.is_absolute() and base is not None and (base / p).exists():
@@ -201,6 +215,9 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     if not isinstance(data, dict):
         raise EditscopeError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
     c.keys(data, TOP_KEYS, "")
+    bad = _non_finite(data, "")
+    if bad:  # YAML's .nan/.inf anywhere (overrides, plug-in hparams, suite options) are refused up front
+        raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
     if "model" not in data:
         raise c.fail("model", "required")
     model = c.text(data["model"], "model")
@@ -366,10 +383,16 @@ def load_config(path: str | Path, **known: Iterable[str] | None) -> RunConfig:
     """Read and validate a YAML config file (see :func:`parse_config` for ``known``); a shipped config may be
     named as ``demo`` or ``configs/demo.yaml`` (:func:`editscope.paths.config_path`)."""
     path = config_path(path)
+    if path.is_dir():
+        raise EditscopeError(f"{path}: is a folder, not a config file")
     if not path.is_file():
         raise EditscopeError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
         raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
+    except RecursionError:
+        raise EditscopeError(f"{path}: YAML nested too deeply") from None
     return parse_config(data, where=str(path), base_dir=path.resolve().parent, **known)

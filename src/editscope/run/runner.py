@@ -20,7 +20,8 @@ import importlib.metadata
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -213,7 +214,8 @@ class Runner:
             editors[spec.label] = editor = get_editor(spec.name)
             editor.check_model(bundle)  # an unsupported family fails here, before any work
             self._plugins[spec.label] = spec.attached_plugins()
-            hparams[spec.label] = editor.load_hparams(bundle, spec.hparams, spec.overrides or None)
+            hparams[spec.label] = editor.load_hparams(bundle, spec.hparams, spec.overrides or None,
+                                                      f"method {spec.label!r}: override")
         self._editors = editors
         return blocks, editors, hparams
 
@@ -349,12 +351,15 @@ class Runner:
             state = self._new_state(label, editor)
             if mode == "batch":
                 requests = [r for i in members for r in block.requests[i]]
-                patches.append(editor.apply(bundle, requests, hp, state, engine=engine, plugins=self._plugins[label]))
+                with _naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
+                    patches.append(editor.apply(bundle, requests, hp, state, engine=engine,
+                                                plugins=self._plugins[label]))
                 seconds = [patches[0].info["seconds"]] * len(cases)
             else:  # single (one case per group) or sequential (state shared through the group)
                 for i in members:
-                    patches.append(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
-                                                plugins=self._plugins[label]))
+                    with _naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
+                        patches.append(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
+                                                    plugins=self._plugins[label]))
                     seconds.append(patches[-1].info["seconds"])
             if label not in self._state_templates:
                 self._state_templates[label] = state.without_edits()
@@ -400,6 +405,15 @@ class Runner:
                 "post": {name: post[name][k] for name in block.suites},
             })
         return rows
+
+
+@contextmanager
+def _naming(what: str) -> Iterator[None]:
+    """Prefix an editor's error (e.g. a non-finite ΔW) with the dataset, case and method it happened on."""
+    try:
+        yield
+    except EditscopeError as exc:
+        raise EditscopeError(f"{what}: {exc}") from None
 
 
 def _json(data: dict[str, Any]) -> str:
