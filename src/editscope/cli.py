@@ -20,6 +20,8 @@ COMMANDS = [
     "editscope.commands.report",
     "editscope.commands.demo",
     "editscope.commands.locate",
+    "editscope.commands.bench",
+    "editscope.commands.mend",
 ]
 
 

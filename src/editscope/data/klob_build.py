@@ -201,10 +201,11 @@ def recalled(engine, prompt: KlobPrompt, demos: Sequence[KlobPrompt] = ()) -> bo
 def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any", shots: int = 0,
                   limit: int | None = None, pool: Sequence[KlobExample] = ()) -> list[KlobExample]:
     """Examples whose facts the model recalls: KLoB-c needs ``mode`` ("any", "all", "first") of its templates;
-    KLoB-r both facts; KLoB-u passes. ``shots`` demonstrations come from other examples of ``pool`` with the
-    same relation (and template position). Stops after ``limit`` kept examples."""
-    if mode not in ("any", "all", "first"):
-        raise ValueError(f"mode must be 'any', 'all' or 'first', not {mode!r}")
+    KLoB-r both facts; KLoB-u passes; ``mode="none"`` keeps every example (no filter). ``shots`` demonstrations
+    come from other examples of ``pool`` with the same relation (and template position). Stops after ``limit``
+    kept examples."""
+    if mode not in ("any", "all", "first", "none"):
+        raise ValueError(f"mode must be 'any', 'all', 'first' or 'none', not {mode!r}")
     by_relation: dict[str, list[KlobExample]] = {}
     for example in pool:
         by_relation.setdefault(example.relation, []).append(example)
@@ -212,7 +213,7 @@ def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any",
     for example in examples:
         if limit is not None and len(kept) >= limit:
             break
-        if example.subset == "u":
+        if example.subset == "u" or mode == "none":
             kept.append(example)
             continue
         others = [e for e in by_relation.get(example.relation, []) if e.example_id != example.example_id][:shots]

@@ -1,0 +1,243 @@
+"""KLoB benchmark runner (paper 001 §3.4): locate every sentence of KLoB-c/-r/-u with each method, keep the
+neuron scores on disk, and compute RSim (consistency on KLoB-c, relevance on KLoB-r) and RSD from those files.
+
+Layout of the output folder (resumable; every number in ``metrics.json`` is recomputed from it):
+
+- ``config.json``: model, fingerprint, methods and their options, recall filter, seed.
+- ``examples.jsonl``: the selected examples (after the recall filter), fixed at the first run.
+- ``scores/<method>/<subset>/<n>.npy``: float32 [n_prompts, layers, mlp] neuron scores of one example
+  (``np.load(..., allow_pickle=False)``), written atomically before its result line.
+- ``results.jsonl``: one line per (example, method) with the score file, its sha256, and per prompt the text,
+  answer token and method metadata; appended with flush + fsync; a run skips the pairs already there.
+- ``metrics.json``, ``table.md``, ``figure.png``: written atomically at the end.
+
+Metric conventions (see :mod:`editscope.metrics.klob`): scores are the methods' neuron scores as given (signed
+for kn / grad_x_act / causal_trace, |k| for activation); N = layers × mlp neurons, not all parameters (paper 001
+uses every parameter; locating methods here score neurons); Sim_all uses the paper's approximation, the top-k%
+of the mean score over all results of the subset (KLoB-c or KLoB-r sentences); RSim is averaged over examples;
+RSD compares the mean per-result std over KLoB-c and KLoB-r sentences with that over KLoB-u sentences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock
+from editscope.data.klob_build import KlobExample, KlobPrompt, build_klob, recall_filter, shuffled
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.locate import METHODS, locate
+from editscope.metrics.klob import rsd, rsim, sim_all, sim_cand
+
+SUBSETS = ("c", "r", "u")
+
+#: per-method options used by the bench unless overridden (cheaper than the single-fact defaults: the bench
+#: only needs neuron scores, so causal tracing restores the MLP at the subject's last token only)
+BENCH_OPTIONS: dict[str, dict[str, Any]] = {
+    "causal_trace": {"kinds": ["mlp"], "tokens": "subject_last", "samples": 5},
+    "kn": {"steps": 10},
+    "grad_x_act": {},
+    "activation": {},
+    "random": {"seed": 0},
+}
+
+
+def _example_from_json(row: dict) -> KlobExample:
+    return KlobExample(row["subset"], row["example_id"], row["relation"],
+                       tuple(KlobPrompt(**p) for p in row["prompts"]), row["source"])
+
+
+def select_examples(engine: ScoringEngine, n: int, *, seed: int = 0, recall: str = "any", shots: int = 0,
+                    progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[KlobExample]]:
+    """``n`` examples per subset: a seeded shuffle of each, KLoB-c/-r through the recall filter."""
+    sets = build_klob(u_limit=max(4 * n, 200))
+    out = {}
+    for subset in SUBSETS:
+        out[subset] = recall_filter(engine, shuffled(sets[subset], seed), mode=recall, shots=shots, limit=n,
+                                    pool=sets[subset])
+        progress(f"KLoB-{subset}: {len(out[subset])} examples kept (of {len(sets[subset])} built)")
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """JSON lines; a torn last line (crash mid-write) is ignored."""
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if i >= len(lines) - 2:
+                break
+            raise EditscopeError(f"{path}:record {i}: invalid JSON: {err}") from None
+    return rows
+
+
+def _append(path: Path, row: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
+              n: int = 50, seed: int = 0, recall: str = "any", shots: int = 0,
+              options: dict[str, dict[str, Any]] | None = None,
+              progress: Callable[[str], None] = lambda _m: None) -> dict:
+    """Run (or resume) the benchmark in ``out_dir`` and return the metrics (also written there)."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise EditscopeError(f"unknown locating methods {unknown}; choose from {', '.join(METHODS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    opts = {m: {**BENCH_OPTIONS.get(m, {}), **(options or {}).get(m, {})} for m in methods}
+    with file_lock(out / ".lock", blocking=False, what="klob bench"):
+        config_path = out / "config.json"
+        config = {"model": engine.bundle.name, "fingerprint": engine.bundle.fingerprint, "n": n, "seed": seed,
+                  "recall": recall, "shots": shots}
+        if config_path.exists():
+            old = json.loads(config_path.read_text())
+            for key, value in config.items():
+                if old.get(key) != value:
+                    raise EditscopeError(f"{config_path}: field {key}: this folder holds a run with {old.get(key)!r}, "
+                                         f"not {value!r}; use another -o folder")
+            config = old
+        config.setdefault("options", {}).update({m: opts[m] for m in methods})
+        atomic_write_text(config_path, json.dumps(config, indent=1))
+        examples_path = out / "examples.jsonl"
+        if examples_path.exists():
+            rows = _read_jsonl(examples_path)
+            examples = {s: [_example_from_json(r) for r in rows if r["subset"] == s] for s in SUBSETS}
+        else:
+            examples = select_examples(engine, n, seed=seed, recall=recall, shots=shots, progress=progress)
+            atomic_write_text(examples_path, "".join(json.dumps(asdict(e)) + "\n"
+                                                     for s in SUBSETS for e in examples[s]))
+        results_path = out / "results.jsonl"
+        done = {(r["example_id"], r["method"]) for r in _read_jsonl(results_path)}
+        for method in methods:
+            for subset in SUBSETS:
+                for index, example in enumerate(examples[subset]):
+                    if (example.example_id, method) in done:
+                        continue
+                    results = [locate(engine, method, p.template, p.subject, p.answer, **opts[method])
+                               for p in example.prompts]
+                    scores = np.stack([r.neurons for r in results]).astype(np.float32)
+                    rel = f"scores/{method}/{subset}/{index}.npy"
+                    data = _npy_bytes(scores)
+                    atomic_write_bytes(out / rel, data)
+                    _append(results_path, {
+                        "subset": subset, "example_id": example.example_id, "method": method, "file": rel,
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "prompts": [{"text": r.prompt, "answer": r.answer, "answer_token": r.answer_token,
+                                     "meta": {k: v for k, v in r.meta.items() if k != "tokens"}} for r in results]})
+                    progress(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
+        metrics = compute_metrics(out, ks)
+        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
+        atomic_write_text(out / "table.md", format_table(metrics))
+        plot_metrics(metrics, out / "figure.png")
+    return metrics
+
+
+def load_scores(out_dir: str | Path) -> dict[str, dict[str, list[np.ndarray]]]:
+    """{method: {subset: [scores [n_prompts, layers, mlp] per example]}} from a bench folder, each file checked
+    against the sha256 its result line recorded."""
+    out = Path(out_dir)
+    table: dict[str, dict[str, list[np.ndarray]]] = {}
+    for i, row in enumerate(_read_jsonl(out / "results.jsonl")):
+        data = (out / row["file"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != row["sha256"]:
+            raise EditscopeError(f"{out / 'results.jsonl'}:record {i}: field sha256: {row['file']} changed on disk")
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+        table.setdefault(row["method"], {}).setdefault(row["subset"], []).append(array.astype(np.float64))
+    return table
+
+
+def group_rsim(groups: Sequence[np.ndarray], k: float) -> float:
+    """Mean RSim over candidate groups (paper 001 §3.4, appendix A) with Sim_all approximated by the top-k% of
+    the mean score over every result of the subset."""
+    pool_mean = np.mean([r for g in groups for r in g], axis=0)
+    return float(np.mean([rsim(sim_cand(list(g), k), sim_all(list(g), [pool_mean], k)) for g in groups]))
+
+
+def compute_metrics(out_dir: str | Path, ks: Sequence[float]) -> dict:
+    """RSim (consistency, relevance) per k and RSD per method, from the files of a bench folder."""
+    metrics: dict[str, Any] = {"ks": list(ks), "methods": {}}
+    for method, subsets in load_scores(out_dir).items():
+        row: dict[str, Any] = {"n": {s: len(subsets.get(s, [])) for s in SUBSETS}}
+        for name, subset in (("consistency", "c"), ("relevance", "r")):
+            groups = subsets.get(subset, [])
+            row[name] = {str(k): group_rsim(groups, k) if len(groups) >= 2 else None for k in ks}
+        factual = [r for s in ("c", "r") for g in subsets.get(s, []) for r in g]
+        nonfactual = [r for g in subsets.get("u", []) for r in g]
+        # RSD divides by SD_factual: undefined when every factual result is flat
+        defined = factual and nonfactual and np.mean([np.std(r) for r in factual]) > 0
+        row["rsd"] = rsd(factual, nonfactual) if defined else None
+        metrics["methods"][method] = row
+    return metrics
+
+
+def format_table(metrics: dict) -> str:
+    """Markdown: RSim (consistency) and RSim (relevance) per k, and RSD, one row per method."""
+    ks = metrics["ks"]
+    head = ["method"] + [f"RSim-c k={k}%" for k in ks] + [f"RSim-r k={k}%" for k in ks] + ["RSD", "n (c/r/u)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, row in metrics["methods"].items():
+        def cell(v):
+            return "–" if v is None else f"{v:.3f}"
+
+        cells = [method] + [cell(row["consistency"][str(k)]) for k in ks] + [cell(row["relevance"][str(k)]) for k in ks]
+        cells += [cell(row["rsd"]), "/".join(str(row["n"][s]) for s in SUBSETS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_metrics(metrics: dict, path: str | Path) -> Path:
+    """Three panels: RSim (consistency) vs k, RSim (relevance) vs k, RSD per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = metrics["ks"]
+    methods = list(metrics["methods"])
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, name, title in ((axes[0], "consistency", "RSim consistency (KLoB-c)"),
+                            (axes[1], "relevance", "RSim relevance (KLoB-r)")):
+        for method in methods:
+            values = [metrics["methods"][method][name][str(k)] for k in ks]
+            ax.plot(ks, [np.nan if v is None else v for v in values], marker="o", label=method)
+        ax.set_xlabel("k (% of neurons selected)")
+        ax.set_ylabel("RSim")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)
+    rsds = [metrics["methods"][m]["rsd"] for m in methods]
+    axes[2].bar(methods, [np.nan if v is None else v for v in rsds], color="grey")
+    axes[2].set_title("RSD (KLoB-u vs factual)", fontsize=10)
+    axes[2].tick_params(axis="x", rotation=30)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=130)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,62 @@
+"""The KLoB bench on a tiny model: resumable, and every number recomputed from the saved scores."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from editscope.lm.engine import ScoringEngine
+from editscope.locate.klob_bench import compute_metrics, group_rsim, load_scores, run_bench
+from editscope.metrics.klob import rsd, rsim, sim
+
+# builds KLoB from the whole shared PEAK-CF / MQuAKE-hard files (seconds each) and runs the bench three times
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from editscope.lm import load
+
+    return ScoringEngine(load("tiny-llama"))
+
+
+def test_bench_resumes_and_recomputes(engine, tmp_path):
+    kwargs = dict(methods=["activation", "random"], ks=[1, 10], n=3, recall="none")
+    metrics = run_bench(engine, tmp_path, **kwargs)
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * 9  # 2 methods x 3 examples x 3 subsets
+    # a rerun skips every finished (example, method) and gives the same numbers
+    assert run_bench(engine, tmp_path, **kwargs) == metrics
+    assert (tmp_path / "results.jsonl").read_text().splitlines() == lines
+    # resuming after losing the last line recomputes only that example
+    (tmp_path / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    assert run_bench(engine, tmp_path, **kwargs) == metrics
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(lines)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    assert "| random |" in (tmp_path / "table.md").read_text() and (tmp_path / "figure.png").stat().st_size > 0
+
+    # independent recomputation of RSim (consistency, k=10) and RSD for one method from the score files
+    scores = load_scores(tmp_path)["activation"]
+    groups = scores["c"]
+    mean = np.mean([r for g in groups for r in g], axis=0)
+    naive = []
+    for g in groups:
+        pairs = [sim(g[i], g[j], 10) for i in range(3) for j in range(i + 1, 3)]
+        naive.append(rsim(np.mean(pairs), np.mean([sim(mean, r, 10) for r in g])))
+    assert metrics["methods"]["activation"]["consistency"]["10"] == pytest.approx(np.mean(naive))
+    assert group_rsim(groups, 10) == pytest.approx(np.mean(naive))
+    factual = [r for s in "cr" for g in scores[s] for r in g]
+    assert metrics["methods"]["activation"]["rsd"] == pytest.approx(rsd(factual, [g[0] for g in scores["u"]]))
+    assert compute_metrics(tmp_path, [1, 10]) == metrics
+    # the random baseline stays near zero
+    assert metrics["methods"]["random"]["consistency"]["10"] < 0.1
+
+
+def test_bench_refuses_a_folder_of_another_run(engine, tmp_path):
+    from editscope.errors import EditscopeError
+
+    run_bench(engine, tmp_path, methods=["random"], ks=[5], n=2, recall="none")
+    with pytest.raises(EditscopeError, match="field n"):
+        run_bench(engine, tmp_path, methods=["random"], ks=[5], n=3, recall="none")
