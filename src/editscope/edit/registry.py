@@ -26,6 +26,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
 from editscope.edit.hparams import HParams, hparams_path, load_yaml
+from editscope.edit.mend import core as mend
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.plugins import Plugin, PluginLike, attach, combined_label
@@ -218,6 +219,7 @@ EDITORS: dict[str, Editor] = {e.name: e for e in (
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
            state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
+    Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=False),
 )}
 
 

@@ -1,0 +1,206 @@
+"""MEND as an editor (Mitchell et al. 2022, §3; see :mod:`.nets` for the networks): hyperparameters, the gradient
+factors of one edit, the cached trained editor (safetensors under ``EDITSCOPE_HOME``), and ``compute``.
+
+An edit is one forward and backward of the target NLL on the edit prompt (the factors u_i, δ_i of the down
+projections of ``hp.layers``, read with gradient-capturing hooks) plus one forward of the editor networks. The
+trained editor is looked up by the model's base fingerprint and a digest of the hparams that shape training; a
+missing one is a one-line error saying how to train it (``allow_untrained: true`` instead uses the identity-init
+networks with no normalisation, i.e. one fine-tuning gradient step of size ``edit_lr``: for tests only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from editscope.atomic import atomic_write
+from editscope.data.records import EditRequest
+from editscope.edit.hparams import HParams
+from editscope.edit.mend.nets import MendNets
+from editscope.edit.objectives import ObjectiveTerm
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.lm.hooks import capture
+from editscope.paths import home
+
+CHECKPOINT = "editor.safetensors"
+#: hparams that change what training produces (``steps`` only says how long: training resumes to a larger one)
+TRAINING_KEYS = ("layers", "rank", "shared", "edit_lr", "lr", "lr_lr", "c_edit", "c_loc", "train_dataset",
+                 "train_records", "seed", "grad_clip")
+
+
+@dataclass
+class MendHParams(HParams):
+    """``layers``: the down projections edited (MEND: the last 3 blocks); ``rank``: of U, V (MEND: 1920 for
+    GPT-2 XL; smaller here for CPU); ``shared``: one network for all layers with per-layer s, o (MEND's default);
+    ``edit_lr``: initial α_ℓ. Training (MEND eq. 4, L = c_edit·L_e + c_loc·L_loc; MEND's reference config: 0.1
+    and 1): Adam with ``lr`` on the networks and ``lr_lr`` on α, gradient-norm clip ``grad_clip``, ``steps``
+    edits, one per step, drawn from the first ``train_records`` cases of ``train_dataset`` (the rest is held out),
+    checkpoint every ``checkpoint_every`` steps."""
+
+    method = "mend"
+    rank: int = 64
+    shared: bool = True
+    edit_lr: float = 1e-4
+    lr: float = 1e-4
+    lr_lr: float = 1e-4
+    c_edit: float = 0.1
+    c_loc: float = 1.0
+    grad_clip: float = 100.0
+    steps: int = 500
+    train_dataset: str = "zsre"
+    train_records: int = 900
+    checkpoint_every: int = 50
+    seed: int = 0
+    allow_untrained: bool = False
+
+    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
+        super().check(where, n_layers)
+        for key in ("rank", "edit_lr", "lr", "lr_lr", "steps", "train_records", "checkpoint_every", "grad_clip"):
+            if getattr(self, key) <= 0:
+                raise EditscopeError(f"{where}: key {key!r}: must be positive, got {getattr(self, key)}")
+        for key in ("c_edit", "c_loc"):
+            if getattr(self, key) < 0:
+                raise EditscopeError(f"{where}: key {key!r}: must be >= 0, got {getattr(self, key)}")
+
+    def training_digest(self) -> str:
+        data = {k: v for k, v in self.to_dict().items() if k in TRAINING_KEYS}
+        return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+# -- the model side: teacher-forced log-probs and the gradient factors -------------------------------------------
+
+def pair_ids(engine: ScoringEngine, context: str, continuation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids [1, T] (context + continuation without its last token) and the continuation's ids; the
+    continuation is predicted at the last len(continuation) positions (rule 2 boundary: ``engine.encode_pair``)."""
+    ctx, cont = engine.encode_pair(context, continuation)
+    if not ctx:
+        raise EditscopeError(f"mend: empty context before {continuation!r}")
+    return torch.tensor([list(ctx) + list(cont[:-1])]), torch.tensor(list(cont))
+
+
+def continuation_logprobs(model, ids: torch.Tensor, n_cont: int,
+                          override: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Log-softmax [n_cont, vocab] at the positions predicting the continuation; ``override`` replaces
+    parameters by name for this forward (differentiable w.r.t. them: ``torch.func.functional_call``)."""
+    kwargs = dict(input_ids=ids, use_cache=False, logits_to_keep=n_cont)
+    if override:
+        out = torch.func.functional_call(model, override, args=(), kwargs=kwargs, strict=False)
+    else:
+        out = model(**kwargs)
+    return out.logits[0, -n_cont:].float().log_softmax(-1)
+
+
+def target_nll(model, ids: torch.Tensor, cont: torch.Tensor, override: dict | None = None) -> torch.Tensor:
+    """Mean per-token NLL of the continuation (MEND's L_e)."""
+    logprobs = continuation_logprobs(model, ids, len(cont), override)
+    return -logprobs.gather(-1, cont[:, None]).mean()
+
+
+def gradient_factors(bundle, engine: ScoringEngine, context: str, target: str, layers: Sequence[int]
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
+    """u_i (down-projection inputs, [T, d_in]) and δ_i (gradients of the target NLL w.r.t. its outputs,
+    [T, d_out]) per edited layer, and the loss: ∇W_ℓ = Σ_i δ_i u_iᵀ."""
+    ids, cont = pair_ids(engine, context, target)
+    keys = [f"blocks.{layer}.mlp_key" for layer in layers]
+    outs = [f"blocks.{layer}.mlp_out" for layer in layers]
+    with torch.enable_grad(), capture(bundle.model, bundle.arch, keys + outs, grad=True) as store:
+        loss = target_nll(bundle.model, ids, cont)
+        loss.backward()
+    us = [store[k][0].detach().float() for k in keys]
+    deltas = [store.grads[o][0].detach().float() for o in outs]
+    return us, deltas, float(loss.detach())
+
+
+def new_nets(bundle, hp: MendHParams) -> MendNets:
+    weight = bundle.arch.as_out_in(dict(bundle.model.named_parameters())[bundle.arch.weight_name(hp.layers[0])])
+    d_out, d_in = weight.shape
+    return MendNets(len(hp.layers), d_in, d_out, hp.rank, hp.edit_lr, hp.shared, hp.seed)
+
+
+def weight_updates(bundle, nets: MendNets, hp: MendHParams, us, deltas) -> dict[str, torch.Tensor]:
+    """ΔW per edited parameter name, in its stored orientation (differentiable w.r.t. the networks)."""
+    return {bundle.arch.weight_name(layer): bundle.arch.from_out_in(nets.update(j, us[j], deltas[j]))
+            for j, layer in enumerate(hp.layers)}
+
+
+# -- the trained editor on disk ------------------------------------------------------------------------------
+
+def checkpoint_dir(bundle, hp: MendHParams) -> Path:
+    """``$EDITSCOPE_HOME/mend/<base fingerprint>/<training digest>/``."""
+    return home() / "mend" / bundle.base_fingerprint / hp.training_digest()
+
+
+def save_checkpoint(path: Path, nets: MendNets, optimizer: torch.optim.Optimizer | None, meta: dict) -> Path:
+    """The networks (and Adam's moments, for resuming) as safetensors; ``meta`` as JSON in the header."""
+    tensors = {f"net.{k}": v.detach().contiguous() for k, v in nets.state_dict().items()}
+    if optimizer is not None:
+        for i, state in optimizer.state_dict()["state"].items():
+            for key, value in state.items():
+                tensors[f"opt.{i}.{key}"] = torch.as_tensor(value).detach().contiguous()
+    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)}))
+
+
+def load_checkpoint(path: Path, nets: MendNets, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Fill ``nets`` (and ``optimizer``) from a checkpoint; returns its meta."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = json.loads((fh.metadata() or {}).get("meta", "{}"))
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (not a mapping)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise EditscopeError(f"{path}: not a MEND checkpoint ({exc})") from None
+    net = {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
+    missing = set(nets.state_dict()) - set(net)
+    if missing:
+        raise EditscopeError(f"{path}: MEND checkpoint lacks {sorted(missing)[:3]} (different hparams?)")
+    nets.load_state_dict(net)
+    if optimizer is not None:
+        state: dict[int, dict] = {}
+        for k, v in tensors.items():
+            if k.startswith("opt."):
+                _, i, key = k.split(".", 2)
+                state.setdefault(int(i), {})[key] = v
+        if state:
+            groups = optimizer.state_dict()["param_groups"]
+            optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return meta
+
+
+def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
+    """The trained editor for this model and hparams, or the one-line error saying how to train it."""
+    nets = new_nets(bundle, hp)
+    path = checkpoint_dir(bundle, hp) / CHECKPOINT
+    if not path.is_file():
+        if hp.allow_untrained:
+            return nets, {"trained_steps": 0, "checkpoint": None}
+        raise EditscopeError(f"no trained MEND editor for {bundle.name} with these hparams ({path.parent}); train "
+                             f"one with: editscope mend train --model {bundle.name}")
+    meta = load_checkpoint(path, nets)
+    return nets, {"trained_steps": int(meta.get("step", 0)), "checkpoint": str(path)}
+
+
+def compute(bundle, requests: Sequence[EditRequest], hp: MendHParams, state=None, *, engine: ScoringEngine,
+            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+    """MEND's edit: the gradient factors of each request's target NLL through the editor networks; the updates of
+    several requests add up (the factors of a batch are summed in MEND)."""
+    if extra_terms:  # the registry refuses plug-ins first (optimises=False)
+        raise EditscopeError("mend does not take loss-term plug-ins")
+    nets, info = load_editor(bundle, hp)
+    nets.eval()
+    deltas: dict[str, torch.Tensor] = {}
+    info["edit_loss"] = []
+    with torch.no_grad():
+        for request in requests:
+            us, ds, loss = gradient_factors(bundle, engine, request.text, request.target_new, hp.layers)
+            info["edit_loss"].append(loss)
+            for name, d in weight_updates(bundle, nets, hp, us, ds).items():
+                deltas[name] = deltas[name] + d if name in deltas else d
+    params = dict(bundle.model.named_parameters())
+    return {n: d.to(params[n].dtype).contiguous() for n, d in deltas.items()}, info

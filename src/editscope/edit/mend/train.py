@@ -1,0 +1,177 @@
+"""Training MEND's editor networks (Mitchell et al. 2022, §3.2 and Alg. 1) on CPU, resumably.
+
+Each step takes one training case (zsRE: the question ``src`` and its edit target ``alt``), computes the gradient
+factors of the target NLL on the unedited model, the editor's update ΔW (differentiable w.r.t. the networks),
+and the MEND loss on the edited weights W + ΔW (eq. 4):
+
+    L = c_edit · L_e + c_loc · L_loc,
+    L_e   = −log p_{W+ΔW}(alt | rephrase)            (mean over tokens; generalisation: the paraphrased question)
+    L_loc = KL(p_W(· | loc) ‖ p_{W+ΔW}(· | loc))     (summed over the vocabulary, mean over loc_ans positions)
+
+Adam on the networks (``lr``) and on the step sizes α (``lr_lr``). The checkpoint (networks, normaliser
+statistics, Adam moments, step and loss history) is written atomically every ``checkpoint_every`` steps and at the
+end; training resumes from it. Cases are visited in a seeded order, so a resumed run sees the same sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from editscope.atomic import atomic_write, atomic_write_text
+from editscope.data import load_cases
+from editscope.data.records import Case
+from editscope.edit.mend.core import (
+    CHECKPOINT,
+    MendHParams,
+    checkpoint_dir,
+    continuation_logprobs,
+    gradient_factors,
+    load_checkpoint,
+    new_nets,
+    pair_ids,
+    save_checkpoint,
+    target_nll,
+    weight_updates,
+)
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+
+
+@dataclass
+class TrainResult:
+    checkpoint: Path
+    steps: int
+    seconds: float
+    history: list[dict]
+    curve: Path | None
+
+
+def training_cases(hp: MendHParams) -> list[Case]:
+    cases = load_cases(hp.train_dataset, limit=hp.train_records)
+    usable = [c for c in cases if len(c.requests) == 1 and c.paraphrase_prompts and c.neighborhood]
+    if not usable:
+        raise EditscopeError(f"mend: {hp.train_dataset} has no cases with a paraphrase and a locality question")
+    return usable
+
+
+def case_order(n: int, steps: int, seed: int) -> list[int]:
+    """Epoch-wise seeded permutations of the case indices, ``steps`` long (the same on resume)."""
+    order: list[int] = []
+    epoch = 0
+    while len(order) < steps:
+        order.extend(np.random.default_rng([seed, epoch]).permutation(n).tolist())
+        epoch += 1
+    return order[:steps]
+
+
+def mend_losses(bundle, engine: ScoringEngine, nets, hp: MendHParams, case: Case, *, update_stats: bool
+                ) -> dict[str, torch.Tensor]:
+    """The MEND loss of one training case (module docstring), differentiable w.r.t. ``nets``."""
+    request = case.request
+    us, ds, pre = gradient_factors(bundle, engine, request.text, request.target_new, hp.layers)
+    if update_stats:
+        for j in range(len(hp.layers)):
+            nets.u_norm[j].update(us[j])
+            nets.d_norm[j].update(ds[j])
+    params = dict(bundle.model.named_parameters())
+    override = {n: params[n] + d for n, d in weight_updates(bundle, nets, hp, us, ds).items()}
+    ids, cont = pair_ids(engine, case.paraphrase_prompts[0], request.target_new)
+    edit = target_nll(bundle.model, ids, cont, override)
+    loc_prompt, loc_answer = case.neighborhood[0]
+    loc_ids, loc_cont = pair_ids(engine, loc_prompt, loc_answer)
+    with torch.no_grad():
+        base = continuation_logprobs(bundle.model, loc_ids, len(loc_cont))
+    post = continuation_logprobs(bundle.model, loc_ids, len(loc_cont), override)
+    loc = (base.exp() * (base - post)).sum(-1).mean()
+    return {"loss": hp.c_edit * edit + hp.c_loc * loc, "edit": edit, "loc": loc, "pre": torch.tensor(pre)}
+
+
+def optimizer_for(nets, hp: MendHParams) -> torch.optim.Optimizer:
+    others = [p for n, p in nets.named_parameters() if n != "lrs"]
+    return torch.optim.Adam([{"params": others, "lr": hp.lr}, {"params": [nets.lrs], "lr": hp.lr_lr}])
+
+
+def plot_curve(path: Path, history: list[dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    window = max(1, len(history) // 20)
+    for key, label in (("edit", "L_e (rephrase NLL)"), ("loc", "L_loc (KL)"), ("pre", "NLL before the edit")):
+        values = np.convolve([h[key] for h in history], np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], values, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"loss (moving mean of {window})")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("MEND training (Mitchell et al. 2022, eq. 4)")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+    return path
+
+
+def train(bundle, hp: MendHParams, *, steps: int | None = None, progress: bool = True, resume: bool = True,
+          log: Callable[[str], None] = lambda _m: None) -> TrainResult:
+    """Train (or resume training) the editor for ``bundle`` up to ``steps`` (default ``hp.steps``) total steps."""
+    total = hp.steps if steps is None else steps
+    if total < 1:
+        raise EditscopeError(f"--steps must be >= 1, got {total}")
+    folder = checkpoint_dir(bundle, hp)
+    path = folder / CHECKPOINT
+    torch.manual_seed(hp.seed)
+    nets = new_nets(bundle, hp)
+    opt = optimizer_for(nets, hp)
+    start, history, seconds = 0, [], 0.0
+    if resume and path.is_file():
+        meta = load_checkpoint(path, nets, opt)
+        start, history, seconds = int(meta["step"]), list(meta["history"]), float(meta["seconds"])
+        log(f"resuming from step {start} ({path})")
+    cases = training_cases(hp)
+    order = case_order(len(cases), total, hp.seed)
+    engine = ScoringEngine(bundle)
+    nets.train()
+
+    def save(step: int) -> None:
+        meta = {"step": step, "history": history, "seconds": seconds, "hparams": hp.to_dict(),
+                "model": bundle.name, "fingerprint": bundle.base_fingerprint}
+        save_checkpoint(path, nets, opt, meta)
+        atomic_write_text(folder / "hparams.json", json.dumps(hp.to_dict(), indent=1))
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=start, desc="mend train", unit="step")
+    try:
+        for step in range(start, total):
+            t0 = time.perf_counter()
+            losses = mend_losses(bundle, engine, nets, hp, cases[order[step]], update_stats=True)
+            opt.zero_grad()
+            losses["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(list(nets.parameters()), hp.grad_clip)
+            opt.step()
+            seconds += time.perf_counter() - t0
+            history.append({"step": step + 1, **{k: float(v.detach()) for k, v in losses.items()}})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(edit=f"{history[-1]['edit']:.3f}", loc=f"{history[-1]['loc']:.4f}")
+            if (step + 1) % hp.checkpoint_every == 0 or step + 1 == total:
+                save(step + 1)
+    finally:
+        if bar is not None:
+            bar.close()
+    if start >= total and not path.is_file():
+        save(start)
+    curve = plot_curve(folder / "loss_curve.png", history) if history else None
+    return TrainResult(path, max(start, total), seconds, history, curve)
