@@ -73,6 +73,17 @@ class Bundle:
         return self.arch.n_layers(self.model.config)
 
     @property
+    def max_context(self) -> int | None:
+        """The most tokens one sequence may hold (positions the model was built for; ``n_positions`` on GPT-2
+        style configs, ``max_position_embeddings`` on rotary ones), None when the config does not say."""
+        config = self.model.config
+        for key in ("n_positions", "max_position_embeddings"):
+            value = config.to_dict().get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
     def hidden_size(self) -> int:
         return self.arch.hidden_size(self.model.config)
 

@@ -164,6 +164,7 @@ class ScoringEngine(Scorer):
         self._head = self.model.get_submodule(self.arch.lm_head)
         self._softcap = self.arch.final_logit_softcap(self.model.config)
         self._window = self.arch.sliding_window(self.model.config)
+        self._max_context = bundle.max_context  # positions the model has: longer inputs are refused
         #: the token an empty context is scored from (BOS, else EOS), declared on the architecture map
         self.start_id = self.arch.start_token_id(self.tokenizer)
         #: per-engine memo of deterministic derived values (editors keep their context prefixes here, generated
@@ -222,6 +223,10 @@ class ScoringEngine(Scorer):
                 raise EditscopeError(
                     f"context_embeds has {req.context_embeds.shape[0]} rows but the context has {len(ctx_ids)} tokens"
                 )
+            limit = self._max_context
+            if limit is not None and len(ctx_ids) + len(cont_ids) > limit:  # never score past the positions
+                raise EditscopeError(f"context + continuation is {len(ctx_ids) + len(cont_ids)} tokens, more than "
+                                     f"{self.bundle.name}'s context of {limit} (context {req.context[:40]!r}...)")
             encoded.append(_Encoded(i, tuple(ctx_ids), tuple(cont_ids), req.context_embeds))
         return encoded
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from editscope.atomic import atomic_write_text
-from editscope.data import load_cases
+from editscope.data import DATASETS, dataset_path, load_cases
 from editscope.data.records import Case, EditRequest
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
@@ -38,6 +38,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.run.config import RunConfig
+from editscope.run.lengths import check_lengths
 from editscope.run.store import (
     RESULTS,
     RUN_JSON,
@@ -209,6 +210,9 @@ class Runner:
             self.log(f"loading model {self.config.model}")
             self.bundle = load(self.config.model, progress=self.log)
         bundle = self.bundle
+        for block, spec in zip(blocks, self.config.blocks, strict=True):  # before any edit: every text fits
+            check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
+                          block.cases)
         editors, hparams = {}, {}
         for spec in self.config.methods:
             editors[spec.label] = editor = get_editor(spec.name)
