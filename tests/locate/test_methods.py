@@ -114,3 +114,14 @@ def test_random_baseline_rsim_is_about_zero():
     # distinct sentences get distinct random scores; the same sentence the same
     assert not np.array_equal(results[0][0], results[0][1])
     np.testing.assert_array_equal(results[0][0], locate(engine, "random", *facts[0]).neurons)
+
+
+@pytest.mark.slow
+def test_smollm2_trace_eiffel(smollm2):
+    engine = ScoringEngine(smollm2)
+    prompt = encode_prompt(engine, "{} is located in", "Eiffel Tower", " Paris")
+    last = len(prompt.ids) - 1
+    result = trace(engine, prompt, kinds=("residual",), tokens=[last], samples=2)
+    # SmolLM2 knows the fact; corrupting the subject destroys it; the last state alone restores it exactly
+    assert result.meta["clean_prob"] > 0.2 > 10 * result.meta["corrupted_prob"]
+    assert result.states["residual"][-1, last] == pytest.approx(result.meta["clean_prob"], rel=1e-4)
