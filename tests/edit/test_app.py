@@ -232,3 +232,15 @@ def test_run_config_names_rome_plus_app():
     data["methods"][0]["plugins"][0]["gama"] = 0.1
     with pytest.raises(EditscopeError, match="key 'gama': unknown hyperparameter"):
         parse_config(data, where="exp.yaml", suites=SUITES)
+
+
+@pytest.mark.parametrize("name", ["peak-table3", "peak-table4", "peak-app-ablation"])
+def test_shipped_peak_configs_pair_each_editor_with_its_app_twin(name):
+    from editscope.paths import config_path
+    from editscope.run import load_config
+
+    methods = load_config(str(config_path(f"experiments/{name}"))).methods
+    plain = {m.name for m in methods if not m.plugins}
+    with_app = {m.name for m in methods if [p["name"] for p in m.plugins] == ["app"]}
+    assert plain == with_app and {"rome", "memit"} <= plain
+    assert all(m.label.startswith(f"{m.name}+app") for m in methods if m.plugins)
