@@ -35,7 +35,7 @@ def hook_counts(model) -> list[int]:
 def test_every_point_captures_a_tensor_of_the_declared_shape(tiny):
     arch, config = tiny.arch, tiny.config
     names = point_names(arch, tiny.n_layers)
-    assert len(names) == 1 + 6 * tiny.n_layers
+    assert len(names) == 2 + 6 * tiny.n_layers  # embed, final and six per block
     store, _ = capture_all(tiny)
     n_tokens = ids_of(tiny).shape[1]
     d, mlp, heads, head_dim = tiny.hidden_size, arch.mlp_size(config), arch.n_heads(config), arch.head_dim(config)
@@ -74,6 +74,29 @@ def test_residual_stream_is_consistent_across_points(tiny):
         final = model.get_submodule(arch.final_norm)(store[f"blocks.{tiny.n_layers - 1}.resid_post"])
         ours = ScoringEngine(tiny).logits_from_hidden(final)
     torch.testing.assert_close(ours, logits, atol=1e-4, rtol=1e-4)
+
+
+def test_final_point_is_hf_last_hidden_state(tiny):
+    """``final`` = the final norm's output: equal to HF's ``output_hidden_states[-1]`` at every position, and to
+    the final norm applied by hand to the last block's residual state; the engine's ``kind="final"`` reads it at
+    the last token (also through inputs_embeds) and refuses any layer but the last."""
+    store, _ = capture_all(tiny, ["final", f"blocks.{tiny.n_layers - 1}.resid_post"])
+    with torch.no_grad():
+        hf = tiny.model(ids_of(tiny), output_hidden_states=True).hidden_states
+        by_hand = tiny.model.get_submodule(tiny.arch.final_norm)(store[f"blocks.{tiny.n_layers - 1}.resid_post"])
+    assert len(hf) == tiny.n_layers + 1
+    torch.testing.assert_close(store["final"], hf[-1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(store["final"], by_hand, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(store["final"], store[f"blocks.{tiny.n_layers - 1}.resid_post"], atol=1e-3)
+    engine = ScoringEngine(tiny)
+    last = tiny.n_layers - 1
+    ours = engine.hidden_states([TEXT, "Paris is"], [last], kind="final")
+    torch.testing.assert_close(ours[0, 0], hf[-1][0, -1], atol=1e-5, rtol=1e-5)
+    embeds = engine.embed("Paris is")
+    torch.testing.assert_close(engine.hidden_states(["Paris is"], [last], kind="final", context_embeds=[embeds]),
+                               ours[1:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(EditscopeError, match="layer must be"):
+        engine.hidden_states([TEXT], [0], kind="final")
 
 
 def test_embed_point_applies_the_declared_scaling(tiny):

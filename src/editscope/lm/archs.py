@@ -34,10 +34,11 @@ class HookPoint(NamedTuple):
 BLOCK_POINT_PREFIX = "blocks.{i}."
 
 
-def _hook_points(embed: str, attn_out: str, mlp: str, mlp_out: str) -> dict[str, HookPoint]:
+def _hook_points(embed: str, attn_out: str, mlp: str, mlp_out: str, final_norm: str) -> dict[str, HookPoint]:
     """The hook points every family has, from its module paths (see :mod:`editscope.lm.hooks` for meanings)."""
     return {
         "embed": HookPoint(embed, "output"),
+        "final": HookPoint(final_norm, "output"),
         "blocks.{i}.resid_pre": HookPoint("", "input"),
         "blocks.{i}.resid_post": HookPoint("", "output"),
         "blocks.{i}.attn_out": HookPoint(attn_out, "output"),
@@ -188,7 +189,7 @@ _ROTARY_DECODER = dict(
     final_norm="model.norm",
     lm_head="lm_head",
     hook_points=_hook_points(embed="model.embed_tokens", attn_out="self_attn.o_proj", mlp="mlp",
-                             mlp_out="mlp.down_proj"),
+                             mlp_out="mlp.down_proj", final_norm="model.norm"),
 )
 
 ARCHS: dict[str, ArchMap] = {
@@ -210,7 +211,8 @@ ARCHS: dict[str, ArchMap] = {
         hidden_keys=("n_embd",),
         mlp_keys=("n_inner",),
         n_heads_keys=("n_head",),
-        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.c_proj", mlp="mlp", mlp_out="mlp.c_proj"),
+        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.c_proj", mlp="mlp", mlp_out="mlp.c_proj",
+                                 final_norm="transformer.ln_f"),
     ),
     "gptj": ArchMap(
         family="gptj",
@@ -229,7 +231,8 @@ ARCHS: dict[str, ArchMap] = {
         hidden_keys=("n_embd",),
         mlp_keys=("n_inner",),
         n_heads_keys=("n_head",),
-        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.out_proj", mlp="mlp", mlp_out="mlp.fc_out"),
+        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.out_proj", mlp="mlp", mlp_out="mlp.fc_out",
+                                 final_norm="transformer.ln_f"),
     ),
     # LLaMA, Mistral and Qwen2 share module names (checked on tiny configs with transformers 5).
     # LLaMA has no window; Mistral and Qwen2 configs may set one.

@@ -441,16 +441,18 @@ class ScoringEngine(Scorer):
 
         ``kind`` names a per-block hook point of :mod:`editscope.lm.hooks` (``resid_post``: residual stream after
         the block; ``mlp_key``: input of the MLP's down projection; ``attn_heads`` gives [B, n_layers, heads,
-        head_dim]); ``positions`` are token indices (negative counts from the end).
+        head_dim]); ``kind="final"`` is the final norm's output (HF's ``hidden_states[-1]``), only for the last
+        layer; ``positions`` are token indices (negative counts from the end).
         """
-        if f"{BLOCK_POINT_PREFIX}{kind}" not in self.arch.hook_points:
+        if kind != "final" and f"{BLOCK_POINT_PREFIX}{kind}" not in self.arch.hook_points:
             kinds = [t.removeprefix(BLOCK_POINT_PREFIX) for t in self.arch.hook_points
                      if t.startswith(BLOCK_POINT_PREFIX)]
-            raise EditscopeError(f"kind must be one of {', '.join(kinds)}, not {kind!r}")
+            raise EditscopeError(f"kind must be one of {', '.join(kinds)}, final, not {kind!r}")
         n_layers = self.bundle.n_layers
         for layer in layers:
-            if not 0 <= layer < n_layers:
-                raise EditscopeError(f"layer {layer} out of range 0..{n_layers - 1}")
+            if not 0 <= layer < n_layers or (kind == "final" and layer != n_layers - 1):
+                raise EditscopeError(f"layer {layer} out of range 0..{n_layers - 1}" if kind != "final" else
+                                     f"kind='final' is after the last block: layer must be {n_layers - 1}, not {layer}")
         rows = self._context_forward(contexts, context_embeds)
         ids, mask, pos, embeds = self._inputs(rows, "right")
         lengths = mask.sum(-1)
@@ -460,7 +462,7 @@ class ScoringEngine(Scorer):
             index = torch.tensor([p if p >= 0 else int(n) + p for p, n in zip(positions, lengths, strict=True)])
             if (index < 0).any() or (index >= lengths).any():
                 raise EditscopeError(f"token positions {list(positions)} outside the contexts")
-        names = [f"blocks.{layer}.{kind}" for layer in layers]
+        names = ["final" if kind == "final" else f"blocks.{layer}.{kind}" for layer in layers]
         # the forward stops once the highest requested layer has fired (keys k* need no later block)
         with capture(self.model, self.arch, names, stop_after=True) as store:
             self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,

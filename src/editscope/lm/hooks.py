@@ -11,6 +11,8 @@ architecture map (:attr:`ArchMap.hook_points`, pyvene style):
   functions, [.., n_heads, head_dim] in :func:`capture`
 - ``blocks.{i}.mlp_key``     input of block i's MLP down/out projection (the key k of ROME/MEMIT)
 - ``blocks.{i}.mlp_out``     output of block i's MLP (the residual update, except after Gemma3's post-MLP norm)
+- ``final``                  output of the final norm: the state the LM head reads at every position, which is
+  HF's ``output_hidden_states[-1]`` in every supported family (GPT-2/GPT-J ``ln_f``, LLaMA/Gemma ``norm``)
 
 A hook function receives the activation tensor and returns a replacement tensor or ``None`` (keep).
 :func:`capture` records activations as ROME's ``nethook.TraceDict`` does: optionally keeping their graph,
