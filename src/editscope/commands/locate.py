@@ -114,13 +114,11 @@ def _layer_curve(args: argparse.Namespace, engine) -> int:
         request = case.requests[0]
         if request.target_true:
             facts.append((request.prompt, request.subject, request.target_true))
-        if len(facts) >= 4 * args.layer_curve:  # known facts are a subset: read a few more than N
-            break
     curve = layer_curve(engine, facts, kind=args.kind, window=args.window, samples=args.samples, seed=args.seed,
                         limit=args.layer_curve,
                         progress=lambda i, n: print(f"\rtraced {i}/{n}", end="", file=sys.stderr))
     if curve.n_facts == 0:
-        raise EditscopeError(f"the model knows none of the {len(facts)} {args.dataset} facts read (greedy first "
+        raise EditscopeError(f"the model knows none of the {len(facts)} {args.dataset} facts (greedy first "
                              "token = the true answer's): nothing to trace")
     print(file=sys.stderr)
     if args.json:
