@@ -8,8 +8,8 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
-from editscope.edit.fastpath import SuffixForward
-from editscope.edit.objectives import build_context
+from editscope.edit.fastpath import SuffixForward, start_block
+from editscope.edit.objectives import EssenceKL, build_context, setup_terms
 from editscope.lm.engine import ScoringEngine
 
 FAMILIES = ["llama", "gpt2", "gptj", "gemma3"]
@@ -21,15 +21,23 @@ def _context(bundle, request, hook_point: str):
     return engine, build_context(engine, request, templates, hook_point)
 
 
+def _read(ctx) -> torch.Tensor:
+    """[B, T] True at the positions the objective reads up to: <= ctx.last_read[r] (what step.hidden holds)."""
+    cols = torch.arange(ctx.batch.input_ids.shape[1])
+    return cols[None, :] <= torch.tensor(ctx.last_read)[:, None]
+
+
 def _both(ctx, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(hidden, d loss / dδ) on the fast path and on the full forward, for a loss reading every real position."""
+    """(hidden, d loss / dδ) on the fast path and on the full forward, for a loss reading every position up to
+    each row's last read one."""
     out = []
+    read = _read(ctx)
     for path in ("fast", "plain"):
         ctx.engine.objective_path = path
         d = delta.clone().requires_grad_(True)
         hidden = ctx.run(ctx.batch, ctx.subject_positions, d)
         weights = torch.linspace(-1, 1, hidden.shape[-1])
-        loss = ((hidden * weights).sum(-1) * ctx.batch.attention_mask).sum()
+        loss = ((hidden * weights).sum(-1) * read).sum()
         loss.backward()
         out += [hidden.detach(), d.grad]
     ctx.engine.objective_path = "fast"
@@ -38,21 +46,61 @@ def _both(ctx, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["mlp_out", "resid_post"])
-def test_suffix_forward_equals_full_forward(tiny_bundles, request_a, family, kind):
+@pytest.mark.parametrize("layer", [0, 1])
+def test_suffix_forward_equals_full_forward(tiny_bundles, request_a, family, kind, layer):
     bundle = tiny_bundles[family]
-    engine, ctx = _context(bundle, request_a, f"blocks.1.{kind}")
+    engine, ctx = _context(bundle, request_a, f"blocks.{layer}.{kind}")
     assert min(ctx.subject_positions) > 0  # a real prefix to reuse
     delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(1)) * ctx.v_init.norm()
     fast, fast_grad, full, full_grad = _both(ctx, delta.float())
-    real = ctx.batch.attention_mask.bool()
+    read = _read(ctx)
     assert isinstance(ctx._fast, SuffixForward)
-    assert (fast[real] - full[real]).abs().max() <= 1e-5 * full[real].abs().max()
+    # blocks run per step: from L (δ inside block L) or L + 1 (δ after block L)
+    assert ctx._fast.start == layer + (kind == "resid_post")
+    assert (fast[read] - full[read]).abs().max() <= 1e-5 * full[read].abs().max()
     assert (fast_grad - full_grad).norm() <= 1e-5 * full_grad.norm()
     # δ does act: the states after the subject differ from the unedited ones, those before do not
     base = engine.batch_hidden(ctx.batch).detach()
-    row, p = 0, ctx.subject_positions[0]
+    row, p, end = 0, ctx.subject_positions[0], ctx.last_read[0] + 1
     assert torch.equal(fast[row, :p], base[row, :p])
-    assert (fast[row, p:int(real[row].sum())] - base[row, p:int(real[row].sum())]).abs().max() > 1e-3
+    assert (fast[row, p:end] - base[row, p:end]).abs().max() > 1e-3
+    # after the last read position nothing is computed: the unedited states
+    real = ctx.batch.attention_mask.bool()
+    assert torch.equal(fast[real & ~read], ctx.unedited_hidden()[real & ~read])
+    assert (real & ~read).any()
+
+
+def test_last_read_positions(tiny_bundles, request_a):
+    """Rewrite rows end at the last target token's predecessor, the essence row at its prompt's end."""
+    engine, ctx = _context(tiny_bundles["llama"], request_a, "blocks.1.mlp_out")
+    b = ctx.batch
+    for r in range(b.input_ids.shape[0]):
+        if r < ctx.n_rewrite:
+            assert ctx.last_read[r] == b.context_lengths[r] + b.continuation_lengths[r] - 2
+        else:
+            assert ctx.last_read[r] == b.context_lengths[r] - 1
+    # the suffix forward's width: the longest read suffix, not the longest row
+    fast = SuffixForward.build(engine, b, ctx.subject_positions, ctx.hook_point, ctx.last_read)
+    assert fast.ids.shape[1] == max(e - p + 1 for e, p in zip(ctx.last_read, ctx.subject_positions, strict=True))
+
+
+def test_essence_setup_reuses_the_unedited_forward(tiny_bundles, request_a):
+    """EssenceKL's pre-edit distribution comes from the fast path's unedited forward (no second forward) and
+    equals a plain unedited forward's."""
+    engine, ctx = _context(tiny_bundles["llama"], request_a, "blocks.1.mlp_out")
+    term = EssenceKL(at="next")
+    calls = []
+    handle = engine.model.get_submodule(engine.arch.base).register_forward_hook(lambda *a: calls.append(1))
+    try:
+        setup_terms(ctx, [term])
+        ctx.run(ctx.batch, ctx.subject_positions, torch.zeros(ctx.v_init.shape[0]))
+    finally:
+        handle.remove()
+    assert len(calls) == 2  # the unedited forward (cache + setup) and one step
+    hidden = engine.batch_hidden(ctx.batch).detach()
+    rows = ctx.essence_rows
+    want = engine.logits_from_hidden(hidden[rows, [ctx.batch.context_lengths[r] - 1 for r in rows]]).log_softmax(-1)
+    assert (ctx.store[term.name] - want).abs().max() <= 1e-5
 
 
 def test_other_batches_take_the_full_forward(tiny_bundles, request_a):
@@ -79,6 +127,14 @@ def test_rows_beyond_the_sliding_window_take_the_full_forward(tiny_bundles):
     delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(2))
     fast, _, full, _ = _both(ctx, delta)
     assert ctx._fast is False and torch.equal(fast, full)
+
+
+def test_start_block():
+    assert start_block("blocks.3.mlp_out", 6) == (3, False)
+    assert start_block("blocks.3.resid_post", 6) == (4, True)
+    assert start_block("blocks.5.resid_post", 6) == (5, False)  # the last block: δ by its output hook
+    assert start_block("blocks.3.resid_pre", 6) == (3, True)
+    assert start_block("embed", 6) is None
 
 
 def _patch(bundle, method: str, request, path: str, **changes):

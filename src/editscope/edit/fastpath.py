@@ -1,50 +1,116 @@
 """The v* / z optimisation's forward, computed only where δ can act (issue 13 item 1).
 
 δ enters the residual stream at one position per row: the subject's last token p_r (ROME: output of layer L's
-MLP; MEMIT: after block L). Under causal attention no position before p_r attends to it, so at every layer the
-states at positions < p_r equal the unedited model's. One unedited forward per edit (with a key/value cache)
-records them; every optimisation step then runs the model only on the suffix p_r .. end of each row, its
-queries attending to the cached prefix keys/values of the same row (the prefix sharing of DESIGN.md: a
-``DynamicCache`` filled by one forward, then a forward of the continuations under a mask covering
-prefix + continuation). The final hidden states of the prefix positions come from that same unedited forward,
-so :meth:`SuffixForward.hidden` returns the same [B, L, d] tensor as a full forward with δ installed (to float
-rounding), at a fraction of the cost: typically 4-7 of 15-20 tokens per row.
+MLP; MEMIT: after block L). Two parts of every step's forward cannot change and are computed once per edit, in
+one unedited forward of the main batch (with a key/value cache):
 
-Weights stay frozen (``Bundle`` loads them with ``requires_grad=False``): the backward pass computes δ's
-gradient only. The LM head runs where the objective reads (:class:`editscope.edit.objectives.VStep`).
+- **positions before p_r**: under causal attention no position before p_r attends to it, so at every layer their
+  states equal the unedited model's. Each step runs the model only on the suffix p_r .. ``last_read[r]`` of each
+  row, its queries attending to the cached prefix keys/values of the same row (the prefix sharing of DESIGN.md: a
+  ``DynamicCache`` filled by one forward, then a forward of the continuations under a mask covering prefix +
+  continuation). ``last_read[r]`` is the last position whose final state the loss reads (the last target
+  token's predecessor, the KL position): later positions are not computed at all.
+- **blocks below the start block S**: the input of block S is fixed for the suffix positions too. S = L where δ
+  enters inside block L (``mlp_out``: block L runs from its input, its attention over the cached layer-L
+  prefix keys/values — that attention half-layer is recomputed, it is exact and costs ~1/(2(n−L)) of a step),
+  S = L + 1 where δ is added to block L's output (``resid_post``: δ is added to block S's fixed input). Blocks
+  0..S−1 are replaced, during a step, by a pass-through and block S's input by the recorded one, so each step
+  runs blocks S..n−1 only.
 
-Rows longer than a sliding attention window (Gemma 3's local layers) take the full forward: a custom mask would
-bypass the window (as :meth:`editscope.lm.engine.ScoringEngine.score` refuses such rows).
+:meth:`SuffixForward.hidden` returns the [B, T, d] final states of the batch with δ installed: at positions
+≤ ``last_read[r]`` equal (to float rounding) to a full forward with δ; at later positions the *unedited* states
+(no term may read them). Weights stay frozen (``Bundle`` loads them with ``requires_grad=False``): the backward
+pass computes δ's gradient only. The LM head runs where the objective reads
+(:class:`editscope.edit.objectives.VStep`).
+
+Rows longer than a sliding attention window (Gemma 3's local layers) and δ at a hook point outside the blocks
+take the full forward (``build`` returns None): a custom mask would bypass the window (as
+:meth:`editscope.lm.engine.ScoringEngine.score` refuses such rows).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
 from editscope.lm.engine import ScoringEngine, TokenBatch
-from editscope.lm.hooks import hooks
+from editscope.lm.hooks import capture, hooks
+
+_BLOCK_POINT = re.compile(r"^blocks\.(\d+)\.([a-z_]+)$")
+
+
+class _PassThrough(nn.Module):
+    """Stands in for a block below the start block during a step: returns its residual input unchanged (in the
+    block's own output form), which block S's input hook then replaces by the recorded state."""
+
+    def __init__(self, as_tuple: bool) -> None:
+        super().__init__()
+        self.as_tuple = as_tuple
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        return (hidden_states,) if self.as_tuple else hidden_states
+
+
+@contextmanager
+def _skip_blocks(blocks: nn.ModuleList, below: int, as_tuple: bool) -> Iterator[None]:
+    """Blocks 0..below−1 replaced by pass-throughs for the duration (restored on exit, also on error)."""
+    originals = [blocks[i] for i in range(below)]
+    try:
+        for i in range(below):
+            blocks[i] = _PassThrough(as_tuple)
+        yield
+    finally:
+        for i, block in enumerate(originals):
+            blocks[i] = block
+
+
+def start_block(hook_point: str, n_layers: int) -> tuple[int, bool] | None:
+    """(S, δ folded into block S's input) for δ added at ``hook_point``; None for a point outside the blocks."""
+    match = _BLOCK_POINT.match(hook_point)
+    if match is None:
+        return None
+    layer, kind = int(match.group(1)), match.group(2)
+    if kind == "resid_post" and layer + 1 < n_layers:
+        return layer + 1, True
+    if kind == "resid_pre":
+        return layer, True
+    return layer, False
 
 
 class SuffixForward:
-    """The fixed part of one batch's forward (prefix keys/values, unedited final states) and the per-step
-    forward of the suffixes. Build with :meth:`build`; ``None`` there means: use the full forward."""
+    """The fixed part of one batch's forward (prefix keys/values, block S's input at the suffix, unedited final
+    states) and the per-step forward of the suffixes through blocks S..n−1. Build with :meth:`build`; ``None``
+    there means: use the full forward."""
 
-    def __init__(self, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int], hook_point: str) -> None:
+    def __init__(self, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int], hook_point: str,
+                 last_read: Sequence[int]) -> None:
         self.engine = engine
         self.hook_point = hook_point
-        lengths = batch.attention_mask.sum(-1).tolist()
+        self.start, self.fold = start_block(hook_point, engine.n_layers)  # type: ignore[misc]
         starts = [int(p) for p in positions]
-        counts = [int(n) - p for n, p in zip(lengths, starts, strict=True)]
+        counts = [int(e) - p + 1 for e, p in zip(last_read, starts, strict=True)]
+        if min(counts) < 1:
+            raise ValueError(f"last read positions {list(last_read)} before the subject positions {starts}")
         n_rows, width = len(starts), max(counts)
         self.prefix = max(starts)  # cached key/value length (row r uses the first starts[r] of them)
 
-        # One unedited forward: the prefix keys/values at every layer and the final states of all positions.
+        # One unedited forward: prefix keys/values at every layer, block S's input, final states of all positions.
+        blocks = engine.model.get_submodule(engine.arch.blocks)
+        outputs: list[bool] = []
+        recorder = blocks[0].register_forward_hook(lambda _m, _a, out: outputs.append(isinstance(out, tuple)))
         cache = DynamicCache() if self.prefix else None  # full (non-sliding) layers: the mask sets the window
-        with torch.no_grad():
-            self.base_hidden = engine.batch_hidden(batch, cache=cache).detach()
+        entry = f"blocks.{self.start}.resid_pre"
+        try:
+            with torch.no_grad(), capture(engine.model, engine.arch, [entry]) as store:
+                self.base_hidden = engine.batch_hidden(batch, cache=cache).detach()
+        finally:
+            recorder.remove()
+        self.as_tuple = outputs[0]
         self.prefix_kv = [(k[..., : self.prefix, :], v[..., : self.prefix, :])
                           for k, v, *_ in cache] if cache is not None else []
 
@@ -58,14 +124,9 @@ class SuffixForward:
             pos[r, n:] = p + n  # padding: never read
             valid[r, :n] = True
         self.ids, self.position_ids, self.valid = ids, pos, valid
-        self.embeds = None
-        if any(e is not None for e in batch.context_embeds):
-            with torch.no_grad():
-                full = engine.model.get_input_embeddings()(batch.input_ids).clone()
-                for r, e in enumerate(batch.context_embeds):
-                    if e is not None:
-                        full[r, : e.shape[0]] = e.to(full.dtype)
-                self.embeds = torch.stack([full[r, pos[r].clamp(max=full.shape[1] - 1)] for r in range(n_rows)])
+        entry_states = store[entry]
+        self.entry = torch.stack([entry_states[r, pos[r].clamp(max=entry_states.shape[1] - 1)]
+                                  for r in range(n_rows)])  # block S's fixed input at the suffix [B, width, d]
 
         # Mask [B, 1, width, prefix + width]: row r's cached keys before its own p_r, then causal suffix keys.
         allowed = torch.zeros((n_rows, width, self.prefix + width), dtype=torch.bool)
@@ -80,18 +141,23 @@ class SuffixForward:
         self.targets = (self.rows, self.position_ids[self.rows, self.cols])
 
     @classmethod
-    def build(cls, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int],
-              hook_point: str) -> SuffixForward | None:
-        """The suffix forward of ``batch`` with δ at ``positions``, or None where only the full forward is exact
-        (a row longer than the sliding window)."""
+    def build(cls, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int], hook_point: str,
+              last_read: Sequence[int] | None = None) -> SuffixForward | None:
+        """The suffix forward of ``batch`` with δ at ``positions``, computing each row up to ``last_read[r]``
+        (default: its last token); None where only the full forward is exact (a row longer than the sliding
+        window, a hook point outside the blocks)."""
         window = engine.arch.sliding_window(engine.model.config)
         if window is not None and int(batch.attention_mask.sum(-1).max()) > window:
             return None
-        return cls(engine, batch, positions, hook_point)
+        if start_block(hook_point, engine.n_layers) is None:
+            return None
+        if last_read is None:
+            last_read = [int(n) - 1 for n in batch.attention_mask.sum(-1).tolist()]
+        return cls(engine, batch, positions, hook_point, last_read)
 
     def hidden(self, delta: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [B, L, d] of the batch with δ added at each row's subject position: the suffix
-        computed now (differentiable in δ), the prefix from the unedited forward."""
+        """Final hidden states [B, T, d] of the batch with δ added at each row's subject position: positions up
+        to each row's last read one computed now (differentiable in δ), the others from the unedited forward."""
         n_rows = self.ids.shape[0]
         rows = torch.arange(n_rows)
 
@@ -100,11 +166,17 @@ class SuffixForward:
             x[rows, 0] = x[rows, 0] + delta.to(x.dtype)  # the subject's last token is each suffix's first
             return x
 
+        def enter(_x: torch.Tensor) -> torch.Tensor:
+            return add(self.entry) if self.fold else self.entry
+
+        fns = {f"blocks.{self.start}.resid_pre": enter}
+        if not self.fold:
+            fns[self.hook_point] = add
         cache = DynamicCache(ddp_cache_data=self.prefix_kv) if self.prefix else None
-        with hooks(self.engine.model, self.engine.arch, {self.hook_point: add}):
+        model, arch = self.engine.model, self.engine.arch
+        with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
             out = self.engine._base(
-                input_ids=None if self.embeds is not None else self.ids,
-                inputs_embeds=self.embeds,
+                input_ids=self.ids,  # embedded, then replaced by block S's recorded input
                 attention_mask=self.mask,
                 position_ids=self.position_ids,
                 past_key_values=cache,
