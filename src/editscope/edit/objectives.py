@@ -76,20 +76,50 @@ class VContext:
 
         return add
 
+    @property
+    def last_read(self) -> list[int]:
+        """Per row of the main batch, the last position whose final state the objective reads: the prediction of
+        the last target token (rewrite rows) or the end of the prompt (essence rows: the KL is read there or at
+        the subject, before it). :attr:`VStep.hidden` is exact up to these positions only."""
+        b = self.batch
+        return [b.context_lengths[r] + (b.continuation_lengths[r] - 2 if r < self.n_rewrite else -1)
+                for r in range(b.input_ids.shape[0])]
+
+    def _suffix(self) -> SuffixForward | None:
+        """The main batch's suffix forward (built once, with the unedited forward), or None: full forward only."""
+        if self._fast is None:
+            ok = self.hook_point is not None and self.engine.objective_path == "fast"
+            self._fast = ok and SuffixForward.build(self.engine, self.batch, self.subject_positions,
+                                                    self.hook_point, self.last_read) or False
+        return self._fast or None
+
+    def unedited_hidden(self) -> torch.Tensor:
+        """Final hidden states [B, T, d] of the main batch without δ, computed once per context (on the fast path
+        by the same forward that records the prefix keys/values; terms' ``setup`` reads it)."""
+        if "unedited_hidden" not in self.store:
+            fast = self._suffix()
+            if fast is not None:
+                hidden = fast.base_hidden
+            else:
+                with torch.no_grad():
+                    hidden = self.engine.batch_hidden(self.batch).detach()
+            self.store["unedited_hidden"] = hidden
+        return self.store["unedited_hidden"]
+
     def run(self, batch: TokenBatch, positions: Sequence[int], delta: torch.Tensor | None) -> torch.Tensor:
         """Final hidden states [B, L, d] of ``batch`` with δ added at ``positions`` (one per row).
 
-        For the main batch at the subject positions (and ``engine.objective_path == "fast"``) only the positions
-        from each row's subject token on are computed per call (:mod:`editscope.edit.fastpath`); the others
-        come from one unedited forward. Any other batch takes a full forward."""
+        For the main batch at the subject positions (and ``engine.objective_path == "fast"``) only the blocks and
+        positions δ can reach, up to each row's :attr:`last_read` position, are computed per call
+        (:mod:`editscope.edit.fastpath`); the others come from one unedited forward (after :attr:`last_read`:
+        the unedited states). Any other batch takes a full forward."""
         if delta is None or self.hook_point is None:
             return self.engine.batch_hidden(batch)
         if (batch is self.batch and self.engine.objective_path == "fast"
                 and list(positions) == list(self.subject_positions)):
-            if self._fast is None:
-                self._fast = SuffixForward.build(self.engine, batch, positions, self.hook_point) or False
-            if self._fast:
-                return self._fast.hidden(delta)
+            fast = self._suffix()
+            if fast is not None:
+                return fast.hidden(delta)
         with hooks(self.bundle.model, self.bundle.arch, {self.hook_point: self.delta_hook(delta, positions)}):
             return self.engine.batch_hidden(batch)
 
@@ -100,6 +130,8 @@ class VStep:
 
     ctx: VContext
     delta: torch.Tensor | None
+    #: final hidden states [B, T, d] of the main batch with δ installed, exact at positions <= ctx.last_read[r]
+    #: of each row (what the terms read); on the fast path later positions hold the unedited states
     hidden: torch.Tensor
     _cache: dict = field(default_factory=dict)
     #: [B, L, V] log-probabilities at every position (the "plain" objective path computes them, as the
@@ -208,9 +240,8 @@ class EssenceKL(Term):
         return step._cache[key]
 
     def setup(self, ctx: VContext) -> None:
-        with torch.no_grad():
-            hidden = ctx.engine.batch_hidden(ctx.batch)
-            step = VStep(ctx, None, hidden)
+        with torch.no_grad():  # the unedited forward the fast path records its prefix from: no second forward
+            step = VStep(ctx, None, ctx.unedited_hidden())
             ctx.store[self.name] = self.logprobs(step).detach()
 
     def __call__(self, step: VStep) -> torch.Tensor:
@@ -250,7 +281,8 @@ def build_context(engine: ScoringEngine, request: EditRequest, templates: Sequen
     batch = engine.prepare(pairs)
     ctx = VContext(engine, engine.bundle, request, hook_point, batch, positions, n_rewrite)
     if hook_point is not None:
-        with torch.no_grad(), capture(engine.model, engine.arch, [hook_point]) as store:
+        # the forward stops after the hook point's block (capture's stop_after): nothing later is read
+        with torch.no_grad(), capture(engine.model, engine.arch, [hook_point], stop_after=True) as store:
             engine.batch_hidden(engine.prepare(pairs[:1]))
         ctx.v_init = store[hook_point][0, positions[0]].detach().double()
     return ctx
