@@ -145,20 +145,38 @@ def test_unedited_stability_is_exactly_one(llama_engine, sigma):
     assert len(pre["evk"]) == 3 * len(DRIFTS) * 2 and len(pre["text"]) == 2
 
 
-def test_stability_after_an_edit_matches_a_direct_cosine(tiny_bundles):
+def _hf_states(bundle, engine, contexts, embeds, state: str) -> np.ndarray:
+    """Final-token states one row at a time from a plain HF forward: ``output_hidden_states[-1]`` (final norm) or
+    the last block's output captured by a hook (``resid``)."""
+    from editscope.lm.hooks import capture
+
+    last = f"blocks.{bundle.n_layers - 1}.resid_post"
+    out = []
+    for text, e in zip(contexts, embeds, strict=True):
+        e = engine.embed(text) if e is None else e
+        with torch.no_grad(), capture(bundle.model, bundle.arch, [last]) as store:
+            hs = bundle.model(inputs_embeds=e[None], output_hidden_states=True).hidden_states
+        out.append((hs[-1] if state == "final_norm" else store[last])[0, -1].double().numpy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("state", ["final_norm", "resid"])
+def test_stability_after_an_edit_matches_a_direct_cosine(tiny_bundles, state):
     bundle = tiny_bundles["llama"]
     engine = ScoringEngine(bundle)
-    suite = EvkSuite(sigma=0.3)
+    suite = EvkSuite(sigma=0.3, state=state)
     case = _case()
     pre = suite.probe(engine, case)
+    assert pre["state"] == ("final" if state == "final_norm" else "blocks.3.resid_post")
     insts = suite.instances(engine, case)
     texts = [p for p, _ in case.neighborhood]
     contexts = [i["prompt"] for i in insts] + texts
     embeds = [i["embeds"] for i in insts] + [None] * len(texts)
-    h_pre = engine.hidden_states(contexts, [3], context_embeds=embeds)[:, 0].double().numpy()
+    h_pre = _hf_states(bundle, engine, contexts, embeds, state)
+    np.testing.assert_allclose(np.asarray([i["h"] for i in pre["evk"]]), h_pre[:3], rtol=1e-5, atol=1e-5)
     with edited(bundle, "rome", case.request):
         post = suite.probe(engine, case)
-        h_post = engine.hidden_states(contexts, [3], context_embeds=embeds)[:, 0].double().numpy()
+        h_post = _hf_states(bundle, engine, contexts, embeds, state)
     row = suite.metrics(case, pre, post)
     cos = (h_pre * h_post).sum(1) / np.linalg.norm(h_pre, axis=1) / np.linalg.norm(h_post, axis=1)
     for j, drift in enumerate(DRIFTS):
@@ -166,6 +184,41 @@ def test_stability_after_an_edit_matches_a_direct_cosine(tiny_bundles):
     assert row["EVK_ES"] == pytest.approx(cos[:3].mean(), abs=1e-5)
     assert row["EVK_TS"] == pytest.approx(cos[3:].mean(), abs=1e-5)
     assert row["EVK_ES"] < 1.0 and row["EVK_TS"] < 1.0  # the edit moved the states
+
+
+def test_state_option_is_named_in_the_protocol():
+    assert EvkSuite().state == "final_norm"
+    assert "final norm" in EvkSuite().protocol["note"] and EvkSuite().protocol["name"] == "paper"
+    assert EvkSuite(state="resid").protocol["name"] == "resid"
+    assert "before the final norm" in EvkSuite(state="resid").protocol["note"]
+    with pytest.raises(EditscopeError, match="state must be one of final_norm, resid"):
+        EvkSuite(state="last")
+
+
+def _row(method: str, values: dict[str, float]) -> dict:
+    return {"method": method, "metrics": {"evk": values}}
+
+
+def test_stability_by_sigma_and_figure():
+    suite = EvkSuite(sigma=0.3, sigmas=[1.0, 0.1], drifts=["subject", "all"])
+    rows = [_row("rome", {"EVK_ES": 0.9, "EVK_ES@0.1": 0.99, "EVK_ES@1": 0.5, "EVK_ES_subject": 0.8,
+                          "EVK_ES_subject@0.1": 0.95, "EVK_ES_all": 1.0}),
+            _row("rome", {"EVK_ES": 0.7, "EVK_ES@0.1": 0.97, "EVK_ES@1": 0.3, "EVK_ES_subject": 0.6}),
+            _row("memit", {"EVK_ES": 0.95})]
+    curves = suite.stability_by_sigma(rows, ["rome", "memit", "ft"])
+    assert list(curves) == ["rome", "memit"]  # no rows, no curve
+    rome = curves["rome"]["all instances"]
+    assert [p[0] for p in rome] == [0.1, 0.3, 1.0]
+    assert [p[1] for p in rome] == pytest.approx([0.98, 0.8, 0.4])
+    # Student t 95% CI of two values: mean ± t(0.975, 1) · sd / sqrt(2) = mean ± 12.706 · |a - b| / 2
+    assert rome[1][2:] == pytest.approx((0.8 - 12.7062 * 0.1, 0.8 + 12.7062 * 0.1), rel=1e-4)
+    assert [(p[0], p[1]) for p in curves["rome"]["subject drift"]] == [(0.1, 0.95), (0.3, pytest.approx(0.7))]
+    assert curves["rome"]["all drift"] == [(0.3, 1.0, pytest.approx(np.nan, nan_ok=True),
+                                           pytest.approx(np.nan, nan_ok=True))]
+    assert curves["memit"]["all instances"][0][:2] == (0.3, 0.95)
+    (fig,) = suite.figures("counterfact", rows, ["rome", "memit"])
+    assert fig.slug == "evk-sigma-counterfact" and fig.png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert EvkSuite(sigma=0.3).figures("counterfact", rows, ["rome"]) == []  # no sweep, no figure
 
 
 def test_neighbourhood_source_and_text_option(llama_engine):

@@ -18,13 +18,17 @@ What the paper's text supports, and what this suite does:
   ``case.extra`` for ROME-format CounterFact). The shared EasyEdit-format CounterFact has none: there TS uses
   the case's neighbourhood (``locality_prompt``) prompts. ``text: auto`` (default) takes attribute prompts when
   the case has them, else neighbourhood prompts; ``attribute`` / ``neighborhood`` force one.
-- **The hidden state** is the residual stream after the last block at the prompt's last token (the engine's
-  ``blocks.{L-1}.resid_post``), recorded in the probe as ``"state"``. HF's ``hidden_states[-1]`` applies the
-  final norm first; the paper does not say which it read.
+- **The hidden state** (``state`` option): "the hidden states of the final output token" (§3.1.2) at the prompt's
+  last token. ``final_norm`` (default) reads the output of the final norm, the state the LM head reads and what
+  HF's ``output_hidden_states[-1]`` returns in every supported family (GPT-2/GPT-J apply ``ln_f``, LLaMA/Gemma
+  ``norm`` before appending it) — the usual way to get "the last layer's hidden state", so most likely what the
+  paper read (hook point ``final``). ``resid`` reads the residual stream after the last block, before the final
+  norm (``blocks.{L-1}.resid_post``): there a few dimensions of huge magnitude dominate (SmolLM2), so every
+  cosine is close to 1 and differences between editors shrink. The probe records the point as ``"state"``.
 
 Probe (JSON)::
 
-    {"state": "blocks.29.resid_post",
+    {"state": "final" | "blocks.29.resid_post",
      "evk": [{"prompt", "source": "edit"|"neighborhood", "drift", "sigma", "index", "h": [float, ...]}, ...],
      "text": [{"prompt", "h": [float, ...]}, ...]}
 
@@ -34,7 +38,8 @@ both probes perturb identically.
 
 Metrics (post-only, cosines; paper prints ×100): ``EVK_ES`` (mean over every instance at ``sigma``),
 ``EVK_ES_subject`` / ``EVK_ES_relation`` / ``EVK_ES_all`` (per drift type), ``EVK_TS``; with ``sigmas`` (a
-sweep, e.g. [0.05, 0.1, 0.3, 0.5, 1.0]) also ``EVK_ES@σ`` and ``EVK_ES_{drift}@σ`` per swept σ.
+sweep, e.g. [0.05, 0.1, 0.3, 0.5, 1.0]) also ``EVK_ES@σ`` and ``EVK_ES_{drift}@σ`` per swept σ, and the report
+figure of stability vs σ per method (:meth:`EvkSuite.figures`).
 """
 
 from __future__ import annotations
@@ -51,11 +56,14 @@ from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics.registry import MetricSpec
 from editscope.metrics.stability import embedding_stability, text_stability
-from editscope.suites.base import Suite
+from editscope.suites.base import Suite, SuiteFigure
 
 _P = "004 (EVK), §3.1.2"
 SOURCES = ("edit", "neighborhood", "both")
 TEXT_SOURCES = ("auto", "attribute", "neighborhood")
+#: ``state`` option -> (engine ``hidden_states`` kind, what the protocol note calls it)
+STATES = {"final_norm": ("final", "the final norm's output (HF hidden_states[-1])"),
+          "resid": ("resid_post", "the last block's residual state before the final norm")}
 _ROWS_PER_FORWARD = 64
 
 
@@ -79,7 +87,9 @@ class EvkSuite(Suite):
 
     def __init__(self, *, sigma: float = 0.3, instances_per_type: int = 1, drifts: Sequence[str] = DRIFTS,
                  source: str = "edit", text: str = "auto", sigmas: Sequence[float] | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, state: str = "final_norm") -> None:
+        if state not in STATES:
+            raise EditscopeError(f"evk suite: state must be one of {', '.join(STATES)}, not {state!r}")
         if source not in SOURCES:
             raise EditscopeError(f"evk suite: source must be one of {', '.join(SOURCES)}, not {source!r}")
         if text not in TEXT_SOURCES:
@@ -99,6 +109,7 @@ class EvkSuite(Suite):
         self.source = source
         self.text = text
         self.seed = int(seed)
+        self.state = state
 
     # -- declarations ------------------------------------------------------------------------------
     @property
@@ -116,9 +127,9 @@ class EvkSuite(Suite):
     @property
     def protocol(self) -> dict[str, str]:
         """The paper's protocol (module docstring) with this suite's choices spelled out."""
-        return {"name": "paper",
-                "note": (f"paper 004 eq 9: cosine of the last block's residual state at the final token (before the "
-                         f"final norm); {self.instances_per_type} instance(s) per drift type at sigma={self.sigma:g} "
+        return {"name": "paper" if self.state == "final_norm" else "resid",
+                "note": (f"paper 004 eq 9: cosine of {STATES[self.state][1]} at the final token; "
+                         f"{self.instances_per_type} instance(s) per drift type at sigma={self.sigma:g} "
                          f"from the {self.source} prompt(s); TS on {self.text} text prompts")}
 
     # -- probing -----------------------------------------------------------------------------------
@@ -168,16 +179,16 @@ class EvkSuite(Suite):
             probes.append({"state": self._state_name(engine), "evk": evk, "text": text})
         return probes
 
-    @staticmethod
-    def _state_name(engine: Scorer) -> str:
-        return f"blocks.{engine.n_layers - 1}.resid_post"
+    def _state_name(self, engine: Scorer) -> str:
+        return "final" if self.state == "final_norm" else f"blocks.{engine.n_layers - 1}.resid_post"
 
     def _states(self, engine: Scorer, contexts: list[str], embeds: list[torch.Tensor | None]) -> np.ndarray:
         layer = engine.n_layers - 1
         out = []
         for start in range(0, len(contexts), _ROWS_PER_FORWARD):
             chunk = slice(start, start + _ROWS_PER_FORWARD)
-            h = engine.hidden_states(contexts[chunk], [layer], kind="resid_post", context_embeds=embeds[chunk])
+            h = engine.hidden_states(contexts[chunk], [layer], kind=STATES[self.state][0],
+                                     context_embeds=embeds[chunk])
             out.append(h[:, 0].float().numpy())
         return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
@@ -206,6 +217,51 @@ class EvkSuite(Suite):
             row["EVK_TS"] = float(np.mean(cos))
         return row
 
+    # -- report ------------------------------------------------------------------------------------
+    def stability_by_sigma(self, rows: Sequence[dict[str, Any]],
+                           methods: Sequence[str]) -> dict[str, dict[str, list[tuple[float, float, float, float]]]]:
+        """``{method: {panel: [(σ, mean, ci95_low, ci95_high), ...] by increasing σ}}`` from the results rows; panel
+        ``"all instances"`` is ``EVK_ES`` / ``EVK_ES@σ``, one panel per drift type ``EVK_ES_{drift}[@σ]``. Means
+        over cases with a value (Student t CI, as the summary's)."""
+        from editscope.run.summary import mean_ci
+
+        sigmas = sorted([self.sigma, *self.sweep])
+        panels = {"all instances": "EVK_ES", **{f"{d} drift": f"EVK_ES_{d}" for d in self.drifts}}
+        out: dict[str, dict[str, list[tuple[float, float, float, float]]]] = {}
+        for m in methods:
+            sel = [r["metrics"].get(self.name, {}) for r in rows if r["method"] == m]
+            if not sel:
+                continue
+            out[m] = {}
+            for panel, base in panels.items():
+                points = []
+                for sigma in sigmas:
+                    key = base + ("" if sigma == self.sigma else _sigma_tag(sigma))
+                    mean, lo, hi, _ = mean_ci([v for v in (r.get(key) for r in sel) if v is not None])
+                    if np.isfinite(mean):
+                        points.append((sigma, mean, lo, hi))
+                out[m][panel] = points
+        return out
+
+    def figures(self, dataset: str, rows: Sequence[dict[str, Any]], methods: Sequence[str], *,
+                seed: int = 0) -> list[SuiteFigure]:
+        """With a σ sweep: Embedding Stability vs σ per method, overall and per drift type (where an editor's
+        effect on the embedding neighbourhood fades; paper 004 §3.1.1 "by controlling the perturbation strength
+        σ, EVK instances span semantic neighborhoods at varying distances")."""
+        if not self.sweep:
+            return []
+        curves = self.stability_by_sigma(rows, methods)
+        if not curves:
+            return []
+        from editscope.suites._evk_figures import stability_vs_sigma
+
+        return [SuiteFigure(
+            f"evk-sigma-{dataset}", f"EVK-Bench Embedding Stability vs σ ({dataset})",
+            f"Mean cosine between pre- and post-edit states ({STATES[self.state][1]}, final token) on EVK "
+            f"instances with drift N(0, σ²I), {self.instances_per_type} per drift type and σ; error bars are 95% "
+            "CIs over cases; the dashed line is 1 (no change). Paper 004 eq 9 at every σ of the sweep.",
+            stability_vs_sigma(curves, self.sigma))]
+
 
 def _cosines(pre: list[list[float]], post: list[list[float]], fn) -> np.ndarray:
     """Row-wise cosines; rows that are identical are exactly 1 (cos(h, h) = 1, without rounding error)."""
@@ -216,4 +272,4 @@ def _cosines(pre: list[list[float]], post: list[list[float]], fn) -> np.ndarray:
     return cos
 
 
-__all__ = ["SOURCES", "TEXT_SOURCES", "EvkSuite"]
+__all__ = ["SOURCES", "STATES", "TEXT_SOURCES", "EvkSuite"]
