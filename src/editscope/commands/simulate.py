@@ -71,7 +71,13 @@ def _run(args: argparse.Namespace) -> int:
 
     result = run_simulation(answers=tuple(args.answers), trials=args.trials, seed=args.seed)
     if args.plot:
-        plot_simulation(result, args.plot)
+        from editscope.errors import EditscopeError
+
+        try:
+            plot_simulation(result, args.plot)
+        except (OSError, ValueError) as exc:  # unwritable path, unknown image extension
+            raise EditscopeError(f"{args.plot}: cannot write the plot: {getattr(exc, 'strerror', None) or exc}"
+                                 ) from None
     if args.json:
         print(json.dumps(_jsonable(result), allow_nan=False))
     else:

@@ -189,6 +189,8 @@ class Patch:
     def load(cls, path: str | Path) -> Patch:
         """Read a patch written by :meth:`save` (safetensors only; no pickle)."""
         path = Path(path)
+        if path.is_dir():
+            raise EditscopeError(f"{path}: is a folder, not a patch file")
         if not path.is_file():
             raise EditscopeError(f"patch file not found: {path}")
         try:
@@ -201,14 +203,38 @@ class Patch:
             raise EditscopeError(f"{path}: not an editscope patch (metadata format={meta.get('format')!r})")
         deltas = {k: v for k, v in tensors.items() if not k.startswith(BASE_PREFIX)}
         bases = {k[len(BASE_PREFIX):]: v for k, v in tensors.items() if k.startswith(BASE_PREFIX)} or None
+
+        def field(key: str, default: str | None = None, kind: type = str):
+            if key not in meta and default is None:
+                raise EditscopeError(f"{path}: patch metadata: key {key!r} is missing")
+            text = meta.get(key, default)
+            try:
+                value = json.loads(text) if kind is not str else text
+            except ValueError as exc:
+                raise EditscopeError(f"{path}: patch metadata: key {key!r}: not valid JSON ({exc})") from None
+            if not isinstance(value, kind):
+                raise EditscopeError(f"{path}: patch metadata: key {key!r}: expected {kind.__name__}, "
+                                     f"got {type(value).__name__}")
+            return value
+
+        checksums = field("checksums", kind=dict)
+        if set(checksums) != set(deltas):
+            raise EditscopeError(f"{path}: patch metadata: key 'checksums' names {sorted(checksums)}, the file holds "
+                                 f"deltas for {sorted(deltas)}")
+        if bases is not None:
+            for name, delta in deltas.items():
+                if name not in bases or bases[name].shape != delta.shape:
+                    got = "missing" if name not in bases else f"shape {tuple(bases[name].shape)}"
+                    raise EditscopeError(f"{path}: base tensor {BASE_PREFIX}{name}: {got}, expected shape "
+                                         f"{tuple(delta.shape)} as its delta")
         return cls(
             deltas=deltas,
             bases=bases,
-            method=meta["method"],
-            hparams=json.loads(meta["hparams"]),
-            fingerprint=meta["fingerprint"],
-            checksums=json.loads(meta["checksums"]),
-            model_name=meta.get("model_name", ""),
-            requests=json.loads(meta.get("requests", "[]")),
-            info=json.loads(meta.get("info", "{}")),
+            method=field("method"),
+            hparams=field("hparams", kind=dict),
+            fingerprint=field("fingerprint"),
+            checksums=checksums,
+            model_name=field("model_name", ""),
+            requests=field("requests", "[]", list),
+            info=field("info", "{}", dict),
         )

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +42,29 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise EditscopeError(f"{path}: not a Hugging Face model folder (no config.json)")
-    arch_for_config(AutoConfig.from_pretrained(path))  # fail fast, before loading weights
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    _check_config_json(path / "config.json")
+    try:
+        arch_for_config(AutoConfig.from_pretrained(path))  # fail fast, before loading weights
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:  # transformers' errors for damaged or incomplete folders
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EditscopeError(f"{path}: cannot load the model folder: {first[:300]}") from None
     stamp = path / FINGERPRINT_FILE
     fingerprint = stamp.read_text().strip() if stamp.is_file() else None
     return finish(model, tokenizer, name or path.name, str(path), fingerprint)
+
+
+def _check_config_json(path: Path) -> None:
+    """A readable JSON object with a string ``model_type`` (the family is detected from it, DESIGN rule 3)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise EditscopeError(f"{path}: not valid JSON ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{path}: expected a JSON object")
+    if not isinstance(data.get("model_type"), str):
+        raise EditscopeError(f"{path}: key 'model_type' is missing (it names the architecture family)")
 
 
 # -- GGUF wheels ------------------------------------------------------------------------------------

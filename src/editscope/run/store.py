@@ -19,11 +19,21 @@ LOCK = ".editscope.lock"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 TIMING_FIELDS = ("edit_seconds", "eval_seconds")
+#: fields every results row has, with their JSON types
+ROW_FIELDS: dict[str, type] = {"dataset": str, "case_id": str, "method": str, "group": int, "index": int,
+                               "metrics": dict, "pre": dict, "post": dict}
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str]:
-    """What identifies a finished unit of work: (dataset label, case id, method label)."""
-    return (row["dataset"], row["case_id"], row["method"])
+    """What identifies a finished unit of work: (dataset label, case id, method label); a sequential_batches
+    checkpoint row (``checkpoint: true``) is its own unit, its method part ``label@edits_applied``."""
+    return unit_key(row["dataset"], row["case_id"], row["method"],
+                    row.get("edits_applied") if row.get("checkpoint") else None)
+
+
+def unit_key(dataset: str, case_id: str, method: str, checkpoint: int | None = None) -> tuple[str, str, str]:
+    """The :func:`row_key` of a row; ``checkpoint``: the edits applied at a checkpoint row (None: a final row)."""
+    return (dataset, case_id, method if checkpoint is None else f"{method}@{checkpoint}")
 
 
 def _default(obj: Any) -> Any:
@@ -81,11 +91,13 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
             raise EditscopeError(f"{path}:line {i + 1}: not valid JSON ({exc}); the file is damaged") from exc
         if not isinstance(row, dict):
             raise EditscopeError(f"{path}:line {i + 1}: not a JSON object; the file is damaged")
-        try:
-            key = row_key(row)
-        except KeyError as exc:
-            raise EditscopeError(f"{path}:line {i + 1}: field {exc.args[0]!r} is missing; the file is damaged"
-                                 ) from None
+        for name, kind in ROW_FIELDS.items():  # what resume, summary, merge and report read from every row
+            if name not in row:
+                raise EditscopeError(f"{path}:line {i + 1}: field {name!r} is missing; the file is damaged")
+            if not isinstance(row[name], kind):
+                raise EditscopeError(f"{path}:line {i + 1}: field {name!r}: expected {kind.__name__}, got "
+                                     f"{type(row[name]).__name__}; the file is damaged")
+        key = row_key(row)
         if key in seen:
             if not dedupe:
                 raise EditscopeError(f"{path}:line {i + 1}: duplicate row {key} (first at line {seen[key]}): two "

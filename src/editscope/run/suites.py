@@ -4,6 +4,10 @@ run's suites, as stored in ``run.json`` (what the summary and the report read)."
 
 from __future__ import annotations
 
+import collections.abc
+import os
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,9 +27,47 @@ def available_suites(extra: Mapping[str, SuiteFactory] | None = None) -> list[st
     return names + [n for n in (extra or {}) if n not in names]
 
 
+def _option_ok(value: Any, tp: Any) -> bool:
+    """Whether a YAML option value fits a suite constructor's annotation (types this check does not know pass)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_option_ok(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if tp is type(None):
+        return value is None
+    if origin in (list, tuple, Sequence, collections.abc.Sequence):
+        return isinstance(value, list) and all(_option_ok(v, args[0]) for v in value) if args else True
+    if tp is os.PathLike or origin is os.PathLike:
+        return isinstance(value, str)
+    if tp in (bool, str):
+        return isinstance(value, tp)
+    if tp in (int, float):
+        return isinstance(value, int | float if tp is float else int) and not isinstance(value, bool)
+    return True
+
+
+def _check_options(name: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    """A suite option of the wrong type is an error naming the suite and the option (before anything runs)."""
+    try:
+        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
+    except Exception:  # noqa: BLE001 -- unresolvable annotations: leave the check to the constructor
+        return
+    for key, value in options.items():
+        if key in hints and not _option_ok(value, hints[key]):
+            tp = hints[key]
+            shown = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
+            raise EditscopeError(f"suite {name!r}: option {key!r}: expected {shown}, got {value!r}")
+
+
 def make_suite(name: str, options: Mapping[str, Any], extra: Mapping[str, SuiteFactory] | None = None) -> Suite:
     """Instantiate suite ``name`` with ``options`` (``extra`` factories first, then the registry); the result
     must implement the :class:`~editscope.suites.base.Suite` contract."""
+    factory = extra[name] if extra and name in extra else SUITES.get(name)
+    if factory is not None:
+        _check_options(name, factory, options)
     if extra and name in extra:
         try:
             suite = extra[name](**options)
