@@ -231,3 +231,21 @@ def test_neighbourhood_source_and_text_option(llama_engine):
     assert "EVK_TS" not in suite.metrics(case, probe, probe)
     with pytest.raises(EditscopeError, match="source"):
         EvkSuite(source="paraphrase")
+
+
+def test_table2_config_varies_one_hparam_at_a_time_around_the_paper_baseline():
+    """Paper 004 Table 2: σ ∈ {0.1, 0.5}, λ ∈ {0.5, 1.0}, N ∈ {5, 10}, second-stage k ∈ {20, 50} around
+    σ = 0.3, λ = 0.1, N = 1, k = 10 (both stages)."""
+    from editscope.run import load_config
+
+    methods = load_config("experiments/evk-table2").methods
+    evk = {m.label: m.overrides for m in methods if m.name == "evk_edit"}
+    base = evk.pop("evk-base")
+    assert base == {"evk_sigma": 0.3, "evk_lam": 0.1, "evk_n": 1, "evk_k1": 10, "evk_k2": 10}
+    varied = sorted((k, v) for o in evk.values() for k, v in o.items() if base[k] != v)
+    assert len(varied) == len(evk)  # exactly one change per entry
+    assert varied == [("evk_k2", 20), ("evk_k2", 50), ("evk_lam", 0.5), ("evk_lam", 1.0), ("evk_n", 5),
+                      ("evk_n", 10), ("evk_sigma", 0.1), ("evk_sigma", 0.5)]
+    table1 = load_config("experiments/evk-table1")
+    (evk_suite,) = [s for b in table1.blocks for s in b.suites if s.name == "evk"]
+    assert EvkSuite(**evk_suite.options).sweep and EvkSuite(**evk_suite.options).sigma == 0.3
