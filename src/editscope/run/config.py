@@ -5,9 +5,10 @@ Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
     model: smollm2-135m          # registry name or local HF folder
     seed: 0                      # seeds every edit (derived per dataset/method/group: resumable, shardable)
     output: runs/demo            # output directory (relative to the working directory)
-    mode: single                 # single | {batch: N} | {sequential: N}
+    mode: single                 # single | {batch: N} | {sequential: N} | probe_only
+                                 # | {sequential_batches: {batch: B, rounds: T, checkpoints: k}}
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
-    methods:                     # a name, or a mapping
+    methods:                     # a name, or a mapping; [none] = probe_only (pre-edit measurements only)
       - rome
       - name: memit
         label: memit-fast        # how results name it (default: name, plus "+plugin" per plug-in); unique
@@ -47,7 +48,10 @@ METHOD_KEYS = {"name", "label", "hparams", "overrides", "plugins"}
 BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
-MODES = ("single", "batch", "sequential")
+MODES = ("single", "batch", "sequential", "sequential_batches", "probe_only")
+SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints"}
+NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
+PROBE_GROUP = 16  # cases probed together in probe_only mode (one resume unit)
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,17 @@ class RunConfig:
     output: str = "runs/run"
     save_patches: bool = False
     plugin_modules: tuple[str, ...] = ()
+    # sequential_batches: ``rounds`` edits of ``batch`` cases each, evaluated every ``checkpoints`` rounds
+    batch: int = 0
+    rounds: int = 0
+    checkpoints: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
         data = asdict(self)
+        if self.mode != "sequential_batches":  # other configs keep the digest they had before this mode
+            for key in ("batch", "rounds", "checkpoints"):
+                data.pop(key)
         data["methods"] = [m.to_dict() for m in self.methods]
         data["plugin_modules"] = list(self.plugin_modules)
         if not self.plugin_modules:
@@ -128,6 +139,7 @@ class RunConfig:
                          for b in data["blocks"]),
             mode=data["mode"], group_size=data["group_size"], seed=data["seed"], output=data["output"],
             save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
+            batch=data.get("batch", 0), rounds=data.get("rounds", 0), checkpoints=data.get("checkpoints", 0),
         )
 
     def digest(self) -> str:
@@ -138,7 +150,14 @@ class RunConfig:
 
     @property
     def mode_label(self) -> str:
-        return "single" if self.mode == "single" else f"{self.mode}:{self.group_size}"
+        if self.mode == "sequential_batches":
+            return f"sequential_batches:{self.batch}x{self.rounds}"
+        return self.mode if self.mode in ("single", "probe_only") else f"{self.mode}:{self.group_size}"
+
+    @property
+    def probe_only(self) -> bool:
+        """Pre-edit measurements only: no edit, one row per case with method ``none``."""
+        return self.mode == "probe_only"
 
 
 class _Checker:
@@ -229,18 +248,32 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     output = c.text(data.get("output", "runs/run"), "output")
     save_patches = c.typed(data.get("save_patches", False), bool, "save_patches", "true or false")
 
-    mode, group_size = "single", 1
+    mode, group_size, batch, rounds, checkpoints = "single", 1, 0, 0, 0
     raw_mode = data.get("mode", "single")
+    expected = ("expected 'single', 'probe_only', {batch: N}, {sequential: N} or "
+                "{sequential_batches: {batch: B, rounds: T, checkpoints: k}}")
     if isinstance(raw_mode, str):
-        if raw_mode != "single":
-            raise c.fail("mode", f"expected 'single', {{batch: N}} or {{sequential: N}}, got {raw_mode!r}")
+        if raw_mode not in ("single", "probe_only"):
+            raise c.fail("mode", f"{expected}, got {raw_mode!r}")
+        mode = raw_mode
     elif isinstance(raw_mode, dict) and len(raw_mode) == 1:
         (mode, n), = raw_mode.items()
-        if mode not in ("batch", "sequential"):
-            raise c.fail(f"mode.{mode}", "unknown mode (known: single, batch, sequential)")
-        group_size = c.count(n, f"mode.{mode}", 1)
+        if mode not in ("batch", "sequential", "sequential_batches"):
+            raise c.fail(f"mode.{mode}", f"unknown mode (known: {', '.join(MODES)})")
+        if mode == "sequential_batches":
+            c.typed(n, dict, "mode.sequential_batches", "a mapping {batch: B, rounds: T, checkpoints: k}")
+            c.keys(n, SEQ_BATCH_KEYS, "mode.sequential_batches.")
+            for key in ("batch", "rounds"):
+                if key not in n:
+                    raise c.fail(f"mode.sequential_batches.{key}", "required")
+            batch = c.count(n["batch"], "mode.sequential_batches.batch", 1)
+            rounds = c.count(n["rounds"], "mode.sequential_batches.rounds", 1)
+            checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
+            group_size = batch * rounds  # one group = one sequence of edits from the unedited model
+        else:
+            group_size = c.count(n, f"mode.{mode}", 1)
     else:
-        raise c.fail("mode", f"expected 'single', {{batch: N}} or {{sequential: N}}, got {raw_mode!r}")
+        raise c.fail("mode", f"{expected}, got {raw_mode!r}")
 
     plugin_modules = c.typed(data.get("plugin_modules", []) or [], list, "plugin_modules", "a list of module names")
     for i, module in enumerate(plugin_modules):
@@ -252,12 +285,22 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     except EditscopeError as exc:
         raise c.fail("plugin_modules", str(exc)) from exc
 
-    if "methods" not in data:
+    if "methods" not in data and mode != "probe_only":
         raise c.fail("methods", "required (a list of edit methods)")
-    raw_methods = c.typed(data["methods"], list, "methods", "a list")
+    raw_methods = c.typed(data.get("methods", [NO_EDIT]), list, "methods", "a list")
     if not raw_methods:
         raise c.fail("methods", "at least one method is required")
-    method_specs = []
+    if NO_EDIT in raw_methods or {"name": NO_EDIT} in raw_methods:  # probe-only: pre-edit measurements, no edit
+        if raw_methods not in ([NO_EDIT], [{"name": NO_EDIT}]):
+            raise c.fail("methods", f"{NO_EDIT!r} (probe only: no edit) cannot be combined with edit methods")
+        if mode not in ("single", "probe_only"):
+            raise c.fail("mode", f"methods: [{NO_EDIT}] measures the unedited model only; mode must be probe_only")
+        mode = "probe_only"
+    elif mode == "probe_only":
+        raise c.fail("methods", f"mode probe_only edits nothing: give methods: [{NO_EDIT}] or leave methods out")
+    if mode == "probe_only":
+        raw_methods, group_size = [], PROBE_GROUP
+    method_specs = [MethodSpec(NO_EDIT, NO_EDIT)] if mode == "probe_only" else []
     for i, m in enumerate(raw_methods):
         key = f"methods[{i}]"
         if isinstance(m, str):
@@ -345,7 +388,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
         raise c.fail("datasets", f"dataset label {dup!r} appears twice (give one a different 'label')")
     return RunConfig(model=model, methods=tuple(method_specs), blocks=tuple(blocks), mode=mode,
                      group_size=group_size, seed=seed, output=output, save_patches=save_patches,
-                     plugin_modules=tuple(plugin_modules))
+                     plugin_modules=tuple(plugin_modules), batch=batch, rounds=rounds, checkpoints=checkpoints)
 
 
 def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, Any], ...]:

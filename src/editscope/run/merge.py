@@ -26,11 +26,12 @@ from editscope.run.summary import SummaryRow, write_summary
 
 
 def row_order(config: RunConfig):
-    """Sort key reproducing the order of an unsharded run: dataset block, group, method, case."""
+    """Sort key reproducing the order of an unsharded run: dataset block, group, method, checkpoint (edits
+    applied; sequential_batches rows only), case."""
     blocks = {b.label: i for i, b in enumerate(config.blocks)}
     methods = {m.label: i for i, m in enumerate(config.methods)}
     return lambda r: (blocks.get(r["dataset"], len(blocks)), r["group"], methods.get(r["method"], len(methods)),
-                      r["index"])
+                      r.get("edits_applied", 0), r["index"])
 
 
 def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path]) -> tuple[int, list[SummaryRow]]:

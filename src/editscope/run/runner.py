@@ -8,7 +8,16 @@ probed again, its metrics computed, and one line per (case, method) appended to 
 fsync). The weights are restored bit-exactly (``Patch.revert`` in reverse order, checked against the patches'
 pre-edit checksums) after every group, also when anything raises.
 
-Resuming skips finished (dataset, case, method) rows; a group with some rows missing is edited again and only
+``sequential_batches`` (batch B, rounds T, checkpoints k): a group is T·B consecutive cases; round t applies one
+edit of the requests of cases (t-1)·B..t·B-1 with the editor's sequential state carried through the rounds; after
+every k-th round (k > 0) the cases edited so far are probed (checkpoint rows, ``checkpoint: true``), after the last
+round every case of the group (the rows summaries use); rows record ``edits_applied`` (requests on the model when it
+was probed) and ``round``. ``probe_only`` (``methods: [none]``): no edit; one row per case with method ``none``
+holding only the pre-edit (``NAME_pre``) metrics and ``post: {}``. Pre-edit probes always come from the unedited
+model (before the group's first edit), so locality compares against the unedited model's answers in every mode.
+
+Resuming skips finished rows (key: dataset, case, method, plus the checkpoint's ``edits_applied``:
+:func:`~editscope.run.store.row_key`); a group with some rows missing is edited again and only
 the missing rows are written (edits are seeded per dataset/method/group, so they are the same). Sharding
 assigns whole groups (group index mod n), so a sharded run and ``merge`` give the rows of an unsharded run.
 """
@@ -37,7 +46,7 @@ from editscope.edit.registry import get_editor
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
-from editscope.run.config import RunConfig
+from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.store import (
     RESULTS,
@@ -49,6 +58,7 @@ from editscope.run.store import (
     read_results,
     row_key,
     run_lock,
+    unit_key,
 )
 from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite, probe_cases
 from editscope.run.summary import SummaryRow, write_summary
@@ -215,6 +225,8 @@ class Runner:
                           block.cases)
         editors, hparams = {}, {}
         for spec in self.config.methods:
+            if self.config.probe_only:  # method "none": nothing to load
+                continue
             editors[spec.label] = editor = get_editor(spec.name)
             editor.check_model(bundle)  # an unsupported family fails here, before any work
             self._plugins[spec.label] = spec.attached_plugins()
@@ -278,9 +290,13 @@ class Runner:
         existing = read_results(self.out_dir / RESULTS, repair=True)
         done = {row_key(r) for r in existing}
         methods = [m.label for m in self.config.methods]
-        pending = sum(1 for b in blocks for _, members in b.groups for i in members for m in methods
-                      if (b.label, b.cases[i].case_id, m) not in done)
-        total = sum(len(members) for b in blocks for _, members in b.groups) * len(methods)
+
+        def missing(block: Block, members: list[int], label: str) -> set[tuple[int, int | None]]:
+            return {(i, e) for i, e in self._units(block, members)
+                    if unit_key(block.label, block.cases[i].case_id, label, e) not in done}
+
+        pending = sum(len(missing(b, members, m)) for b in blocks for _, members in b.groups for m in methods)
+        total = sum(len(self._units(b, members)) for b in blocks for _, members in b.groups) * len(methods)
         atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, "running", len(existing))))
         if done:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
@@ -295,18 +311,23 @@ class Runner:
             with ResultsWriter(self.out_dir / RESULTS) as writer:
                 for block in blocks:
                     for g, members in block.groups:
-                        todo = {m: [i for i in members if (block.label, block.cases[i].case_id, m) not in done]
-                                for m in methods}
+                        todo = {m: missing(block, members, m) for m in methods}
                         if not any(todo.values()):
                             continue
                         cases = [block.cases[i] for i in members]
                         torch.manual_seed(derived_seed(self.config.seed, block.label, g, "pre"))
+                        t0 = time.perf_counter()
                         pre = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
+                        pre_seconds = (time.perf_counter() - t0) / len(cases)
                         for label in methods:
                             if not todo[label]:
                                 continue
-                            for row in self._edit_group(block, g, members, cases, pre, label, editors[label],
-                                                        hparams[label], engine, set(todo[label])):
+                            if self.config.probe_only:
+                                rows = self._probe_rows(block, g, members, cases, pre, pre_seconds, todo[label])
+                            else:
+                                rows = self._edit_group(block, g, members, cases, pre, label, editors[label],
+                                                        hparams[label], engine, todo[label])
+                            for row in rows:
                                 writer.append(row)
                                 written += 1
                                 bar.update(1)
@@ -320,6 +341,36 @@ class Runner:
                                     dataset_order=[b.label for b in self.config.blocks])
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary)
+
+    def _units(self, block: Block, members: list[int]) -> list[tuple[int, int | None]]:
+        """The rows one method writes for a group: (case index, None) for the rows after the group's last edit,
+        plus (case index, edits_applied) for the checkpoint rows of ``sequential_batches``."""
+        units: list[tuple[int, int | None]] = [(i, None) for i in members]
+        if self.config.mode == "sequential_batches" and self.config.checkpoints:
+            b, k = self.config.batch, self.config.checkpoints
+            n_rounds = -(-len(members) // b)
+            for r in range(k, n_rounds, k):  # checkpoints before the last round (that one is the final rows)
+                applied = sum(len(block.requests[i]) for i in members[:r * b])
+                units += [(i, applied) for i in members[:r * b]]
+        return units
+
+    def _probe_rows(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list],
+                    pre_seconds: float, todo: set[tuple[int, int | None]]) -> list[dict[str, Any]]:
+        """probe_only rows: the pre-edit (``NAME_pre``) metrics of each case, no edit, ``post: {}``."""
+        rows = []
+        for k, (i, case) in enumerate(zip(members, cases, strict=True)):
+            if (i, None) not in todo:
+                continue
+            metrics = {name: clean_metrics(_pre_metrics(s, case, pre[name][k])) for name, s in block.suites.items()}
+            rows.append({
+                "dataset": block.label, "case_id": case.case_id, "index": i, "method": NO_EDIT, "editor": NO_EDIT,
+                "method_display": "unedited", "plugins": [], "mode": self.config.mode_label, "group": g,
+                "group_size": len(cases), "edit_seconds": 0.0, "eval_seconds": pre_seconds, "edit_info": {},
+                "requests": _requests(block.requests[i]), "hparams": {},
+                "protocol": {name: s.protocol for name, s in block.suites.items()},
+                "metrics": metrics, "pre": {name: pre[name][k] for name in block.suites}, "post": {},
+            })
+        return rows
 
     def _new_state(self, label: str, editor) -> Any:
         """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;
@@ -343,14 +394,17 @@ class Runner:
             second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress)
 
     def _edit_group(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list],
-                    label: str, editor, hp, engine: ScoringEngine, todo: set[int]) -> list[dict[str, Any]]:
-        """Edit the group with one method, probe, restore; the rows of the cases in ``todo``."""
+                    label: str, editor, hp, engine: ScoringEngine,
+                    todo: set[tuple[int, int | None]]) -> list[dict[str, Any]]:
+        """Edit the group with one method, probe, restore; the rows of the units in ``todo``."""
         bundle = self.bundle
         assert bundle is not None
         mode = self.config.mode
         torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit"))
         patches: list[Patch] = []
         seconds: list[float] = []
+        patch_of: list[int] = []  # per case of the group: the index of the patch that edited it
+        probes: list[tuple[int, int, int, dict[str, list], float]] = []  # (round, edits, n cases, post, s/case)
         try:
             state = self._new_state(label, editor)
             if mode == "batch":
@@ -359,56 +413,100 @@ class Runner:
                     patches.append(editor.apply(bundle, requests, hp, state, engine=engine,
                                                 plugins=self._plugins[label]))
                 seconds = [patches[0].info["seconds"]] * len(cases)
+                patch_of = [0] * len(cases)
+            elif mode == "sequential_batches":
+                b, every = self.config.batch, self.config.checkpoints
+                rounds = [members[s:s + b] for s in range(0, len(members), b)]
+                applied = 0
+                for r, chunk in enumerate(rounds, start=1):
+                    # seeded per round: a resume that skips a finished checkpoint's probes edits identically
+                    torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit", r))
+                    requests = [req for i in chunk for req in block.requests[i]]
+                    first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
+                    with _naming(f"{block.label}: round {r} (cases {first}..{last}), method {label}"):
+                        patches.append(editor.apply(bundle, requests, hp, state, engine=engine,
+                                                    plugins=self._plugins[label]))
+                    seconds += [patches[-1].info["seconds"]] * len(chunk)
+                    patch_of += [len(patches) - 1] * len(chunk)
+                    applied += len(requests)
+                    n_done = len(seconds)
+                    wanted = any((i, applied) in todo for i in members[:n_done])
+                    if every and r % every == 0 and r < len(rounds) and wanted:
+                        probes.append((r, applied, n_done, *self._probe(block, label, g, cases[:n_done], engine,
+                                                                         f"round {r}")))
             else:  # single (one case per group) or sequential (state shared through the group)
                 for i in members:
                     with _naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
                         patches.append(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
                                                     plugins=self._plugins[label]))
                     seconds.append(patches[-1].info["seconds"])
+                    patch_of.append(len(patches) - 1)
             if label not in self._state_templates:
                 self._state_templates[label] = state.without_edits()
             if self.config.save_patches:
                 for k, patch in enumerate(patches):
                     patch.save(self.out_dir / "patches" / label / f"{block.label}-g{g:05d}-{k}.safetensors")
-            t0 = time.perf_counter()
-            torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "post"))
-            post = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
-            eval_seconds = (time.perf_counter() - t0) / len(cases)
+            final_edits = sum(len(block.requests[i]) for i in members)
+            probes.append((len(patches), final_edits, len(cases), *self._probe(block, label, g, cases, engine)))
         finally:
             for patch in reversed(patches):
                 if patch.applied:
                     patch.revert(bundle)
             _check_reverted(bundle, patches)
         rows = []
-        info = _scalars(patches[0].info) if mode == "batch" else {}
-        for k, (i, case) in enumerate(zip(members, cases, strict=True)):
-            if i not in todo:
-                continue
-            metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][k]))
-                       for name, s in block.suites.items()}
-            rows.append({
-                "dataset": block.label,
-                "case_id": case.case_id,
-                "index": i,
-                "method": label,
-                "editor": editor.name,
-                "method_display": editor.display(self._plugins[label]),
-                "plugins": [p.to_dict() for p in self._plugins[label]],
-                "mode": self.config.mode_label,
-                "group": g,
-                "group_size": len(cases),
-                "edit_seconds": seconds[k],
-                "eval_seconds": eval_seconds,
-                "edit_info": info or _scalars(patches[k].info),
-                "requests": [{"prompt": r.prompt, "subject": r.subject, "target_new": r.target_new,
-                              "target_true": r.target_true} for r in block.requests[i]],
-                "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
-                "protocol": {name: s.protocol for name, s in block.suites.items()},  # DESIGN rule 10
-                "metrics": metrics,
-                "pre": {name: pre[name][k] for name in block.suites},
-                "post": {name: post[name][k] for name in block.suites},
-            })
+        last = len(probes) - 1
+        for j, (rnd, edits, n_cases, post, eval_seconds) in enumerate(probes):
+            checkpoint = j < last
+            for k, (i, case) in enumerate(zip(members[:n_cases], cases[:n_cases], strict=True)):
+                if (i, edits if checkpoint else None) not in todo:
+                    continue
+                metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][k]))
+                           for name, s in block.suites.items()}
+                row = {
+                    "dataset": block.label,
+                    "case_id": case.case_id,
+                    "index": i,
+                    "method": label,
+                    "editor": editor.name,
+                    "method_display": editor.display(self._plugins[label]),
+                    "plugins": [p.to_dict() for p in self._plugins[label]],
+                    "mode": self.config.mode_label,
+                    "group": g,
+                    "group_size": len(cases),
+                    "edit_seconds": seconds[k],
+                    "eval_seconds": eval_seconds,
+                    "edit_info": _scalars(patches[patch_of[k]].info),
+                    "requests": _requests(block.requests[i]),
+                    "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
+                    "protocol": {name: s.protocol for name, s in block.suites.items()},  # DESIGN rule 10
+                    "metrics": metrics,
+                    "pre": {name: pre[name][k] for name in block.suites},
+                    "post": {name: post[name][k] for name in block.suites},
+                }
+                if mode == "sequential_batches":  # what was on the model when this row was probed
+                    row |= {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
+                rows.append(row)
         return rows
+
+    def _probe(self, block: Block, label: str, g: int, cases: list[Case], engine: ScoringEngine,
+               *tag: object) -> tuple[dict[str, list], float]:
+        """Every suite's probes of ``cases`` on the model as it is now, and the seconds per case."""
+        t0 = time.perf_counter()
+        torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "post", *tag))
+        post = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
+        return post, (time.perf_counter() - t0) / len(cases)
+
+
+def _requests(requests: Sequence[EditRequest]) -> list[dict[str, str]]:
+    return [{"prompt": r.prompt, "subject": r.subject, "target_new": r.target_new, "target_true": r.target_true}
+            for r in requests]
+
+
+def _pre_metrics(suite: Suite, case: Case, pre: dict[str, Any]) -> dict[str, float]:
+    """The unedited model's metrics of a case: the ``NAME_pre`` columns of the suite's row with the pre-edit probe
+    standing in for the post-edit one (they read only the pre probe; post-only metrics compare the two: left out)."""
+    decl = suite.declarations
+    return {col: v for col, v in suite.checked_metrics(case, pre, pre).items() if decl.by_column[col].pre == col}
 
 
 @contextmanager
@@ -445,7 +543,10 @@ def recompute_metrics(run_dir: str | Path, *, suite_factories: Mapping[str, Suit
         block = blocks[row["dataset"]]
         case = by_id[row["dataset"]][row["case_id"]]
         for name, suite in block.suites.items():
-            new = clean_metrics(suite.checked_metrics(case, row["pre"][name], row["post"][name]))
+            if row["method"] == NO_EDIT:  # probe_only: pre-edit metrics only
+                new = clean_metrics(_pre_metrics(suite, case, row["pre"][name]))
+            else:
+                new = clean_metrics(suite.checked_metrics(case, row["pre"][name], row["post"][name]))
             if new != row["metrics"][name]:
                 bad.append((row_key(row), name, row["metrics"][name], new))
     return bad

@@ -108,11 +108,13 @@ def _declarations(specs: SpecMap | None, dataset: str, suite: str) -> Declaratio
 def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, method_order: Sequence[str] = (),
               dataset_order: Sequence[str] = ()) -> list[SummaryRow]:
     """Aggregate results rows (order: datasets and methods as given, else first seen; metrics in declaration
-    order, undeclared ones after them as stored). Aggregate metrics of ``specs`` are computed from the
-    dataset-level means of their components (:func:`bootstrap_aggregate`)."""
+    order, undeclared ones after them as stored; checkpoint rows left out). Aggregate metrics of ``specs`` are
+    computed from the dataset-level means of their components (:func:`bootstrap_aggregate`)."""
     cases: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     stored: dict[tuple[str, str], list[str]] = {}
     for row in rows:
+        if row.get("checkpoint"):  # sequential_batches rows probed before the last round: curves, not tables
+            continue
         for suite, metrics in row["metrics"].items():
             cases.setdefault((row["dataset"], suite, row["method"]), []).append(metrics)
             order = stored.setdefault((row["dataset"], suite), [])

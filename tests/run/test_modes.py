@@ -1,0 +1,162 @@
+"""Run modes on tiny-llama with real editors and the real counterfact suite: sequential_batches equals applying
+the batches by hand with the editor API and probing (checkpoints included); probe_only rows hold the unedited
+model's probes and its pre-edit metrics computed here independently; resume after a kill."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from editscope.data import load_cases
+from editscope.edit.patch import tensor_checksum
+from editscope.edit.registry import get_editor
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.run import Runner, parse_config, read_results, recompute_metrics
+from editscope.run.runner import derived_seed, timing_free
+from editscope.suites.counterfact import CounterFactSuite
+
+SEQ = {"sequential_batches": {"batch": 2, "rounds": 2, "checkpoints": 1}}
+
+
+def cfg(*, drop: tuple[str, ...] = (), **changes):
+    data = {"model": "tiny-llama", "seed": 0, "output": "unused",
+            "methods": [{"name": "alphaedit", "overrides": {"v_steps": 2}}],
+            "dataset": "counterfact", "slice": {"offset": 0, "limit": 4}, "suites": ["counterfact"]}
+    return parse_config({k: v for k, v in (data | changes).items() if k not in drop})
+
+
+def weights(bundle) -> dict[str, str]:
+    return {name: tensor_checksum(p) for name, p in bundle.model.named_parameters()}
+
+
+def run_into(out, bundle, config, **kw):
+    return Runner(config, out_dir=out, bundle=bundle, progress=False, log=lambda _m: None, **kw).run()
+
+
+@pytest.fixture(scope="module")
+def seq_run(tmp_path_factory, tiny_llama):
+    out = tmp_path_factory.mktemp("seq")
+    before = weights(tiny_llama)
+    run_into(out, tiny_llama, cfg(mode=SEQ))
+    assert weights(tiny_llama) == before
+    return out
+
+
+def close(a, b) -> bool:
+    """Equal JSON trees, floats to 1e-6 (the same computation, possibly batched differently)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        return bool(np.isclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=True))
+    return a == b
+
+
+def test_sequential_batches_equal_batches_by_hand(seq_run, tiny_llama):
+    rows = read_results(seq_run / "results.jsonl")
+    # round 1 edits cases 0-1 (checkpoint after it: 2 rows), round 2 cases 2-3 (final: 4 rows)
+    assert [(r["index"], r["checkpoint"], r["edits_applied"], r["round"]) for r in rows] == [
+        (0, True, 2, 1), (1, True, 2, 1), (0, False, 4, 2), (1, False, 4, 2), (2, False, 4, 2), (3, False, 4, 2)]
+    assert {r["mode"] for r in rows} == {"sequential_batches:2x2"}
+
+    cases = load_cases("counterfact", limit=4)
+    suite = CounterFactSuite()
+    editor = get_editor("alphaedit")
+    hp = editor.load_hparams(tiny_llama, None, {"v_steps": 2})
+    engine = ScoringEngine(tiny_llama)
+    pre = suite.probe_many(engine, cases)
+    state = editor.new_state()
+    patches, posts = [], []
+    try:
+        for r, chunk in enumerate((cases[:2], cases[2:]), start=1):
+            torch.manual_seed(derived_seed(0, "counterfact", "alphaedit", 0, "edit", r))
+            patches.append(editor.apply(tiny_llama, [c.request for c in chunk], hp, state, engine=engine))
+            posts.append(suite.probe_many(engine, cases[:2 * r]))
+    finally:
+        for p in reversed(patches):
+            p.revert(tiny_llama)
+    want = [(pre[i], posts[0][i]) for i in range(2)] + [(pre[i], posts[1][i]) for i in range(4)]
+    for row, (p, q) in zip(rows, want, strict=True):
+        assert close(row["pre"]["counterfact"], p)  # pre: the unedited model, also at the checkpoint
+        assert close(row["post"]["counterfact"], q)
+        assert close(row["metrics"]["counterfact"], suite.metrics(cases[row["index"]], p, q))
+    assert rows[0]["post"] != rows[2]["post"]  # round 2 changed the model
+    assert recompute_metrics(seq_run) == []
+
+
+def test_summary_uses_final_rows_only(seq_run):
+    csv = (seq_run / "summary.csv").read_text().splitlines()
+    es = next(line for line in csv if ",ES_post," in line).split(",")
+    rows = [r for r in read_results(seq_run / "results.jsonl") if not r["checkpoint"]]
+    assert int(es[4]) == 4
+    assert float(es[5]) == pytest.approx(np.mean([r["metrics"]["counterfact"]["ES_post"] for r in rows]))
+
+
+class Kill(Exception):
+    pass
+
+
+def test_sequential_batches_resume_after_kill(seq_run, tmp_path, tiny_llama):
+    before = weights(tiny_llama)
+    seen = []
+
+    def kill(row):
+        seen.append(row)
+        if len(seen) == 3:  # both checkpoint rows and one final row written
+            raise Kill
+
+    with pytest.raises(Kill):
+        run_into(tmp_path, tiny_llama, cfg(mode=SEQ), on_row=kill)
+    assert weights(tiny_llama) == before
+    result = run_into(tmp_path, tiny_llama, cfg(mode=SEQ))
+    assert (result.skipped, result.written) == (3, 3)
+    got = read_results(tmp_path / "results.jsonl")
+    want = read_results(seq_run / "results.jsonl")
+    assert sorted(map(str, map(timing_free, got))) == sorted(map(str, map(timing_free, want)))
+    assert run_into(tmp_path, tiny_llama, cfg(mode=SEQ)).written == 0
+
+
+def test_probe_only_rows_are_the_unedited_model(tmp_path, tiny_llama):
+    config = cfg(methods=["none"], slice={"limit": 3})
+    assert config == cfg(mode="probe_only", slice={"limit": 3}, drop=("methods",)) and config.mode == "probe_only"
+    before = weights(tiny_llama)
+    result = run_into(tmp_path, tiny_llama, config)
+    assert weights(tiny_llama) == before and result.written == 3
+    rows = read_results(tmp_path / "results.jsonl")
+    cases = load_cases("counterfact", limit=3)
+    engine = ScoringEngine(tiny_llama)
+    probes = CounterFactSuite().probe_many(engine, cases)
+    for row, case, probe in zip(rows, cases, probes, strict=True):
+        assert row["method"] == "none" and row["post"] == {} and row["edit_seconds"] == 0.0
+        assert close(row["pre"]["counterfact"], probe)
+        metrics = row["metrics"]["counterfact"]
+        assert all(k.endswith("_pre") for k in metrics) and {"ES_pre", "PS_pre", "NS_pre"} <= set(metrics)
+        # ES on the unedited model, independently: mean per-token NLL of target_true above target_new
+        new, true = engine.score([(case.request.text, case.request.target_new),
+                                  (case.request.text, case.request.target_true)])
+        assert metrics["ES_pre"] == float(-true.sum / true.n_tokens > -new.sum / new.n_tokens)
+    assert recompute_metrics(tmp_path) == []
+    assert "| none |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"methods": ["none", "rome"]}, "cannot be combined"),
+    ({"mode": "probe_only"}, "edits nothing"),
+    ({"methods": ["none"], "mode": {"batch": 2}}, "must be probe_only"),
+    ({"mode": {"sequential_batches": {"batch": 2}}}, "sequential_batches.rounds': required"),
+    ({"mode": {"sequential_batches": {"batch": 2, "rounds": 0}}}, "must be >= 1"),
+    ({"mode": {"sequential_batches": {"batch": 2, "rounds": 2, "every": 1}}}, "unknown key"),
+])
+def test_mode_errors(changes, message):
+    with pytest.raises(EditscopeError, match=message):
+        cfg(**changes)
+
+
+def test_mode_digest_unchanged_for_old_modes():
+    """Configs without the new modes keep their digest (run directories written before stay resumable)."""
+    data = cfg().to_dict()
+    assert "batch" not in data and "rounds" not in data
+    assert cfg(mode=SEQ).to_dict()["rounds"] == 2
