@@ -53,6 +53,18 @@ def test_kn_changes_only_selected_value_vectors_by_the_update_formula(tiny_bundl
         assert patch.info["old_token"] == [old_id] and patch.info["new_token"] == [new_id]
         emb = bundle.model.get_output_embeddings().weight.detach()
         move = 2.0 * emb[new_id] - 2.0 * emb[old_id]
+        keys = {}  # the first prompt's key activations at its last token, from a plain module hook
+        hook = lambda layer: (lambda _m, args: keys.__setitem__(layer, args[0][0, -1].detach()))  # noqa: E731
+        handles = [bundle.arch.layer_module(bundle.model, lay, "mlp_out").register_forward_pre_hook(hook(lay))
+                   for lay in hp.layers]
+        patch.revert(bundle)
+        try:
+            with torch.no_grad():
+                bundle.model(input_ids=torch.tensor([engine.context_ids(hp.prefixes[0] + request_a.text)]))
+        finally:
+            for h in handles:
+                h.remove()
+            patch.apply(bundle)
         for layer in hp.layers:
             name = bundle.arch.weight_name(layer)
             w0 = before[name] if family != "gpt2" else before[name].T  # GPT-2 Conv1D stores (in, out)
@@ -61,7 +73,7 @@ def test_kn_changes_only_selected_value_vectors_by_the_update_formula(tiny_bundl
             others = [i for i in range(w0.shape[1]) if i not in chosen]
             assert torch.equal(w1[:, others], w0[:, others])  # every other entry bit-identical
             for i in chosen:
-                torch.testing.assert_close(w1[:, i], w0[:, i] + move, rtol=0, atol=1e-6)
+                torch.testing.assert_close(w1[:, i], w0[:, i] + torch.sign(keys[layer][i]) * move, rtol=0, atol=1e-6)
                 assert not torch.equal(w1[:, i], w0[:, i])
     finally:
         patch.revert(bundle)
@@ -91,7 +103,8 @@ def test_select_neurons_threshold_share_and_cap():
 
 def test_kn_reference_convention_uses_the_greedy_token(tiny_bundles, request_a):
     bundle = tiny_bundles["llama"]
-    hp = EDITORS["kn"].load_hparams(bundle).replace(old_answer="argmax", embedding="input", share=0.0)
+    hp = EDITORS["kn"].load_hparams(bundle).replace(old_answer="argmax", embedding="input", share=0.0,
+                                                         activation_sign=False)
     patch = EDITORS["kn"].compute_patch(bundle, request_a, hp)
     engine = ScoringEngine(bundle)
     greedy = int(engine.next_token_logprobs([request_a.text])[0].argmax())

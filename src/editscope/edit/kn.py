@@ -15,6 +15,11 @@ of paper 003, ../shared/papers/003 §7 and App. B.1).
    (default) takes the rows of the LM head (the direction that raises the answer's logit; the same rows for tied
    models), ``input`` the token embeddings; ``old_answer: target_true`` (default) the request's true answer,
    ``argmax`` the model's greedy next token as the reference does.
+   ``activation_sign`` (default on; off = the reference): the update is multiplied by sign(k_i), the sign of the
+   neuron's key activation at the first prompt's last token. A neuron adds k_i·v_i to the residual; Dai et al.'s
+   GELU keys of located neurons are positive, but gated MLPs (SwiGLU: LLaMA, SmolLM2) have negative keys with
+   positive attribution, where the unsigned update pushes the output *away* from the new answer (measured on
+   SmolLM2: the target's margin fell on both CounterFact cases tried).
 
 No loss is optimised, so loss-term plug-ins (APP) do not apply: the registry declares ``optimises=False``.
 """
@@ -33,8 +38,10 @@ from editscope.edit.hparams import HParams
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.locate import encode_prompt
+from editscope.lm.hooks import run_until
+from editscope.locate import LocatePrompt, encode_prompt
 from editscope.locate.attribution import knowledge_neurons
+from editscope.locate.prompt import answer_prob
 
 OLD_ANSWERS = ("target_true", "argmax")
 EMBEDDINGS = ("output", "input")
@@ -57,6 +64,7 @@ class KNHParams(HParams):
     old_answer: str = "target_true"
     embedding: str = "output"
     max_neurons: int | None = None
+    activation_sign: bool = True
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
@@ -103,22 +111,34 @@ def answer_embeddings(bundle, engine: ScoringEngine, hp: KNHParams) -> torch.Ten
     return bundle.model.get_submodule(path).weight.detach()
 
 
-def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams) -> tuple[list[tuple[int, int]], int]:
-    """The knowledge neurons of ``request``'s old fact and the old answer's token id."""
+def key_signs(engine: ScoringEngine, prompt: LocatePrompt, layers: Sequence[int]) -> torch.Tensor:
+    """sign(k) of the MLP keys of ``layers`` at the prompt's last token, [len(layers), mlp]."""
+    names = [f"blocks.{layer}.mlp_key" for layer in layers]
+    with torch.no_grad():
+        store = run_until(engine.model, engine.arch, names,
+                          lambda: answer_prob(engine, torch.tensor([prompt.ids]), prompt.answer_id))
+    return torch.stack([torch.sign(store[name][0, prompt.last].float()) for name in names])
+
+
+def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
+                   ) -> tuple[list[tuple[int, int]], int, torch.Tensor]:
+    """The knowledge neurons of ``request``'s old fact, the old answer's token id and the key signs of the first
+    prompt ([len(hp.layers), mlp])."""
     if hp.old_answer == "target_true" and request.target_true is None:
         raise EditscopeError(f"kn: request {request.text!r} has no target_true (set old_answer: argmax to use the "
                              "model's greedy prediction)")
-    attrs, old_id = [], None
+    attrs, old_id, signs = [], None, None
     answer = request.target_true if hp.old_answer == "target_true" else None
     for prefix in hp.prefixes:
         prompt = encode_prompt(engine, prefix + request.prompt, request.subject, answer)
         if old_id is None:  # the first prompt fixes the old answer token (argmax: its greedy token) for all
             old_id = prompt.answer_id
+            signs = key_signs(engine, prompt, hp.layers)
         prompt = dataclasses.replace(prompt, answer_id=old_id)
         with torch.enable_grad():
             result = knowledge_neurons(engine, prompt, steps=hp.steps, layers=list(hp.layers))
         attrs.append(result.neurons[hp.layers])
-    return select_neurons(attrs, hp), int(old_id)
+    return select_neurons(attrs, hp), int(old_id), signs
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, *, engine: ScoringEngine,
@@ -130,7 +150,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, 
     out_in: dict[int, torch.Tensor] = {}
     info: dict = {"neurons": [], "old_token": [], "new_token": []}
     for request in requests:
-        neurons, old_id = locate_request(engine, request, hp)
+        neurons, old_id, signs = locate_request(engine, request, hp)
         _, cont = engine.encode_pair(request.text, request.target_new)
         new_id = int(cont[0])
         move = hp.lambda_new * table[new_id].float() - hp.lambda_old * table[old_id].float()
@@ -138,7 +158,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, 
             if layer not in out_in:
                 weight = bundle.arch.as_out_in(params[bundle.arch.weight_name(layer)])
                 out_in[layer] = torch.zeros(weight.shape, dtype=weight.dtype)
-            out_in[layer][:, neuron] += move.to(out_in[layer].dtype)
+            sign = float(signs[hp.layers.index(layer), neuron]) if hp.activation_sign else 1.0
+            out_in[layer][:, neuron] += (sign * move).to(out_in[layer].dtype)
         info["neurons"].append([[layer, neuron] for layer, neuron in neurons])
         info["old_token"].append(old_id)
         info["new_token"].append(new_id)
