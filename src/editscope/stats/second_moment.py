@@ -22,7 +22,8 @@ follow ROME/MEMIT's convention (C of the *unedited* model, also during sequentia
 ``weights="base"``: the applied patches are reverted for the computation (or the cache is read) and
 re-applied bit-exactly. Weights changed outside patches keep the bundle's fingerprint; to catch them each
 cache file also records a checksum of the weights the layer's keys depend on (everything but the blocks after
-it), verified on every read (~0.3 s per 100M parameters): a mismatch recomputes and overwrites the file with a
+it, each parameter's digest computed once per process and again only after an in-place change), verified on
+every read: a mismatch recomputes and overwrites the file with a
 warning. The limit: such a change is caught when the cache is read, so until then the file under the unedited
 fingerprint may hold values of the changed weights (never served for other weights).
 A file that is unreadable (truncated), fails its own content checksum, has the wrong shape or holds
@@ -36,7 +37,8 @@ import hashlib
 import json
 import time
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -124,9 +126,45 @@ def cache_file(fingerprint: str, layer: int, corpus_digest: str, token_budget: i
     return home() / "stats" / fingerprint / f"{corpus_digest}-b{token_budget}-s{seq_len}" / f"layer{layer}.safetensors"
 
 
+#: per model object, per parameter name: (storage address, version counter, digest of its bytes)
+_PARAM_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: prefix of the checksum format (per-parameter digests); a file with another format is recomputed once
+CHECKSUM_FORMAT = "p1:"
+
+
+def _param_digest(memo: dict, name: str, param: torch.Tensor) -> str:
+    """blake2b of one parameter's bytes, recomputed only when the tensor changed: torch bumps a tensor's version
+    counter on every in-place change (also under no_grad, also through ``.detach()`` views, as a patch's
+    apply/revert does) and ``.data =`` swaps its storage address."""
+    state = (param.data_ptr(), param._version)
+    known = memo.get(name)
+    if known is not None and known[:2] == state:
+        return known[2]
+    t = param.detach().contiguous().cpu()
+    digest = hashlib.blake2b(t.view(torch.uint8).numpy().data if t.numel() else b"", digest_size=16).hexdigest()
+    memo[name] = (*state, digest)
+    return digest
+
+
 def weights_checksum(bundle: Bundle, layer: int) -> str:
-    """blake2b of every parameter the MLP keys of ``layer`` depend on: all but those of later blocks (the final
-    norm and LM head included, conservatively). Reads each parameter's bytes in place (no copy on CPU)."""
+    """Checksum of every parameter the MLP keys of ``layer`` depend on: all but those of later blocks (the final
+    norm and LM head included, conservatively): blake2b over (name, dtype, shape, blake2b of the bytes) per
+    parameter. Each parameter's digest is computed once per process and again only after it changed
+    (:func:`_param_digest`), so an edit that changes one weight re-reads one weight, not the model (issue 13:
+    ~1 s per layer per edit on SmolLM2 before)."""
+    later = tuple(bundle.arch.block_path(i) + "." for i in range(layer + 1, bundle.n_layers))
+    h = hashlib.blake2b(digest_size=16)
+    memo = _PARAM_DIGESTS.setdefault(bundle.model, {})
+    for name, param in bundle.model.named_parameters():
+        if name.startswith(later):
+            continue
+        h.update(f"{name}:{param.dtype}{tuple(param.shape)}:{_param_digest(memo, name, param)};".encode())
+    return CHECKSUM_FORMAT + h.hexdigest()
+
+
+def _legacy_checksum(bundle: Bundle, layer: int) -> str:
+    """The checksum files written before :data:`CHECKSUM_FORMAT` carry: blake2b over the same parameters' names,
+    dtypes, shapes and bytes in one stream (read once per such file, which is then re-stamped)."""
     later = tuple(bundle.arch.block_path(i) + "." for i in range(layer + 1, bundle.n_layers))
     h = hashlib.blake2b(digest_size=16)
     for name, param in bundle.model.named_parameters():
@@ -144,19 +182,25 @@ def _content_checksum(mom2: torch.Tensor) -> str:
     return hashlib.blake2b(mom2.contiguous().cpu().view(torch.uint8).numpy().data, digest_size=16).hexdigest()
 
 
-def _read_cached(path: Path, checksum: str, dim: int) -> tuple[torch.Tensor | None, str]:
+def _read_cached(path: Path, checksum: str, dim: int,
+                 legacy: Callable[[], str] | None = None) -> tuple[torch.Tensor | None, str]:
     """The cached C of ``path`` if it is sound, else ``(None, why)``: unreadable or truncated file, another
-    weights checksum, content not matching its own checksum, wrong shape, or non-finite values."""
+    weights checksum, content not matching its own checksum, wrong shape, or non-finite values. A file stamped
+    with the older whole-model checksum is compared with ``legacy()`` and, if sound, re-stamped in place."""
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             mom2 = fh.get_tensor("mom2")
+            count = int(fh.get_tensor("count")[0])
         weights = json.loads(meta["weights"]) if "weights" in meta else None
         content = json.loads(meta["content"]) if "content" in meta else None
     except Exception as exc:  # safetensors/json raise their own types on a damaged file
         return None, f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
     if weights is None:
         return None, "has no weights checksum (older cache)"
+    restamp = not str(weights).startswith(CHECKSUM_FORMAT) and legacy is not None and weights == legacy()
+    if restamp:
+        weights = checksum
     if weights != checksum:
         return None, "was cached for other weights than the model's now (changed outside a Patch?)"
     if content != _content_checksum(mom2):
@@ -165,6 +209,8 @@ def _read_cached(path: Path, checksum: str, dim: int) -> tuple[torch.Tensor | No
         return None, f"holds a {tuple(mom2.shape)} matrix, expected {(dim, dim)}"
     if not torch.isfinite(mom2).all():
         return None, "holds non-finite values"
+    if restamp:
+        _save(path, mom2, count, {**{k: json.loads(v) for k, v in meta.items() if k != "content"}, "weights": checksum})
     return mom2, ""
 
 
@@ -240,7 +286,8 @@ def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | No
     for layer in layers:
         path = cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len)
         if use_cache and path.is_file():
-            cached, why = _read_cached(path, checksums[layer], bundle.arch.mlp_size(bundle.config))
+            cached, why = _read_cached(path, checksums[layer], bundle.arch.mlp_size(bundle.config),
+                                       legacy=lambda layer=layer: _legacy_checksum(bundle, layer))
             if cached is not None:
                 out[layer] = cached
                 continue
