@@ -22,6 +22,7 @@ COMMANDS = [
     "editscope.commands.locate",
     "editscope.commands.bench",
     "editscope.commands.mend",
+    "editscope.commands.stats",
 ]
 
 

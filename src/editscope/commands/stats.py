@@ -1,0 +1,101 @@
+"""``editscope stats compute|list|export|import``: layer statistics C = E[k kᵀ] as a shareable artefact.
+
+- ``compute --model M --layers L... [--corpus PATH...] [--field F] [--budget N] [--seq-len N]`` computes
+  (or reads from the cache) the statistics of each layer, with a progress bar. A corpus is text files, folders
+  of .txt files, or JSONL files with --field naming the text; default wikitext-2.
+- ``list [--model M] [--json]`` shows the cache: fingerprint, model, layer, corpus digest, tokens, seconds, size.
+- ``export --model M --out FILE [--layers L...] [--corpus-digest D]`` writes cached layers to one safetensors file.
+- ``import FILE --model M`` checks the file against M (fingerprint, dimensions, weights and content checksums)
+  and puts its layers into the cache, where edits find them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("stats", help="compute, list, export or import layer statistics",
+                            description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    compute = actions.add_parser("compute", help="compute layer statistics (cached)")
+    compute.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    compute.add_argument("--layers", type=int, nargs="+", required=True)
+    compute.add_argument("--corpus", nargs="*", default=[], help="text files, folders of .txt, or JSONL files")
+    compute.add_argument("--field", help="JSONL field holding the text")
+    compute.add_argument("--budget", type=int, default=None, help="tokens (default: the editors' default)")
+    compute.add_argument("--seq-len", type=int, default=None)
+    compute.set_defaults(func=run_compute)
+    lst = actions.add_parser("list", help="list cached statistics")
+    lst.add_argument("--model", help="only this model's (current weights) statistics")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(func=run_list)
+    export = actions.add_parser("export", help="write cached statistics to one safetensors file")
+    export.add_argument("--model", required=True)
+    export.add_argument("--out", required=True)
+    export.add_argument("--layers", type=int, nargs="+")
+    export.add_argument("--corpus-digest", help="which corpus, when several are cached")
+    export.set_defaults(func=run_export)
+    imp = actions.add_parser("import", help="check an exported file against a model and cache its layers")
+    imp.add_argument("file")
+    imp.add_argument("--model", required=True)
+    imp.set_defaults(func=run_import)
+
+
+def run_compute(args: argparse.Namespace) -> int:
+    from editscope.lm import load
+    from editscope.stats import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET, second_moments
+    from editscope.stats.artefact import corpus_from
+
+    corpus = corpus_from(args.corpus, args.field)
+    bundle = load(args.model)
+    stats = second_moments(bundle, args.layers, corpus=corpus, token_budget=args.budget or DEFAULT_TOKEN_BUDGET,
+                           seq_len=args.seq_len or DEFAULT_SEQ_LEN, progress=True)
+    for layer, mom2 in sorted(stats.items()):
+        print(f"layer {layer}: C {tuple(mom2.shape)}  trace {float(mom2.trace()):.6g}  corpus {corpus.digest}  "
+              f"model {bundle.name} ({bundle.fingerprint})")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from editscope.stats.artefact import as_dicts, list_cached
+
+    fingerprint = None
+    if args.model:
+        from editscope.lm import load
+
+        fingerprint = load(args.model).fingerprint
+    stats = list_cached(fingerprint)
+    if args.json:
+        print(json.dumps(as_dicts(stats), indent=1))
+        return 0
+    print(f"{'fingerprint':<34} {'model':<16} {'layer':>5} {'corpus':<24} {'budget':>8} {'seq':>5} "
+          f"{'tokens':>8} {'seconds':>8} {'MB':>7}")
+    for s in stats:
+        print(f"{s.fingerprint:<34} {s.model[:16]:<16} {s.layer:>5} {s.corpus:<24} {s.token_budget:>8} "
+              f"{s.seq_len:>5} {s.tokens:>8} {s.seconds:>8.1f} {s.bytes / 1e6:>7.2f}")
+    if not stats:
+        print("(no cached statistics)")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from editscope.lm import load
+    from editscope.stats.artefact import export_stats
+
+    bundle = load(args.model)
+    chosen = export_stats(bundle.fingerprint, args.out, layers=args.layers, corpus=args.corpus_digest)
+    print(f"wrote {len(chosen)} layer(s) ({', '.join(str(s.layer) for s in chosen)}) of {bundle.name} to {args.out}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from editscope.lm import load
+    from editscope.stats.artefact import import_stats
+
+    bundle = load(args.model)
+    written = import_stats(bundle, args.file)
+    for path in written:
+        print(f"cached {path}")
+    return 0

@@ -1,0 +1,201 @@
+"""Layer statistics as a shareable artefact: list the cache, export layers to one safetensors file, import it.
+
+The cache itself is :mod:`editscope.stats.second_moment`'s (``cache_file``: one file per model fingerprint,
+corpus digest, token budget, row length and layer; metadata with the weights checksum and a content checksum).
+An export file holds, per layer L, the tensors ``layer{L}.mom2`` and ``layer{L}.count`` and in its metadata
+``editscope-stats`` (format version), ``fingerprint``, ``mlp_size`` and ``layers`` (JSON: per layer the cache
+file's own metadata). Import checks the file against the loaded model — same fingerprint, [mlp, mlp] matrices,
+the weights checksum each layer was computed under equal to the model's, content checksums, finite values —
+and writes each layer into the cache through the same ``_save`` as a computed one, so the next edit reads it.
+A corpus may be text files, a folder of ``.txt`` files, or one field of a JSONL file (extracted once to a text
+file under ``home()/corpora`` named by its content digest, so the corpus digest is a function of the text).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from editscope.atomic import atomic_write
+from editscope.errors import EditscopeError
+from editscope.lm.bundle import Bundle
+from editscope.paths import home
+from editscope.stats.second_moment import (
+    Corpus,
+    _content_checksum,
+    _save,
+    cache_file,
+    weights_checksum,
+)
+
+FORMAT = "1"
+
+
+@dataclass(frozen=True)
+class CachedStat:
+    """One cached layer's statistics (what ``editscope stats list`` prints)."""
+
+    path: str
+    fingerprint: str
+    model: str
+    layer: int
+    corpus: str
+    token_budget: int
+    seq_len: int
+    tokens: int
+    seconds: float
+    bytes: int
+
+
+def corpus_from(paths: Sequence[str | Path], field: str | None = None) -> Corpus:
+    """A :class:`Corpus` from text files, folders of ``.txt`` files, or (with ``field``) JSONL files whose
+    records hold the text in ``field``."""
+    if not paths:
+        return Corpus.default()
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(path.glob("*.txt"))
+            if not found:
+                raise EditscopeError(f"corpus folder {path} holds no .txt files")
+            files.extend(found)
+        elif not path.is_file():
+            raise EditscopeError(f"corpus file not found: {path}")
+        elif field is not None:
+            files.append(_extract_jsonl(path, field))
+        else:
+            files.append(path)
+    return Corpus.from_files(files)
+
+
+def _extract_jsonl(path: Path, field: str) -> Path:
+    """The ``field`` of every JSONL record, one paragraph per line, as a text file keyed by its content."""
+    lines: list[str] = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise EditscopeError(f"{path}:{number}: not valid JSON") from None
+            value = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(value, str):
+                raise EditscopeError(f"{path}:{number}: field {field!r} is missing or not a string")
+            lines.extend(p for p in (s.strip() for s in value.splitlines()) if p)
+    text = "\n".join(lines) + "\n"
+    digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    out = home() / "corpora" / f"{path.stem}-{field}-{digest}.txt"
+    if not out.is_file():
+        atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return out
+
+
+def _meta(path: Path) -> dict:
+    with safe_open(str(path), framework="pt") as fh:
+        return {k: json.loads(v) for k, v in (fh.metadata() or {}).items()}
+
+
+def list_cached(fingerprint: str | None = None) -> list[CachedStat]:
+    """Every readable file of the statistics cache (optionally of one model fingerprint), sorted."""
+    root = home() / "stats"
+    out = []
+    for path in sorted(root.glob("*/*/layer*.safetensors")):
+        try:
+            meta = _meta(path)
+        except Exception:  # noqa: BLE001 (a damaged file is listed by the compute that replaces it, not here)
+            continue
+        if fingerprint is not None and meta.get("fingerprint") != fingerprint:
+            continue
+        out.append(CachedStat(str(path), str(meta.get("fingerprint", path.parents[1].name)), str(meta.get("model", "")),
+                              int(meta.get("layer", -1)), str(meta.get("corpus", "")),
+                              int(meta.get("token_budget", 0)), int(meta.get("seq_len", 0)),
+                              int(meta.get("tokens", 0)), float(meta.get("seconds", 0.0)), path.stat().st_size))
+    return out
+
+
+def export_stats(fingerprint: str, out: str | Path, *, layers: Sequence[int] | None = None,
+                 corpus: str | None = None) -> list[CachedStat]:
+    """Write the cached layers of ``fingerprint`` (optionally only ``layers`` / corpus digest ``corpus``) to one
+    safetensors file ``out``. One file holds one corpus/budget/row-length setting: several is an error."""
+    chosen = [s for s in list_cached(fingerprint)
+              if (layers is None or s.layer in layers) and (corpus is None or s.corpus == corpus)]
+    if not chosen:
+        raise EditscopeError(f"no cached statistics for fingerprint {fingerprint}"
+                             f"{' layers ' + str(list(layers)) if layers else ''} (see 'editscope stats list')")
+    settings = {(s.corpus, s.token_budget, s.seq_len) for s in chosen}
+    if len(settings) > 1:
+        raise EditscopeError(f"cached statistics of {len(settings)} corpus/budget settings: pick one with "
+                             f"--corpus-digest ({', '.join(sorted({s[0] for s in settings}))})")
+    if missing := sorted(set(layers or ()) - {s.layer for s in chosen}):
+        raise EditscopeError(f"layers {missing} are not cached for fingerprint {fingerprint}")
+    tensors: dict[str, torch.Tensor] = {}
+    per_layer: dict[str, dict] = {}
+    for stat in chosen:
+        with safe_open(stat.path, framework="pt") as fh:
+            tensors[f"layer{stat.layer}.mom2"] = fh.get_tensor("mom2").contiguous()
+            tensors[f"layer{stat.layer}.count"] = fh.get_tensor("count")
+        per_layer[str(stat.layer)] = _meta(Path(stat.path))
+    dim = next(iter(tensors.values())).shape[0]
+    metadata = {"editscope-stats": FORMAT, "fingerprint": fingerprint, "mlp_size": str(dim),
+                "layers": json.dumps(per_layer)}
+    out = Path(out)
+    atomic_write(out, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    return chosen
+
+
+def import_stats(bundle: Bundle, path: str | Path) -> list[Path]:
+    """Validate an export file against ``bundle`` and write its layers into the cache; returns the cache files."""
+    path = Path(path)
+    if not path.is_file():
+        raise EditscopeError(f"{path}: file not found")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        per_layer = json.loads(meta["layers"])
+    except (KeyError, ValueError) as exc:
+        raise EditscopeError(f"{path}: not an editscope statistics export ({type(exc).__name__}: "
+                             f"{str(exc)[:80]})") from None
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types on a damaged file)
+        raise EditscopeError(f"{path}: unreadable safetensors file ({type(exc).__name__})") from None
+    if meta.get("editscope-stats") != FORMAT:
+        raise EditscopeError(f"{path}: not an editscope statistics export (format {meta.get('editscope-stats')!r})")
+    if meta.get("fingerprint") != bundle.fingerprint:
+        raise EditscopeError(f"{path}: statistics of model fingerprint {meta.get('fingerprint')}, but "
+                             f"{bundle.name} has fingerprint {bundle.fingerprint}")
+    dim = bundle.arch.mlp_size(bundle.config)
+    written = []
+    for key, layer_meta in sorted(per_layer.items(), key=lambda kv: int(kv[0])):
+        layer = int(key)
+        mom2, count = tensors.get(f"layer{layer}.mom2"), tensors.get(f"layer{layer}.count")
+        where = f"{path}: layer {layer}"
+        if mom2 is None or count is None:
+            raise EditscopeError(f"{where}: tensors layer{layer}.mom2/.count missing")
+        if not 0 <= layer < bundle.n_layers:
+            raise EditscopeError(f"{where}: out of range, {bundle.name} has {bundle.n_layers} layers")
+        if tuple(mom2.shape) != (dim, dim):
+            raise EditscopeError(f"{where}: a {tuple(mom2.shape)} matrix, {bundle.name}'s MLP keys need {(dim, dim)}")
+        if layer_meta.get("content") != _content_checksum(mom2):
+            raise EditscopeError(f"{where}: content does not match its checksum (damaged file)")
+        if not torch.isfinite(mom2).all():
+            raise EditscopeError(f"{where}: non-finite values")
+        if layer_meta.get("weights") != weights_checksum(bundle, layer):
+            raise EditscopeError(f"{where}: computed for other weights than {bundle.name}'s (weights checksum)")
+        target = cache_file(bundle.fingerprint, layer, str(layer_meta["corpus"]), int(layer_meta["token_budget"]),
+                            int(layer_meta["seq_len"]))
+        _save(target, mom2, int(count[0]), {k: v for k, v in layer_meta.items() if k != "content"})
+        written.append(target)
+    return written
+
+
+def as_dicts(stats: Sequence[CachedStat]) -> list[dict]:
+    return [asdict(s) for s in stats]
