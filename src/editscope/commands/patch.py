@@ -1,8 +1,10 @@
-"""``editscope patch info|apply|revert``: inspect a patch file, write an edited model folder, undo it.
+"""``editscope patch info|apply|export|revert``: inspect a patch file, write an edited model folder, undo it.
 
 - ``info PATCH`` prints method, model, fingerprint, requests, hparams and each ΔW's norms.
 - ``apply PATCH --model M --out DIR`` loads M (must have the patch's fingerprint), applies the patch and
   writes the edited model as a Hugging Face folder DIR (safetensors), with ``editscope-patch.json``.
+- ``export PATCH --model M --out DIR``: the same as ``apply`` (a folder that
+  ``AutoModelForCausalLM.from_pretrained``, lm-evaluation-harness or vLLM load).
 - ``revert PATCH --model DIR --out DIR2`` loads an edited folder, checks every edited parameter holds
   exactly base + ΔW, restores the base weights stored in the patch (bit-exact) and writes DIR2; the result
   has the original model's fingerprint (checked).
@@ -24,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=run_info)
     for name, helptext in (("apply", "write an edited model folder"), ("revert", "undo a patch on an edited folder")):
-        p = actions.add_parser(name, help=helptext)
+        # 'export' names what 'apply --out' does for users of lm-evaluation-harness/vLLM (issue 19 item 6)
+        p = actions.add_parser(name, help=helptext, aliases=["export"] if name == "apply" else [])
         p.add_argument("patch")
         p.add_argument("--model", required=True, help="registry name or local HF folder")
         p.add_argument("--out", required=True, help="output folder (must not exist)")
