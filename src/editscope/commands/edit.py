@@ -7,6 +7,8 @@ import json
 import math
 import time
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.edit.registry import EDITORS
@@ -41,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "before/after)")
     parser.add_argument("--save-patch", default=None, metavar="FILE", help="write the patch (safetensors)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                               correct_answers=tuple(args.correct), hard_false=tuple(args.hard_false))
     except ValueError as exc:
         raise EditscopeError(str(exc)) from exc
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     editor.check_model(bundle)
     hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
     engine = ScoringEngine(bundle)

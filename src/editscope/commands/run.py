@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -21,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--repair", action="store_true",
                         help="keep the first row of each (dataset, case, method) when results.jsonl holds duplicates "
                         "(two writers or a hand edit) and say how many were dropped")
+    add_device_arguments(parser)
     parser.set_defaults(func=_run)
 
 
@@ -32,8 +35,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise EditscopeError("--limit must be >= 1")
     config = load_config(args.config)
+    bundle = None
+    if args.device is not None or args.dtype is not None:  # else the runner loads the config's model itself
+        from editscope.lm import load
+
+        bundle = load(config.model, device=args.device, dtype=args.dtype)
     result = Runner(config, out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
-                    progress=not args.no_progress, repair=args.repair).run()
+                    progress=not args.no_progress, repair=args.repair, bundle=bundle).run()
     print(f"{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
           f"{result.out_dir / 'results.jsonl'}")
     print(f"summary: {result.out_dir / 'summary.md'}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -19,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--candidates", nargs="+", required=True, help="continuations to score")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list of {candidate, n_tokens, logprob_sum, logprob_mean}")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -26,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     scores = ScoringEngine(bundle).score([(args.prompt, c) for c in args.candidates])
     rows = [
         {"candidate": c, "n_tokens": s.n_tokens, "logprob_sum": s.sum, "logprob_mean": s.mean}

@@ -149,8 +149,14 @@ def registry_names() -> list[str]:
     return list(GGUF_MODELS) + [f"tiny-{family}" for family in TINY_FAMILIES]
 
 
-def load(name_or_path: str = DEFAULT_MODEL, *, seed: int = 0, progress: Callable[[str], None] | None = None) -> Bundle:
-    """Load a model by registry name or local folder; see the module docstring."""
+def load(name_or_path: str = DEFAULT_MODEL, *, seed: int = 0, progress: Callable[[str], None] | None = None,
+         device: str | None = None, dtype: str | None = None) -> Bundle:
+    """Load a model by registry name or local folder; see the module docstring. ``device``/``dtype``: see
+    :mod:`editscope.lm.device` (None: CPU, float32)."""
+    if device is not None or dtype is not None:
+        from editscope.lm.device import place
+
+        return place(load(name_or_path, seed=seed, progress=progress), device, dtype)
     if not name_or_path or not str(name_or_path).strip():
         raise EditscopeError("model name is empty")
     if name_or_path in GGUF_MODELS:

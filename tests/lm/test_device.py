@@ -1,0 +1,51 @@
+"""``--device``/``--dtype`` (issue 19 item 1): a bfloat16 model loads and scores close to float32 with its own
+fingerprint; a CUDA request without CUDA and unknown values are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from editscope.cli import main
+from editscope.errors import EditscopeError
+from editscope.lm import load
+from editscope.lm.device import resolve_device, resolve_dtype
+from editscope.lm.engine import ScoringEngine
+
+PAIRS = [("The capital of France is", " Paris"), ("The capital of France is", " Rome")]
+
+
+def test_bfloat16_loads_and_scores():
+    fp32, bf16 = load("tiny-llama"), load("tiny-llama", device="cpu", dtype="bfloat16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16 and bf16.device.type == "cpu"
+    assert bf16.fingerprint != fp32.fingerprint  # other weights: no stats/patch of fp32 served to it
+    assert load("tiny-llama", device="cpu").fingerprint == fp32.fingerprint  # the device is no part of it
+    want = [s.sum for s in ScoringEngine(fp32).score(PAIRS)]
+    got = [s.sum for s in ScoringEngine(bf16).score(PAIRS)]
+    assert all(isinstance(g, float) and abs(g - w) < 0.05 * abs(w) + 0.1 for g, w in zip(got, want, strict=True))
+
+
+def test_score_command_with_dtype(capsys):
+    assert main(["score", "--model", "tiny-llama", "--prompt", PAIRS[0][0], "--candidates", " Paris",
+                 "--device", "auto" if not torch.cuda.is_available() else "cpu", "--dtype", "bfloat16",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["n_tokens"] >= 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+def test_cuda_without_cuda_is_one_line(capsys):
+    assert main(["score", "--model", "tiny-llama", "--prompt", "x", "--candidates", " y", "--device", "cuda:0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "CUDA is not available" in err and "\n" not in err
+
+
+def test_bad_values():
+    with pytest.raises(EditscopeError, match="expected cpu, cuda"):
+        resolve_device("tpu")
+    with pytest.raises(EditscopeError, match="cuda:N"):
+        resolve_device("cuda:x")
+    with pytest.raises(EditscopeError, match="expected one of"):
+        resolve_dtype("int8")
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_dtype(None) == torch.float32
