@@ -3,8 +3,8 @@
 Over the same corpus rows (wikitext-2, as :func:`editscope.stats.second_moments` reads them), for the given
 layers:
 
-(a) :func:`editscope.stats.second_moment.accumulate`: forward stopped at the deepest layer's MLP key, float64
-    k kᵀ sums at each layer;
+(a) :func:`editscope.stats.second_moment.accumulate`: forward stopped at the deepest layer's MLP key, k kᵀ sums
+    at each layer (float32 products of <= 1024 tokens summed in float64; checked against float64 products);
 (f) a forward-only pass stopped at the same point (no statistics): the floor (a) can reach;
 (b) the same sums with the whole forward run (no early stop), as a pass that ignores the layers it needs.
 
@@ -26,18 +26,22 @@ from editscope.lm import load
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks, run_until
 from editscope.stats import Corpus
-from editscope.stats.second_moment import accumulate, corpus_rows
+from editscope.stats.second_moment import accumulate, add_outer, corpus_rows
 
 
-def full_forward_sums(bundle, rows: torch.Tensor, layers: list[int], batch_rows: int) -> dict[int, torch.Tensor]:
-    """(b): the same float64 sums with every block run."""
+def full_forward_sums(bundle, rows: torch.Tensor, layers: list[int], batch_rows: int,
+                      exact: bool = False) -> dict[int, torch.Tensor]:
+    """(b): the same sums with every block run; ``exact``: float64 products instead of float32 chunks."""
     dim = bundle.arch.mlp_size(bundle.config)
     sums = {layer: torch.zeros(dim, dim, dtype=torch.float64) for layer in layers}
 
     def adder(layer: int):
         def fn(k: torch.Tensor) -> None:
-            flat = k.detach().reshape(-1, k.shape[-1]).double()
-            sums[layer].addmm_(flat.T, flat)
+            if exact:  # one float64 product of all tokens (the accumulation before issue 13)
+                flat = k.detach().reshape(-1, k.shape[-1]).double()
+                sums[layer].addmm_(flat.T, flat)
+            else:
+                add_outer(sums[layer], k)
 
         return fn
 
@@ -87,10 +91,15 @@ def main() -> None:
         t0 = time.perf_counter()
         sums_b = full_forward_sums(bundle, rows, layers, args.batch_rows)
         best["b"] = min(best["b"], time.perf_counter() - t0)
+    exact = full_forward_sums(bundle, rows, layers, args.batch_rows, exact=True)
     for layer in layers:
         diff = float((sums_a[layer] - sums_b[layer]).norm() / sums_b[layer].norm())
         if diff > 1e-9:
             raise SystemExit(f"layer {layer}: stopped and full-forward sums differ by {diff:.2e}")
+        rounding = float((sums_a[layer] - exact[layer]).norm() / exact[layer].norm())
+        print(f"layer {layer}: float32-chunk vs float64 products, relative Frobenius difference {rounding:.1e}")
+        if rounding > 1e-6:
+            raise SystemExit(f"layer {layer}: float32-chunk sums off by {rounding:.2e} > 1e-6")
     rate = {k: n_tokens / v for k, v in best.items()}
     print(f"{bundle.name}, layers {layers}, {n_tokens} tokens, {bundle.n_layers} blocks")
     print(f"(a) statistics, stopped after layer {layers[-1]}: {rate['a']:.0f} tok/s")

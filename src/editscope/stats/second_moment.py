@@ -7,7 +7,7 @@ the *mean* ``mom2`` and multiplies it by ``mom2_update_weight``) both need C; Al
 §3.2) projects onto its null space.
 
 Here C is the mean over every token of a text corpus (default: wikitext-2 test then valid split from the
-shared data) up to a token budget, accumulated in float64::
+shared data) up to a token budget, accumulated in float64 (float32 products of ≤ 1024 tokens, :func:`add_outer`)::
 
     C = (1/N) Σ_t k_t k_tᵀ
 
@@ -221,6 +221,22 @@ def _save(path: Path, mom2: torch.Tensor, count: int, meta: dict) -> None:
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
+#: tokens per float32 k kᵀ product before it is added to the float64 sum (see :func:`add_outer`)
+OUTER_CHUNK = 1024
+
+
+def add_outer(total: torch.Tensor, k: torch.Tensor, chunk: int = OUTER_CHUNK) -> None:
+    """total += Σ_t k_t k_tᵀ over the tokens of ``k`` [..., d]: float32 products of ``chunk`` tokens at a time,
+    summed into the float64 ``total``. A float64 product of all tokens (as before) cost ~25 % of the statistics'
+    time on 2 cores (float64 GEMM at half the float32 rate, plus the conversion); a float32 product over ≤ 1024
+    tokens rounds each entry at ~1e-7 of ‖C‖ (Frobenius, measured), below the float32 forward's own rounding of
+    k, and the float64 sum across chunks keeps the error from growing with the token budget."""
+    flat = k.detach().reshape(-1, k.shape[-1]).float()
+    for start in range(0, flat.shape[0], chunk):
+        part = flat[start:start + chunk]
+        total.add_(part.T @ part)
+
+
 def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, batch_rows: int = DEFAULT_BATCH_ROWS,
                progress: bool = True) -> tuple[dict[int, torch.Tensor], int]:
     """Sums Σ_t k_t k_tᵀ (float64) of the MLP keys at ``layers`` over all tokens of ``rows``, and the token
@@ -237,8 +253,7 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
 
     def adder(layer: int):
         def fn(k: torch.Tensor) -> None:
-            flat = k.detach().reshape(-1, k.shape[-1]).double()
-            sums[layer].addmm_(flat.T, flat)
+            add_outer(sums[layer], k)
             if layer == last:
                 raise _StopForward
             return None
