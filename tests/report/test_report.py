@@ -96,10 +96,19 @@ def test_report_table_values_match_summary(run_dir, tmp_path):
     rows = list(csv.DictReader((run_dir / "summary.csv").open()))
     es = next(r for r in rows if r["suite"] == "counterfact" and r["metric"] == "ES_post")
     md = md_path.read_text().split("## counterfact on counterfact", 1)[1]
+    compact, md = md.split("All metrics:", 1)  # the paper-style table first, then every metric
     header = next(line for line in md.splitlines() if line.startswith("| method"))
     rome = next(line for line in md.splitlines() if line.startswith("| rome"))
     cols = [c.strip() for c in header.strip("|").split("|")]
     vals = [c.strip() for c in rome.strip("|").split("|")]
+    # compact: ×100, no interval with n = 2 (anecdotal), the unedited row from ES_pre
+    pcols = [c.strip() for c in next(ln for ln in compact.splitlines() if ln.startswith("| method")).split("|")]
+    prome = [c.strip() for c in next(ln for ln in compact.splitlines() if ln.startswith("| rome")).split("|")]
+    assert prome[pcols.index("ES ↑ (%)")] == f"{100 * float(es['mean']):.1f}"
+    es_pre = next(r for r in rows if r["suite"] == "counterfact" and r["metric"] == "ES_pre" and r["method"] == "rome")
+    unedited = [c.strip() for c in next(ln for ln in compact.splitlines() if ln.startswith("| unedited")).split("|")]
+    assert unedited[pcols.index("ES ↑ (%)")] == f"{100 * float(es_pre['mean']):.1f}"
+    assert "Anecdotal" in compact and "EM" not in pcols and "EasyEdit_rewrite_acc" not in compact
     cell = vals[cols.index("ES_post ↑ (share, paper ×100)")]  # direction, unit, paper scale from the spec
     assert cell.startswith(f"{float(es['mean']):.3f}")
     assert vals[cols.index("n")] == es["n"] == "2"

@@ -66,7 +66,7 @@ def test_markdown_headers_carry_direction_unit_and_paper_scale():
     suite = CounterFactSuite()
     specs = {("d", "counterfact"): suite.metrics_declared}
     md = to_markdown(summarize(rows_of("counterfact", ("ES", "PS", "NS")), specs=specs), specs=specs)
-    header = next(line for line in md.splitlines() if line.startswith("| method"))
+    header = next(line for line in md.split("All metrics:")[1].splitlines() if line.startswith("| method"))
     assert "ES_post ↑ (share, paper ×100)" in header and "Score_post ↑ (share, paper ×100)" in header
 
 

@@ -74,7 +74,9 @@ class MetricSpec:
     ``paper``/``equation`` cite where it is defined; ``higher_is_better`` is the direction (None: neither,
     e.g. a count); ``range`` the values it can take (``(0, 1)`` for shares; ``math.inf`` for open ends);
     ``unit`` what one unit is; ``paper_scale`` the factor the paper prints it with (100 when tables show
-    percentages); ``pairing`` the naming scheme (module docstring); ``aggregate`` set for summary-time metrics.
+    percentages); ``pairing`` the naming scheme (module docstring); ``aggregate`` set for summary-time metrics;
+    ``headline``: a column of the paper's main table (the report's compact table); False for magnitudes,
+    diagnostics and alternative protocols, which appear in the long table only.
     """
 
     name: str
@@ -87,6 +89,7 @@ class MetricSpec:
     pairing: Pairing = "pre_post"
     description: str = ""
     aggregate: Aggregate | None = None
+    headline: bool = True
 
     def __post_init__(self) -> None:
         if self.pairing not in PAIRINGS:
@@ -129,6 +132,7 @@ class MetricSpec:
             "unit": self.unit, "paper_scale": self.paper_scale, "pairing": self.pairing,
             "description": self.description,
             "aggregate": {"kind": self.aggregate.kind, "of": list(self.aggregate.of)} if self.aggregate else None,
+            "headline": self.headline,
         }
         return out
 
@@ -141,7 +145,8 @@ class MetricSpec:
                    range=(float(rng[0]), float(rng[1])) if rng is not None else None,
                    unit=data["unit"], paper_scale=float(data["paper_scale"]), pairing=data["pairing"],
                    description=data.get("description", ""),
-                   aggregate=Aggregate(agg["kind"], tuple(agg["of"])) if agg else None)
+                   aggregate=Aggregate(agg["kind"], tuple(agg["of"])) if agg else None,
+                   headline=data.get("headline", True))
 
 
 def _json_num(x: float) -> float | str:

@@ -24,6 +24,8 @@ from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics
 from editscope.run.summary import (
     TABLE_NOTE,
     SummaryRow,
+    compact_markdown,
+    compact_table,
     metric_label,
     protocol_notes,
     spec_of,
@@ -134,6 +136,19 @@ def _md_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics |
             + ["| " + " | ".join(cells) + " |" for cells in body])
 
 
+def _html_compact(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None) -> str:
+    table = compact_table(rs, methods, (specs or {}).get((rs[0].dataset, rs[0].suite), ()))
+    if table is None:
+        return ""
+    headers, body, notes = table
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    trs = "".join("<tr><th>" + html.escape(cells[0]) + "</th>" + "".join(f"<td>{html.escape(c)}</td>"
+                                                                          for c in cells[1:]) + "</tr>"
+                  for cells in body)
+    return (f"<table class='compact'><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
+            + "".join(f"<p class='protocol'>{html.escape(n)}</p>" for n in notes) + "<p>All metrics:</p>")
+
+
 def _html_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None = None) -> str:
     metrics, body = table_rows(rs, methods)
     head = "".join(f"<th>{html.escape(metric_label(k, spec_of(specs, rs[0].dataset, rs[0].suite, k)))}</th>"
@@ -188,7 +203,9 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
         tables.setdefault((r.dataset, r.suite), []).append(r)
     bars = {f.slug: f for f in figs}
     title = "editscope report"
-    note = TABLE_NOTE + " Metrics are recomputable from the raw probes in each run's results.jsonl."
+    note = ("Per suite, first the paper's columns in the paper's units (×100 where the paper prints percentages; "
+            "row 'unedited' = the pre-edit values), then every metric. " + TABLE_NOTE
+            + " Metrics are recomputable from the raw probes in each run's results.jsonl.")
 
     md = [f"# {title}", ""]
     for run in runs:
@@ -209,9 +226,12 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
 
     for (dataset, suite), rs in tables.items():
         lines = notes.get((dataset, suite), [])
-        md += [f"## {suite} on {dataset}", ""] + _md_table(rs, methods, specs) + [""]
+        compact = compact_markdown(rs, methods, specs.get((dataset, suite)))
+        md += [f"## {suite} on {dataset}", ""] + (compact + ["", "All metrics:", ""] if compact else [])
+        md += _md_table(rs, methods, specs) + [""]
         md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
-        h.append(f"<h2>{html.escape(suite)} on {html.escape(dataset)}</h2>{_html_table(rs, methods, specs)}")
+        h.append(f"<h2>{html.escape(suite)} on {html.escape(dataset)}</h2>{_html_compact(rs, methods, specs)}"
+                 f"{_html_table(rs, methods, specs)}")
         h += [f"<p class='protocol'>{html.escape(n)}</p>" for n in lines]
         add_figure(bars[f"bars-{dataset}-{suite}"])
     extra = [f for f in figs if not f.slug.startswith("bars-")]

@@ -50,7 +50,7 @@ class SummaryRow:
     ci95_low: float
     ci95_high: float
     std: float
-    ci: str = "t"  # "t" (Student t over cases) or "bootstrap" (aggregates)
+    ci: str = "t"  # "t" (Student t over cases), "t-log" (on log values: geometric mean) or "bootstrap"
 
     @property
     def half_width(self) -> float:
@@ -68,6 +68,20 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     sd = float(x.std(ddof=1))
     half = float(st.t.ppf(0.5 + confidence / 2, x.size - 1)) * sd / math.sqrt(x.size)
     return mean, mean - half, mean + half, sd
+
+
+LOG_UNITS = ("ppl",)
+"""Units aggregated on a log scale: perplexities of 1-to-N answers span 1e1..1e11 per case (paper 000 §2.2 (3)
+averages per query without saying how over queries), so an arithmetic mean is one case's value."""
+
+
+def geometric_mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """(geometric mean, low, high, std of log) of the positive finite ``values``: :func:`mean_ci` of their
+    natural logs, exponentiated (an ``inf`` PPL, an overflow, is left out like a NaN)."""
+    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    mean, lo, hi, sd = mean_ci(logs, confidence)
+    g, g_lo, g_hi = (math.exp(x) if math.isfinite(x) else math.nan for x in (mean, lo, hi))
+    return g, g_lo, g_hi, sd
 
 
 def bootstrap_aggregate(columns: np.ndarray, spec: MetricSpec, *, n_boot: int = N_BOOTSTRAP,
@@ -146,9 +160,14 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             vals = [_value(m[column]) for m in per_case if column in m]
             if not vals:
                 continue
-            mean, lo, hi, sd = mean_ci(vals)
+            if spec is not None and spec.unit in LOG_UNITS:
+                mean, lo, hi, sd = geometric_mean_ci(vals)
+                kind = "t-log"
+            else:
+                mean, lo, hi, sd = mean_ci(vals)
+                kind = "t"
             n = sum(1 for v in vals if math.isfinite(v))
-            out.append(SummaryRow(dataset, suite, method, column, n, mean, lo, hi, sd))
+            out.append(SummaryRow(dataset, suite, method, column, n, mean, lo, hi, sd, kind))
     return out
 
 
@@ -200,8 +219,95 @@ def spec_of(specs: SpecMap | None, dataset: str, suite: str, column: str) -> Met
 
 
 TABLE_NOTE = ("Mean ± half-width of the 95% confidence interval over cases (Student t; percentile bootstrap "
-              f"with {N_BOOTSTRAP} resamples for aggregates such as Score); n = cases. ↑ higher is better, "
+              f"with {N_BOOTSTRAP} resamples for aggregates such as Score; perplexities (unit ppl): geometric mean, "
+              "t interval on log PPL); n = cases. ↑ higher is better, "
               "↓ lower is better; the unit follows each name, with the factor the paper prints it with.")
+MIN_CI_N = 5
+"""Fewer cases than this: the compact table prints no interval and calls the numbers anecdotal."""
+UNEDITED = "unedited"
+
+
+def _paper_num(x: float, scale: float) -> str:
+    if scale != 1:
+        return f"{x * scale:.1f}"
+    return _fmt(x, 2) if abs(x) < 100 else _fmt(x, 1) if abs(x) < 1e4 else f"{x:.2e}"
+
+
+def paper_cell(r: SummaryRow, spec: MetricSpec) -> str:
+    """A compact-table cell in the paper's units (``× paper_scale``): the mean, then for n >= ``MIN_CI_N`` its 95%
+    interval clipped to the metric's declared range (``± half`` when symmetric and unclipped, else ``[lo, hi]``)."""
+    if not math.isfinite(r.mean):
+        return "–"
+    text = _paper_num(r.mean, spec.paper_scale)
+    if r.n < MIN_CI_N or not (math.isfinite(r.ci95_low) and math.isfinite(r.ci95_high)):
+        return text
+    lo_r, hi_r = spec.range if spec.range is not None else (-math.inf, math.inf)
+    lo, hi = max(r.ci95_low, lo_r), min(r.ci95_high, hi_r)
+    if r.ci == "t" and (lo, hi) == (r.ci95_low, r.ci95_high):
+        return f"{text} ± {_paper_num(r.half_width, spec.paper_scale)}"
+    return f"{text} [{_paper_num(lo, spec.paper_scale)}, {_paper_num(hi, spec.paper_scale)}]"
+
+
+def paper_header(spec: MetricSpec) -> str:
+    """``ES ↑ (%)``; ``NKL ↓ (nats)``; ``GE ↑ (bits ×100)``."""
+    unit = "%" if spec.unit == "share" and spec.paper_scale == 100 else (
+        spec.unit + (f" ×{spec.paper_scale:g}" if spec.paper_scale != 1 else ""))
+    return f"{spec.name}{' ' + spec.arrow if spec.arrow else ''} ({unit})"
+
+
+def compact_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Sequence[MetricSpec],
+                  no_edit: str = "none") -> tuple[list[str], list[list[str]], list[str]] | None:
+    """The paper-style table of one (dataset, suite): (headers, rows, notes) or None without declarations.
+
+    Columns: the declared ``headline`` metrics with a direction, in declaration order, in the paper's units;
+    rows: the unedited model (each ``NAME_pre``; post-only metrics –), then one row per edit method (``NAME_post``
+    or ``NAME``). Intervals only where n >= ``MIN_CI_N``; notes say when numbers are anecdotal and how PPL is
+    averaged."""
+    cols = [s for s in specs if s.headline and s.higher_is_better is not None]
+    if not cols:
+        return None
+    cell = {(r.method, r.metric): r for r in rs}
+    present = [m for m in methods if any(r.method == m for r in rs)]
+    body: list[list[str]] = []
+    ns: dict[str, int] = {}
+
+    def row(label: str, pick) -> None:
+        found = [(s, cell.get(pick(s))) for s in cols]
+        n = max((r.n for _, r in found if r is not None), default=0)
+        ns[label] = n
+        body.append([label, str(n)] + [paper_cell(r, s) if r is not None else "–" for s, r in found])
+
+    if present:  # the unedited model: pre values are shared by all methods (same cases, probed once)
+        ref = max(present, key=lambda m: sum(1 for r in rs if r.method == m))
+        if any(s.pre is not None and (ref, s.pre) in cell for s in cols):
+            row(UNEDITED, lambda s: (ref, s.pre) if s.pre is not None else None)
+    for m in present:
+        if m != no_edit:
+            row(m, lambda s, m=m: (m, s.post))
+    headers = ["method", "n"] + [paper_header(s) for s in cols]
+    notes = []
+    few = [label for label, n in ns.items() if n < MIN_CI_N]
+    if few:
+        notes.append(f"Anecdotal: fewer than {MIN_CI_N} cases ({', '.join(few)}); no confidence interval shown.")
+    if any(r.n >= MIN_CI_N for r in rs):
+        notes.append("± / [lo, hi]: 95% confidence interval over cases, clipped to the metric's range "
+                     "(bootstrap for aggregates such as Score).")
+    if any(s.unit in LOG_UNITS for s in cols):
+        notes.append("PPL: geometric mean over cases (mean of log PPL; interval on the log scale), not the "
+                     "arithmetic mean, which one case's 1e10 would dominate.")
+    return headers, body, notes
+
+
+def compact_markdown(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Sequence[MetricSpec] | None,
+                     ) -> list[str]:
+    """:func:`compact_table` as Markdown lines (empty without declarations)."""
+    table = compact_table(rs, methods, specs or ())
+    if table is None:
+        return []
+    headers, body, notes = table
+    lines = ["| " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * (len(headers) - 2)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return lines + [""] + [f"*{n}*  " for n in notes]
 
 
 def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[str], list[list[str]]]:
@@ -274,6 +380,9 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
         metrics, body = table_rows(rs, methods)
         labels = [metric_label(k, spec_of(specs, dataset, suite, k)) for k in metrics]
         lines += ["", f"## {suite} on {dataset}", ""]
+        compact = compact_markdown(rs, methods, (specs or {}).get((dataset, suite)))
+        if compact:
+            lines += compact + ["", "All metrics:", ""]
         lines.append("| method | n | " + " | ".join(labels) + " |")
         lines.append("|---|---:|" + "---:|" * len(metrics))
         lines += ["| " + " | ".join(cells) + " |" for cells in body]

@@ -97,7 +97,7 @@ def _additivity_specs(setting: str) -> tuple[MetricSpec, ...]:
     def spec(key: str, eq: str, better: bool, rng: tuple[float, float] = (0.0, 1.0), unit: str = "share",
              scale: float = 100, what: str = "") -> MetricSpec:
         return MetricSpec(f"{key}_{setting}", _P, eq, better, rng, unit, scale, "post_only",
-                          f"{what} ({setting} false answers)")
+                          f"{what} ({setting} false answers)", headline=key in ("AFF", "ANF"))  # Tables 3-4
     return (
         spec("RFF", "eq 1", False, what="Ranking Forgetting Factor"),
         spec("RNF", "eq 2", False, what="Ranking Noising Factor"),
@@ -118,9 +118,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("LS", _P, "section 3.2 (locality)", True, paper_scale=100,
                description="P(o_l) > P(o*) on the locality prompts"),
     MetricSpec("ES_unfiltered", _P, "section 3.2, unfiltered O", True, paper_scale=100,
-               description="ES against the full published answer list"),
+               description="ES against the full published answer list", headline=False),
     MetricSpec("GS_unfiltered", _P, "section 3.2, unfiltered O", True, paper_scale=100,
-               description="GS against the full published answer list"),
+               description="GS against the full published answer list", headline=False),
 ) + tuple(spec for setting in SETTINGS for spec in _additivity_specs(setting))
 
 

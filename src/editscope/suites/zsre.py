@@ -75,7 +75,7 @@ METRICS: tuple[MetricSpec, ...] = (
                aggregate=hmean_of(("Efficacy", "Paraphrase", "Specificity")),
                description="harmonic mean of the dataset-level means (bootstrap CI over cases)"),
     MetricSpec("Specificity_delta", _P, "eq 23, post - pre", True, (-1.0, 1.0), paper_scale=100,
-               pairing="post_only", description="Specificity after minus before the edit"),
+               pairing="post_only", description="Specificity after minus before the edit", headline=False),
 )
 
 
