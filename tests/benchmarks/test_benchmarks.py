@@ -34,3 +34,10 @@ def test_bench_stats_runs():
     out = _run("bench_stats.py", "--model", "tiny-llama", "--tokens", "512", "--seq-len", "64", "--layers", "1,2",
                "--rounds", "1", "--threads", "1")
     assert "token rate ratio " in out and "speedup " in out
+
+
+@pytest.mark.slow
+def test_bench_run_runs_on_two_records():
+    out = _run("bench_run.py", "--cases", "1", "--model", "tiny-llama", "--threads", "1")
+    assert "fast: 6 edits" in out  # 3 methods x (1 CounterFact + 1 zsRE case), one result row each
+    assert "edits per minute" in out

@@ -25,6 +25,7 @@ encoded together and split at the length of the encoded context. An empty contex
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -172,8 +173,11 @@ class ScoringEngine(Scorer):
         self.memo: dict = {}
         #: how editor objectives run their steps: "fast" (only the positions δ can reach, edit.fastpath), "full" (a
         #: full forward, LM head where read) or "plain" (a full forward and full-vocabulary logits at every
-        #: position: the reference code's cost structure, for benchmarks)
-        self.objective_path: str = "fast"
+        #: position: the reference code's cost structure, for benchmarks); EDITSCOPE_OBJECTIVE_PATH sets the default
+        #: (benchmarks/bench_run.py times whole runs on each)
+        self.objective_path: str = os.environ.get("EDITSCOPE_OBJECTIVE_PATH", "fast")
+        if self.objective_path not in ("fast", "full", "plain"):
+            raise EditscopeError(f"EDITSCOPE_OBJECTIVE_PATH must be fast, full or plain, not {self.objective_path!r}")
 
     @property
     def n_layers(self) -> int:
