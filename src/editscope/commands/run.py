@@ -24,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="keep the first row of each (dataset, case, method) when results.jsonl holds duplicates "
                         "(two writers or a hand edit) and say how many were dropped")
     add_device_arguments(parser)
+    parser.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help="local: this process (default); ray: whole groups on Ray actors (pip install "
+                        "'editscope[ray]')")
+    parser.add_argument("--workers", type=int, default=2, help="Ray actors (--executor ray)")
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
     parser.set_defaults(func=_run)
 
 
@@ -40,8 +45,14 @@ def _run(args: argparse.Namespace) -> int:
         from editscope.lm import load
 
         bundle = load(config.model, device=args.device, dtype=args.dtype)
-    result = Runner(config, out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
-                    progress=not args.no_progress, repair=args.repair, bundle=bundle).run()
+    kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
+                  progress=not args.no_progress, repair=args.repair, bundle=bundle)
+    if args.executor == "ray":
+        from editscope.run.ray_executor import RayRunner
+
+        result = RayRunner(config, workers=args.workers, address=args.address, **kwargs).run()
+    else:
+        result = Runner(config, **kwargs).run()
     print(f"{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
           f"{result.out_dir / 'results.jsonl'}")
     print(f"summary: {result.out_dir / 'summary.md'}")

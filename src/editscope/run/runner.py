@@ -309,30 +309,14 @@ class Runner:
         bar = tqdm(total=pending, desc="edit+evaluate", unit="row", disable=not self.progress, dynamic_ncols=True)
         try:
             with ResultsWriter(self.out_dir / RESULTS) as writer:
-                for block in blocks:
-                    for g, members in block.groups:
-                        todo = {m: missing(block, members, m) for m in methods}
-                        if not any(todo.values()):
-                            continue
-                        cases = [block.cases[i] for i in members]
-                        torch.manual_seed(derived_seed(self.config.seed, block.label, g, "pre"))
-                        t0 = time.perf_counter()
-                        pre = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
-                        pre_seconds = (time.perf_counter() - t0) / len(cases)
-                        for label in methods:
-                            if not todo[label]:
-                                continue
-                            if self.config.probe_only:
-                                rows = self._probe_rows(block, g, members, cases, pre, pre_seconds, todo[label])
-                            else:
-                                rows = self._edit_group(block, g, members, cases, pre, label, editors[label],
-                                                        hparams[label], engine, todo[label])
-                            for row in rows:
-                                writer.append(row)
-                                written += 1
-                                bar.update(1)
-                                if self.on_row is not None:
-                                    self.on_row(row)
+                tasks = [(b, g, members, todo) for b, block in enumerate(blocks) for g, members in block.groups
+                         if any((todo := {m: missing(block, members, m) for m in methods}).values())]
+                for row in self._execute(blocks, tasks, editors, hparams, engine):
+                    writer.append(row)
+                    written += 1
+                    bar.update(1)
+                    if self.on_row is not None:
+                        self.on_row(row)
             status = "complete"
         finally:
             bar.close()
@@ -341,6 +325,30 @@ class Runner:
                                     dataset_order=[b.label for b in self.config.blocks])
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary)
+
+    def _execute(self, blocks: list[Block], tasks: list[tuple[int, int, list[int], dict[str, set]]], editors,
+                 hparams, engine: ScoringEngine) -> Iterator[dict[str, Any]]:
+        """The rows of every (block index, group, members, rows to do per method) task, in order, in this process
+        (editscope.run.ray_executor overrides it to spread whole groups over Ray actors)."""
+        for b, g, members, todo in tasks:
+            yield from self._group_rows(blocks[b], g, members, todo, editors, hparams, engine)
+
+    def _group_rows(self, block: Block, g: int, members: list[int], todo: dict[str, set], editors, hparams,
+                    engine: ScoringEngine) -> Iterator[dict[str, Any]]:
+        """One group: pre probes from the unedited model, then each method's rows (edit, probe, restore)."""
+        cases = [block.cases[i] for i in members]
+        torch.manual_seed(derived_seed(self.config.seed, block.label, g, "pre"))
+        t0 = time.perf_counter()
+        pre = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
+        pre_seconds = (time.perf_counter() - t0) / len(cases)
+        for label in [m.label for m in self.config.methods]:
+            if not todo[label]:
+                continue
+            if self.config.probe_only:
+                yield from self._probe_rows(block, g, members, cases, pre, pre_seconds, todo[label])
+            else:
+                yield from self._edit_group(block, g, members, cases, pre, label, editors[label],
+                                            hparams[label], engine, todo[label])
 
     def _units(self, block: Block, members: list[int]) -> list[tuple[int, int | None]]:
         """The rows one method writes for a group: (case index, None) for the rows after the group's last edit,
