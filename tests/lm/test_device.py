@@ -49,3 +49,19 @@ def test_bad_values():
     with pytest.raises(EditscopeError, match="expected one of"):
         resolve_dtype("int8")
     assert resolve_device("cpu") == torch.device("cpu") and resolve_dtype(None) == torch.float32
+
+
+def test_run_config_device_dtype(tmp_path):
+    from editscope.run import Runner, parse_config
+    from editscope.run.store import read_json
+
+    base = {"model": "tiny-llama", "methods": ["none"], "mode": "probe_only", "dataset": "counterfact",
+            "slice": {"limit": 1}, "suites": ["counterfact"]}
+    config = parse_config({**base, "device": "cpu", "dtype": "bfloat16"})
+    assert config.digest() != parse_config(base).digest() and config.dtype == "bfloat16"
+    Runner(config, out_dir=tmp_path / "r", progress=False).run()
+    fingerprint = read_json(tmp_path / "r" / "run.json")["model"]["fingerprint"]
+    assert fingerprint == load("tiny-llama", dtype="bfloat16").fingerprint
+    for key, value in (("device", "gpu"), ("dtype", "int8")):
+        with pytest.raises(EditscopeError, match=f"{key}"):
+            parse_config({**base, key: value})

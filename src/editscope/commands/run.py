@@ -44,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.device is not None or args.dtype is not None:  # else the runner loads the config's model itself
         from editscope.lm import load
 
-        bundle = load(config.model, device=args.device, dtype=args.dtype)
+        bundle = load(config.model, device=args.device or config.device, dtype=args.dtype or config.dtype)
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
                   progress=not args.no_progress, repair=args.repair, bundle=bundle)
     if args.executor == "ray":

@@ -2,7 +2,9 @@
 
 Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
 
-    model: smollm2-135m          # registry name or local HF folder
+    model: smollm2-135m          # registry name, local HF folder or hub id org/name
+    device: cpu                  # cpu | cuda | cuda:N | auto (default cpu); --device overrides it
+    dtype: float32               # float32 | bfloat16 | float16 (default float32); --dtype overrides it
     seed: 0                      # seeds every edit (derived per dataset/method/group: resumable, shardable)
     output: runs/demo            # output directory (relative to the working directory)
     mode: single                 # single | {batch: N} | {sequential: N} | probe_only
@@ -32,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,7 +46,7 @@ from editscope.errors import EditscopeError
 from editscope.paths import config_path
 
 TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites",
-            "plugin_modules"}
+            "plugin_modules", "device", "dtype"}
 METHOD_KEYS = {"name", "label", "hparams", "overrides", "plugins"}
 BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
@@ -115,6 +118,8 @@ class RunConfig:
     batch: int = 0
     rounds: int = 0
     checkpoints: int = 0
+    device: str | None = None  # where the model runs (editscope.lm.device); None: cpu
+    dtype: str | None = None  # the model weights' precision; None: float32
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
@@ -126,6 +131,9 @@ class RunConfig:
         data["plugin_modules"] = list(self.plugin_modules)
         if not self.plugin_modules:
             data.pop("plugin_modules")
+        for key in ("device", "dtype"):  # unset: the digest configs had before these keys
+            if data[key] is None:
+                data.pop(key)
         data["blocks"] = [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in self.blocks]
         return data
 
@@ -140,6 +148,7 @@ class RunConfig:
             mode=data["mode"], group_size=data["group_size"], seed=data["seed"], output=data["output"],
             save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
             batch=data.get("batch", 0), rounds=data.get("rounds", 0), checkpoints=data.get("checkpoints", 0),
+            device=data.get("device"), dtype=data.get("dtype"),
         )
 
     def digest(self) -> str:
@@ -247,6 +256,12 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     seed = c.count(data.get("seed", 0), "seed", 0)
     output = c.text(data.get("output", "runs/run"), "output")
     save_patches = c.typed(data.get("save_patches", False), bool, "save_patches", "true or false")
+    device = c.text(data["device"], "device") if "device" in data else None
+    if device is not None and not re.fullmatch(r"cpu|auto|cuda(:\d+)?", device):
+        raise c.fail("device", f"expected cpu, cuda, cuda:N or auto, got {device!r}")
+    dtype = c.text(data["dtype"], "dtype") if "dtype" in data else None
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+        raise c.fail("dtype", f"expected float32, bfloat16 or float16, got {dtype!r}")
 
     mode, group_size, batch, rounds, checkpoints = "single", 1, 0, 0, 0
     raw_mode = data.get("mode", "single")
@@ -388,7 +403,8 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
         raise c.fail("datasets", f"dataset label {dup!r} appears twice (give one a different 'label')")
     return RunConfig(model=model, methods=tuple(method_specs), blocks=tuple(blocks), mode=mode,
                      group_size=group_size, seed=seed, output=output, save_patches=save_patches,
-                     plugin_modules=tuple(plugin_modules), batch=batch, rounds=rounds, checkpoints=checkpoints)
+                     plugin_modules=tuple(plugin_modules), batch=batch, rounds=rounds, checkpoints=checkpoints,
+                     device=device, dtype=dtype)
 
 
 def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, Any], ...]:

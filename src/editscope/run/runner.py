@@ -218,7 +218,8 @@ class Runner:
             from editscope.lm import load
 
             self.log(f"loading model {self.config.model}")
-            self.bundle = load(self.config.model, progress=self.log)
+            self.bundle = load(self.config.model, progress=self.log, device=self.config.device,
+                               dtype=self.config.dtype)
         bundle = self.bundle
         for block, spec in zip(blocks, self.config.blocks, strict=True):  # before any edit: every text fits
             check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
