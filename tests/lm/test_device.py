@@ -57,6 +57,7 @@ def test_run_config_device_dtype(tmp_path):
 
     base = {"model": "tiny-llama", "methods": ["none"], "mode": "probe_only", "dataset": "counterfact",
             "slice": {"limit": 1}, "suites": ["counterfact"]}
+    assert parse_config({**base, "device": "cpu"}).digest() == parse_config(base).digest()  # resumable elsewhere
     config = parse_config({**base, "device": "cpu", "dtype": "bfloat16"})
     assert config.digest() != parse_config(base).digest() and config.dtype == "bfloat16"
     Runner(config, out_dir=tmp_path / "r", progress=False).run()

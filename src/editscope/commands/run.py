@@ -40,13 +40,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise EditscopeError("--limit must be >= 1")
     config = load_config(args.config)
-    bundle = None
-    if args.device is not None or args.dtype is not None:  # else the runner loads the config's model itself
-        from editscope.lm import load
+    if args.device is not None or args.dtype is not None:  # the flags win over the config's keys (Ray actors too)
+        import dataclasses
 
-        bundle = load(config.model, device=args.device or config.device, dtype=args.dtype or config.dtype)
+        config = dataclasses.replace(config, device=args.device or config.device, dtype=args.dtype or config.dtype)
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
-                  progress=not args.no_progress, repair=args.repair, bundle=bundle)
+                  progress=not args.no_progress, repair=args.repair)
     if args.executor == "ray":
         from editscope.run.ray_executor import RayRunner
 

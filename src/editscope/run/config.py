@@ -152,9 +152,10 @@ class RunConfig:
         )
 
     def digest(self) -> str:
-        """Identity of what is computed: everything but the output directory."""
+        """Identity of what is computed: everything but the output directory and the device."""
         data = self.to_dict()
         data.pop("output")
+        data.pop("device", None)
         return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()
 
     @property
