@@ -88,6 +88,9 @@ def run_revert(args: argparse.Namespace) -> int:
     from editscope.lm.loading import fingerprint_model
 
     patch = Patch.load(args.patch)
+    if not patch.bases:
+        raise EditscopeError(f"{args.patch}: holds no base weights (saved without them); revert needs the original "
+                             "model")
     bundle = load(args.model)
     patch.revert_from_bases(bundle)
     fingerprint = fingerprint_model(bundle.model)

@@ -393,6 +393,11 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
             if name not in known_suites:
                 raise c.fail(f"{skey}.name", f"unknown suite {name!r}; available: {', '.join(known_suites) or 'none'}")
             options = c.typed(s.get("options", {}) or {}, dict, f"{skey}.options", "a mapping")
+            from editscope.run.suites import option_problem
+
+            problem = option_problem(name, options)
+            if problem:
+                raise c.fail(f"{skey}.options.{problem[0]}", problem[1])
             suite_specs.append(SuiteSpec(name, dict(options)))
         names = [s.name for s in suite_specs]
         if len(set(names)) != len(names):

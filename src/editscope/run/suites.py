@@ -49,25 +49,31 @@ def _option_ok(value: Any, tp: Any) -> bool:
     return True
 
 
-def _check_options(name: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> None:
-    """A suite option of the wrong type is an error naming the suite and the option (before anything runs)."""
+def option_problem(name: str, options: Mapping[str, Any],
+                   extra: Mapping[str, SuiteFactory] | None = None) -> tuple[str, str] | None:
+    """``(option, what is wrong)`` for the first option of suite ``name`` whose value does not fit its annotation
+    on the suite's constructor; None when all fit (or the suite is unknown)."""
+    factory = extra[name] if extra and name in extra else SUITES.get(name)
+    if factory is None:
+        return None
     try:
         hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
     except Exception:  # noqa: BLE001 -- unresolvable annotations: leave the check to the constructor
-        return
+        return None
     for key, value in options.items():
         if key in hints and not _option_ok(value, hints[key]):
             tp = hints[key]
             shown = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
-            raise EditscopeError(f"suite {name!r}: option {key!r}: expected {shown}, got {value!r}")
+            return key, f"expected {shown}, got {value!r}"
+    return None
 
 
 def make_suite(name: str, options: Mapping[str, Any], extra: Mapping[str, SuiteFactory] | None = None) -> Suite:
     """Instantiate suite ``name`` with ``options`` (``extra`` factories first, then the registry); the result
     must implement the :class:`~editscope.suites.base.Suite` contract."""
-    factory = extra[name] if extra and name in extra else SUITES.get(name)
-    if factory is not None:
-        _check_options(name, factory, options)
+    problem = option_problem(name, options, extra)
+    if problem:
+        raise EditscopeError(f"suite {name!r}: option {problem[0]!r}: {problem[1]}")
     if extra and name in extra:
         try:
             suite = extra[name](**options)
