@@ -48,7 +48,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from editscope.atomic import atomic_write
+from editscope.atomic import atomic_write, file_lock
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
@@ -295,33 +295,58 @@ def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | No
         raise EditscopeError(f"weights must be 'current' or 'base', not {weights!r}")
     corpus = corpus or Corpus.default()
     layers = sorted(set(int(layer) for layer in layers))
-    out: dict[int, torch.Tensor] = {}
     checksums = {layer: weights_checksum(bundle, layer) for layer in layers} if use_cache else {}
+    if not use_cache:
+        return _compute(bundle, layers, corpus, token_budget, seq_len, batch_rows, progress, None)
+    out, missing = _read_layers(bundle, layers, corpus, token_budget, seq_len, checksums)
+    if missing:
+        # One builder per cache folder: a second process waits here, then reads what the first one wrote.
+        lock = cache_file(bundle.fingerprint, 0, corpus.digest, token_budget, seq_len).parent / ".build.lock"
+        with file_lock(lock):
+            found, missing = _read_layers(bundle, missing, corpus, token_budget, seq_len, checksums, warn=False)
+            out.update(found)
+            if missing:
+                out.update(_compute(bundle, missing, corpus, token_budget, seq_len, batch_rows, progress,
+                                    checksums))
+    return dict(sorted(out.items()))
+
+
+def _read_layers(bundle: Bundle, layers: Sequence[int], corpus: Corpus, token_budget: int, seq_len: int,
+                 checksums: dict[int, str], *, warn: bool = True) -> tuple[dict[int, torch.Tensor], list[int]]:
+    """The layers whose cache files are valid for the weights now, and the layers still to compute."""
+    out: dict[int, torch.Tensor] = {}
     missing = []
     for layer in layers:
         path = cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len)
-        if use_cache and path.is_file():
+        if path.is_file():
             cached, why = _read_cached(path, checksums[layer], bundle.arch.mlp_size(bundle.config),
                                        legacy=lambda layer=layer: _legacy_checksum(bundle, layer))
             if cached is not None:
                 out[layer] = cached
                 continue
-            warnings.warn(f"{path} {why}; recomputing", stacklevel=2)
+            if warn:
+                warnings.warn(f"{path} {why}; recomputing", stacklevel=3)
         missing.append(layer)
-    if missing:
-        t0 = time.perf_counter()
-        rows = corpus_rows(ScoringEngine(bundle), corpus, token_budget, seq_len)
-        sums, count = accumulate(bundle, rows, missing, batch_rows=batch_rows, progress=progress)
-        seconds = time.perf_counter() - t0
-        for layer in missing:
-            out[layer] = sums[layer] / count
-            if use_cache:
-                meta = dict(fingerprint=bundle.fingerprint, model=bundle.name, layer=layer, corpus=corpus.digest,
-                            corpus_files=[p.name for p in corpus.files], token_budget=token_budget,
-                            seq_len=seq_len, tokens=count, seconds=seconds, layers_in_pass=missing,
-                            weights=checksums[layer])
-                _save(cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len),
-                      out[layer], count, meta)
+    return out, missing
+
+
+def _compute(bundle: Bundle, layers: list[int], corpus: Corpus, token_budget: int, seq_len: int, batch_rows: int,
+             progress: bool, checksums: dict[int, str] | None) -> dict[int, torch.Tensor]:
+    """C for ``layers`` in one early-stopped pass over the corpus; cached when ``checksums`` is given."""
+    t0 = time.perf_counter()
+    rows = corpus_rows(ScoringEngine(bundle), corpus, token_budget, seq_len)
+    sums, count = accumulate(bundle, rows, layers, batch_rows=batch_rows, progress=progress)
+    seconds = time.perf_counter() - t0
+    out = {}
+    for layer in layers:
+        out[layer] = sums[layer] / count
+        if checksums is not None:
+            meta = dict(fingerprint=bundle.fingerprint, model=bundle.name, layer=layer, corpus=corpus.digest,
+                        corpus_files=[p.name for p in corpus.files], token_budget=token_budget,
+                        seq_len=seq_len, tokens=count, seconds=seconds, layers_in_pass=layers,
+                        weights=checksums[layer])
+            _save(cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len), out[layer], count,
+                  meta)
     return out
 
 
