@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from editscope import yamlio
 from editscope.errors import EditscopeError
 from editscope.paths import configs_dir
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
@@ -201,7 +202,7 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
     if not path.is_file():
         raise EditscopeError(f"hparams file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yamlio.load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError:
         raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
@@ -237,7 +238,7 @@ def parse_overrides(items: list[str] | None) -> dict:
         if not sep or not key.strip():
             raise EditscopeError(f"--set {item!r}: expected key=value")
         try:
-            out[key.strip()] = yaml.safe_load(value)
+            out[key.strip()] = yamlio.load(value)
         except yaml.YAMLError as exc:
             raise EditscopeError(f"--set {item!r}: value is not valid YAML") from exc
     return out

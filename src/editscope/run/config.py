@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from editscope import yamlio
 from editscope.errors import EditscopeError
 from editscope.paths import config_path
 
@@ -453,7 +454,7 @@ def load_config(path: str | Path, **known: Iterable[str] | None) -> RunConfig:
     if not path.is_file():
         raise EditscopeError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlio.load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:

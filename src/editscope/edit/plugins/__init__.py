@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from editscope import yamlio
 from editscope.edit.hparams import Params
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.errors import EditscopeError
@@ -127,7 +128,7 @@ def parse_plugin_arg(text: str) -> tuple[str, dict[str, Any]]:
         if not sep or not key.strip():
             raise EditscopeError(f"--plugin {text!r}: {item!r} is not key=value")
         try:
-            values[key.strip()] = yaml.safe_load(value)
+            values[key.strip()] = yamlio.load(value)
         except yaml.YAMLError as exc:
             raise EditscopeError(f"--plugin {text!r}: value of {key.strip()!r} is not valid YAML") from exc
     return name, values
