@@ -230,15 +230,17 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
     return hp
 
 
+def parse_key_value(item: str, where: str) -> tuple[str, Any]:
+    """``"key=value"`` -> (key, YAML-typed value); ``where`` names the option in errors."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise EditscopeError(f"{where}: {item!r} is not key=value")
+    try:
+        return key.strip(), yamlio.load(value)
+    except yaml.YAMLError as exc:
+        raise EditscopeError(f"{where}: value of {key.strip()!r} is not valid YAML") from exc
+
+
 def parse_overrides(items: list[str] | None) -> dict:
     """``["key=value", ...]`` with YAML-typed values (``v_lr=0.1``, ``layers=[3,4]``)."""
-    out: dict = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise EditscopeError(f"--set {item!r}: expected key=value")
-        try:
-            out[key.strip()] = yamlio.load(value)
-        except yaml.YAMLError as exc:
-            raise EditscopeError(f"--set {item!r}: value is not valid YAML") from exc
-    return out
+    return dict(parse_key_value(item, f"--set {item!r}") for item in items or [])

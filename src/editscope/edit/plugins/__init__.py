@@ -18,10 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
-from editscope import yamlio
-from editscope.edit.hparams import Params
+from editscope.edit.hparams import Params, parse_key_value
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.errors import EditscopeError
 
@@ -122,16 +120,8 @@ def parse_plugin_arg(text: str) -> tuple[str, dict[str, Any]]:
     name = name.strip()
     if not name:
         raise EditscopeError(f"--plugin {text!r}: expected NAME[:key=value,...]")
-    values: dict[str, Any] = {}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise EditscopeError(f"--plugin {text!r}: {item!r} is not key=value")
-        try:
-            values[key.strip()] = yamlio.load(value)
-        except yaml.YAMLError as exc:
-            raise EditscopeError(f"--plugin {text!r}: value of {key.strip()!r} is not valid YAML") from exc
-    return name, values
+    items = filter(None, (x.strip() for x in rest.split(",")))
+    return name, dict(parse_key_value(item, f"--plugin {text!r}") for item in items)
 
 
 def import_plugin_modules(modules: Sequence[str]) -> None:
