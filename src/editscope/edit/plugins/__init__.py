@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from editscope.edit.hparams import Params, parse_key_value
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.errors import EditscopeError
