@@ -17,7 +17,8 @@ def write(tmp_path, text: str):
 
 
 def test_every_shipped_config_validates(tiny_bundles):
-    files = sorted(config_root().glob("*/*.yaml"))
+    # the paper models' files (GPT-2 XL, GPT-J, Llama-3-8B depths) are checked in test_derived_hparams.py
+    files = sorted(p for p in config_root().glob("*/*.yaml") if p.stem not in ("gpt2-xl", "gpt-j-6b", "llama3-8b"))
     assert len(files) >= 6 * 5
     for path in files:
         editor = get_editor(path.parent.name)

@@ -1,6 +1,6 @@
 """Models by hub id (issue 19 item 2), offline: a snapshot-style hub cache folder (refs/main + snapshots/HASH,
 written with save_pretrained) loads with HF_HUB_OFFLINE=1 and gives the same logits as the original; an id
-not in the cache is a one-line error saying how to pass a local folder; no shipped hparams names --hparams."""
+not in the cache is a one-line error saying how to pass a local folder; no hparams file: derived (KN: --hparams)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from editscope.edit import get_editor
+from editscope.edit.hparams import DerivedHParamsWarning
 from editscope.errors import EditscopeError
 from editscope.lm import load
 
@@ -37,8 +38,10 @@ def test_hub_id_loads_from_cache_offline(offline_hub, tiny_bundles):
         got = bundle.model(input_ids=ids).logits
         want = tiny_bundles["llama"].model(input_ids=ids).logits
     assert torch.equal(got, want)
-    with pytest.raises(EditscopeError, match=r"--hparams"):
-        get_editor("rome").load_hparams(bundle)
+    with pytest.warns(DerivedHParamsWarning, match=r"--hparams"):  # no shipped file: derived, floor(5 * 4 / 32)
+        assert get_editor("rome").load_hparams(bundle).layers == [0]
+    with pytest.raises(EditscopeError, match=r"--hparams"):  # KN has no derivation rule
+        get_editor("kn").load_hparams(bundle)
 
 
 def test_uncached_hub_id_offline_is_one_line(offline_hub):

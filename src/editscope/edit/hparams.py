@@ -11,6 +11,7 @@ import math
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,130 @@ def hparams_path(method: str, model: str) -> Path:
     return config_root() / method / f"{model}.yaml"
 
 
+def shipped_hparams_path(method: str, model: str) -> Path | None:
+    """The shipped hparams file of ``method`` for ``model``: ``{method}/{model}.yaml`` (``org/name`` for a hub
+    id), else the file of a paper model named by hub id or folder name (:data:`editscope.lm.hub.HPARAMS_NAMES`);
+    None when there is neither."""
+    from editscope.lm.hub import hparams_name
+
+    path = hparams_path(method, model)
+    if path.is_file():
+        return path
+    alias = hparams_name(model)
+    if alias is not None and hparams_path(method, alias).is_file():
+        return hparams_path(method, alias)
+    return None
+
+
+# -- hparams derived from the architecture and depth (issue 19 item 2) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerReference:
+    """The layers the original code edits on one published model of a family: ROME's single MLP layer (found by
+    causal tracing, ROME §2/§3) and MEMIT's window of consecutive early-middle MLP layers (first, last)."""
+
+    model: str
+    depth: int
+    single: int
+    window: tuple[int, int]
+    source: str
+
+
+#: Published layer choices per architecture family (ArchMap.family). A family without its own (gemma3) uses
+#: ``llama``'s: the closest published pre-norm rotary decoder.
+LAYER_REFERENCES: dict[str, LayerReference] = {
+    "gpt2": LayerReference("GPT-2 XL", 48, 17, (13, 17),
+                           "kmeng01/rome hparams/ROME/gpt2-xl.json, kmeng01/memit hparams/MEMIT/gpt2-xl.json"),
+    "gptj": LayerReference("GPT-J 6B", 28, 5, (3, 8), "kmeng01/rome hparams/ROME/EleutherAI_gpt-j-6B.json, "
+                                                      "kmeng01/memit hparams/MEMIT/EleutherAI_gpt-j-6B.json"),
+    "llama": LayerReference("Llama-3-8B", 32, 5, (4, 8), "jianghoucheng/AlphaEdit hparams/ROME/Llama3-8B.json, "
+                                                         "hparams/MEMIT/Llama3-8B.json"),
+}
+DEFAULT_REFERENCE_FAMILY = "llama"
+
+#: Which published choice each method's derived layers follow: ROME's single layer or MEMIT's window (the
+#: MEMIT-based editors share MEMIT's layers in their original configs). FT follows ROME's layer, as editscope's
+#: shipped FT configs do (the published FT configs disagree: layer 0 in ROME's FT-L, 21 in MEMIT's GPT-J FT-W
+#: and AlphaEdit's Llama-3 FT). KN and MEND have no rule: they need --hparams or a shipped file.
+LAYER_RULES: dict[str, str] = {"rome": "single", "ft": "single", "memit": "window", "alphaedit": "window",
+                               "prune": "window", "rect": "window", "evk_edit": "window"}
+
+
+class DerivedHParamsWarning(UserWarning):
+    """Hyperparameters were derived (no shipped file for the model): says which layers and how to override."""
+
+
+def scaled_layer(layer: int, ref_depth: int, n_layers: int) -> int:
+    """``floor(layer · n_layers / ref_depth)``: the layer at the same relative depth. From GPT-2 XL's 17 of 48
+    this gives ROME's own published choices for GPT-2 medium (8 of 24) and large (12 of 36)."""
+    return layer * n_layers // ref_depth
+
+
+def derived_layers(method: str, family: str, n_layers: int) -> tuple[list[int], str] | None:
+    """The edit layers of ``method`` on a ``family`` model of ``n_layers`` layers, by proportional depth from
+    the family's published choice (:data:`LAYER_REFERENCES`), with a sentence saying how; None without a rule."""
+    rule = LAYER_RULES.get(method)
+    if rule is None or n_layers < 1:
+        return None
+    ref = LAYER_REFERENCES.get(family, LAYER_REFERENCES[DEFAULT_REFERENCE_FAMILY])
+    if rule == "single":
+        layers = [scaled_layer(ref.single, ref.depth, n_layers)]
+        published = f"ROME's layer {ref.single} of {ref.depth} on {ref.model}"
+    else:
+        lo, hi = (scaled_layer(x, ref.depth, n_layers) for x in ref.window)
+        layers = list(range(lo, hi + 1))
+        published = f"MEMIT's layers {ref.window[0]}-{ref.window[1]} of {ref.depth} on {ref.model}"
+    how = f"floor(layer * {n_layers} / {ref.depth}) from {published} ({ref.source})"
+    return layers, how
+
+
+def _validate(cls: type[HParams], data: dict, where: str, overrides: dict | None, n_layers: int | None,
+              overrides_label: str) -> HParams:
+    hp = cls.from_dict(data, where)
+    if not overrides:
+        hp.check(where, n_layers)
+        return hp
+    try:
+        hp = cls.from_dict({**data, **overrides}, where)
+        hp.check(where, n_layers)
+    except EditscopeError as exc:
+        blamed = re.match(re.escape(where) + r": key '([^'.\[]+)", str(exc))
+        if blamed and blamed.group(1) in overrides:
+            key = blamed.group(1)
+            shown = yaml.safe_dump(overrides[key], default_flow_style=True, width=200).removesuffix("...\n").strip()
+            raise EditscopeError(str(exc).replace(where, f"{overrides_label} {key}={shown} (over {where})", 1)) \
+                from None
+        raise
+    return hp
+
+
+def resolve_hparams(method: str, cls: type[HParams], model: str, arch: tuple[str, int] | None = None,
+                    overrides: dict | None = None, overrides_label: str = "--set") -> HParams:
+    """The hparams of ``method`` for ``model`` when no file is given: the shipped file
+    (:func:`shipped_hparams_path`), else defaults derived from the architecture ``arch = (family, n_layers)``
+    (layers by :func:`derived_layers`, every other key ``cls``'s default) with a :class:`DerivedHParamsWarning`,
+    else an error naming ``--hparams``."""
+    n_layers = arch[1] if arch else None
+    path = shipped_hparams_path(method, model)
+    if path is not None:
+        return load_yaml(path, cls, overrides, n_layers, overrides_label)
+    derived = derived_layers(method, *arch) if arch else None
+    if derived is None:
+        folder = config_root() / method
+        have = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        why = ("no derivation rule for this method" if arch else "the model's depth is unknown here")
+        raise EditscopeError(f"no hparams for {method} on model {model!r} ({hparams_path(method, model)}; {why}); "
+                             f"shipped: {', '.join(have) or 'none'}; pass --hparams FILE")
+    layers, how = derived
+    where = f"<{method} hparams derived for {model}>"
+    hp = _validate(cls, {"layers": layers}, where, overrides, n_layers, overrides_label)
+    warnings.warn(f"no shipped {method} hparams for {model!r}: derived layers {layers} by {how}; every other key "
+                  f"is {method}'s default. Override with --set layers=[...] (or run config 'overrides') or pass "
+                  "--hparams FILE", DerivedHParamsWarning, stacklevel=3)
+    return hp
+
+
 def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = None,
               n_layers: int | None = None, overrides_label: str = "--set") -> HParams:
     """Read and validate one hparams file (``yaml.safe_load``), then apply ``overrides``. A problem with an
@@ -211,23 +336,7 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
         raise EditscopeError(f"{path}: YAML nested too deeply") from None
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
-    where = str(path)
-    hp = cls.from_dict(data, where)
-    if not overrides:
-        hp.check(where, n_layers)
-        return hp
-    try:
-        hp = cls.from_dict({**data, **overrides}, where)
-        hp.check(where, n_layers)
-    except EditscopeError as exc:
-        blamed = re.match(re.escape(where) + r": key '([^'.\[]+)", str(exc))
-        if blamed and blamed.group(1) in overrides:
-            key = blamed.group(1)
-            shown = yaml.safe_dump(overrides[key], default_flow_style=True, width=200).removesuffix("...\n").strip()
-            raise EditscopeError(str(exc).replace(where, f"{overrides_label} {key}={shown} (over {where})", 1)) \
-                from None
-        raise
-    return hp
+    return _validate(cls, data, str(path), overrides, n_layers, overrides_label)
 
 
 def parse_key_value(item: str, where: str) -> tuple[str, Any]:

@@ -25,7 +25,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
-from editscope.edit.hparams import HParams, hparams_path, load_yaml
+from editscope.edit.hparams import HParams, load_yaml, resolve_hparams
 from editscope.edit.mend import core as mend
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
@@ -123,12 +123,9 @@ class Editor:
         model_name = model.name if isinstance(model, Bundle) else model
         if isinstance(model, Bundle):
             self.check_model(model)
-        if path is None:
-            path = hparams_path(self.name, model_name)
-            if not path.is_file():
-                have = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-                raise EditscopeError(f"no hparams for {self.name} on model {model_name!r} ({path}); "
-                                     f"available: {', '.join(have) or 'none'} (or pass --hparams FILE)")
+        if path is None:  # shipped file, else derived from the architecture (warns), else an error naming --hparams
+            arch = (model.arch.family, model.n_layers) if isinstance(model, Bundle) else None
+            return resolve_hparams(self.name, self.hparams_class, model_name, arch, overrides, overrides_label)
         return load_yaml(path, self.hparams_class, overrides, n_layers, overrides_label)
 
     def apply(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,

@@ -4,8 +4,10 @@ The snapshot (config, weights, tokenizer files) is fetched into or read from the
 (``$HF_HUB_CACHE`` / ``$HF_HOME``) with ``huggingface_hub.snapshot_download``, then loaded as a local folder.
 Offline (``HF_HUB_OFFLINE=1``, or the hub unreachable) a cached snapshot is used; without one the error says
 how to point ``--model`` at a local folder. Hyperparameters are looked up as
-``configs/hparams/{method}/{org}/{name}.yaml``; a model without them gets the editors' error naming
-``--hparams``.
+``configs/hparams/{method}/{org}/{name}.yaml``, then under the shipped name of a model the papers used
+(:data:`HPARAMS_NAMES`: ``openai-community/gpt2-xl`` -> ``gpt2-xl``); a model without either gets hparams
+derived from its architecture and depth (:func:`editscope.edit.hparams.derive_hparams`) or, for a method with no
+derivation rule, an error naming ``--hparams``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,28 @@ from editscope.errors import EditscopeError
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 #: files a causal LM snapshot needs (no PyTorch .bin/.pth/ONNX/GGUF copies of the same weights)
 PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]
+
+
+#: Shipped hparams name (``configs/hparams/{method}/{name}.yaml``) of the models the papers used, by hub id and by
+#: the bare folder name a ``huggingface-cli download --local-dir`` gives (both lower-cased). AlphaEdit ran
+#: Llama-3-8B-Instruct (its README); the base model shares the architecture and gets the same files.
+HPARAMS_NAMES: dict[str, str] = {
+    "openai-community/gpt2-xl": "gpt2-xl",
+    "gpt2-xl": "gpt2-xl",
+    "eleutherai/gpt-j-6b": "gpt-j-6b",
+    "gpt-j-6b": "gpt-j-6b",
+    "meta-llama/meta-llama-3-8b": "llama3-8b",
+    "meta-llama/meta-llama-3-8b-instruct": "llama3-8b",
+    "meta-llama-3-8b": "llama3-8b",
+    "meta-llama-3-8b-instruct": "llama3-8b",
+}
+
+
+def hparams_name(model_name: str) -> str | None:
+    """The shipped hparams name of a paper model given by hub id (``EleutherAI/gpt-j-6B``) or folder name
+    (``Meta-Llama-3-8B-Instruct``), case-insensitively; None for any other model."""
+    key = model_name.strip().lower()
+    return HPARAMS_NAMES.get(key) or HPARAMS_NAMES.get(key.rsplit("/", 1)[-1])
 
 
 def is_hub_id(text: str) -> bool:
