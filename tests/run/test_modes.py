@@ -160,3 +160,27 @@ def test_mode_digest_unchanged_for_old_modes():
     data = cfg().to_dict()
     assert "batch" not in data and "rounds" not in data
     assert cfg(mode=SEQ).to_dict()["rounds"] == 2
+
+
+def test_report_draws_metric_vs_edits(seq_run):
+    """The report and summary.md of a sequential_batches run with checkpoints hold the metric-vs-edits table
+    and figure; each point is the plain mean of the rows probed with that many edits on the model."""
+    from editscope.report import build_report
+    from editscope.run.summary import summarize_by_edits
+
+    rows = read_results(seq_run / "results.jsonl")
+    curves = summarize_by_edits(rows)
+    points = curves[("counterfact", "counterfact")]
+    assert sorted(points) == [2, 4]
+    for edits, summary in points.items():
+        probed = [r for r in rows if r["edits_applied"] == edits]
+        assert len(probed) == edits  # one request per case: round 1 probes 2 cases, the final probe 4
+        es = next(r for r in summary if r.metric == "ES_post")
+        assert es.n == edits
+        assert es.mean == pytest.approx(np.mean([r["metrics"]["counterfact"]["ES_post"] for r in probed]))
+    html_path, md_path = build_report([seq_run])
+    md = md_path.read_text()
+    assert "After each number of edits (sequential batches):" in md
+    assert (seq_run / "figures" / "curve-counterfact-counterfact.png").stat().st_size > 1000
+    table = md.split("After each number of edits (sequential batches):")[1]
+    assert "| alphaedit | 2 | 2 |" in table and "| alphaedit | 4 | 4 |" in table

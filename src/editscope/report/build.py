@@ -26,10 +26,12 @@ from editscope.run.summary import (
     SummaryRow,
     compact_markdown,
     compact_table,
+    curve_markdown,
     metric_label,
     protocol_notes,
     spec_of,
     summarize,
+    summarize_by_edits,
     table_rows,
 )
 from editscope.suites.base import Suite, SuiteFigure
@@ -194,6 +196,15 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets)
     notes = protocol_notes(rows)
     figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
+    curves = summarize_by_edits(rows, specs=specs, method_order=methods, dataset_order=datasets)
+    figs += [Figure(f"curve-{dataset}-{suite}", f"{suite} on {dataset} vs number of edits",
+                    "Sequential batches: each point is the mean over the cases edited so far when the model held "
+                    "that many edits (checkpoint rows; the last point is the final evaluation); band: 95% CI; "
+                    "dashed: before any edit.",
+                    figures.edit_curves(points, [m for m in methods if any(r.method == m for rs in points.values()
+                                                                           for r in rs)],
+                                        f"{suite} on {dataset}", specs.get((dataset, suite), ())))
+             for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for f in figs:
         (out / "figures" / f"{f.slug}.png").write_bytes(f.png)
@@ -234,7 +245,12 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                  f"{_html_table(rs, methods, specs)}")
         h += [f"<p class='protocol'>{html.escape(n)}</p>" for n in lines]
         add_figure(bars[f"bars-{dataset}-{suite}"])
-    extra = [f for f in figs if not f.slug.startswith("bars-")]
+        curve = curve_markdown(curves.get((dataset, suite), {}), methods, specs.get((dataset, suite)))
+        if curve:
+            md += ["After each number of edits (sequential batches):", ""] + curve + [""]
+            h.append(f"<h3>{html.escape(suite)} on {html.escape(dataset)} vs number of edits</h3>")
+            add_figure(bars[f"curve-{dataset}-{suite}"])
+    extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-"))]
     if extra:
         md += ["## Case studies", ""]
         h.append("<h2>Case studies</h2>")

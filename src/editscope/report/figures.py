@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from editscope.metrics.registry import MetricSpec  # noqa: E402
@@ -105,6 +106,58 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
     height = fig.get_figheight()
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
     fig.suptitle(title + " — mean over cases, error bars: 95% CI", y=1 - 0.08 / height, va="top", fontsize=10)
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.32 / height))
+    return _png(fig)
+
+
+def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str], title: str,
+                specs: Sequence[MetricSpec]) -> bytes:
+    """Metric vs number of edits on the model (sequential batches): one panel per headline metric, one line per
+    method through the edited model's means, the 95% CI as a band (clipped to the metric's range), the
+    unedited model's mean as a dashed line where the metric has a pre-edit value."""
+    cols = [s for s in specs if s.headline and s.higher_is_better is not None]
+    colors = method_colors(methods)
+    edits = sorted(points)
+    ncols = min(4, max(1, len(cols)))
+    nrows = math.ceil(len(cols) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.3 * nrows + 0.8), squeeze=False)
+    for ax, spec in zip(axes.flat, cols, strict=False):
+        low, high = spec.range if spec.range is not None else (-math.inf, math.inf)
+        pre_means: list[float] = []
+        for m in methods:
+            cells = [{r.metric: r for r in points[e] if r.method == m} for e in edits]
+            xs = [e for e, c in zip(edits, cells, strict=True) if spec.post in c]
+            if not xs:
+                continue
+            rs = [c[spec.post] for c in cells if spec.post in c]
+            mean = np.array([r.mean for r in rs]) * spec.paper_scale
+            lo = np.clip([r.ci95_low for r in rs], low, high) * spec.paper_scale
+            hi = np.clip([r.ci95_high for r in rs], low, high) * spec.paper_scale
+            ax.plot(xs, mean, marker="o", markersize=3, color=colors[m], label=m, zorder=3)
+            if np.isfinite(lo).any():
+                ax.fill_between(xs, lo, hi, color=colors[m], alpha=0.15, linewidth=0, zorder=2)
+            if spec.pre is not None and spec.pre in cells[-1]:  # the last point probed every case of the run
+                pre_means.append(cells[-1][spec.pre].mean)
+        if pre_means:
+            ax.axhline(float(np.nanmean(pre_means)) * spec.paper_scale, color="#222222", linestyle="--",
+                       linewidth=1.0, zorder=1)
+        if math.isfinite(low) and math.isfinite(high):
+            pad = 0.05 * (high - low) * spec.paper_scale
+            ax.set_ylim(low * spec.paper_scale - pad, high * spec.paper_scale + pad)
+        ax.set_title(f"{spec.name} {spec.arrow}".strip())
+        ax.set_xlabel("edits on the model")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.flat[len(cols):]:
+        ax.set_visible(False)
+    handles = [plt.Line2D([0], [0], color=colors[m], marker="o", markersize=3) for m in methods]
+    labels = list(methods)
+    handles.append(plt.Line2D([0], [0], color="#222222", linestyle="--", linewidth=1.0))
+    labels.append("before edit")
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
+    fig.suptitle(title + " — mean over the cases edited so far, band: 95% CI", y=1 - 0.08 / height, va="top",
+                 fontsize=10)
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.32 / height))
     return _png(fig)

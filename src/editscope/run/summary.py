@@ -171,6 +171,26 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
     return out
 
 
+CurveMap = dict[tuple[str, str], dict[int, list[SummaryRow]]]
+"""(dataset label, suite name) -> {edits on the model: that point's summary rows} (:func:`summarize_by_edits`)."""
+
+
+def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None,
+                       method_order: Sequence[str] = (), dataset_order: Sequence[str] = ()) -> CurveMap:
+    """The curves of metric vs number of edits of ``sequential_batches`` runs: rows grouped by
+    ``edits_applied`` (checkpoint rows and the final rows alike: what was on the model when they were probed),
+    each group summarised like :func:`summarize`. Only (dataset, suite) pairs with two or more points."""
+    by_edits: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("edits_applied") is not None:
+            by_edits.setdefault(int(row["edits_applied"]), []).append({**row, "checkpoint": False})
+    out: CurveMap = {}
+    for edits in sorted(by_edits):
+        for r in summarize(by_edits[edits], specs=specs, method_order=method_order, dataset_order=dataset_order):
+            out.setdefault((r.dataset, r.suite), {}).setdefault(edits, []).append(r)
+    return {key: points for key, points in out.items() if len(points) >= 2}
+
+
 def _value(v: Any) -> float:
     return math.nan if v is None else float(v)
 
@@ -310,6 +330,26 @@ def compact_markdown(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Se
     return lines + [""] + [f"*{n}*  " for n in notes]
 
 
+def curve_markdown(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str],
+                   specs: Sequence[MetricSpec] | None) -> list[str]:
+    """The headline metrics of one (dataset, suite) after each number of edits, one row per (method, edits),
+    in the paper's units (:func:`compact_table`'s columns; the edited model's values)."""
+    cols = [s for s in specs or () if s.headline and s.higher_is_better is not None]
+    if not cols or not points:
+        return []
+    lines = ["| method | edits | n | " + " | ".join(paper_header(s) for s in cols) + " |",
+             "|---|---:|---:|" + "---:|" * len(cols)]
+    for m in methods:
+        for edits, rs in points.items():
+            cell = {r.metric: r for r in rs if r.method == m}
+            if not cell:
+                continue
+            n = max(r.n for r in cell.values())
+            lines.append(f"| {m} | {edits} | {n} | "
+                         + " | ".join(paper_cell(cell[s.post], s) if s.post in cell else "–" for s in cols) + " |")
+    return lines
+
+
 def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """(metric columns, one ``[method, n, cells...]`` list per method) of one (dataset, suite) table."""
     metrics = list(dict.fromkeys(r.metric for r in rs))
@@ -367,9 +407,10 @@ def protocol_notes(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list
 
 
 def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
-                title: str | None = "Summary", notes: NotesMap | None = None) -> str:
+                title: str | None = "Summary", notes: NotesMap | None = None, curves: CurveMap | None = None) -> str:
     """One table per (dataset, suite): methods as rows, metrics as columns, ``mean ± 95% CI half-width``;
-    ``notes`` (:func:`protocol_notes`) printed under each table."""
+    ``notes`` (:func:`protocol_notes`) printed under each table; ``curves`` (:func:`summarize_by_edits`) add
+    the metric-vs-edits table of a sequential_batches run."""
     lines = [f"# {title}", ""] if title else []
     lines.append(TABLE_NOTE)
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
@@ -388,6 +429,9 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
         lines += ["| " + " | ".join(cells) + " |" for cells in body]
         if notes and notes.get((dataset, suite)):
             lines += [""] + [f"*{n}*  " for n in notes[(dataset, suite)]]
+        curve = curve_markdown((curves or {}).get((dataset, suite), {}), methods, (specs or {}).get((dataset, suite)))
+        if curve:
+            lines += ["", "After each number of edits (sequential batches):", ""] + curve
     return "\n".join(lines) + "\n"
 
 
@@ -397,6 +441,8 @@ def write_summary(out_dir: str | Path, rows: Iterable[dict[str, Any]], *, specs:
     the summary."""
     rows = list(rows)
     summary = summarize(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
+    curves = summarize_by_edits(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
     atomic_write_text(Path(out_dir) / SUMMARY_CSV, to_csv(summary))
-    atomic_write_text(Path(out_dir) / SUMMARY_MD, to_markdown(summary, specs=specs, notes=protocol_notes(rows)))
+    atomic_write_text(Path(out_dir) / SUMMARY_MD, to_markdown(summary, specs=specs, notes=protocol_notes(rows),
+                                                              curves=curves))
     return summary
