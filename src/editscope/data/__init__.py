@@ -10,7 +10,7 @@ Conventions shared by all loaders: case ids are strings and unique within a file
 answer lists, neighbourhood answers) have surrounding whitespace stripped, since the scoring engine adds
 the boundary space; prompts and subjects are kept exactly as published. How each format maps to
 :class:`Case` is documented in its module: :mod:`.counterfact`, :mod:`.zsre`, :mod:`.peak`,
-:mod:`.mquake`. KLoB-u sentences are not edit cases: :func:`editscope.data.klob.load_klob_u`.
+:mod:`.mquake`, :mod:`.knowedit`. KLoB-u sentences are not edit cases: :func:`editscope.data.klob.load_klob_u`.
 
 Adding a dataset in a known format is one line in :data:`DATASETS`; a new format is one module exposing a
 ``FORMAT`` plus its line in :data:`FORMATS`.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from editscope.data import counterfact, mquake, peak, zsre
+from editscope.data import counterfact, knowedit, mquake, peak, zsre
 from editscope.data._common import Format, first_record, read_json_list
 from editscope.data.records import Case, EditRequest
 from editscope.errors import DataError, EditscopeError
@@ -46,7 +46,7 @@ class Dataset:
     known_invalid: Mapping[int, str] = field(default_factory=dict)
 
 
-FORMATS: tuple[Format, ...] = (mquake.FORMAT, peak.FORMAT, counterfact.FORMAT, zsre.FORMAT)
+FORMATS: tuple[Format, ...] = (mquake.FORMAT, peak.FORMAT, knowedit.FORMAT, counterfact.FORMAT, zsre.FORMAT)
 """Known formats, most specific first: detection takes the first whose ``detect`` accepts the first record."""
 
 _ZSRE_NO_TARGET = "alt is empty: the published record has no edit target"

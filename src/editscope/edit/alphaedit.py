@@ -68,7 +68,7 @@ def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor
                      l2: float) -> torch.Tensor:
     """ΔW (out, in) = [(P(K₁K₁ᵀ + K_pK_pᵀ) + L2·I)⁻¹ P K₁ Rᵀ]ᵀ (AlphaEdit eq. 14, reference code), float64."""
     keys, resid = keys.double(), resid.double()
-    eye = torch.eye(keys.shape[0], dtype=torch.float64)
+    eye = torch.eye(keys.shape[0], dtype=torch.float64, device=keys.device)
     lhs = proj @ (keys @ keys.T + cache_c) + l2 * eye
     return torch.linalg.solve(lhs, proj @ keys @ resid.T).T
 
@@ -80,7 +80,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state
     if missing:
         covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base")
         for layer in missing:
-            state.projections[layer] = null_space_projector(covs[layer], hp.nullspace_threshold)
+            state.projections[layer] = null_space_projector(covs[layer].to(bundle.device), hp.nullspace_threshold)
             state.null_dims[layer] = int(torch.linalg.svdvals(covs[layer].double()).lt(hp.nullspace_threshold).sum())
             state.cache_c[layer] = torch.zeros_like(state.projections[layer])
 

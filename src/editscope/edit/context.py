@@ -61,9 +61,9 @@ def template_weights(spec: Sequence[Sequence[int]], convention: str = "paper") -
     """
     sizes = [1] + [int(n) for _, n in spec]
     if convention == "paper":
-        return torch.full((sum(sizes),), 1.0 / sum(sizes), dtype=torch.float64)
+        return torch.full((sum(sizes),), 1.0 / sum(sizes), dtype=torch.float64)  # host: moved where the keys are
     if convention == "reference":
-        return torch.cat([torch.full((n,), 1.0 / (len(sizes) * n), dtype=torch.float64) for n in sizes])
+        return torch.cat([torch.full((n,), 1.0 / (len(sizes) * n), dtype=torch.float64) for n in sizes])  # host
     raise EditscopeError(f"unknown convention {convention!r} (known: paper, reference)")
 
 
@@ -110,7 +110,7 @@ def subject_keys(engine: ScoringEngine, requests: Sequence[EditRequest], templat
     for request in requests:
         texts, positions = prompt_rows(engine, request, templates)
         states = engine.hidden_states(texts, list(layers), kind="mlp_key", positions=positions).double()
-        out.append(states.mean(0) if weights is None else torch.einsum("t,tld->ld", weights.double(), states))
+        out.append(states.mean(0) if weights is None else torch.einsum("t,tld->ld", weights.to(states), states))
     return torch.stack(out)
 
 
@@ -126,7 +126,7 @@ def mlp_out_of_keys(bundle: Bundle, layer: int, keys: torch.Tensor) -> torch.Ten
     """W k (+ bias) of the layer's MLP down projection, for keys [n, mlp] -> [n, hidden] (float64)."""
     module = bundle.arch.layer_module(bundle.model, layer, "mlp_out")
     with torch.no_grad():
-        return module(keys.to(torch.float32)).double()
+        return module(keys.to(next(module.parameters()))).double()  # the model's own dtype and device
 
 
 @contextmanager

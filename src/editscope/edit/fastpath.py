@@ -30,6 +30,7 @@ take the full forward (``build`` returns None): a custom mask would bypass the w
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -115,12 +116,13 @@ class SuffixForward:
                           for k, v, *_ in cache] if cache is not None else []
 
         # Suffix tokens right-padded to ``width``; their absolute positions continue each row's prefix.
-        ids = torch.full((n_rows, width), engine.pad_id, dtype=torch.long)
-        pos = torch.zeros((n_rows, width), dtype=torch.long)
-        valid = torch.zeros((n_rows, width), dtype=torch.bool)
+        device = batch.input_ids.device
+        ids = torch.full((n_rows, width), engine.pad_id, dtype=torch.long, device=device)
+        pos = torch.zeros((n_rows, width), dtype=torch.long, device=device)
+        valid = torch.zeros((n_rows, width), dtype=torch.bool, device=device)
         for r, (p, n) in enumerate(zip(starts, counts, strict=True)):
             ids[r, :n] = batch.input_ids[r, p:p + n]
-            pos[r, :n] = torch.arange(p, p + n)
+            pos[r, :n] = torch.arange(p, p + n, device=device)
             pos[r, n:] = p + n  # padding: never read
             valid[r, :n] = True
         self.ids, self.position_ids, self.valid = ids, pos, valid
@@ -129,14 +131,15 @@ class SuffixForward:
                                   for r in range(n_rows)])  # block S's fixed input at the suffix [B, width, d]
 
         # Mask [B, 1, width, prefix + width]: row r's cached keys before its own p_r, then causal suffix keys.
-        allowed = torch.zeros((n_rows, width, self.prefix + width), dtype=torch.bool)
-        causal = torch.ones((width, width), dtype=torch.bool).tril()
+        allowed = torch.zeros((n_rows, width, self.prefix + width), dtype=torch.bool, device=device)
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
         for r, (p, n) in enumerate(zip(starts, counts, strict=True)):
             allowed[r, :n, :p] = True
             allowed[r, :n, self.prefix:self.prefix + n] = causal[:n, :n]
-            allowed[r, n:, self.prefix + n:] = torch.eye(width - n, dtype=torch.bool)  # padding sees itself
+            allowed[r, n:, self.prefix + n:] = torch.eye(width - n, dtype=torch.bool, device=device)  # sees itself
         dtype = engine.model.dtype
-        self.mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+        self.mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)[:, None]
         self.rows, self.cols = valid.nonzero(as_tuple=True)
         self.targets = (self.rows, self.position_ids[self.rows, self.cols])
 
@@ -155,11 +158,24 @@ class SuffixForward:
             last_read = [int(n) - 1 for n in batch.attention_mask.sum(-1).tolist()]
         return cls(engine, batch, positions, hook_point, last_read)
 
+    def select(self, rows: Sequence[int]) -> SuffixForward:
+        """The same suffix forward restricted to ``rows`` (in that order): what a batched optimisation keeps
+        running once some of its requests have stopped early (edit.objectives.optimise_deltas)."""
+        idx = torch.tensor(list(rows), dtype=torch.long)
+        out = copy.copy(self)
+        out.ids, out.position_ids, out.valid = self.ids[idx], self.position_ids[idx], self.valid[idx]
+        out.entry, out.mask, out.base_hidden = self.entry[idx], self.mask[idx], self.base_hidden[idx]
+        out.prefix_kv = [(k[idx], v[idx]) for k, v in self.prefix_kv]
+        out.rows, out.cols = out.valid.nonzero(as_tuple=True)
+        out.targets = (out.rows, out.position_ids[out.rows, out.cols])
+        return out
+
     def hidden(self, delta: torch.Tensor) -> torch.Tensor:
         """Final hidden states [B, T, d] of the batch with δ added at each row's subject position: positions up
-        to each row's last read one computed now (differentiable in δ), the others from the unedited forward."""
+        to each row's last read one computed now (differentiable in δ), the others from the unedited forward.
+        ``delta`` is one vector [d] for every row or one per row [B, d] (several requests optimised together)."""
         n_rows = self.ids.shape[0]
-        rows = torch.arange(n_rows)
+        rows = torch.arange(n_rows, device=self.ids.device)
 
         def add(x: torch.Tensor) -> torch.Tensor:
             x = x.clone()

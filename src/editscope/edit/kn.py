@@ -116,7 +116,8 @@ def key_signs(engine: ScoringEngine, prompt: LocatePrompt, layers: Sequence[int]
     names = [f"blocks.{layer}.mlp_key" for layer in layers]
     with torch.no_grad():
         store = run_until(engine.model, engine.arch, names,
-                          lambda: answer_prob(engine, torch.tensor([prompt.ids]), prompt.answer_id))
+                          lambda: answer_prob(engine, torch.tensor([prompt.ids], device=engine.bundle.device),
+                                              prompt.answer_id))
     return torch.stack([torch.sign(store[name][0, prompt.last].float()) for name in names])
 
 
@@ -157,7 +158,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, 
         for layer, neuron in neurons:
             if layer not in out_in:
                 weight = bundle.arch.as_out_in(params[bundle.arch.weight_name(layer)])
-                out_in[layer] = torch.zeros(weight.shape, dtype=weight.dtype)
+                out_in[layer] = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
             sign = float(signs[hp.layers.index(layer), neuron]) if hp.activation_sign else 1.0
             out_in[layer][:, neuron] += (sign * move).to(out_in[layer].dtype)
         info["neurons"].append([[layer, neuron] for layer, neuron in neurons])

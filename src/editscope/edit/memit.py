@@ -29,7 +29,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, subject_keys, subject_states, template_weights, temporarily_added
 from editscope.edit.hparams import VStarHParams
-from editscope.edit.objectives import ObjectiveTerm, build_context, default_terms, optimise_delta
+from editscope.edit.objectives import ObjectiveTerm, VSpec, solve_requests
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
@@ -54,24 +54,23 @@ def memit_update(keys: torch.Tensor, resid: torch.Tensor, cov: torch.Tensor, lam
     """ΔW (out, in) = R Kᵀ (λC + K Kᵀ)⁻¹ (MEMIT eq. 14), keys K [in, n], residuals R [out, n], float64.
     For one key and λ → 0 this tends to ROME's r (C⁻¹k)ᵀ / (kᵀC⁻¹k) (Sherman–Morrison)."""
     keys, resid = keys.double(), resid.double()
-    adj = torch.linalg.solve(lam * cov.double() + keys @ keys.T, keys)
+    adj = torch.linalg.solve(lam * cov.to(device=keys.device, dtype=torch.float64) + keys @ keys.T, keys)
     return resid @ adj.T
 
 
 def compute_targets(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], hp: VStarHParams,
                     templates: Sequence[str], extra_terms: Sequence[ObjectiveTerm], info: dict) -> torch.Tensor:
-    """z_i = h_i + δ_i at ``blocks.{last layer}.resid_post`` (MEMIT eq. 16), [n, hidden] float64."""
-    z_layer = hp.layers[-1]
-    zs = []
-    for request in requests:
-        ctx = build_context(engine, request, templates, f"blocks.{z_layer}.resid_post")
-        terms = default_terms(hp.kl_factor, hp.v_weight_decay, hp.convention) + list(extra_terms)
-        delta = optimise_delta(ctx, terms, lr=hp.v_lr, steps=hp.v_steps, clamp_norm_factor=hp.clamp_norm_factor,
-                               stop_loss=hp.stop_loss)
-        zs.append(ctx.v_init + delta)
-        info.setdefault("requests", []).append({"losses": ctx.store["losses"], "delta_norm": float(delta.norm()),
-                                                "v_init_norm": float(ctx.v_init.norm())})
-    return torch.stack(zs)
+    """z_i = h_i + δ_i at ``blocks.{last layer}.resid_post`` (MEMIT eq. 16), [n, hidden] float64.
+
+    The δ_i of one edit are independent (each on the unedited model): they are optimised together, several
+    requests per batched forward (:func:`~editscope.edit.objectives.solve_requests`; ``engine.vstar_batch``), and
+    in runner ``mode: single`` with the other cases' requests of the open window of independent edits."""
+    spec = VSpec.of(hp, f"blocks.{hp.layers[-1]}.resid_post", templates)
+    solved = solve_requests(engine, requests, spec, extra_terms, peers=lambda groups: [r for g in groups for r in g])
+    for s in solved:
+        info.setdefault("requests", []).append({"losses": s.losses, "delta_norm": float(s.delta.norm()),
+                                                "v_init_norm": float(s.v_init.norm())})
+    return torch.stack([s.v_init + s.delta for s in solved])
 
 
 def spread_over_layers(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], hp: VStarHParams,

@@ -23,7 +23,8 @@ EVK-Align: perturbed embeddings). Plug-ins are registered in :mod:`editscope.edi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -66,7 +67,7 @@ class VContext:
         return list(range(self.n_rewrite, self.batch.input_ids.shape[0]))
 
     def delta_hook(self, delta: torch.Tensor, positions: Sequence[int]):
-        rows = torch.arange(len(positions))
+        rows = torch.arange(len(positions), device=delta.device)
         cols = torch.tensor(list(positions))
 
         def add(x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +159,8 @@ class VStep:
             lp = self.logprobs_at(rows, cols)
             targets = b.input_ids[torch.tensor(rows), torch.tensor(cols) + 1]
             token_lp = lp.gather(1, targets[:, None])[:, 0]
-            out = torch.zeros(self.ctx.n_rewrite, max(b.continuation_lengths[: self.ctx.n_rewrite]))
+            out = torch.zeros(self.ctx.n_rewrite, max(b.continuation_lengths[: self.ctx.n_rewrite]),
+                              device=token_lp.device)
             out = out.index_put((torch.tensor(rows), torch.tensor(slots)), token_lp)
             self._cache["target"] = out
         return self._cache["target"]
@@ -206,7 +208,8 @@ class TargetNLL(Term):
 
     def __call__(self, step: VStep) -> torch.Tensor:
         lp = step.target_logprobs()
-        lengths = torch.tensor(step.ctx.batch.continuation_lengths[: step.ctx.n_rewrite], dtype=lp.dtype)
+        lengths = torch.tensor(step.ctx.batch.continuation_lengths[: step.ctx.n_rewrite], dtype=lp.dtype,
+                               device=lp.device)
         return self.weight * (-(lp.sum(1) / lengths)).mean()
 
 
@@ -305,7 +308,7 @@ def optimise_delta(ctx: VContext, terms: Sequence[ObjectiveTerm], *, lr: float, 
     if ctx.v_init is None:
         raise ValueError("optimise_delta needs a context with a hook point")
     setup_terms(ctx, terms)
-    delta = torch.zeros(ctx.v_init.shape[0], dtype=torch.float32, requires_grad=True)
+    delta = torch.zeros(ctx.v_init.shape[0], dtype=torch.float32, device=ctx.v_init.device, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
     max_norm = clamp_norm_factor * float(ctx.v_init.norm())
     history = []
@@ -330,3 +333,236 @@ def optimise_delta(ctx: VContext, terms: Sequence[ObjectiveTerm], *, lr: float, 
                 delta.mul_(max_norm / norm)
     ctx.store["losses"] = history
     return delta.detach().double()
+
+
+# -- several independent requests optimised together (issue 13 item 2) -------------------------------------------
+#: The terms that keep their per-request state in ``ctx.store`` and read only the main batch, so the δ of several
+#: requests can be optimised in one batched forward per step. Plug-in terms (APP, EVK-Align) are not among them:
+#: they run forwards of their own per request and step (``ctx.run``), so any plug-in makes the optimisation one
+#: request at a time (:func:`optimise_deltas`), exactly as before.
+BATCHED_TERMS: tuple[type, ...] = (TargetNLL, EssenceKL, NormPenalty)
+
+
+def concat_batches(batches: Sequence[TokenBatch], pad_id: int) -> TokenBatch:
+    """The rows of ``batches`` in order, right-padded to the widest: each row keeps its token positions."""
+    width = max(b.input_ids.shape[1] for b in batches)
+
+    def pad(t: torch.Tensor, value: int | bool) -> torch.Tensor:
+        out = torch.full((t.shape[0], width), value, dtype=t.dtype, device=t.device)
+        out[:, : t.shape[1]] = t
+        return out
+
+    return TokenBatch(torch.cat([pad(b.input_ids, pad_id) for b in batches]),
+                      torch.cat([pad(b.attention_mask, 0) for b in batches]),
+                      torch.cat([pad(b.target_mask, False) for b in batches]),
+                      [n for b in batches for n in b.context_lengths],
+                      [n for b in batches for n in b.continuation_lengths],
+                      [e for b in batches for e in b.context_embeds])
+
+
+def _select_rows(batch: TokenBatch, rows: Sequence[int]) -> TokenBatch:
+    idx = torch.tensor(list(rows), dtype=torch.long)
+    return TokenBatch(batch.input_ids[idx], batch.attention_mask[idx], batch.target_mask[idx],
+                      [batch.context_lengths[r] for r in rows], [batch.continuation_lengths[r] for r in rows],
+                      [batch.context_embeds[r] for r in rows])
+
+
+def batch_groups(ctxs: Sequence[VContext], engine: ScoringEngine) -> list[list[int]]:
+    """Consecutive contexts grouped so that each group's joint batch holds at most ``engine.token_budget`` tokens
+    (rows × widest row, as the engine's own batching) and at most ``engine.vstar_batch`` requests (None: no cap);
+    a context larger than the budget is a group of its own."""
+    cap = engine.vstar_batch
+    groups: list[list[int]] = []
+    rows = width = 0
+    for i, ctx in enumerate(ctxs):
+        n, w = ctx.batch.input_ids.shape
+        if groups and groups[-1] and (cap is None or len(groups[-1]) < cap) \
+                and (rows + n) * max(width, w) <= engine.token_budget:
+            groups[-1].append(i)
+            rows, width = rows + n, max(width, w)
+        else:
+            groups.append([i])
+            rows, width = n, w
+    return groups
+
+
+def optimise_deltas(ctxs: Sequence[VContext], terms: Sequence[Sequence[ObjectiveTerm]], *, lr: float, steps: int,
+                    clamp_norm_factor: float, stop_loss: float) -> list[torch.Tensor]:
+    """:func:`optimise_delta` for several requests whose δ are independent (each context built on the same
+    model), in groups of :func:`batch_groups`: one batched forward per step for the whole group, each request its
+    own δ at its own subject positions, its own Adam (elementwise, so a request's δ does not depend on the others'
+    up to float rounding) and its own early stop (a finished request leaves the batch, its δ frozen). A group of
+    one, or any term outside :data:`BATCHED_TERMS` (plug-ins), runs :func:`optimise_delta` itself."""
+    if len(ctxs) != len(terms):
+        raise ValueError(f"{len(ctxs)} contexts but {len(terms)} term lists")
+    batched = bool(ctxs) and all(isinstance(t, BATCHED_TERMS) for ts in terms for t in ts)
+    groups = batch_groups(ctxs, ctxs[0].engine) if batched else [[i] for i in range(len(ctxs))]
+    out: list[torch.Tensor] = [torch.empty(0)] * len(ctxs)  # host: placeholders, replaced below
+    for group in groups:
+        if len(group) == 1:
+            out[group[0]] = optimise_delta(ctxs[group[0]], terms[group[0]], lr=lr, steps=steps,
+                                           clamp_norm_factor=clamp_norm_factor, stop_loss=stop_loss)
+            continue
+        found = _optimise_joint([ctxs[i] for i in group], [terms[i] for i in group], lr=lr, steps=steps,
+                                clamp_norm_factor=clamp_norm_factor, stop_loss=stop_loss)
+        for i, delta in zip(group, found, strict=True):
+            out[i] = delta
+    return out
+
+
+def _optimise_joint(ctxs: Sequence[VContext], terms: Sequence[Sequence[ObjectiveTerm]], *, lr: float, steps: int,
+                    clamp_norm_factor: float, stop_loss: float) -> list[torch.Tensor]:
+    """The loop of :func:`optimise_delta` for a group of requests on one joint batch (see :func:`optimise_deltas`).
+
+    The joint batch is the contexts' rows right-padded to the widest, so row r of request c keeps its positions and
+    its final states are the joint states' rows ``[start_c, start_c + n_c)`` up to its own width. The unedited
+    forward is done once for the group (it fills each context's ``unedited_hidden`` for the terms' set-up)."""
+    engine, hook_point = ctxs[0].engine, ctxs[0].hook_point
+    if hook_point is None or any(c.v_init is None or c.hook_point != hook_point or c.engine is not engine
+                                 for c in ctxs):
+        raise ValueError("optimise_deltas needs contexts of one engine and one hook point, with v₀")
+    joint = concat_batches([c.batch for c in ctxs], engine.pad_id)
+    sizes = [c.batch.input_ids.shape[0] for c in ctxs]
+    starts = [sum(sizes[:c]) for c in range(len(ctxs) + 1)]
+    positions = [p for c in ctxs for p in c.subject_positions]
+    fast = None
+    if engine.objective_path == "fast":
+        fast = SuffixForward.build(engine, joint, positions, hook_point, [r for c in ctxs for r in c.last_read])
+    with torch.no_grad():
+        base = fast.base_hidden if fast is not None else engine.batch_hidden(joint).detach()
+    for c, ctx in enumerate(ctxs):
+        ctx.store["unedited_hidden"] = base[starts[c]:starts[c + 1], : ctx.batch.input_ids.shape[1]]
+        setup_terms(ctx, terms[c])
+    deltas = [torch.zeros(c.v_init.shape[0], dtype=torch.float32, device=c.v_init.device, requires_grad=True)
+              for c in ctxs]
+    opts = [torch.optim.Adam([d], lr=lr) for d in deltas]
+    max_norms = [clamp_norm_factor * float(c.v_init.norm()) for c in ctxs]
+    histories: list[list[dict[str, float]]] = [[] for _ in ctxs]
+    active = list(range(len(ctxs)))
+    run_fast, run_rows = fast, list(range(starts[-1]))
+    for i in range(steps):
+        rows = [r for c in active for r in range(starts[c], starts[c + 1])]
+        if rows != run_rows:  # some requests stopped: run only the others' rows
+            run_fast = fast.select(rows) if fast is not None else None
+            run_rows = rows
+        losses = {}
+        with torch.enable_grad():
+            per_row = torch.stack([deltas[c] for c in active]).repeat_interleave(
+                torch.tensor([sizes[c] for c in active], device=deltas[0].device), dim=0)
+            if run_fast is not None:
+                hidden = run_fast.hidden(per_row)
+            else:
+                add = VContext.delta_hook(ctxs[0], per_row, [positions[r] for r in rows])
+                with hooks(engine.model, engine.arch, {hook_point: add}):
+                    hidden = engine.batch_hidden(_select_rows(joint, rows))
+            offset = 0
+            for c in active:
+                ctx = ctxs[c]
+                h = hidden[offset:offset + sizes[c], : ctx.batch.input_ids.shape[1]]
+                offset += sizes[c]
+                full = None
+                if engine.objective_path == "plain":  # kmeng01/rome compute_v: log_softmax of all logits
+                    full = engine.logits_from_hidden(h).float().log_softmax(-1)
+                parts = {term.name: term(VStep(ctx, deltas[c], h, full_logprobs=full)) for term in terms[c]}
+                histories[c].append({k: float(v.detach()) for k, v in parts.items()})
+                losses[c] = sum(parts.values())
+        active = [c for c in active if not (float(losses[c].detach()) < stop_loss or i == steps - 1)]
+        if not active:
+            break
+        for c in active:
+            opts[c].zero_grad()
+        sum(losses[c] for c in active).backward()  # rows of different requests never mix: each δ gets its own grad
+        for c in active:
+            opts[c].step()
+            with torch.no_grad():
+                norm = deltas[c].norm()
+                if norm > max_norms[c]:
+                    deltas[c].mul_(max_norms[c] / norm)
+    for ctx, history in zip(ctxs, histories, strict=True):
+        ctx.store["losses"] = history
+    return [d.detach().double() for d in deltas]
+
+
+@dataclass(frozen=True)
+class VSpec:
+    """What determines δ besides the request: where it is added, the context templates, the loss and the
+    optimiser settings (from a :class:`~editscope.edit.hparams.VStarHParams`)."""
+
+    hook_point: str
+    templates: tuple[str, ...]
+    kl_factor: float
+    v_weight_decay: float
+    convention: str
+    lr: float
+    steps: int
+    clamp_norm_factor: float
+    stop_loss: float
+
+    @classmethod
+    def of(cls, hp, hook_point: str, templates: Sequence[str]) -> VSpec:
+        return cls(hook_point, tuple(templates), hp.kl_factor, hp.v_weight_decay, hp.convention, hp.v_lr,
+                   hp.v_steps, hp.clamp_norm_factor, hp.stop_loss)
+
+    def terms(self) -> list[ObjectiveTerm]:
+        return default_terms(self.kl_factor, self.v_weight_decay, self.convention)
+
+
+@dataclass
+class Solved:
+    """One request's optimised δ, with v₀ and the loss history (what the editors read from the context)."""
+
+    v_init: torch.Tensor
+    delta: torch.Tensor
+    losses: list[dict[str, float]]
+
+
+@dataclass
+class IndependentEdits:
+    """Request groups the caller will edit one group at a time, each on the model as it is when the window
+    opens (runner ``mode: single``: edit, evaluate, restore). An editor that computes a group's δ on that model
+    (``fingerprint`` unchanged) optimises its peers' δ in the same batches and leaves them in ``solved``."""
+
+    groups: list[tuple[EditRequest, ...]]
+    fingerprint: str
+    solved: dict[tuple[VSpec, EditRequest], Solved] = field(default_factory=dict)
+
+
+@contextmanager
+def independent_edits(engine: ScoringEngine, groups: Sequence[Sequence[EditRequest]]) -> Iterator[None]:
+    """Open the window of :class:`IndependentEdits` on ``engine`` for the block (closed on exit, also on error).
+    Fewer than two groups, or ``engine.vstar_batch`` unset or 1, open nothing."""
+    if len(groups) < 2 or not engine.vstar_batch or engine.vstar_batch < 2:
+        yield
+        return
+    if engine.vstar_window is not None:
+        raise ValueError("a window of independent edits is already open on this engine")
+    engine.vstar_window = IndependentEdits([tuple(g) for g in groups], engine.bundle.fingerprint)
+    try:
+        yield
+    finally:
+        engine.vstar_window = None
+
+
+def solve_requests(engine: ScoringEngine, requests: Sequence[EditRequest], spec: VSpec,
+                   extra_terms: Sequence[ObjectiveTerm] = (), *,
+                   peers: Callable[[Sequence[tuple[EditRequest, ...]]], list[EditRequest]] | None = None,
+                   ) -> list[Solved]:
+    """δ (ROME eq. 4 / MEMIT eq. 16) of each of ``requests``, all on the model as it is now, optimised together
+    (:func:`optimise_deltas`). ``peers`` maps the groups of an open :func:`independent_edits` window to the
+    requests whose δ the editor would compute on the unedited model (ROME: each group's first request; MEMIT: all):
+    with no plug-in terms, those are optimised in the same batches and kept for the later groups' edits."""
+    window = engine.vstar_window
+    if peers is None or window is None or extra_terms or window.fingerprint != engine.bundle.fingerprint:
+        window = None
+    todo = list(requests)
+    if window is not None:
+        todo = [r for r in requests if (spec, r) not in window.solved]
+        todo += [r for r in dict.fromkeys(peers(window.groups)) if (spec, r) not in window.solved and r not in todo]
+    ctxs = [build_context(engine, r, spec.templates, spec.hook_point) for r in todo]
+    deltas = optimise_deltas(ctxs, [spec.terms() + list(extra_terms) for _ in ctxs], lr=spec.lr, steps=spec.steps,
+                             clamp_norm_factor=spec.clamp_norm_factor, stop_loss=spec.stop_loss)
+    found = [Solved(c.v_init, d, c.store["losses"]) for c, d in zip(ctxs, deltas, strict=True)]  # type: ignore[arg-type]
+    if window is None:
+        return found
+    window.solved.update({(spec, r): s for r, s in zip(todo, found, strict=True)})
+    return [window.solved[(spec, r)] for r in requests]

@@ -36,7 +36,7 @@ def keep_top_relative(delta: torch.Tensor, weight: torch.Tensor, share: float) -
     """Δ with all but the top ``share`` of entries by |Δ|/|W| zeroed (RECT eq. 3-4)."""
     rel = delta.abs().double() / weight.abs().double()  # |W| = 0 gives inf: always kept
     k = int(round(share * delta.numel()))
-    keep = torch.zeros(delta.numel(), dtype=torch.bool)
+    keep = torch.zeros(delta.numel(), dtype=torch.bool, device=delta.device)
     keep[torch.topk(rel.flatten(), k).indices] = True
     return torch.where(keep.view_as(delta), delta, torch.zeros_like(delta))
 

@@ -29,7 +29,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys, subject_states, temporarily_added
 from editscope.edit.hparams import VStarHParams
-from editscope.edit.objectives import ObjectiveTerm, build_context, default_terms, optimise_delta
+from editscope.edit.objectives import ObjectiveTerm, VSpec, solve_requests
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moment
@@ -55,7 +55,7 @@ def rank_one_update(k: torch.Tensor, residual: torch.Tensor, cov: torch.Tensor |
     form with k_a = k_bare, r = v* − W k_bare). ``cov=None`` means C = I. Then ΔW k_a = r exactly. float64."""
     k = k.double()
     k_apply = k if k_apply is None else k_apply.double()
-    u = torch.linalg.solve(cov.double(), k) if cov is not None else k
+    u = torch.linalg.solve(cov.to(device=k.device, dtype=torch.float64), k) if cov is not None else k
     return torch.outer(residual.double(), u) / torch.dot(u, k_apply)
 
 
@@ -66,15 +66,18 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
     name = bundle.arch.weight_name(layer)
     cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base") if hp.mom2_adjustment else None
     templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start)
-    total = torch.zeros(dict(bundle.model.named_parameters())[name].shape, dtype=torch.float64)
+    weight = dict(bundle.model.named_parameters())[name]
+    total = torch.zeros(weight.shape, dtype=torch.float64, device=weight.device)
     info: dict = {"templates": templates, "requests": []}
     with temporarily_added(bundle, {}) as add:
-        for request in requests:
-            ctx = build_context(engine, request, templates, f"blocks.{layer}.mlp_out")
-            terms = default_terms(hp.kl_factor, hp.v_weight_decay, hp.convention) + list(extra_terms)
-            delta = optimise_delta(ctx, terms, lr=hp.v_lr, steps=hp.v_steps,
-                                   clamp_norm_factor=hp.clamp_norm_factor, stop_loss=hp.stop_loss)
-            v_star = ctx.v_init + delta
+        spec = VSpec.of(hp, f"blocks.{layer}.mlp_out", templates)
+        for j, request in enumerate(requests):
+            # the first request's v* is computed on the model as handed over: in runner mode single, together
+            # with the first requests of the other cases of the window (objectives.independent_edits)
+            peers = (lambda groups: [g[0] for g in groups]) if j == 0 else None
+            solved = solve_requests(engine, [request], spec, extra_terms, peers=peers)[0]
+            delta = solved.delta
+            v_star = solved.v_init + delta
             k_star = subject_keys(engine, [request], templates, [layer])[0, 0]
             # the key the update is solved on: k* (eq. 2) or the bare prompt's key (reference compute_v)
             k_apply = k_star if hp.convention == "paper" else subject_states(engine, [request], layer, "mlp_key")[0]
@@ -82,8 +85,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
             upd = bundle.arch.from_out_in(rank_one_update(k_star, residual, cov, k_apply))
             add(name, upd.float())
             total += upd
-            info["requests"].append({"losses": ctx.store["losses"], "delta_norm": float(delta.norm()),
-                                     "v_init_norm": float(ctx.v_init.norm())})
+            info["requests"].append({"losses": solved.losses, "delta_norm": float(delta.norm()),
+                                     "v_init_norm": float(solved.v_init.norm())})
             info.setdefault("vectors", {}).setdefault("k_star", []).append(k_star)
             info["vectors"].setdefault("k_apply", []).append(k_apply)
             info["vectors"].setdefault("v_star", []).append(v_star)

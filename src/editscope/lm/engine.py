@@ -143,6 +143,15 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     return context, continuation
 
 
+def _vstar_batch(text: str) -> int | None:
+    """EDITSCOPE_VSTAR_BATCH: ``auto`` (None) or a positive integer."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise EditscopeError(f"EDITSCOPE_VSTAR_BATCH must be auto or a positive integer, not {text!r}")
+    return int(text)
+
+
 class ScoringEngine(Scorer):
     """Batched scoring for one model bundle (implements :class:`Scorer`). ``token_budget`` bounds the tokens in
     one forward."""
@@ -178,6 +187,12 @@ class ScoringEngine(Scorer):
         self.objective_path: str = os.environ.get("EDITSCOPE_OBJECTIVE_PATH", "fast")
         if self.objective_path not in ("fast", "full", "plain"):
             raise EditscopeError(f"EDITSCOPE_OBJECTIVE_PATH must be fast, full or plain, not {self.objective_path!r}")
+        #: how many independent v*/z optimisations share one batched forward per step (edit.objectives
+        #: optimise_deltas): None = as many as fit the token budget (MEMIT-family batch edits), N = at most N, also
+        #: across the cases of runner ``mode: single`` (1 = one at a time); EDITSCOPE_VSTAR_BATCH sets the default
+        self.vstar_batch: int | None = _vstar_batch(os.environ.get("EDITSCOPE_VSTAR_BATCH", "auto"))
+        #: the window of independent edits that runner ``mode: single`` opens (edit.objectives.independent_edits)
+        self.vstar_window = None
 
     @property
     def n_layers(self) -> int:
@@ -239,7 +254,7 @@ class ScoringEngine(Scorer):
         """Input embeddings [n_tokens, d] of a text (as the model's embedding layer computes them)."""
         ids = self.encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
         with torch.no_grad():
-            return self.model.get_input_embeddings()(torch.tensor([ids]))[0]
+            return self.model.get_input_embeddings()(torch.tensor([ids], device=self.bundle.device))[0]
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head (and Gemma's final soft-capping) on final-normed hidden states."""
@@ -257,13 +272,14 @@ class ScoringEngine(Scorer):
             span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
             ids[r, span] = torch.tensor(row, dtype=torch.long)
             mask[r, span] = 1
+        ids, mask = ids.to(self.bundle.device), mask.to(self.bundle.device)  # built on CPU, run where the model is
         embeds = None
         if any(e is not None for _, e in rows):
             embeds = self.model.get_input_embeddings()(ids)
             for r, (row, e) in enumerate(rows):
                 if e is not None:
                     span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
-                    embeds[r, span] = e.to(embeds.dtype)
+                    embeds[r, span] = e.to(embeds)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         return ids, mask, positions, embeds
 
@@ -285,11 +301,12 @@ class ScoringEngine(Scorer):
             groups.setdefault(key, []).append(enc)
         results: list[ContinuationScore | None] = [None] * len(encoded)
         for batch in self._pack(self._rows(list(groups.values()))):
-            for enc, lps, is_max in self._score_batch(batch):
+            for enc, lps, is_max, arg in self._score_batch(batch):
                 for index in duplicates[enc.index]:
                     req = requests[index]
                     ctx, cont = (req.context, req.continuation) if isinstance(req, ScoreRequest) else req
-                    results[index] = ContinuationScore(ctx, cont, list(enc.cont_ids), lps.copy(), is_max.copy())
+                    results[index] = ContinuationScore(ctx, cont, list(enc.cont_ids), lps.copy(), is_max.copy(),
+                                                       arg.copy())
         return results  # type: ignore[return-value]
 
     def _rows(self, groups: list[list[_Encoded]]) -> list[_TreeRow]:
@@ -340,14 +357,17 @@ class ScoringEngine(Scorer):
             allowed[b, span, span] = row.mask()
             pad = [i for i in range(width) if not off <= i < off + len(row)]
             allowed[b, pad, pad] = True  # padding attends to itself only: no empty softmax rows
+        device = self.bundle.device
+        ids, positions = ids.to(device), positions.to(device)
         embeds = None
         if any(row.embeds is not None for row in batch):
             embeds = self.model.get_input_embeddings()(ids)
             for b, row in enumerate(batch):
                 if row.embeds is not None:
-                    embeds[b, offsets[b]:offsets[b] + len(row.ctx_ids)] = row.embeds.to(embeds.dtype)
+                    embeds[b, offsets[b]:offsets[b] + len(row.ctx_ids)] = row.embeds.to(embeds)
         dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+            torch.from_numpy(~allowed).to(device), torch.finfo(dtype).min)
         hidden = self._base(
             input_ids=None if embeds is not None else ids,
             inputs_embeds=embeds,
@@ -363,7 +383,8 @@ class ScoringEngine(Scorer):
             read_t += [offsets[b] + t for t in row.read_positions()]
             read_at.append(start)
             start += row.n_reads
-        logits = self.logits_from_hidden(hidden[torch.tensor(read_b), torch.tensor(read_t)]).float()
+        logits = self.logits_from_hidden(hidden[torch.tensor(read_b, device=device),
+                                                torch.tensor(read_t, device=device)]).float()
         log_z = logits.logsumexp(-1)
         argmax = logits.argmax(-1)
         flat_index, flat_targets, members = [], [], []
@@ -372,13 +393,15 @@ class ScoringEngine(Scorer):
                 flat_index += [read_at[b] + r for r in reads]
                 flat_targets += enc.cont_ids
                 members.append(enc)
-        flat_index_t, flat_targets_t = torch.tensor(flat_index), torch.tensor(flat_targets)
-        token_lp = (logits[flat_index_t, flat_targets_t] - log_z[flat_index_t]).double().numpy()
-        token_max = (argmax[flat_index_t] == flat_targets_t).numpy()
+        flat_index_t = torch.tensor(flat_index, device=device)
+        flat_targets_t = torch.tensor(flat_targets, device=device)
+        token_lp = (logits[flat_index_t, flat_targets_t] - log_z[flat_index_t]).double().cpu().numpy()
+        token_max = (argmax[flat_index_t] == flat_targets_t).cpu().numpy()
+        token_arg = argmax[flat_index_t].cpu().numpy()  # the argmax ids themselves (EasyEdit's locality compares them)
         start = 0
         for enc in members:
             n = len(enc.cont_ids)
-            yield enc, token_lp[start:start + n], token_max[start:start + n]
+            yield enc, token_lp[start:start + n], token_max[start:start + n], token_arg[start:start + n]
             start += n
 
     # -- differentiable path for editor objectives --------------------------------------------------
@@ -431,7 +454,8 @@ class ScoringEngine(Scorer):
             hidden = self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,
                                 attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
             last = mask.sum(-1) - 1
-            outs.append(self.logits_from_hidden(hidden[torch.arange(len(chunk)), last]).log_softmax(-1))
+            rows_t = torch.arange(len(chunk), device=last.device)
+            outs.append(self.logits_from_hidden(hidden[rows_t, last]).log_softmax(-1))
         lp = torch.cat(outs)
         if top_k is not None:
             return lp.topk(top_k, dim=-1)
@@ -463,7 +487,8 @@ class ScoringEngine(Scorer):
         if positions is None:
             index = lengths - 1
         else:
-            index = torch.tensor([p if p >= 0 else int(n) + p for p, n in zip(positions, lengths, strict=True)])
+            index = torch.tensor([p if p >= 0 else int(n) + p for p, n in zip(positions, lengths, strict=True)],
+                                 device=lengths.device)
             if (index < 0).any() or (index >= lengths).any():
                 raise EditscopeError(f"token positions {list(positions)} outside the contexts")
         names = ["final" if kind == "final" else f"blocks.{layer}.{kind}" for layer in layers]
@@ -471,7 +496,7 @@ class ScoringEngine(Scorer):
         with capture(self.model, self.arch, names, stop_after=True) as store:
             self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,
                        attention_mask=mask, position_ids=pos, use_cache=False)
-        arange = torch.arange(len(rows))
+        arange = torch.arange(len(rows), device=index.device)
         return torch.stack([store[name][arange, index] for name in names], dim=1)
 
     # -- generation ---------------------------------------------------------------------------------

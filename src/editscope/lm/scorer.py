@@ -34,6 +34,8 @@ class ContinuationScore:
     token_ids: list[int]
     token_logprobs: np.ndarray
     token_is_argmax: np.ndarray
+    #: the argmax token id at each continuation position (teacher-forced), where the scorer provides it
+    token_argmax: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:

@@ -32,7 +32,7 @@ def _keys(engine: ScoringEngine, prompt: LocatePrompt) -> torch.Tensor:
     """Clean MLP keys at the last prompt token, [layers, mlp]."""
     names = [f"blocks.{layer}.mlp_key" for layer in range(engine.bundle.n_layers)]
     with torch.no_grad(), capture(engine.model, engine.arch, names) as store:
-        answer_prob(engine, torch.tensor([prompt.ids]), prompt.answer_id)
+        answer_prob(engine, torch.tensor([prompt.ids], device=engine.bundle.device), prompt.answer_id)
     return torch.stack([store[name][0, prompt.last].float() for name in names])
 
 
@@ -46,7 +46,7 @@ def ig_alphas(steps: int, rule: str) -> torch.Tensor:
     """The scaling points α_j of the Riemann sum (see the module docstring)."""
     if steps < 1:
         raise EditscopeError(f"steps must be >= 1, got {steps}")
-    j = torch.arange(1, steps + 1, dtype=torch.float32)
+    j = torch.arange(1, steps + 1, dtype=torch.float32)  # host: moved by the caller
     if rule == "right":
         return j / steps
     if rule == "midpoint":
@@ -61,7 +61,7 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
     keys = _keys(engine, prompt)
     n_layers = keys.shape[0]
     layers = list(range(n_layers)) if layers is None else list(layers)
-    alphas = ig_alphas(steps, rule)
+    alphas = ig_alphas(steps, rule).to(engine.bundle.device)
     attr = torch.zeros_like(keys)
     per_forward = max(1, token_budget // (steps * len(prompt.ids)))
     last = prompt.last
@@ -78,29 +78,29 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
             return fn
 
         fns = {f"blocks.{layer}.mlp_key": scaler(g, layer) for g, layer in enumerate(chunk)}
-        ids = torch.tensor([prompt.ids]).expand(len(chunk) * steps, -1)
+        ids = torch.tensor([prompt.ids], device=engine.bundle.device).expand(len(chunk) * steps, -1)
         with hooks(engine.model, engine.arch, fns):
             probs = answer_prob(engine, ids, prompt.answer_id)
         grads = torch.autograd.grad(probs.sum(), [scaled[layer] for layer in chunk])
         for layer, grad in zip(chunk, grads, strict=True):
             attr[layer] = keys[layer] * grad.mean(0)
-    return _result("kn", engine, prompt, attr.double().numpy(), steps=steps, rule=rule, layers=layers)
+    return _result("kn", engine, prompt, attr.double().cpu().numpy(), steps=steps, rule=rule, layers=layers)
 
 
 def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt) -> LocateResult:
     """k_i ∂f/∂k_i at the last prompt token for every layer, from one forward and backward."""
     names = [f"blocks.{layer}.mlp_key" for layer in range(engine.bundle.n_layers)]
     with capture(engine.model, engine.arch, names, grad=True) as store:
-        prob = answer_prob(engine, torch.tensor([prompt.ids]), prompt.answer_id)
+        prob = answer_prob(engine, torch.tensor([prompt.ids], device=engine.bundle.device), prompt.answer_id)
         prob.sum().backward()
     scores = torch.stack([(store[n][0, prompt.last] * store.grads[n][0, prompt.last]).detach().float()
                           for n in names])
-    return _result("grad_x_act", engine, prompt, scores.double().numpy(), prob=float(prob[0].detach()))
+    return _result("grad_x_act", engine, prompt, scores.double().cpu().numpy(), prob=float(prob[0].detach()))
 
 
 def activation(engine: ScoringEngine, prompt: LocatePrompt) -> LocateResult:
     """|k_i| at the last prompt token."""
-    return _result("activation", engine, prompt, _keys(engine, prompt).abs().double().numpy())
+    return _result("activation", engine, prompt, _keys(engine, prompt).abs().double().cpu().numpy())
 
 
 def random_scores(engine: ScoringEngine, prompt: LocatePrompt, *, seed: int = 0) -> LocateResult:

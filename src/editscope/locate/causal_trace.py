@@ -78,8 +78,9 @@ class CausalTracer:
         start, end = prompt.subject_span
         gen = torch.Generator().manual_seed(seed)
         dim = engine.bundle.hidden_size
-        self.noise = torch.randn((samples, end - start, dim), generator=gen) * self.noise_scale
-        self.ids = torch.tensor([prompt.ids])
+        noise = torch.randn((samples, end - start, dim), generator=gen)  # host generator: the same noise anywhere
+        self.noise = (noise * self.noise_scale).to(engine.bundle.device)
+        self.ids = torch.tensor([prompt.ids], device=engine.bundle.device)
         names = [f"blocks.{layer}.{point}" for layer in range(self.n_layers) for point in POINT_OF_KIND.values()]
         with torch.no_grad(), capture(engine.model, engine.arch, names) as store:
             self.clean_prob = float(answer_prob(engine, self.ids, prompt.answer_id)[0])
@@ -120,7 +121,7 @@ class CausalTracer:
             fns = {"embed": corrupt} | {name: restorer(name, items) for name, items in plan.items()}
             with hooks(self.engine.model, self.engine.arch, fns):
                 probs = answer_prob(self.engine, self.ids.expand(n_rows, -1), self.prompt.answer_id)
-            out[first:first + len(chunk)] = probs.view(len(chunk), self.samples).mean(1).double().numpy()
+            out[first:first + len(chunk)] = probs.view(len(chunk), self.samples).mean(1).double().cpu().numpy()
         return out
 
 

@@ -41,6 +41,7 @@ import torch
 from editscope.atomic import atomic_write_text
 from editscope.data import DATASETS, dataset_path, load_cases
 from editscope.data.records import Case, EditRequest
+from editscope.edit.objectives import independent_edits
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
 from editscope.errors import EditscopeError
@@ -330,9 +331,15 @@ class Runner:
     def _execute(self, blocks: list[Block], tasks: list[tuple[int, int, list[int], dict[str, set]]], editors,
                  hparams, engine: ScoringEngine) -> Iterator[dict[str, Any]]:
         """The rows of every (block index, group, members, rows to do per method) task, in order, in this process
-        (editscope.run.ray_executor overrides it to spread whole groups over Ray actors)."""
-        for b, g, members, todo in tasks:
-            yield from self._group_rows(blocks[b], g, members, todo, editors, hparams, engine)
+        (editscope.run.ray_executor overrides it to spread whole groups over Ray actors). In ``mode: single`` with
+        ``engine.vstar_batch`` = N > 1 (EDITSCOPE_VSTAR_BATCH), N cases at a time form a window of independent edits:
+        the first edit in it optimises the v*/z of all N in one batched loop (edit.objectives.independent_edits)."""
+        size = (engine.vstar_batch or 1) if self.config.mode == "single" else 1
+        for s in range(0, len(tasks), size):
+            with independent_edits(engine, [blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size]
+                                            for i in members]):
+                for b, g, members, todo in tasks[s:s + size]:
+                    yield from self._group_rows(blocks[b], g, members, todo, editors, hparams, engine)
 
     def _group_rows(self, block: Block, g: int, members: list[int], todo: dict[str, set], editors, hparams,
                     engine: ScoringEngine) -> Iterator[dict[str, Any]]:

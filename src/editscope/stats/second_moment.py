@@ -38,6 +38,7 @@ import json
 import time
 import warnings
 import weakref
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,7 @@ def corpus_rows(engine: ScoringEngine, corpus: Corpus, token_budget: int, seq_le
         raise EditscopeError("token budget and seq_len must be positive")
     newline = engine.tokenizer("\n", add_special_tokens=False)["input_ids"]
     need = max(seq_len, (token_budget // seq_len) * seq_len)
-    stream: list[int] = []
+    stream = array("q")  # 8 bytes per token (a list of ints takes ~36): the budget's ids are the only O(budget) memory
     for text in corpus.paragraphs():
         stream.extend(engine.encode(text))
         stream.extend(newline)
@@ -118,7 +119,7 @@ def corpus_rows(engine: ScoringEngine, corpus: Corpus, token_budget: int, seq_le
     if n_rows == 0:
         raise EditscopeError(f"corpus too short: {len(stream)} tokens, need at least {seq_len}")
     n_rows = min(n_rows, need // seq_len)
-    return torch.tensor(stream[: n_rows * seq_len], dtype=torch.long).view(n_rows, seq_len)
+    return torch.frombuffer(stream, dtype=torch.long)[: n_rows * seq_len].clone().view(n_rows, seq_len)
 
 
 def cache_file(fingerprint: str, layer: int, corpus_digest: str, token_budget: int, seq_len: int) -> Path:
@@ -239,8 +240,9 @@ def add_outer(total: torch.Tensor, k: torch.Tensor, chunk: int = OUTER_CHUNK) ->
 
 def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, batch_rows: int = DEFAULT_BATCH_ROWS,
                progress: bool = True) -> tuple[dict[int, torch.Tensor], int]:
-    """Sums Σ_t k_t k_tᵀ (float64) of the MLP keys at ``layers`` over all tokens of ``rows``, and the token
-    count. One forward per batch, stopped after the deepest layer."""
+    """Sums Σ_t k_t k_tᵀ (float64, on the model's device) of the MLP keys at ``layers`` over all tokens of ``rows``,
+    and the token count. One forward per batch of ``batch_rows`` rows, stopped after the deepest layer; memory is
+    one [mlp, mlp] float64 sum per layer plus one batch's activations, whatever the token budget."""
     n_layers = bundle.n_layers
     for layer in layers:
         if not 0 <= layer < n_layers:
@@ -248,7 +250,8 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
     layers = sorted(set(layers))
     last = layers[-1]
     dim = bundle.arch.mlp_size(bundle.config)
-    sums = {layer: torch.zeros(dim, dim, dtype=torch.float64) for layer in layers}
+    device = bundle.device
+    sums = {layer: torch.zeros(dim, dim, dtype=torch.float64, device=device) for layer in layers}
     count = 0
 
     def adder(layer: int):
@@ -265,7 +268,7 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
                disable=not progress, leave=False)
     with torch.no_grad(), hooks(bundle.model, bundle.arch, {f"blocks.{lay}.mlp_key": adder(lay) for lay in layers}):
         for start in range(0, rows.shape[0], batch_rows):
-            batch = rows[start:start + batch_rows]
+            batch = rows[start:start + batch_rows].to(device)
             with contextlib.suppress(_StopForward):
                 base(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False)
             count += int(batch.numel())
@@ -339,7 +342,7 @@ def _compute(bundle: Bundle, layers: list[int], corpus: Corpus, token_budget: in
     seconds = time.perf_counter() - t0
     out = {}
     for layer in layers:
-        out[layer] = sums[layer] / count
+        out[layer] = (sums[layer] / count).cpu()  # as a cache read returns it
         if checksums is not None:
             meta = dict(fingerprint=bundle.fingerprint, model=bundle.name, layer=layer, corpus=corpus.digest,
                         corpus_files=[p.name for p in corpus.files], token_budget=token_budget,

@@ -10,7 +10,8 @@ to add a suite. Every suite is a :class:`~editscope.suites.base.Suite`: it decla
 * ``zsre`` -- :mod:`.zsre` (Efficacy/Paraphrase/Specificity top-1; Score);
 * ``peak`` -- :mod:`.peak` (appending ES/GS/LS, additivity for hard and random false answers);
 * ``one_to_n`` -- :mod:`.one_to_n` (NKL/MaxAcc/Precision@K/PPL before and after);
-* ``evk`` -- :mod:`.evk` (EVK-Bench Embedding/Text Stability per drift type and σ).
+* ``evk`` -- :mod:`.evk` (EVK-Bench Embedding/Text Stability per drift type and σ);
+* ``portability`` -- :mod:`.portability` (KnowEdit portability/locality, EasyEdit's token-accuracy protocol).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.evk import EvkSuite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
+from editscope.suites.portability import PortabilitySuite
 from editscope.suites.zsre import ZsreSuite
 
 SUITES: dict[str, Callable[..., Suite]] = {
@@ -32,6 +34,7 @@ SUITES: dict[str, Callable[..., Suite]] = {
     "peak": PeakSuite,
     "one_to_n": OneToNSuite,
     "evk": EvkSuite,
+    "portability": PortabilitySuite,
 }
 """Suite name -> factory (keyword options as documented by each suite class)."""
 
@@ -46,5 +49,6 @@ def get_suite(name: str, **options: Any) -> Suite:
         raise EditscopeError(f"suite {name!r}: bad options {sorted(options)}: {exc}") from None
 
 
-__all__ = ["SUITES", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite", "Suite", "SuiteFigure", "ZsreSuite",
+__all__ = ["SUITES", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite", "PortabilitySuite", "Suite",
+           "SuiteFigure", "ZsreSuite",
            "get_suite"]

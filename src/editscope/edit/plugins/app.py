@@ -141,9 +141,11 @@ def continuation_logprobs(engine: ScoringEngine, batch: TokenBatch, hidden: torc
     rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
     lp = engine.logits_from_hidden(hidden[rows_t, cols_t]).float().log_softmax(-1)
     token_lp = lp.gather(1, batch.input_ids[rows_t, cols_t + 1][:, None])[:, 0]
-    total = torch.zeros(len(batch.context_lengths), dtype=token_lp.dtype).index_add(0, torch.tensor(owner), token_lp)
+    device = token_lp.device
+    total = torch.zeros(len(batch.context_lengths), dtype=token_lp.dtype, device=device).index_add(
+        0, torch.tensor(owner, device=device), token_lp)
     if mode == "mean":
-        total = total / torch.tensor(batch.continuation_lengths, dtype=token_lp.dtype)
+        total = total / torch.tensor(batch.continuation_lengths, dtype=token_lp.dtype, device=device)
     return total
 
 
@@ -186,7 +188,7 @@ class AppTerm:
                 batch = ctx.engine.prepare([(text, a) for a in correct + hard])
                 lp = continuation_logprobs(ctx.engine, batch, ctx.run(batch, positions * len(batch.context_lengths),
                                                                       None), self.hp.filter_prob)
-                probs = np.exp(lp.double().numpy())
+                probs = np.exp(lp.double().cpu().numpy())
                 keep_c, keep_h, _ = peak_answer_filter(probs[: len(correct)], probs[len(correct):],
                                                        max_share_below=self.hp.max_share_below)
                 dropped = {"correct": [a for i, a in enumerate(correct) if i not in set(keep_c.tolist())],
@@ -196,7 +198,7 @@ class AppTerm:
             correct = correct if k_c is None else correct[:k_c]
             hard = hard if k_f is None else hard[:k_f]
             answers = correct + hard
-            batch, pre = None, torch.zeros(0)
+            batch, pre = None, torch.zeros(0)  # host: empty placeholder
             if answers:
                 batch = ctx.engine.prepare([(text, a) for a in answers])
                 pre = continuation_logprobs(ctx.engine, batch, ctx.run(batch, positions * len(answers), None),

@@ -131,7 +131,7 @@ class EvkAlign:
     @staticmethod
     def _logprobs(ctx: VContext, batch, positions: list[int], read: list[int], delta) -> torch.Tensor:
         hidden = ctx.run(batch, positions, delta)
-        rows = torch.arange(len(read))
+        rows = torch.arange(len(read), device=hidden.device)
         return ctx.engine.logits_from_hidden(hidden[rows, torch.tensor(read)]).float().log_softmax(-1)
 
     def k_at(self, step_index: int) -> int:
