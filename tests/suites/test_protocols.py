@@ -5,6 +5,7 @@ neighbourhood question ``loc + "?"``), PEAK's ``protocol: reference`` against a 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.run.runner import edit_requests
 from editscope.suites import SUITES, get_suite
+from editscope.suites.one_to_n import OneToNSuite
+from editscope.suites.peak import PeakSuite
+from editscope.suites.zsre import ZsreSuite
 from tests.lm.test_engine import naive_logprobs
 
 pytestmark = pytest.mark.usefixtures("private_home")
@@ -296,3 +300,15 @@ def test_every_suite_names_its_protocol():
     assert get_suite("zsre", target="alt", loc_question_mark=False).protocol["name"] == "easyedit"
     assert get_suite("zsre", target="alt").protocol["name"] == "custom"
     assert "EasyEdit" in get_suite("counterfact").protocol["note"]
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: ZsreSuite(loc_question_mark=1), "zsre suite: option loc_question_mark must be one of true, false, not 1"),
+    (lambda: ZsreSuite(target="answers"), "zsre suite: option target must be one of answers0, alt, not 'answers'"),
+    (lambda: PeakSuite(prob="max"), "peak suite: option prob must be one of mean, sum, not 'max'"),
+    (lambda: PeakSuite(filter_answers="yes"), "peak suite: option filter_answers must be one of true, false"),
+    (lambda: OneToNSuite(edits="some"), "one_to_n suite: option edits must be one of all_valid, append"),
+])
+def test_bad_suite_options_name_suite_option_and_choices(make, message):
+    with pytest.raises(EditscopeError, match=re.escape(message)):
+        make()

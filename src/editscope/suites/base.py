@@ -53,6 +53,14 @@ from editscope.lm.scorer import Scorer
 from editscope.metrics.registry import Declarations, MetricSpec
 
 
+def check_choice(suite: str, option: str, value: Any, choices: Sequence[Any]) -> None:
+    """A suite option that takes one of ``choices``: a one-line error naming the suite, the option and the
+    choices otherwise (bools are choices too: ``(True, False)``)."""
+    if not any(value is c if isinstance(c, bool) else (not isinstance(value, bool) and value == c) for c in choices):
+        names = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+        raise EditscopeError(f"{suite} suite: option {option} must be one of {names}, not {value!r}")
+
+
 @dataclass(frozen=True)
 class SuiteFigure:
     """One figure a suite adds to the report: file slug, title, caption and the PNG bytes."""

@@ -56,7 +56,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics.registry import MetricSpec
 from editscope.metrics.stability import embedding_stability, text_stability
-from editscope.suites.base import Suite, SuiteFigure
+from editscope.suites.base import Suite, SuiteFigure, check_choice
 
 _P = "004 (EVK), §3.1.2"
 SOURCES = ("edit", "neighborhood", "both")
@@ -88,12 +88,9 @@ class EvkSuite(Suite):
     def __init__(self, *, sigma: float = 0.3, instances_per_type: int = 1, drifts: Sequence[str] = DRIFTS,
                  source: str = "edit", text: str = "auto", sigmas: Sequence[float] | None = None,
                  seed: int = 0, state: str = "final_norm") -> None:
-        if state not in STATES:
-            raise EditscopeError(f"evk suite: state must be one of {', '.join(STATES)}, not {state!r}")
-        if source not in SOURCES:
-            raise EditscopeError(f"evk suite: source must be one of {', '.join(SOURCES)}, not {source!r}")
-        if text not in TEXT_SOURCES:
-            raise EditscopeError(f"evk suite: text must be one of {', '.join(TEXT_SOURCES)}, not {text!r}")
+        check_choice(self.name, "state", state, tuple(STATES))
+        check_choice(self.name, "source", source, SOURCES)
+        check_choice(self.name, "text", text, TEXT_SOURCES)
         bad = [d for d in drifts if d not in DRIFTS]
         if bad or not drifts:
             raise EditscopeError(f"evk suite: drifts must be a non-empty subset of {', '.join(DRIFTS)}, got {drifts}")

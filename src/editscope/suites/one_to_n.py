@@ -72,7 +72,7 @@ from editscope.suites._common import (
     surface,
     write_json_atomic,
 )
-from editscope.suites.base import Suite, SuiteFigure
+from editscope.suites.base import Suite, SuiteFigure, check_choice
 
 _P = "000 (1-to-N knowledge)"
 
@@ -155,8 +155,7 @@ class OneToNSuite(Suite):
     def __init__(self, *, k: int = 3, corpus: Sequence[str | os.PathLike[str]] | None = None,
                  window: Literal["passage", "sentence"] = "passage", include_false: bool = True,
                  edits: Literal["all_valid", "append"] = "all_valid") -> None:
-        if edits not in ("all_valid", "append"):
-            raise EditscopeError(f"edits must be 'all_valid' or 'append', not {edits!r}")
+        check_choice(self.name, "edits", edits, ("all_valid", "append"))
         self.k = int(k)
         self.include_false = include_false
         self.edits = edits

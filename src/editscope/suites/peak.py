@@ -84,7 +84,7 @@ from editscope.metrics import (
 )
 from editscope.metrics.registry import MetricSpec
 from editscope.suites._common import Plan, by_kind, dedupe, one, prompts_with_role, score_plans
-from editscope.suites.base import Suite, SuiteFigure
+from editscope.suites.base import Suite, SuiteFigure, check_choice
 
 ADDITIVITY_KEYS = ("RFF", "RNF", "CPC", "FPC", "AFF", "ANF")
 SETTINGS = ("hard", "random")
@@ -154,10 +154,9 @@ class PeakSuite(Suite):
 
     def __init__(self, *, prob: Literal["mean", "sum"] = "mean", filter_answers: bool = True,
                  max_share_below: float = 0.2, protocol: Literal["paper", "reference"] = "paper") -> None:
-        if prob not in ("mean", "sum"):
-            raise EditscopeError(f"peak suite: option prob must be 'mean' or 'sum', not {prob!r}")
-        if protocol not in PROTOCOLS:
-            raise EditscopeError(f"peak suite: option protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+        check_choice(self.name, "prob", prob, ("mean", "sum"))
+        check_choice(self.name, "protocol", protocol, PROTOCOLS)
+        check_choice(self.name, "filter_answers", filter_answers, (True, False))
         self.prob = prob
         self.filter_answers = filter_answers
         self.max_share_below = max_share_below

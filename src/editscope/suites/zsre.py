@@ -61,7 +61,7 @@ from editscope.lm.scorer import Scorer
 from editscope.metrics import zsre_efficacy, zsre_paraphrase, zsre_specificity
 from editscope.metrics.registry import MetricSpec, hmean_of
 from editscope.suites._common import Plan, one, prompts_with_role, score_plans
-from editscope.suites.base import Suite
+from editscope.suites.base import Suite, check_choice
 
 _P = "002 (ROME), appendix C.1"
 METRICS: tuple[MetricSpec, ...] = (
@@ -114,11 +114,8 @@ class ZsreSuite(Suite):
     metrics_declared = METRICS
 
     def __init__(self, *, target: Literal["answers0", "alt"] = "answers0", loc_question_mark: bool = True) -> None:
-        if target not in TARGETS:
-            raise EditscopeError(f"zsre suite: option target must be one of {', '.join(TARGETS)}, not {target!r}")
-        if not isinstance(loc_question_mark, bool):
-            raise EditscopeError("zsre suite: option loc_question_mark must be true or false, "
-                                 f"not {loc_question_mark!r}")
+        check_choice(self.name, "target", target, TARGETS)
+        check_choice(self.name, "loc_question_mark", loc_question_mark, (True, False))
         self.target = target
         self.loc_question_mark = loc_question_mark
 
