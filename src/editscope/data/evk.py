@@ -102,7 +102,7 @@ def drift_embeddings(embeds: torch.Tensor, span: Sequence[int], sigma: float, ge
     if len(rows) == 0 or sigma == 0:
         return out
     noise = torch.randn((len(rows), embeds.shape[1]), generator=generator, dtype=torch.float32) * sigma
-    out[rows] = out[rows] + noise.to(out.dtype)
+    out[rows] = out[rows] + noise.to(out)  # host generator's noise, on the embeddings' device
     return out
 
 

@@ -266,8 +266,8 @@ class ScoringEngine(Scorer):
     def _inputs(self, rows: list[tuple[Sequence[int], torch.Tensor | None]], side: str):
         """Pad rows of ids (optionally with replacement embeddings) to one batch."""
         width = max(len(ids) for ids, _ in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # host: filled row by row, then moved
+        mask = torch.zeros((len(rows), width), dtype=torch.long)  # host
         for r, (row, _) in enumerate(rows):
             span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
             ids[r, span] = torch.tensor(row, dtype=torch.long)
@@ -344,8 +344,8 @@ class ScoringEngine(Scorer):
         if self._window and max(len(row.ctx_ids) + row.depth for row in batch) > self._window:
             raise EditscopeError(
                 f"context + continuation longer than the model's sliding window ({self._window} tokens)")
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        positions = torch.zeros((len(batch), width), dtype=torch.long)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)  # host: filled row by row, then moved
+        positions = torch.zeros((len(batch), width), dtype=torch.long)  # host
         allowed = np.zeros((len(batch), width, width), dtype=bool)
         offsets = []
         for b, row in enumerate(batch):

@@ -111,7 +111,7 @@ class EvkAlign:
                                                           float(self.hp.sigma)))
         drifts, embeds = [], []
         for _ in range(self.hp.n):
-            drift = self.hp.drifts[int(torch.randint(len(self.hp.drifts), (1,), generator=gen))]
+            drift = self.hp.drifts[int(torch.randint(len(self.hp.drifts), (1,), generator=gen))]  # host generator
             drifts.append(drift)
             embeds.append(drift_embeddings(clean, spans.span(drift), self.hp.sigma, gen))
         return drifts, embeds
