@@ -9,6 +9,11 @@ For each method (its shipped hparams for the model) and each record, one edit's 
     step a full forward of every row from the embeddings and a log-softmax over the full vocabulary at every
     position (``engine.objective_path = "plain"``).
 
+(c) for ROME and MEMIT (``--batched``): the N records as runner ``mode: single`` edits them with
+    ``EDITSCOPE_VSTAR_BATCH=N``: the v*/z of all N optimised together, one batched forward per step (each record
+    its own δ and early stop; edit.objectives.optimise_deltas), then each record's ΔW as in (a). Timed after
+    (a)/(b); must agree with (a) to 1e-5 relative. Prints ``batched speedup X.XX vs (b), Y.YY vs (a)``.
+
 Same hparams, seeds, context prefixes, statistics and sequential-state template (as the runner: AlphaEdit's
 null-space projector is computed once). (a) and (b) alternate which runs first, record by record, so load
 from other processes hits both alike. Both patches must agree to 1e-4 relative (Frobenius norm over the
@@ -33,6 +38,7 @@ from editscope.data.counterfact import load_counterfact
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
+from editscope.edit.objectives import independent_edits
 from editscope.lm import load
 from editscope.lm.engine import ScoringEngine
 from editscope.paths import data_file
@@ -62,7 +68,7 @@ def profile_summary(prof: cProfile.Profile, top: int) -> str:
     return "\n".join("    " + ln for ln in lines)
 
 
-def bench_method(bundle, method: str, reqs: list[EditRequest], top: int) -> None:
+def bench_method(bundle, method: str, reqs: list[EditRequest], top: int, batched: bool) -> None:
     editor = get_editor(method)
     hp = editor.load_hparams(bundle)
     engines = {path: ScoringEngine(bundle) for path in ("fast", "plain")}
@@ -76,6 +82,7 @@ def bench_method(bundle, method: str, reqs: list[EditRequest], top: int) -> None
 
     times: dict[str, list[float]] = {"fast": [], "plain": []}
     diffs = []
+    fast_deltas = []
     prof = cProfile.Profile()
     for i, req in enumerate(reqs):
         order = ("fast", "plain") if i % 2 == 0 else ("plain", "fast")
@@ -89,6 +96,7 @@ def bench_method(bundle, method: str, reqs: list[EditRequest], top: int) -> None
             prof.disable()
             deltas[path] = patch.deltas
         diffs.append(relative_difference(deltas["fast"], deltas["plain"]))
+        fast_deltas.append(deltas["fast"])
         print(f"{method} record {i}: (a) {times['fast'][-1]:.2f} s  (b) {times['plain'][-1]:.2f} s  "
               f"rel. ΔW difference {diffs[-1]:.1e}", flush=True)
     fast, plain = sum(times["fast"]), sum(times["plain"])
@@ -100,6 +108,28 @@ def bench_method(bundle, method: str, reqs: list[EditRequest], top: int) -> None
     if max(diffs) > 1e-4:
         raise SystemExit(f"{method}: (a) and (b) disagree: relative ΔW difference {max(diffs):.2e} > 1e-4")
     print(f"{method} speedup {plain / fast:.2f}", flush=True)
+    if batched and n > 1:
+        bench_batched(bundle, editor, hp, reqs, template, fast_deltas, fast, plain)
+
+
+def bench_batched(bundle, editor, hp, reqs: list[EditRequest], template, fast_deltas: list[dict[str, torch.Tensor]],
+                  fast: float, plain: float) -> None:
+    """(c): the N records as the runner's ``mode: single`` edits them with EDITSCOPE_VSTAR_BATCH=N: one window of
+    independent edits, whose first edit optimises every record's v*/z in one batched loop (each record its own δ
+    and early stop), then each record's ΔW as in (a). Must agree with (a) to 1e-5 relative."""
+    engine = ScoringEngine(bundle)
+    engine.vstar_batch = len(reqs)
+    context_templates(engine, hp.context_templates, hp.template_seed)
+    t0 = time.perf_counter()
+    with independent_edits(engine, [[r] for r in reqs]):
+        patches = [editor.compute_patch(bundle, r, hp, template.without_edits(), engine=engine) for r in reqs]
+    batched = time.perf_counter() - t0
+    diff = max(relative_difference(p.deltas, d) for p, d in zip(patches, fast_deltas, strict=True))
+    n = len(reqs)
+    print(f"{editor.name}: (c) batched B={n} {batched / n:.2f} s/edit, max rel. ΔW difference to (a) {diff:.1e}")
+    if diff > 1e-5:
+        raise SystemExit(f"{editor.name}: (c) and (a) disagree: relative ΔW difference {diff:.2e} > 1e-5")
+    print(f"{editor.name} batched speedup {plain / batched:.2f} vs (b), {fast / batched:.2f} vs (a)", flush=True)
 
 
 def main() -> None:
@@ -109,12 +139,13 @@ def main() -> None:
     parser.add_argument("--methods", default="rome,memit,alphaedit")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile-top", type=int, default=12)
+    parser.add_argument("--batched", default="rome,memit", help="methods also timed as (c), the batched path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load(args.model)
     reqs = requests(args.cases)
     for method in args.methods.split(","):
-        bench_method(bundle, method.strip(), reqs, args.profile_top)
+        bench_method(bundle, method.strip(), reqs, args.profile_top, method.strip() in args.batched.split(","))
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ class SuffixForward:
     def select(self, rows: Sequence[int]) -> SuffixForward:
         """The same suffix forward restricted to ``rows`` (in that order): what a batched optimisation keeps
         running once some of its requests have stopped early (edit.objectives.optimise_deltas)."""
-        idx = torch.tensor(list(rows), dtype=torch.long)
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.ids.device)
         out = copy.copy(self)
         out.ids, out.position_ids, out.valid = self.ids[idx], self.position_ids[idx], self.valid[idx]
         out.entry, out.mask, out.base_hidden = self.entry[idx], self.mask[idx], self.base_hidden[idx]

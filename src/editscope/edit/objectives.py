@@ -361,7 +361,7 @@ def concat_batches(batches: Sequence[TokenBatch], pad_id: int) -> TokenBatch:
 
 
 def _select_rows(batch: TokenBatch, rows: Sequence[int]) -> TokenBatch:
-    idx = torch.tensor(list(rows), dtype=torch.long)
+    idx = torch.tensor(list(rows), dtype=torch.long, device=batch.input_ids.device)
     return TokenBatch(batch.input_ids[idx], batch.attention_mask[idx], batch.target_mask[idx],
                       [batch.context_lengths[r] for r in rows], [batch.continuation_lengths[r] for r in rows],
                       [batch.context_embeds[r] for r in rows])
