@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from editscope.data import counterfact, knowedit, mquake, peak, zsre
+from editscope.data import counterfact, hf, knowedit, mquake, peak, zsre
 from editscope.data._common import Format, first_record, read_json_list
 from editscope.data.records import Case, EditRequest
 from editscope.errors import DataError, EditscopeError
@@ -96,6 +96,13 @@ def load_cases(name_or_path: str | os.PathLike[str], *, limit: int | None = None
     if offset < 0 or (limit is not None and limit < 0):
         raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
     key = os.fspath(name_or_path)
+    if hf.is_hf_source(key):  # {hf: NAME, split: ...} of a run config (editscope.data.hf): rows read like records
+        records, file = hf.load_rows(key)
+        fmt = detect_format(first_record(records, file), file) if records else None
+        if fmt is None:
+            raise DataError(file, None, None, "the dataset holds no rows")
+        cases = fmt.parse(records, file=file, source=hf.label(key), known_invalid={})
+        return cases[offset:None if limit is None else offset + limit]
     if key in DATASETS:
         spec = DATASETS[key]
         path, source, known_invalid = data_file(spec.file), key, spec.known_invalid

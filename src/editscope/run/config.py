@@ -20,7 +20,8 @@ Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
           - {name: app, weight: 0.1}   # the plug-in's name plus its hparams
     plugin_modules: [my.plugins] # Python modules imported first (they call register_plugin)
     datasets:                    # one block per dataset; or the keys dataset/slice/suites at top level
-      - dataset: counterfact     # registered name or JSON file (relative to this file)
+      - dataset: counterfact     # registered name or JSON file (relative to this file), or a mapping
+                                 # {hf: NAME, split: train, name: CONFIG}: HF datasets, optional (data.hf)
         label: cf                # default: the dataset; must be unique
         slice: {offset: 0, limit: 10}
         suites: [counterfact, {name: one_to_n, options: {k: 5}}]
@@ -43,6 +44,8 @@ from typing import Any
 import yaml
 
 from editscope import yamlio
+from editscope.data.hf import hf_source, is_hf_source
+from editscope.data.hf import label as hf_label
 from editscope.errors import EditscopeError
 from editscope.paths import config_path
 
@@ -363,14 +366,25 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
         c.keys(raw, BLOCK_KEYS, prefix)
         if "dataset" not in raw:
             raise c.fail(f"{prefix}dataset", "required")
-        dataset = c.text(raw["dataset"], f"{prefix}dataset")
-        if dataset not in known_datasets:
+        if isinstance(raw["dataset"], dict):  # {hf: NAME, split: ...}: HF datasets, optional (editscope.data.hf)
+            spec = dict(raw["dataset"])
+            if isinstance(spec.get("hf"), str) and Path(_resolve(spec["hf"], base_dir)).is_dir():
+                spec["hf"] = str(Path(_resolve(spec["hf"], base_dir)))  # a save_to_disk folder next to the config
+            try:
+                dataset = hf_source(spec)
+            except ValueError as exc:
+                raise c.fail(f"{prefix}dataset", str(exc)) from None
+        else:
+            dataset = c.text(raw["dataset"], f"{prefix}dataset")
+        if dataset not in known_datasets and not is_hf_source(dataset):
             path = Path(_resolve(dataset, base_dir))
             if not path.is_file():
                 raise c.fail(f"{prefix}dataset", f"unknown dataset {dataset!r}: not a registered name "
                              f"({', '.join(known_datasets)}) and no such file")
             dataset = str(path)
-        label = c.text(raw.get("label", Path(dataset).stem if dataset not in known_datasets else dataset),
+        default = hf_label(dataset) if is_hf_source(dataset) else dataset if dataset in known_datasets else \
+            Path(dataset).stem
+        label = c.text(raw.get("label", default),
                        f"{prefix}label")
         sl = c.typed(raw.get("slice", {}) or {}, dict, f"{prefix}slice", "a mapping with offset and limit")
         c.keys(sl, SLICE_KEYS, f"{prefix}slice.")
