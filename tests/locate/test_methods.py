@@ -89,6 +89,40 @@ def test_integrated_gradients_completeness(tiny, rule, steps, tol):
     assert np.all(result.neurons[1:-1] == 0) or tiny.n_layers == 2
 
 
+def test_ig_suffix_path_equals_whole_prompt_rows(tiny):
+    """The cached-prefix IG (one-token rows) gives the numbers of running the whole prompt per (layer, α) row,
+    and batching layers together changes nothing (token_budget small = one layer per forward)."""
+    engine = ScoringEngine(tiny)
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    fast = knowledge_neurons(engine, prompt, steps=4).neurons
+    whole = knowledge_neurons(engine, prompt, steps=4, suffix=False).neurons
+    one_layer = knowledge_neurons(engine, prompt, steps=4, suffix=False, token_budget=1).neurons
+    scale = np.abs(whole).max()
+    assert scale > 0
+    np.testing.assert_allclose(fast, whole, rtol=0, atol=1e-4 * scale)
+    np.testing.assert_allclose(one_layer, whole, rtol=0, atol=1e-5 * scale)
+
+
+def test_trace_batched_restorations_equal_one_at_a_time():
+    from editscope.lm import load
+
+    engine = ScoringEngine(load("tiny-gpt2"))
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    batched = CausalTracer(engine, prompt, samples=3, seed=4)
+    single = CausalTracer(engine, prompt, samples=3, seed=4, token_budget=1)  # one pattern per forward
+    assert single.rows_per_forward == 3
+    patterns = [[(f"blocks.{layer}.mlp_out", t)] for layer in range(engine.bundle.n_layers)
+                for t in range(len(prompt.ids))]
+    np.testing.assert_allclose(batched.restored_probs(patterns), single.restored_probs(patterns), rtol=1e-5)
+    # and one pattern per call, one noise row per forward, averaged by hand
+    rows = []
+    for s in range(3):
+        one = CausalTracer(engine, prompt, samples=1, seed=4)
+        one.noise = batched.noise[s:s + 1]
+        rows.append(one.restored_probs(patterns[:5]))
+    np.testing.assert_allclose(batched.restored_probs(patterns[:5]), np.mean(rows, axis=0), rtol=1e-5)
+
+
 def test_grad_x_act_is_one_step_ig():
     from editscope.lm import load
 

@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
@@ -54,17 +55,50 @@ def ig_alphas(steps: int, rule: str) -> torch.Tensor:
     raise EditscopeError(f"rule must be 'right' or 'midpoint', not {rule!r}")
 
 
+def _prefix_kv(engine: ScoringEngine, prompt: LocatePrompt) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys/values of every layer for the prompt's first T−1 tokens (clean, no grad)."""
+    if len(prompt.ids) < 2:
+        return []
+    cache = DynamicCache()
+    with torch.no_grad():
+        engine.model.get_submodule(engine.arch.base)(input_ids=torch.tensor([prompt.ids[:-1]]),
+                                                     past_key_values=cache, use_cache=True)
+    return [(k, v) for k, v, *_ in cache]
+
+
+def _last_token_probs(engine: ScoringEngine, prompt: LocatePrompt, prefix_kv: list, rows: int) -> torch.Tensor:
+    """P(answer) for ``rows`` copies of the prompt's last token run on the cached first T−1 tokens (hooks apply)."""
+    n = len(prompt.ids)
+    cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+                                         for k, v in prefix_kv]) if prefix_kv else None
+    hidden = engine.model.get_submodule(engine.arch.base)(
+        input_ids=torch.tensor([[prompt.ids[-1]]]).expand(rows, 1),
+        attention_mask=torch.ones((rows, n), dtype=torch.long),
+        position_ids=torch.full((rows, 1), n - 1, dtype=torch.long),
+        past_key_values=cache, use_cache=cache is not None).last_hidden_state[:, -1]
+    return engine.logits_from_hidden(hidden).float().softmax(-1)[:, prompt.answer_id]
+
+
 def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int = 20, rule: str = "right",
-                      layers: list[int] | None = None, token_budget: int = 1024) -> LocateResult:
+                      layers: list[int] | None = None, token_budget: int = 1024, suffix: bool = True) -> LocateResult:
     """Integrated-gradients attribution of every MLP neuron (Dai et al. 2022 eq. 2-3), batched over steps and
-    over as many layers as ``token_budget`` allows in one forward/backward."""
+    over as many layers as ``token_budget`` allows in one forward/backward.
+
+    ``suffix`` (default): only the last position depends on the scaled keys (causal attention), so the first T−1
+    tokens run once with a cache and each (layer, α) is a one-token row — T times fewer token-layers than
+    running the whole prompt per row, the same numbers (tested against ``suffix=False``). The whole prompt runs
+    per row when the prompt is longer than the model's sliding window (the cache would be cut)."""
     keys = _keys(engine, prompt)
     n_layers = keys.shape[0]
     layers = list(range(n_layers)) if layers is None else list(layers)
-    alphas = ig_alphas(steps, rule).to(engine.bundle.device)
+    alphas = ig_alphas(steps, rule)
     attr = torch.zeros_like(keys)
-    per_forward = max(1, token_budget // (steps * len(prompt.ids)))
-    last = prompt.last
+    window = engine.arch.sliding_window(engine.model.config)
+    suffix = suffix and (window is None or len(prompt.ids) <= window)
+    prefix_kv = _prefix_kv(engine, prompt) if suffix else []
+    row_tokens = 1 if suffix else len(prompt.ids)
+    per_forward = max(1, token_budget // (steps * row_tokens))
+    position = -1 if suffix else prompt.last
     for first in range(0, len(layers), per_forward):
         chunk = layers[first:first + per_forward]
         scaled = {layer: (alphas[:, None] * keys[layer]).requires_grad_(True) for layer in chunk}
@@ -72,19 +106,22 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
         def scaler(g: int, layer: int, scaled: dict = scaled):
             def fn(x: torch.Tensor) -> torch.Tensor:
                 x = x.clone()
-                x[g * steps:(g + 1) * steps, last] = scaled[layer].to(x.dtype)
+                x[g * steps:(g + 1) * steps, position] = scaled[layer].to(x.dtype)
                 return x
 
             return fn
 
         fns = {f"blocks.{layer}.mlp_key": scaler(g, layer) for g, layer in enumerate(chunk)}
-        ids = torch.tensor([prompt.ids], device=engine.bundle.device).expand(len(chunk) * steps, -1)
         with hooks(engine.model, engine.arch, fns):
-            probs = answer_prob(engine, ids, prompt.answer_id)
+            if suffix:
+                probs = _last_token_probs(engine, prompt, prefix_kv, len(chunk) * steps)
+            else:
+                ids = torch.tensor([prompt.ids]).expand(len(chunk) * steps, -1)
+                probs = answer_prob(engine, ids, prompt.answer_id)
         grads = torch.autograd.grad(probs.sum(), [scaled[layer] for layer in chunk])
         for layer, grad in zip(chunk, grads, strict=True):
             attr[layer] = keys[layer] * grad.mean(0)
-    return _result("kn", engine, prompt, attr.double().cpu().numpy(), steps=steps, rule=rule, layers=layers)
+    return _result("kn", engine, prompt, attr.double().numpy(), steps=steps, rule=rule, layers=layers)
 
 
 def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt) -> LocateResult:
