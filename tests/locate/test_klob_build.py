@@ -67,3 +67,99 @@ def test_build_klob_from_shared_data():
         assert tuple(p.template for p in example.prompts) == KLOB_C_TEMPLATES[example.relation][1]
     for example in sets["r"]:
         assert example.prompts[0].answer == example.prompts[1].subject
+
+
+def _naive_recalled(engine, text: str, answer: str) -> bool:
+    """Greedy check one token at a time with plain forwards (independent of the engine's batched scoring)."""
+    import torch
+
+    ctx, cont = engine.encode_pair(text, answer)
+    ids = list(ctx)
+    for token in cont:
+        with torch.no_grad():
+            logits = engine.model(input_ids=torch.tensor([ids])).logits[0, -1]
+        if int(logits.argmax()) != token:
+            return False
+        ids.append(token)
+    return True
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    from editscope.lm import load
+    from editscope.lm.engine import ScoringEngine
+
+    return ScoringEngine(load("tiny-llama"))
+
+
+def _greedy_answer(engine, text: str, n: int = 2) -> str:
+    import torch
+
+    ids = engine.context_ids(text)
+    out = []
+    for _ in range(n):
+        with torch.no_grad():
+            out.append(int(engine.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax()))
+    return engine.tokenizer.decode(out)
+
+
+def test_recall_filter_keeps_exactly_the_recalled_facts(tiny_engine):
+    from editscope.data.klob_build import KlobExample, KlobPrompt, recall_filter
+
+    templates = KLOB_C_TEMPLATES["P19"][1]
+    subjects = ["Alan Turing", "Ada Lovelace", "Marie Curie", "Niels Bohr", "Emmy Noether", "Kurt Godel"]
+    examples, expected = [], {}
+    for i, subject in enumerate(subjects):
+        # even subjects: every template's answer is the model's own greedy continuation; odd: a fixed wrong one
+        answers = [_greedy_answer(tiny_engine, t.replace("{}", subject)) if i % 2 == 0 else " zebra quantum"
+                   for t in templates]
+        prompts = tuple(KlobPrompt(t, subject, a) for t, a in zip(templates, answers, strict=True))
+        examples.append(KlobExample("c", f"c:{i}", "P19", prompts, "test"))
+        expected[f"c:{i}"] = [_naive_recalled(tiny_engine, p.text, p.answer) for p in prompts]
+    hits = [h for v in expected.values() for h in v]
+    assert any(hits) and not all(hits)  # the test separates something
+    for mode, rule in (("any", any), ("all", all), ("first", lambda h: h[0])):
+        kept = recall_filter(tiny_engine, examples, mode=mode, chunk=4)
+        assert [e.example_id for e in kept] == [k for k, v in expected.items() if rule(v)]
+    assert len(recall_filter(tiny_engine, examples, mode="none")) == len(examples)
+    # KLoB-r: kept only when both facts are recalled; KLoB-u always passes; limit counts kept examples
+    good = [p for e in examples for p in e.prompts if _naive_recalled(tiny_engine, p.text, p.answer)]
+    bad = [p for e in examples for p in e.prompts if not _naive_recalled(tiny_engine, p.text, p.answer)]
+    pairs = [KlobExample("r", "r:0", "P19", (good[0], bad[0]), "t"),
+             KlobExample("r", "r:1", "P19", (good[0], good[1]), "t"),
+             KlobExample("u", "u:0", "-", (KlobPrompt("{} x", "y", None),), "t")]
+    assert [e.example_id for e in recall_filter(tiny_engine, pairs)] == ["r:1", "u:0"]
+    assert [e.example_id for e in recall_filter(tiny_engine, pairs, limit=1)] == ["r:1"]
+
+
+def test_recall_filter_few_shot_prefixes_same_template_demonstrations(tiny_engine):
+    from editscope.data.klob_build import KlobExample, KlobPrompt, _with_demos, demonstrations, recall_filter
+
+    template = "{} was born in"
+    pool = [KlobExample("c", f"c:{i}", "P19", (KlobPrompt(template, s, a), KlobPrompt("{} lived in", s, a)), "t")
+            for i, (s, a) in enumerate([("Ada", "London"), ("Bob", "Paris"), ("Cy", "Rome"), ("Di", "Oslo")])]
+    pick = demonstrations(pool, 2)
+    query = KlobPrompt(template, "Bob", "Paris")
+    demos = pick(query)
+    assert [d.text for d in demos] == ["Ada was born in", "Cy was born in"]  # same template, other subjects
+    assert _with_demos(query, demos) == "Ada was born in London.\nCy was born in Rome.\nBob was born in"
+    assert demonstrations(pool, 0)(query) == ()
+    # the filter decides on the prefixed text: compare with the naive greedy check of that text
+    answer = _greedy_answer(tiny_engine, _with_demos(query, demos), 1)
+    example = KlobExample("c", "q", "P19", (KlobPrompt(template, "Bob", answer),), "t")
+    with_shots = recall_filter(tiny_engine, [example], mode="all", shots=2, pool=pool)
+    assert bool(with_shots) == _naive_recalled(tiny_engine, _with_demos(query, demos), answer)
+    zero_shot = recall_filter(tiny_engine, [example], mode="all", shots=0, pool=pool)
+    assert bool(zero_shot) == _naive_recalled(tiny_engine, query.text, answer)
+
+
+def test_format_counts_two_relations_per_line():
+    from collections import Counter
+
+    from editscope.data.klob_build import format_counts
+
+    text = format_counts(Counter({"P19": 3, "P36": 5, "P999": 1}), "kept")
+    lines = text.splitlines()
+    assert lines[1].split() == ["P36", "(capital)", "5", "P999", "1"]
+    assert lines[2].split() == ["P19", "(born)", "3"]
+    assert lines[-1] == "kept: 9 in total, 3 relations"

@@ -16,17 +16,19 @@
   word is treated as the "subject" (causal tracing needs tokens to corrupt), the answer is the model's own
   greedy next token.
 
-:func:`recall_filter` keeps facts the model under test recalls (the paper used Llama-2-7b with 8 in-context
-demonstrations): the answer is recalled when every answer token is the greedy prediction after the prompt,
-optionally preceded by ``shots`` demonstrations of other facts of the same relation.
+:func:`recall_filter` keeps facts the model under test recalls, in every subset with facts (KLoB-c and KLoB-r; the
+paper used Llama-2-7b with 8 in-context demonstrations): the answer is recalled when every answer token is the
+greedy prediction after the prompt, optionally preceded by ``shots`` demonstrations (the same template about
+other subjects). :func:`format_counts` prints the kept examples per relation as the paper's Table 2.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from editscope.data.klob import KlobSentence, load_klob_u
 from editscope.data.klob_templates import KLOB_C_TEMPLATES
@@ -193,33 +195,70 @@ def format_counts(counts: Counter, title: str = "Number of examples of each rela
 
 def recalled(engine, prompt: KlobPrompt, demos: Sequence[KlobPrompt] = ()) -> bool:
     """Whether every answer token is the greedy prediction after the prompt (and the demonstrations)."""
-    prefix = "".join(f"{d.text} {d.answer.strip()}.\n" for d in demos if d.answer)
-    score = engine.score([(prefix + prompt.text, prompt.answer)])[0]
-    return bool(score.token_is_argmax.all())
+    return recalled_many(engine, [(prompt, tuple(demos))])[0]
+
+
+def _with_demos(prompt: KlobPrompt, demos: Sequence[KlobPrompt]) -> str:
+    """The prompt preceded by one line per demonstration, "<demo sentence> <answer>."."""
+    return "".join(f"{d.text} {d.answer.strip()}.\n" for d in demos if d.answer) + prompt.text
+
+
+def recalled_many(engine, queries: Sequence[tuple[KlobPrompt, Sequence[KlobPrompt]]]) -> list[bool]:
+    """:func:`recalled` for many (prompt, demonstrations) pairs in one batched engine call."""
+    if not queries:
+        return []
+    scores = engine.score([(_with_demos(p, demos), p.answer) for p, demos in queries])
+    return [bool(score.token_is_argmax.all()) for score in scores]
+
+
+def demonstrations(pool: Iterable[KlobExample], shots: int) -> Callable[[KlobPrompt], tuple[KlobPrompt, ...]]:
+    """In-context demonstrations for the recall filter (paper 001 §3.3 used 8 with Llama-2-7b): for a prompt, the
+    first ``shots`` prompts of ``pool`` written with the *same template* (so the same relation and wording) about
+    another subject. Works alike for KLoB-c templates and KLoB-r's MQuAKE clozes."""
+    by_template: dict[str, list[KlobPrompt]] = {}
+    for example in pool:
+        for prompt in example.prompts:
+            if prompt.answer is None:
+                continue
+            same = by_template.setdefault(prompt.template, [])
+            if all(d.subject != prompt.subject for d in same):
+                same.append(prompt)
+
+    def pick(prompt: KlobPrompt) -> tuple[KlobPrompt, ...]:
+        if shots <= 0:
+            return ()
+        others = (d for d in by_template.get(prompt.template, []) if d.subject != prompt.subject)
+        return tuple(islice(others, shots))
+
+    return pick
 
 
 def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any", shots: int = 0,
-                  limit: int | None = None, pool: Sequence[KlobExample] = ()) -> list[KlobExample]:
-    """Examples whose facts the model recalls: KLoB-c needs ``mode`` ("any", "all", "first") of its templates;
-    KLoB-r both facts; KLoB-u passes; ``mode="none"`` keeps every example (no filter). ``shots`` demonstrations
-    come from other examples of ``pool`` with the same relation (and template position). Stops after ``limit``
-    kept examples."""
+                  limit: int | None = None, pool: Sequence[KlobExample] = (), chunk: int = 16) -> list[KlobExample]:
+    """Examples whose facts the model under test recalls (paper 001 §3.3's filter, with this model instead of
+    Llama-2-7b): KLoB-c needs ``mode`` ("any", "all", "first") of its templates; KLoB-r both of its facts (the
+    single fact and the one that shares its entity); KLoB-u passes; ``mode="none"`` keeps every example (no
+    filter). ``shots`` demonstrations per prompt come from ``pool`` (:func:`demonstrations`). Examples are
+    scored ``chunk`` at a time in one batch and kept in order; stops after ``limit`` kept examples."""
     if mode not in ("any", "all", "first", "none"):
         raise ValueError(f"mode must be 'any', 'all', 'first' or 'none', not {mode!r}")
-    by_relation: dict[str, list[KlobExample]] = {}
-    for example in pool:
-        by_relation.setdefault(example.relation, []).append(example)
-    kept = []
-    for example in examples:
-        if limit is not None and len(kept) >= limit:
+    pick = demonstrations(pool, shots)
+    kept: list[KlobExample] = []
+    todo = iter(examples)
+    while limit is None or len(kept) < limit:
+        batch = list(islice(todo, chunk))
+        if not batch:
             break
-        if example.subset == "u" or mode == "none":
-            kept.append(example)
-            continue
-        others = [e for e in by_relation.get(example.relation, []) if e.example_id != example.example_id][:shots]
-        hits = [recalled(engine, p, [o.prompts[i] for o in others]) for i, p in enumerate(example.prompts)]
-        ok = (any(hits) if mode == "any" else hits[0] if mode == "first" else all(hits)) if example.subset == "c" \
-            else all(hits)
-        if ok:
-            kept.append(example)
+        tested = [e for e in batch if e.subset != "u" and mode != "none"]
+        hits = iter(recalled_many(engine, [(p, pick(p)) for e in tested for p in e.prompts]))
+        verdict = {}
+        for example in tested:
+            got = [next(hits) for _ in example.prompts]
+            if example.subset == "c":
+                verdict[example.example_id] = any(got) if mode == "any" else got[0] if mode == "first" else all(got)
+            else:
+                verdict[example.example_id] = all(got)
+        for example in batch:
+            if verdict.get(example.example_id, True) and (limit is None or len(kept) < limit):
+                kept.append(example)
     return kept

@@ -4,7 +4,8 @@ neuron scores on disk, and compute RSim (consistency on KLoB-c, relevance on KLo
 Layout of the output folder (resumable; every number in ``metrics.json`` is recomputed from it):
 
 - ``config.json``: model, fingerprint, methods and their options, recall filter, seed.
-- ``examples.jsonl``: the selected examples (after the recall filter), fixed at the first run.
+- ``examples.jsonl``: the selected examples (after the recall filter), fixed at the first run; ``counts.md``
+  their number per relation (paper 001 Table 2 layout), also printed.
 - ``scores/<method>/<subset>/<n>.npy``: float32 [n_prompts, layers, mlp] neuron scores of one example
   (``np.load(..., allow_pickle=False)``), written atomically before its result line.
 - ``results.jsonl``: one line per (example, method) with the score file, its sha256, and per prompt the text,
@@ -32,7 +33,15 @@ from typing import Any
 import numpy as np
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock
-from editscope.data.klob_build import KlobExample, KlobPrompt, build_klob, recall_filter, shuffled
+from editscope.data.klob_build import (
+    KlobExample,
+    KlobPrompt,
+    build_klob,
+    format_counts,
+    recall_filter,
+    relation_counts,
+    shuffled,
+)
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.locate import METHODS, locate
@@ -60,12 +69,19 @@ def select_examples(engine: ScoringEngine, n: int, *, seed: int = 0, recall: str
                     progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[KlobExample]]:
     """``n`` examples per subset: a seeded shuffle of each, KLoB-c/-r through the recall filter."""
     sets = build_klob(u_limit=max(4 * n, 200))
+    pool = sets["c"] + sets["r"]  # demonstrations: the same template about another subject, from either set
     out = {}
     for subset in SUBSETS:
         out[subset] = recall_filter(engine, shuffled(sets[subset], seed), mode=recall, shots=shots, limit=n,
-                                    pool=sets[subset])
+                                    pool=pool)
         progress(f"KLoB-{subset}: {len(out[subset])} examples kept (of {len(sets[subset])} built)")
     return out
+
+
+def counts_text(examples: dict[str, list[KlobExample]]) -> str:
+    """Examples per relation of the kept KLoB-c and KLoB-r sets, laid out as paper 001's Table 2."""
+    parts = [format_counts(relation_counts(examples[s]), f"KLoB-{s} examples kept") for s in ("c", "r")]
+    return "\n\n".join(parts) + f"\n\nKLoB-u examples: {len(examples['u'])}\n"
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -131,6 +147,8 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
             examples = select_examples(engine, n, seed=seed, recall=recall, shots=shots, progress=progress)
             atomic_write_text(examples_path, "".join(json.dumps(asdict(e)) + "\n"
                                                      for s in SUBSETS for e in examples[s]))
+            atomic_write_text(out / "counts.md", counts_text(examples))
+            progress(counts_text(examples))
         results_path = out / "results.jsonl"
         done = {(r["example_id"], r["method"]) for r in _read_jsonl(results_path)}
         for method in methods:
