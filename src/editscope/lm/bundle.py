@@ -113,7 +113,7 @@ class Bundle:
 
     def record_revert(self, patch: AppliedPatch) -> None:
         """Called by a patch *before* it restores the weights. A patch that is not the last applied may be
-        reverted only when no later patch edits one of its parameters (its saved originals would undo them)."""
+        reverted only when no later patch edits one of its parameters (its revert writes pre-apply values back)."""
         index = next((i for i, p in enumerate(self._applied) if p is patch), None)
         if index is None:
             raise EditscopeError(f"patch ({patch.method}) is not recorded as applied to {self.name}")
