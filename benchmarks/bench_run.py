@@ -7,9 +7,11 @@ the ``zsre`` suite (as ``configs/demo.yaml`` configures datasets and suites). Ea
 timed end to end; edits = result rows written. ``--paths fast,plain`` runs the config once per v* objective path
 (``EDITSCOPE_OBJECTIVE_PATH``: ``fast`` = editscope's, ``plain`` = the reference code's cost structure),
 alternating the order per round so load from other processes hits both alike, and prints
-``speedup X.XX`` = time(plain) / time(fast). Usage:
+``speedup X.XX`` = time(plain) / time(fast). ``batched`` is the fast path with ``EDITSCOPE_VSTAR_BATCH=N``
+(``--vstar-batch``, default 8): mode single optimises the v*/z of N cases together (edit.objectives); it prints
+``batched speedup X.XX`` = time(fast) / time(batched). Usage:
 
-    .venv/bin/python benchmarks/bench_run.py --cases 50 [--paths fast,plain] [--model smollm2-135m]
+    .venv/bin/python benchmarks/bench_run.py --cases 50 [--paths fast,plain,batched] [--model smollm2-135m]
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ def write_config(folder: Path, model: str, cases: int, methods: list[str]) -> Pa
     return path
 
 
-def run_once(config: Path, out: Path, path: str, threads: int) -> tuple[float, int]:
+def run_once(config: Path, out: Path, path: str, threads: int, vstar_batch: int = 8) -> tuple[float, int]:
     """Seconds of one ``editscope run`` process and the result rows it wrote."""
-    env = {**os.environ, "EDITSCOPE_OBJECTIVE_PATH": path, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "EDITSCOPE_OBJECTIVE_PATH": "fast" if path == "batched" else path,
+           "EDITSCOPE_VSTAR_BATCH": str(vstar_batch) if path == "batched" else "auto", "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-c", "import sys; from editscope.cli import main; sys.exit(main())",
            "run", str(config), "--output", str(out), "--no-progress"]
     t0 = time.perf_counter()
@@ -63,7 +66,8 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=50, help="cases per dataset block")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--paths", default="fast", help="comma-separated objective paths: fast, full, plain")
+    parser.add_argument("--paths", default="fast", help="comma-separated: fast, full, plain, batched")
+    parser.add_argument("--vstar-batch", type=int, default=8, help="cases optimised together on the batched path")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -76,7 +80,7 @@ def main() -> None:
         for r in range(args.rounds):
             for path in paths if r % 2 == 0 else paths[::-1]:
                 out = folder / f"out-{path}-{r}"
-                seconds, rows = run_once(config, out, path, args.threads)
+                seconds, rows = run_once(config, out, path, args.threads, args.vstar_batch)
                 times[path].append(seconds)
                 print(f"round {r} {path}: {rows} edits in {seconds:.1f} s = {60 * rows / seconds:.2f} edits per minute",
                       flush=True)
@@ -85,6 +89,8 @@ def main() -> None:
         print(f"{path}: {rows} edits, best {best:.1f} s, {60 * rows / best:.2f} edits per minute")
     if "fast" in times and "plain" in times:
         print(f"speedup {min(times['plain']) / min(times['fast']):.2f}")
+    if "fast" in times and "batched" in times:
+        print(f"batched speedup {min(times['fast']) / min(times['batched']):.2f}")
 
 
 if __name__ == "__main__":

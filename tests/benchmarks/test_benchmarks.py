@@ -27,6 +27,7 @@ def test_bench_edit_runs_on_two_records():
     for method in ("rome", "memit", "alphaedit"):
         assert f"{method} speedup " in out
         assert f"{method}: (a) editscope " in out
+    assert "rome batched speedup " in out and "memit batched speedup " in out  # (c): v* of the records batched
 
 
 @pytest.mark.slow
