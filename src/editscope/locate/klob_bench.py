@@ -8,8 +8,9 @@ Layout of the output folder (resumable; every number in ``metrics.json`` is reco
   their number per relation (paper 001 Table 2 layout), also printed.
 - ``scores/<method>/<subset>/<n>.npy``: float32 [n_prompts, layers, mlp] neuron scores of one example
   (``np.load(..., allow_pickle=False)``), written atomically before its result line.
-- ``results.jsonl``: one line per (example, method) with the score file, its sha256, and per prompt the text,
-  answer token and method metadata; appended with flush + fsync; a run skips the pairs already there.
+- ``results.jsonl``: one line per (example, method) with the score file, its sha256, the wall seconds it took,
+  and per prompt the text, answer token and method metadata; appended with flush + fsync; a run skips the
+  pairs already there.
 - ``metrics.json``, ``table.md``, ``figure.png``: written atomically at the end.
 
 Metric conventions (see :mod:`editscope.metrics.klob`): scores are the methods' neuron scores as given (signed
@@ -25,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -151,23 +153,29 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
             progress(counts_text(examples))
         results_path = out / "results.jsonl"
         done = {(r["example_id"], r["method"]) for r in _read_jsonl(results_path)}
+        # round-robin over the subsets (example i of c, r, u, then i + 1): a run stopped early covers all three
+        longest = max(len(examples[s]) for s in SUBSETS)
+        order = [(s, i) for i in range(longest) for s in SUBSETS if i < len(examples[s])]
         for method in methods:
-            for subset in SUBSETS:
-                for index, example in enumerate(examples[subset]):
-                    if (example.example_id, method) in done:
-                        continue
-                    results = [locate(engine, method, p.template, p.subject, p.answer, **opts[method])
-                               for p in example.prompts]
-                    scores = np.stack([r.neurons for r in results]).astype(np.float32)
-                    rel = f"scores/{method}/{subset}/{index}.npy"
-                    data = _npy_bytes(scores)
-                    atomic_write_bytes(out / rel, data)
-                    _append(results_path, {
-                        "subset": subset, "example_id": example.example_id, "method": method, "file": rel,
-                        "sha256": hashlib.sha256(data).hexdigest(),
-                        "prompts": [{"text": r.prompt, "answer": r.answer, "answer_token": r.answer_token,
-                                     "meta": {k: v for k, v in r.meta.items() if k != "tokens"}} for r in results]})
-                    progress(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
+            for subset, index in order:
+                example = examples[subset][index]
+                if (example.example_id, method) in done:
+                    continue
+                started = time.perf_counter()
+                results = [locate(engine, method, p.template, p.subject, p.answer, **opts[method])
+                           for p in example.prompts]
+                seconds = time.perf_counter() - started
+                scores = np.stack([r.neurons for r in results]).astype(np.float32)
+                rel = f"scores/{method}/{subset}/{index}.npy"
+                data = _npy_bytes(scores)
+                atomic_write_bytes(out / rel, data)
+                _append(results_path, {
+                    "subset": subset, "example_id": example.example_id, "method": method, "file": rel,
+                    "seconds": round(seconds, 3),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "prompts": [{"text": r.prompt, "answer": r.answer, "answer_token": r.answer_token,
+                                 "meta": {k: v for k, v in r.meta.items() if k != "tokens"}} for r in results]})
+                progress(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
         metrics = compute_metrics(out, ks)
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
         atomic_write_text(out / "table.md", format_table(metrics))
