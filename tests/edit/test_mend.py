@@ -117,8 +117,54 @@ def test_untrained_editor_is_one_gradient_step_and_missing_editor_says_how_to_tr
     with pytest.raises(EditscopeError, match=r"editscope mend train --model tiny-llama") as err:
         EDITORS["mend"].compute_patch(bundle, request_a, hp.replace(allow_untrained=False))
     assert "\n" not in str(err.value)
-    with pytest.raises(EditscopeError, match="mend does not optimise a loss"):
-        EDITORS["mend"].apply(bundle, request_a, plugins=["app"])
+
+
+def _seq_logprob(bundle, engine, text: str, answer: str) -> torch.Tensor:
+    """log P(answer | text), summed over its tokens, from one plain forward (differentiable)."""
+    ctx, cont = engine.encode_pair(text, answer)
+    logits = bundle.model(input_ids=torch.tensor([list(ctx) + list(cont)])).logits[0].float().log_softmax(-1)
+    return logits[torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1), torch.tensor(cont)].sum()
+
+
+def test_app_l1_is_added_to_mends_editing_loss(tiny_bundles, mend_home):
+    """Paper 003 Table 8 (only α for MEND): the untrained editor's update is −lr·∇W(L_e + α·L1) with L1 (eq 7)
+    written as a plain loop; L2/L3 (β, γ) vanish at MEND's unedited-weight gradient; α = 0 is the plain edit."""
+    bundle = tiny_bundles["llama"]
+    editor = EDITORS["mend"]
+    hp = editor.load_hparams(bundle)  # allow_untrained: identity networks, ΔW = −edit_lr·∇W
+    request = EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France",
+                          correct_answers=("France", "Belgium"), hard_false=("Germany", "Spain", "Italy"))
+    app = {"alpha": 0.5, "beta": 0.0, "gamma": 0.0, "filter_answers": False}
+    plain = editor.compute_patch(bundle, request, hp)
+    zero = editor.compute_patch(bundle, request, hp, plugins=[("app", {**app, "alpha": 0.0})])
+    with_l1 = editor.compute_patch(bundle, request, hp, plugins=[("app", app)])
+    with_all = editor.compute_patch(bundle, request, hp, plugins=[("app", {**app, "beta": 1.0, "gamma": 1.0})])
+    engine = ScoringEngine(bundle)
+    names = [bundle.arch.weight_name(layer) for layer in hp.layers]
+    params = dict(bundle.model.named_parameters())
+    for p in names:
+        params[p].requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            ctx, cont = engine.encode_pair(request.text, request.target_new)
+            ids = torch.tensor([list(ctx) + list(cont[:-1])])
+            lp = bundle.model(input_ids=ids).logits[0, -len(cont):].float().log_softmax(-1)
+            nll = -lp[torch.arange(len(cont)), torch.tensor(cont)].mean()
+            correct = [_seq_logprob(bundle, engine, request.text, a) for a in request.correct_answers]
+            false = [_seq_logprob(bundle, engine, request.text, a) for a in request.hard_false]
+            l1 = sum(torch.relu(2.0 - c + f) for c in correct for f in false) / (len(correct) * len(false))
+            grads = torch.autograd.grad(nll + 0.5 * l1, [params[p] for p in names])
+    finally:
+        for p in names:
+            params[p].requires_grad_(False)
+    assert float(l1.detach()) > 0  # the hinge is active, so the check below can fail
+    assert with_l1.info["terms"][0]["app"] == pytest.approx(0.5 * float(l1), rel=1e-4)
+    for name, grad in zip(names, grads, strict=True):
+        scale = float(grad.abs().max()) * hp.edit_lr
+        torch.testing.assert_close(with_l1.deltas[name], -hp.edit_lr * grad, rtol=1e-3, atol=1e-4 * scale)
+        torch.testing.assert_close(zero.deltas[name], plain.deltas[name], rtol=1e-4, atol=1e-5 * scale)
+        torch.testing.assert_close(with_all.deltas[name], with_l1.deltas[name], rtol=0, atol=1e-6 * scale)
+        assert not torch.allclose(with_l1.deltas[name], plain.deltas[name], rtol=1e-2, atol=1e-2 * scale)
 
 
 def test_checkpoint_round_trips_through_safetensors(tiny_bundles, mend_home, tmp_path):

@@ -216,7 +216,7 @@ EDITORS: dict[str, Editor] = {e.name: e for e in (
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
            state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
-    Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=False),
+    Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True),  # its editing loss takes terms
 )}
 
 

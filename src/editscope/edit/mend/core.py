@@ -6,6 +6,13 @@ projections of ``hp.layers``, read with gradient-capturing hooks) plus one forwa
 trained editor is looked up by the model's base fingerprint and a digest of the hparams that shape training; a
 missing one is a one-line error saying how to train it (``allow_untrained: true`` instead uses the identity-init
 networks with no normalisation, i.e. one fine-tuning gradient step of size ``edit_lr``: for tests only).
+
+**Loss-term plug-ins** (APP; paper 003 Table 8 and App. B.5: "MEND could only use L1"): MEND's editing loss is the
+loss whose gradient factors go through the editor, so a plug-in's terms are added to it,
+L = L_e + Σ terms, and the factors of every forward the loss reads (the edit prompt, APP's answer rows) are
+concatenated, rows with a zero u or δ skipped (as MEND's reference code skips them). The gradient is taken at the
+unedited weights, where APP's L2 and L3 (drops/rises against the same unedited model) are 0 with zero gradient:
+only α·L1 moves the update, which is why the paper sets only α for MEND.
 """
 
 from __future__ import annotations
@@ -24,10 +31,10 @@ from editscope.atomic import atomic_write
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.mend.nets import MendNets
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objectives import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.hooks import capture
+from editscope.lm.hooks import capture, hooks
 from editscope.paths import home
 
 CHECKPOINT = "editor.safetensors"
@@ -119,6 +126,46 @@ def gradient_factors(bundle, engine: ScoringEngine, context: str, target: str, l
     return us, deltas, float(loss.detach())
 
 
+def loss_factors(bundle, engine: ScoringEngine, request: EditRequest, layers: Sequence[int],
+                 terms: Sequence[ObjectiveTerm]) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
+    """u_i, δ_i per edited layer of L = L_e + Σ terms at the unedited weights (module docstring), over every
+    forward the loss runs; rows where u or δ is all zero (padding, positions no loss reads) are left out. Returns
+    them and each term's value."""
+    ctx = VContext(engine, bundle, request, None, engine.prepare([(request.text, request.target_new)]), [], 1)
+    setup_terms(ctx, terms)
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def record(name: str):
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            state = x if x.requires_grad else x.detach().requires_grad_(True)
+            if not state.is_leaf:
+                state.retain_grad()
+            seen.setdefault(name, []).append(state)
+            return state
+
+        return fn
+
+    keys = [f"blocks.{layer}.mlp_key" for layer in layers]
+    outs = [f"blocks.{layer}.mlp_out" for layer in layers]
+    with torch.enable_grad(), hooks(bundle.model, bundle.arch, {n: record(n) for n in keys + outs}):
+        step = VStep(ctx, None, engine.batch_hidden(ctx.batch))
+        values = {"nll": TargetNLL()(step), **{t.name: t(step) for t in terms}}
+        sum(values.values()).backward()
+    us, ds = [], []
+    for key, out in zip(keys, outs, strict=True):
+        u_rows, d_rows = [], []
+        for u, o in zip(seen[key], seen[out], strict=True):
+            if o.grad is None:  # a forward no term's loss reads
+                continue
+            u2, d2 = u.detach().flatten(0, -2).float(), o.grad.flatten(0, -2).float()
+            keep = (u2 != 0).any(-1) & (d2 != 0).any(-1)
+            u_rows.append(u2[keep])
+            d_rows.append(d2[keep])
+        us.append(torch.cat(u_rows))
+        ds.append(torch.cat(d_rows))
+    return us, ds, {k: float(v.detach()) for k, v in values.items()}
+
+
 def new_nets(bundle, hp: MendHParams) -> MendNets:
     weight = bundle.arch.as_out_in(dict(bundle.model.named_parameters())[bundle.arch.weight_name(hp.layers[0])])
     d_out, d_in = weight.shape
@@ -188,18 +235,24 @@ def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MendHParams, state=None, *, engine: ScoringEngine,
             extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    """MEND's edit: the gradient factors of each request's target NLL through the editor networks; the updates of
-    several requests add up (the factors of a batch are summed in MEND)."""
-    if extra_terms:  # the registry refuses plug-ins first (optimises=False)
-        raise EditscopeError("mend does not take loss-term plug-ins")
+    """MEND's edit: the gradient factors of each request's editing loss (target NLL, plus the plug-ins' terms)
+    through the editor networks; the updates of several requests add up (the factors of a batch are summed in
+    MEND)."""
     nets, info = load_editor(bundle, hp)
     nets.eval()
     deltas: dict[str, torch.Tensor] = {}
     info["edit_loss"] = []
-    with torch.no_grad():
-        for request in requests:
+    if extra_terms:
+        info["terms"] = []
+    for request in requests:
+        if extra_terms:
+            us, ds, values = loss_factors(bundle, engine, request, hp.layers, extra_terms)
+            info["edit_loss"].append(values["nll"])
+            info["terms"].append(values)
+        else:
             us, ds, loss = gradient_factors(bundle, engine, request.text, request.target_new, hp.layers)
             info["edit_loss"].append(loss)
+        with torch.no_grad():
             for name, d in weight_updates(bundle, nets, hp, us, ds).items():
                 deltas[name] = deltas[name] + d if name in deltas else d
     params = dict(bundle.model.named_parameters())
