@@ -151,6 +151,18 @@ def test_recall_filter_few_shot_prefixes_same_template_demonstrations(tiny_engin
     assert bool(with_shots) == _naive_recalled(tiny_engine, _with_demos(query, demos), answer)
     zero_shot = recall_filter(tiny_engine, [example], mode="all", shots=0, pool=pool)
     assert bool(zero_shot) == _naive_recalled(tiny_engine, query.text, answer)
+    # the shared-block batch (context = demonstrations, continuation = sentence + answer) against naive checks
+    from editscope.data.klob_build import recalled_many
+
+    queries, naive = [], []
+    for subject in ("Bob", "Eve", "Ada"):
+        q = KlobPrompt(template, subject, "x")
+        for ans in (_greedy_answer(tiny_engine, _with_demos(q, pick(q)), 2), " Paris"):
+            q = KlobPrompt(template, subject, ans)
+            queries.append((q, pick(q)))
+            naive.append(_naive_recalled(tiny_engine, _with_demos(q, pick(q)), ans))
+    assert any(naive) and not all(naive)
+    assert recalled_many(tiny_engine, queries) == naive
 
 
 def test_format_counts_two_relations_per_line():

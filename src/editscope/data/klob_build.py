@@ -204,11 +204,28 @@ def _with_demos(prompt: KlobPrompt, demos: Sequence[KlobPrompt]) -> str:
 
 
 def recalled_many(engine, queries: Sequence[tuple[KlobPrompt, Sequence[KlobPrompt]]]) -> list[bool]:
-    """:func:`recalled` for many (prompt, demonstrations) pairs in one batched engine call."""
+    """:func:`recalled` for many (prompt, demonstrations) pairs in one batched engine call.
+
+    With demonstrations, the request's context is the demonstration block alone and its continuation the
+    sentence plus the answer, so every query of a template shares one forward of the (long) block; the verdict
+    reads the answer's tokens only (the last ones: the same token sequence as scoring the answer after block +
+    sentence)."""
     if not queries:
         return []
-    scores = engine.score([(_with_demos(p, demos), p.answer) for p, demos in queries])
-    return [bool(score.token_is_argmax.all()) for score in scores]
+    from editscope.lm.engine import normalize_boundary
+
+    requests, answer_lengths = [], []
+    for prompt, demos in queries:
+        full = _with_demos(prompt, demos)
+        prefix = full[: len(full) - len(prompt.text)]
+        answer_lengths.append(len(engine.encode_pair(full, prompt.answer)[1]))
+        if not prefix:
+            requests.append((full, prompt.answer))
+            continue
+        text, answer = normalize_boundary(full, prompt.answer, engine.add_space)
+        requests.append((prefix, text[len(prefix):] + answer))
+    scores = engine.score(requests)
+    return [bool(score.token_is_argmax[-n:].all()) for score, n in zip(scores, answer_lengths, strict=True)]
 
 
 def demonstrations(pool: Iterable[KlobExample], shots: int) -> Callable[[KlobPrompt], tuple[KlobPrompt, ...]]:
