@@ -20,6 +20,11 @@ from typing import Any
 from editscope.errors import EditscopeError
 from editscope.run.runner import Block, Runner
 
+#: how long a local raylet waits for its helper agents' port files: Ray's default aborts the node when a loaded
+#: machine starts the agents' Python slower than that (ray-project/ray#65983; measured here: 40 s at load 12 on 2
+#: cores, "The current node timed out during startup")
+AGENT_TIMEOUT_MS = 180_000
+
 
 def _ray():
     try:
@@ -69,7 +74,8 @@ class RayRunner(Runner):
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
             else:
-                ray.init(num_cpus=self.workers * self.threads, include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=self.workers * self.threads, include_dashboard=False, log_to_driver=False,
+                         _system_config={"agent_register_timeout_ms": AGENT_TIMEOUT_MS})
         remote = ray.remote(num_cpus=self.threads)(_GroupWorker)
         actors = [remote.remote(self.config, self.limit, self.threads, self.suite_factories)
                   for _ in range(min(self.workers, len(tasks)))]
