@@ -11,7 +11,7 @@ import torch
 
 from editscope.cli import main
 from editscope.edit import EDITORS
-from editscope.edit.kn import KNHParams, select_neurons, suffix_ig
+from editscope.edit.kn import KNHParams, select_neurons
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.locate import encode_prompt
@@ -89,23 +89,6 @@ def test_kn_neurons_equal_a_hand_selection(tiny_bundles, request_a):
         got = {tuple(x) for x in patch.info["neurons"][0]}
         assert got == _hand_neurons(bundle, request_a, hp) and got
     assert len(_hand_neurons(bundle, request_a, hp.replace(share=0.0))) >= len(got)
-
-
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3"])
-def test_suffix_ig_equals_the_full_prompt_ig(tiny_bundles, family):
-    """KN's cached-prefix IG (one-token rows, several layers per forward) gives locate's full-prompt numbers."""
-    bundle = tiny_bundles[family]
-    engine = ScoringEngine(bundle)
-    prompt = encode_prompt(engine, "{} is a citizen of", "Danielle Darrieux", " France")
-    layers = [3, 0, 2]
-    full = knowledge_neurons(engine, prompt, steps=5, layers=layers).neurons[layers]
-    got, keys = suffix_ig(engine, prompt, 5, layers, row_budget=10)  # two layers per forward, then one
-    assert np.abs(full).max() > 0
-    np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-6 * np.abs(full).max())
-    one = encode_prompt(engine, "{}", "France", " Paris")  # a one-token prompt has no cached prefix
-    np.testing.assert_allclose(suffix_ig(engine, one, 3, [1])[0],
-                               knowledge_neurons(engine, one, steps=3, layers=[1]).neurons[[1]],
-                               rtol=1e-5, atol=1e-12)
 
 
 def test_select_neurons_threshold_share_and_cap():

@@ -23,10 +23,9 @@ of paper 003, ../shared/papers/003 §7 and App. B.1).
 
 No loss is optimised, so loss-term plug-ins (APP) do not apply: the registry declares ``optimises=False``.
 
-Speed: IG is computed by :func:`suffix_ig`, which gives the numbers of
-:func:`editscope.locate.knowledge_neurons` from single-token rows on a cached prefix (scaling the keys at the
-last position changes nothing before it, the model being causal): on SmolLM2 (30 layers, m = 20, 3 prompts) one
-edit took 260-320 s with the full-prompt IG (measured with 2 busy cores) and IG was >99% of it.
+Speed: IG is nearly all of an edit's time. On SmolLM2 (30 layers, m = 20, 3 prompts; 2 heavily shared cores) one
+edit took 260-320 s with whole-prompt IG rows and 87-107 s with one-token rows on a cached prefix (the default of
+:func:`editscope.locate.knowledge_neurons`, same numbers), IG still > 99% of it.
 """
 
 from __future__ import annotations
@@ -37,16 +36,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.objectives import ObjectiveTerm
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.hooks import capture, hooks
+from editscope.lm.hooks import run_until
 from editscope.locate import LocatePrompt, encode_prompt
-from editscope.locate.attribution import ig_alphas, knowledge_neurons
+from editscope.locate.attribution import knowledge_neurons
+from editscope.locate.prompt import answer_prob
 
 OLD_ANSWERS = ("target_true", "argmax")
 EMBEDDINGS = ("output", "input")
@@ -116,62 +115,14 @@ def answer_embeddings(bundle, engine: ScoringEngine, hp: KNHParams) -> torch.Ten
     return bundle.model.get_submodule(path).weight.detach()
 
 
-def _last_token_prob(engine: ScoringEngine, prompt: LocatePrompt, prefix_kv: list, rows: int) -> torch.Tensor:
-    """P(answer | prompt) for ``rows`` copies of the prompt's last token on the cached keys/values of the others."""
-    n = len(prompt.ids)
-    cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
-                                         for k, v in prefix_kv]) if prefix_kv else None
-    hidden = engine.model.get_submodule(engine.arch.base)(
-        input_ids=torch.tensor([[prompt.ids[-1]]], device=engine.bundle.device).expand(rows, 1),
-        attention_mask=torch.ones((rows, n), dtype=torch.long, device=engine.bundle.device),
-        position_ids=torch.full((rows, 1), n - 1, dtype=torch.long, device=engine.bundle.device),
-        past_key_values=cache, use_cache=cache is not None).last_hidden_state[:, -1]
-    return engine.logits_from_hidden(hidden).float().softmax(-1)[:, prompt.answer_id]
-
-
-def suffix_ig(engine: ScoringEngine, prompt: LocatePrompt, steps: int, layers: Sequence[int], *,
-              rule: str = "right", row_budget: int = 1024) -> tuple[np.ndarray, torch.Tensor]:
-    """Dai et al. eq. 3 IG attributions [len(layers), mlp] of the keys at the prompt's last token (the numbers of
-    :func:`editscope.locate.knowledge_neurons`) and those clean keys. Only the last position depends on the
-    scaled keys, so the first T−1 tokens run once with a cache and each (layer, α) is a one-token row;
-    ``row_budget`` rows per forward/backward. Falls back to the full-prompt IG past a sliding window."""
-    window = engine.arch.sliding_window(engine.model.config)
+def key_signs(engine: ScoringEngine, prompt: LocatePrompt, layers: Sequence[int]) -> torch.Tensor:
+    """sign(k) of the MLP keys of ``layers`` at the prompt's last token, [len(layers), mlp]."""
     names = [f"blocks.{layer}.mlp_key" for layer in layers]
-    prefix_kv: list = []
     with torch.no_grad():
-        if len(prompt.ids) > 1:
-            cache = DynamicCache()
-            engine.model.get_submodule(engine.arch.base)(input_ids=torch.tensor([prompt.ids[:-1]]),
-                                                         past_key_values=cache, use_cache=True)
-            prefix_kv = [(k, v) for k, v, *_ in cache]
-        with capture(engine.model, engine.arch, names) as store:
-            _last_token_prob(engine, prompt, prefix_kv, 1)
-        keys = torch.stack([store[name][0, -1].float() for name in names])
-    if window is not None and len(prompt.ids) > window:
-        full = knowledge_neurons(engine, prompt, steps=steps, rule=rule, layers=list(layers))
-        return full.neurons[list(layers)], keys
-    alphas = ig_alphas(steps, rule)
-    attr = torch.zeros_like(keys)
-    per_forward = max(1, row_budget // steps)
-    for first in range(0, len(layers), per_forward):
-        chunk = range(first, min(first + per_forward, len(layers)))
-        scaled = {j: (alphas[:, None] * keys[j]).requires_grad_(True) for j in chunk}
-
-        def replace(g: int, j: int, scaled: dict = scaled):
-            def fn(x: torch.Tensor) -> torch.Tensor:
-                x = x.clone()
-                x[g * steps:(g + 1) * steps, -1] = scaled[j].to(x.dtype)
-                return x
-
-            return fn
-
-        with torch.enable_grad(), hooks(engine.model, engine.arch,
-                                        {names[j]: replace(g, j) for g, j in enumerate(chunk)}):
-            probs = _last_token_prob(engine, prompt, prefix_kv, len(chunk) * steps)
-            grads = torch.autograd.grad(probs.sum(), [scaled[j] for j in chunk])
-        for j, grad in zip(chunk, grads, strict=True):
-            attr[j] = keys[j] * grad.mean(0)
-    return attr.double().numpy(), keys
+        store = run_until(engine.model, engine.arch, names,
+                          lambda: answer_prob(engine, torch.tensor([prompt.ids], device=engine.bundle.device),
+                                              prompt.answer_id))
+    return torch.stack([torch.sign(store[name][0, prompt.last].float()) for name in names])
 
 
 def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
@@ -187,11 +138,11 @@ def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
         prompt = encode_prompt(engine, prefix + request.prompt, request.subject, answer)
         if old_id is None:  # the first prompt fixes the old answer token (argmax: its greedy token) for all
             old_id = prompt.answer_id
+            signs = key_signs(engine, prompt, hp.layers)
         prompt = dataclasses.replace(prompt, answer_id=old_id)
-        attr, keys = suffix_ig(engine, prompt, hp.steps, hp.layers)
-        if signs is None:
-            signs = torch.sign(keys)
-        attrs.append(attr)
+        with torch.enable_grad():
+            result = knowledge_neurons(engine, prompt, steps=hp.steps, layers=list(hp.layers))
+        attrs.append(result.neurons[hp.layers])
     return select_neurons(attrs, hp), int(old_id), signs
 
 
