@@ -159,3 +159,23 @@ def test_smollm2_trace_eiffel(smollm2):
     # SmolLM2 knows the fact; corrupting the subject destroys it; the last state alone restores it exactly
     assert result.meta["clean_prob"] > 0.2 > 10 * result.meta["corrupted_prob"]
     assert result.states["residual"][-1, last] == pytest.approx(result.meta["clean_prob"], rel=1e-4)
+
+
+def test_layer_curve_resumes_from_saved_rows():
+    from editscope.lm import load
+    from editscope.locate.layers import layer_curve
+
+    engine = ScoringEngine(load("tiny-llama"))
+    facts = [("{} is located in", s, " Paris") for s in ("Eiffel Tower", "Big Ben", "Colosseum")]
+    kwargs = dict(samples=2, window=1, known_only=False)
+    full = layer_curve(engine, facts, **kwargs)
+    saved: list[dict] = []
+    layer_curve(engine, facts, limit=2, on_fact=saved.append, **kwargs)
+    assert len(saved) == 2
+    new: list[dict] = []
+    resumed = layer_curve(engine, facts, done=saved, on_fact=new.append, **kwargs)
+    assert [row["prompt"] for row in new] == ["Colosseum is located in"]  # only the missing fact is traced
+    assert resumed.n_facts == full.n_facts == 3
+    np.testing.assert_allclose(resumed.effect, full.effect, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(resumed.normalised, full.normalised, rtol=1e-6, atol=1e-9)
+    assert np.abs(full.effect).max() > 0

@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="average the MLP indirect effect per layer over N CounterFact facts instead")
     parser.add_argument("--dataset", default="counterfact-1k", help="facts for --layer-curve")
     parser.add_argument("--kind", default="mlp", choices=["mlp", "attn", "residual"], help="state for --layer-curve")
+    parser.add_argument("--save", metavar="FILE", help="--layer-curve: append each traced fact to this JSON-lines "
+                        "file and resume from it (facts already there are not traced again)")
     parser.set_defaults(func=run)
 
 
@@ -114,8 +116,9 @@ def _layer_curve(args: argparse.Namespace, engine) -> int:
         request = case.requests[0]
         if request.target_true:
             facts.append((request.prompt, request.subject, request.target_true))
+    done, on_fact = _saved_facts(args, engine) if args.save else ([], None)
     curve = layer_curve(engine, facts, kind=args.kind, window=args.window, samples=args.samples, seed=args.seed,
-                        limit=args.layer_curve,
+                        limit=args.layer_curve, done=done, on_fact=on_fact,
                         progress=lambda i, n: print(f"\rtraced {i}/{n}", end="", file=sys.stderr))
     if curve.n_facts == 0:
         raise EditscopeError(f"the model knows none of the {len(facts)} {args.dataset} facts (greedy first "
@@ -135,3 +138,41 @@ def _layer_curve(args: argparse.Namespace, engine) -> int:
         print(f"{layer:>5}  {eff:>8.4f}  {norm:>10.3f}  {bar}")
     print("top layers: " + ", ".join(str(i) for i in curve.top_layers()))
     return 0
+
+
+def _saved_facts(args: argparse.Namespace, engine):
+    """Rows of a --save file (checked to come from the same trace settings) and the appender for new ones."""
+    import os
+    from pathlib import Path
+
+    from editscope.atomic import atomic_write_text
+    from editscope.errors import EditscopeError
+    from editscope.locate.causal_trace import default_window
+
+    path = Path(args.save)
+    want = {"kind": args.kind, "samples": args.samples, "seed": args.seed,
+            "window": default_window(engine.bundle.n_layers) if args.window is None else args.window}
+    rows = []
+    lines = path.read_text().splitlines() if path.exists() else []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # a torn last line (stopped mid-write): dropped, that fact is traced again
+                atomic_write_text(path, "".join(line + "\n" for line in lines[:-1]))
+                break
+            raise EditscopeError(f"{path}:record {i}: invalid JSON") from None
+        for key, value in want.items():
+            if row.get(key) != value:
+                raise EditscopeError(f"{path}:record {i}: field {key}: traced with {row.get(key)!r}, this run uses "
+                                     f"{value!r}; use another --save file")
+        rows.append(row)
+
+    def append(row: dict) -> None:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    return rows, append
+

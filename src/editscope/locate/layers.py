@@ -34,16 +34,29 @@ class LayerCurve:
 
 def layer_curve(engine: ScoringEngine, facts: Sequence[tuple[str, str, str]], *, kind: str = "mlp",
                 window: int | None = None, samples: int = 10, seed: int = 0, known_only: bool = True,
-                limit: int | None = None, progress: Callable[[int, int], None] | None = None) -> LayerCurve:
+                limit: int | None = None, progress: Callable[[int, int], None] | None = None,
+                done: Sequence[dict] = (), on_fact: Callable[[dict], None] | None = None) -> LayerCurve:
     """Trace ``kind`` states at the subject's last token for each (template, subject, answer) fact and average.
 
     ``known_only`` keeps facts whose answer's first token is the model's greedy next token (ROME traced only
-    facts the model knows); ``limit`` stops after that many traced facts."""
+    facts the model knows); ``limit`` stops after that many traced facts. ``done``: rows of facts traced before
+    (as in :attr:`LayerCurve.facts`, e.g. read back from a file ``on_fact`` appended to): they count, enter the
+    means and are not traced again, so a stopped curve resumes with the same numbers."""
     effects, normalised, rows, skipped = [], [], [], []
     used_window = None
+    previous = {row["prompt"]: row for row in done}
     for template, subject, answer in facts:
         if limit is not None and len(effects) >= limit:
             break
+        text = template.replace("{}", subject)
+        if text in previous:
+            row = previous[text]
+            effect = np.asarray(row["effect"], dtype=float)
+            effects.append(effect)
+            if row["clean_prob"] > row["corrupted_prob"]:
+                normalised.append(effect / (row["clean_prob"] - row["corrupted_prob"]))
+            rows.append(row)
+            continue
         prompt = encode_prompt(engine, template, subject, answer)
         if known_only and int(engine.next_token_logprobs([prompt.text])[0].argmax()) != prompt.answer_id:
             skipped.append(prompt.text)
@@ -58,11 +71,15 @@ def layer_curve(engine: ScoringEngine, facts: Sequence[tuple[str, str, str]], *,
         if gap > 0:
             normalised.append(effect / gap)
         rows.append({"prompt": prompt.text, "answer": prompt.answer, "clean_prob": result.meta["clean_prob"],
-                     "corrupted_prob": result.meta["corrupted_prob"], "effect": effect.tolist()})
+                     "corrupted_prob": result.meta["corrupted_prob"], "effect": effect.tolist(),
+                     "window": used_window, "samples": samples, "seed": seed, "kind": kind})
+        if on_fact:
+            on_fact(rows[-1])
         if progress:
             progress(len(effects), limit or len(facts))
     n_layers = engine.bundle.n_layers
     mean = np.mean(effects, axis=0) if effects else np.full(n_layers, np.nan)
     norm = np.mean(normalised, axis=0) if normalised else np.full(n_layers, np.nan)
-    return LayerCurve(effect=mean, normalised=norm, n_facts=len(effects), window=used_window or 0, kind=kind,
+    used_window = used_window or (rows[0].get("window", 0) if rows else 0)
+    return LayerCurve(effect=mean, normalised=norm, n_facts=len(effects), window=used_window, kind=kind,
                       facts=rows, skipped=skipped)
