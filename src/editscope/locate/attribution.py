@@ -61,20 +61,20 @@ def _prefix_kv(engine: ScoringEngine, prompt: LocatePrompt) -> list[tuple[torch.
         return []
     cache = DynamicCache()
     with torch.no_grad():
-        engine.model.get_submodule(engine.arch.base)(input_ids=torch.tensor([prompt.ids[:-1]]),
-                                                     past_key_values=cache, use_cache=True)
+        ids = torch.tensor([prompt.ids[:-1]], device=engine.bundle.device)
+        engine.model.get_submodule(engine.arch.base)(input_ids=ids, past_key_values=cache, use_cache=True)
     return [(k, v) for k, v, *_ in cache]
 
 
 def _last_token_probs(engine: ScoringEngine, prompt: LocatePrompt, prefix_kv: list, rows: int) -> torch.Tensor:
     """P(answer) for ``rows`` copies of the prompt's last token run on the cached first T−1 tokens (hooks apply)."""
-    n = len(prompt.ids)
+    n, device = len(prompt.ids), engine.bundle.device
     cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
                                          for k, v in prefix_kv]) if prefix_kv else None
     hidden = engine.model.get_submodule(engine.arch.base)(
-        input_ids=torch.tensor([[prompt.ids[-1]]]).expand(rows, 1),
-        attention_mask=torch.ones((rows, n), dtype=torch.long),
-        position_ids=torch.full((rows, 1), n - 1, dtype=torch.long),
+        input_ids=torch.tensor([[prompt.ids[-1]]], device=device).expand(rows, 1),
+        attention_mask=torch.ones((rows, n), dtype=torch.long, device=device),
+        position_ids=torch.full((rows, 1), n - 1, dtype=torch.long, device=device),
         past_key_values=cache, use_cache=cache is not None).last_hidden_state[:, -1]
     return engine.logits_from_hidden(hidden).float().softmax(-1)[:, prompt.answer_id]
 
@@ -116,7 +116,7 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
             if suffix:
                 probs = _last_token_probs(engine, prompt, prefix_kv, len(chunk) * steps)
             else:
-                ids = torch.tensor([prompt.ids]).expand(len(chunk) * steps, -1)
+                ids = torch.tensor([prompt.ids], device=engine.bundle.device).expand(len(chunk) * steps, -1)
                 probs = answer_prob(engine, ids, prompt.answer_id)
         grads = torch.autograd.grad(probs.sum(), [scaled[layer] for layer in chunk])
         for layer, grad in zip(chunk, grads, strict=True):
