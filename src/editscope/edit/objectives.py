@@ -86,6 +86,12 @@ class VContext:
         return [b.context_lengths[r] + (b.continuation_lengths[r] - 2 if r < self.n_rewrite else -1)
                 for r in range(b.input_ids.shape[0])]
 
+    def release(self) -> None:
+        """Drop the per-request forward caches (the unedited states, the suffix forward's prefix keys/values) once
+        δ is found, so an edit over many requests holds one group's caches at a time; rebuilt if asked again."""
+        self.store.pop("unedited_hidden", None)
+        self._fast = None
+
     def _suffix(self) -> SuffixForward | None:
         """The main batch's suffix forward (built once, with the unedited forward), or None: full forward only."""
         if self._fast is None:
@@ -402,11 +408,14 @@ def optimise_deltas(ctxs: Sequence[VContext], terms: Sequence[Sequence[Objective
         if len(group) == 1:
             out[group[0]] = optimise_delta(ctxs[group[0]], terms[group[0]], lr=lr, steps=steps,
                                            clamp_norm_factor=clamp_norm_factor, stop_loss=stop_loss)
+            ctxs[group[0]].release()
             continue
         found = _optimise_joint([ctxs[i] for i in group], [terms[i] for i in group], lr=lr, steps=steps,
                                 clamp_norm_factor=clamp_norm_factor, stop_loss=stop_loss)
         for i, delta in zip(group, found, strict=True):
             out[i] = delta
+        for i in group:
+            ctxs[i].release()
     return out
 
 
