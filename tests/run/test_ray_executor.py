@@ -4,6 +4,7 @@ run (timings aside), in the same order, and a rerun resumes with nothing left to
 from __future__ import annotations
 
 import pytest
+import torch
 
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.runner import timing_free
@@ -20,7 +21,14 @@ def test_ray_rows_equal_in_process(tmp_path, tiny_llama):
     from editscope.run.ray_executor import RayRunner
 
     config = parse_config(CONFIG)
-    Runner(config, out_dir=tmp_path / "local", bundle=tiny_llama, progress=False).run()
+    # the workers run 1 torch thread each (threads_per_worker); a matmul's rounding depends on the thread count,
+    # so the in-process reference runs with 1 thread too, or rows differ in the last bits
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        Runner(config, out_dir=tmp_path / "local", bundle=tiny_llama, progress=False).run()
+    finally:
+        torch.set_num_threads(threads)
     try:
         result = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False).run()
         again = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False).run()
