@@ -66,3 +66,12 @@ def test_run_config_device_dtype(tmp_path):
     for key, value in (("device", "gpu"), ("dtype", "int8")):
         with pytest.raises(EditscopeError, match=f"{key}"):
             parse_config({**base, key: value})
+
+
+def test_no_device_means_cpu_also_with_a_dtype():
+    """The documented default (docs/scale.md): no --device is the CPU, also when only --dtype is given, so a
+    bfloat16 run config does not move to a GPU unasked."""
+    from editscope.lm.device import resolve_device
+
+    assert resolve_device(None) == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -20,8 +20,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(spec: str | None) -> torch.device:
-    """The torch device of a ``--device`` value; a one-line error for a CUDA request without CUDA."""
-    text = (spec or "auto").strip().lower()
+    """The torch device of a ``--device`` value (None: CPU, the documented default, also when only a dtype is
+    given); a one-line error for a CUDA request without CUDA."""
+    text = (spec or "cpu").strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if text == "cpu":
