@@ -158,7 +158,7 @@ def test_app_l1_is_added_to_mends_editing_loss(tiny_bundles, mend_home):
         for p in names:
             params[p].requires_grad_(False)
     assert float(l1.detach()) > 0  # the hinge is active, so the check below can fail
-    assert with_l1.info["terms"][0]["app"] == pytest.approx(0.5 * float(l1), rel=1e-4)
+    assert with_l1.info["terms"][0]["app"] == pytest.approx(0.5 * float(l1.detach()), rel=1e-4)
     for name, grad in zip(names, grads, strict=True):
         scale = float(grad.abs().max()) * hp.edit_lr
         torch.testing.assert_close(with_l1.deltas[name], -hp.edit_lr * grad, rtol=1e-3, atol=1e-4 * scale)
