@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
+
+from bench_run import timed_run  # benchmarks/ is on sys.path when a script runs
 
 
 def write_config(folder: Path, model: str, cases: int, v_steps: int | None) -> Path:
@@ -39,18 +38,9 @@ def run_once(config: Path, out: Path, executor: str) -> tuple[float, int]:
     """Seconds of one ``editscope run`` process and the result rows it wrote. Local: one process with 2 torch
     threads; Ray: 2 actors of 1 thread each (the driver also loads the model to check fingerprints)."""
     threads = "2" if executor == "local" else "1"
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    cmd = [sys.executable, "-c", "import sys; from editscope.cli import main; sys.exit(main())",
-           "run", str(config), "--output", str(out), "--no-progress", "--executor", executor]
-    if executor == "ray":
-        cmd += ["--workers", "2"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"editscope run --executor {executor} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    rows = sum(1 for line in (out / "results.jsonl").read_text().splitlines() if line.strip())
-    return seconds, rows
+    extra = ["--executor", executor] + (["--workers", "2"] if executor == "ray" else [])
+    return timed_run(config, out, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}, *extra,
+                     what=f"--executor {executor}")
 
 
 def main() -> None:

@@ -46,19 +46,25 @@ def write_config(folder: Path, model: str, cases: int, methods: list[str]) -> Pa
     return path
 
 
-def run_once(config: Path, out: Path, path: str, threads: int, vstar_batch: int = 8) -> tuple[float, int]:
-    """Seconds of one ``editscope run`` process and the result rows it wrote."""
-    env = {**os.environ, "EDITSCOPE_OBJECTIVE_PATH": "fast" if path == "batched" else path,
-           "EDITSCOPE_VSTAR_BATCH": str(vstar_batch) if path == "batched" else "auto", "OMP_NUM_THREADS": str(threads)}
+def timed_run(config: Path, out: Path, env: dict[str, str], *extra: str, what: str = "") -> tuple[float, int]:
+    """Seconds of one ``editscope run CONFIG --output OUT [extra]`` process (with ``env`` added to this process's
+    environment) and the result rows it wrote; a failed run stops the benchmark with its output."""
     cmd = [sys.executable, "-c", "import sys; from editscope.cli import main; sys.exit(main())",
-           "run", str(config), "--output", str(out), "--no-progress"]
+           "run", str(config), "--output", str(out), "--no-progress", *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"editscope run ({path}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+        raise SystemExit(f"editscope run {what} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     rows = sum(1 for line in (out / "results.jsonl").read_text().splitlines() if line.strip())
     return seconds, rows
+
+
+def run_once(config: Path, out: Path, path: str, threads: int, vstar_batch: int = 8) -> tuple[float, int]:
+    """Seconds of one ``editscope run`` process on objective path ``path`` and the result rows it wrote."""
+    env = {"EDITSCOPE_OBJECTIVE_PATH": "fast" if path == "batched" else path,
+           "EDITSCOPE_VSTAR_BATCH": str(vstar_batch) if path == "batched" else "auto", "OMP_NUM_THREADS": str(threads)}
+    return timed_run(config, out, env, what=f"({path})")
 
 
 def main() -> None:
