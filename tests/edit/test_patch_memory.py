@@ -8,6 +8,7 @@ import torch
 
 from editscope.edit import EditSession, Patch
 from editscope.edit.patch import _Restore, tensor_checksum
+from editscope.errors import EditscopeError
 from editscope.lm import load
 
 INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -81,3 +82,63 @@ def test_sequential_rome_edits_revert_bit_exact(request_a, request_b):
         assert held < deltas / 2
     after = {n: bits(p) for n, p in bundle.model.named_parameters()}
     assert all(torch.equal(after[n], before[n]) for n in before)
+
+
+def test_folded_chain_holds_one_original_per_parameter_and_restores_bit_exact():
+    """Bundle.folding (issue 19 item 3): the weights after each folded patch equal a plain running sum, the
+    fingerprint equals the unfolded chain's, no patch keeps its ΔW, unpatched() shows the loaded weights, and the
+    end of the block restores them bit for bit."""
+    bundle = load("tiny-llama")
+    names = [bundle.arch.weight_name(layer) for layer in range(bundle.n_layers)]
+    params = dict(bundle.model.named_parameters())
+    before = {n: bits(params[n]) for n in names}
+    expected = {n: params[n].detach().clone() for n in names}  # the naive chain: W + Δ₁ + Δ₂ + ...
+    gen = torch.Generator().manual_seed(3)
+    digests = []
+    with bundle.folding():
+        for i in range(12):
+            name = names[i % len(names)]
+            delta = torch.randn(params[name].shape, generator=gen) * 10.0 ** (-3 + i % 4)
+            patch = patch_on(bundle, {name: delta})
+            patch.apply(bundle)
+            expected[name] += delta
+            digests.append(patch.digest)
+            bundle.fold(patch)
+            assert patch.released and patch.deltas[name].is_meta and patch.revert_bytes == 0
+            assert torch.equal(params[name].detach(), expected[name])
+        assert len(bundle._originals) == len(names)  # one copy per edited parameter, not one per patch
+        from editscope.lm.bundle import patched_fingerprint
+        assert bundle.fingerprint == patched_fingerprint(bundle.base_fingerprint, digests)
+        with pytest.raises(EditscopeError, match="folded"):
+            patch.revert(bundle)
+        loose = patch_on(bundle, {names[0]: torch.ones_like(params[names[0]])})  # an unfolded patch on top
+        loose.apply(bundle)
+        with bundle.unpatched():
+            assert all(torch.equal(bits(params[n]), before[n]) for n in names)
+            assert bundle.fingerprint == bundle.base_fingerprint
+        assert torch.equal(params[names[0]].detach(), expected[names[0]] + 1)
+        assert bundle.fingerprint == patched_fingerprint(bundle.base_fingerprint, digests + [loose.digest])
+    # the loose patch is reverted by the end of the block (an error path), then the originals are written back
+    assert not bundle.applied and bundle.fingerprint == bundle.base_fingerprint
+    assert all(torch.equal(bits(params[n]), before[n]) for n in names)
+
+
+def test_folding_restores_on_error_and_refuses_misuse():
+    bundle = load("tiny-llama")
+    name = bundle.arch.weight_name(0)
+    param = dict(bundle.model.named_parameters())[name]
+    before = bits(param)
+    with pytest.raises(RuntimeError, match="boom"), bundle.folding():
+        patch = patch_on(bundle, {name: torch.full_like(param, 0.5)})
+        patch.apply(bundle)
+        bundle.fold(patch)
+        raise RuntimeError("boom")
+    assert torch.equal(bits(param), before) and not bundle.applied
+    patch = patch_on(bundle, {name: torch.full_like(param, 0.5)})
+    patch.apply(bundle)
+    with pytest.raises(EditscopeError, match="only valid inside"):
+        bundle.fold(patch)
+    with pytest.raises(EditscopeError, match="no patch applied"), bundle.folding():
+        pass
+    patch.revert(bundle)
+    assert torch.equal(bits(param), before)

@@ -184,3 +184,35 @@ def test_report_draws_metric_vs_edits(seq_run):
     assert (seq_run / "figures" / "curve-counterfact-counterfact.png").stat().st_size > 1000
     table = md.split("After each number of edits (sequential batches):")[1]
     assert "| alphaedit | 2 | 2 |" in table and "| alphaedit | 4 | 4 |" in table
+
+
+def test_sequential_run_folds_its_chain_and_saves_each_patch_first(tmp_path, tiny_llama, monkeypatch):
+    """Issue 19 item 3: in a chain each patch is saved, then folded (no ΔW kept per edit, one original per
+    parameter); the saved patches still apply in order on the loaded weights and revert bit-exactly."""
+    from editscope.edit.patch import Patch
+    from editscope.lm.bundle import Bundle
+
+    held = []
+    fold = Bundle.fold
+
+    def watched(self, patch):
+        fold(self, patch)
+        held.append((len(self._originals), sum(p.revert_bytes for p in self.applied),
+                     sum(d.numel() for p in self.applied for d in p.deltas.values() if not d.is_meta)))
+
+    monkeypatch.setattr(Bundle, "fold", watched)
+    before = weights(tiny_llama)
+    config = cfg(mode={"sequential": 3}, slice={"limit": 3}, save_patches=True,
+                 methods=[{"name": "rome", "overrides": {"v_steps": 2}}])
+    assert run_into(tmp_path, tiny_llama, config).written == 3
+    assert weights(tiny_llama) == before
+    assert held == [(1, 0, 0)] * 3  # ROME edits one matrix: one original, no ΔW or revert entries held
+    files = sorted((tmp_path / "patches" / "rome").glob("*.safetensors"))
+    assert [f.name for f in files] == [f"counterfact-g00000-{k}.safetensors" for k in range(3)]
+    patches = [Patch.load(f) for f in files]
+    for p in patches:
+        p.apply(tiny_llama)  # checks each patch's pre-edit checksums: the chain's order is intact
+    assert weights(tiny_llama) != before
+    for p in reversed(patches):
+        p.revert(tiny_llama)
+    assert weights(tiny_llama) == before

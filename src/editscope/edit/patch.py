@@ -111,6 +111,7 @@ class Patch:
     bases: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _restore: dict[str, _Restore] | None = field(default=None, repr=False)
     _digest: str | None = field(default=None, repr=False)
+    _released: bool = field(default=False, repr=False)
 
     @property
     def applied(self) -> bool:
@@ -120,6 +121,32 @@ class Patch:
     def revert_bytes(self) -> int:
         """Bytes this patch holds to revert itself bit-exactly while applied (0 when not applied)."""
         return sum(r.nbytes for r in (self._restore or {}).values())
+
+    @property
+    def released(self) -> bool:
+        """The ΔW was handed over to a bundle's chain (:meth:`Bundle.fold`): names, checksums, digest and info
+        remain; apply, revert and save do not."""
+        return self._released
+
+    def original(self, name: str, current: torch.Tensor) -> torch.Tensor:
+        """The exact pre-apply value of parameter ``name`` given its ``current`` (applied) value: a new tensor."""
+        if self._restore is None:
+            raise EditscopeError("patch is not applied")
+        value = current.detach().clone()
+        self._restore[name].restore(value, self._delta_for(value, self.deltas[name]))
+        return value
+
+    def release(self) -> None:
+        """Drop ΔW and the revert entries (see :attr:`released`); the bundle that folded the patch restores it."""
+        self.digest  # noqa: B018 -- memoised before the deltas go
+        self.deltas = {name: torch.empty(d.shape, dtype=d.dtype, device="meta") for name, d in self.deltas.items()}
+        self._restore = None
+        self._released = True
+
+    def _check_held(self, action: str) -> None:
+        if self._released:
+            raise EditscopeError(f"cannot {action} patch ({self.method}): its ΔW was folded into a chain "
+                                 "(Bundle.fold); save patches before folding them")
 
     @staticmethod
     def _delta_for(param: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -165,6 +192,7 @@ class Patch:
         With ``check`` the model's fingerprint (when a Bundle is given) and the edited parameters' current
         bytes must match the ones the patch was computed on.
         """
+        self._check_held("apply")
         if self.applied:
             raise EditscopeError("patch is already applied; revert it first")
         model = self._model(target, check)
@@ -195,6 +223,7 @@ class Patch:
 
     def revert(self, target: Bundle | nn.Module) -> None:
         """Restore the exact pre-apply values of every edited parameter (bit-exact)."""
+        self._check_held("revert")
         if self._restore is None:
             raise EditscopeError("patch is not applied")
         if isinstance(target, Bundle):
@@ -239,6 +268,7 @@ class Patch:
 
     def save(self, path: str | Path) -> Path:
         """Write the deltas and metadata as one safetensors file (atomic: temp file + rename)."""
+        self._check_held("save")
         tensors = {k: v.detach().contiguous() for k, v in self.deltas.items()}
         for k, v in (self.bases or {}).items():
             tensors[BASE_PREFIX + k] = v.detach().contiguous()

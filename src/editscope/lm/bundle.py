@@ -7,6 +7,10 @@ A :class:`Bundle` owns the record of which patches are applied to its weights, i
 :attr:`~Bundle.fingerprint` names the weights as they are *now* (the loaded weights' fingerprint when nothing
 is applied, otherwise a digest of that fingerprint and the applied patches' content digests, in order), so
 caches keyed by it (layer statistics) never confuse edited and unedited weights.
+
+Inside :meth:`Bundle.folding` a chain of patches (a sequential run) holds one pre-edit copy per edited parameter
+instead of each patch's ΔW and revert entries (issue 19 item 3: 1,000 sequential edits must not hold 1,000
+matrix-sized tensors); see :meth:`Bundle.fold`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ class AppliedPatch(Protocol):
 
     def revert(self, target: Bundle) -> None: ...
 
+    def original(self, name: str, current: torch.Tensor) -> torch.Tensor: ...
+
+    def release(self) -> None: ...
+
 
 @dataclass
 class Bundle:
@@ -63,6 +71,8 @@ class Bundle:
     source: str = ""
     extra: dict = field(default_factory=dict)
     _applied: list[AppliedPatch] = field(default_factory=list, repr=False)
+    _originals: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # inside folding(): see fold()
+    _folded: int = field(default=0, repr=False)  # the oldest _folded applied patches are folded
 
     @property
     def config(self):
@@ -127,15 +137,77 @@ class Bundle:
     @contextmanager
     def unpatched(self) -> Iterator[Bundle]:
         """The loaded weights for the duration of the block: every applied patch is reverted (newest first) and
-        re-applied in order on exit, also on error; the values are bit-identical afterwards."""
+        re-applied in order on exit, also on error; the values are bit-identical afterwards. Folded patches are
+        swapped out as a whole: their parameters get the kept originals and their edited values back after."""
         patches = list(self._applied)
-        for patch in reversed(patches):
+        loose = patches[self._folded:]
+        for patch in reversed(loose):
             patch.revert(self)
+        swapped = self._swap_in_originals() if self._folded else None
         try:
             yield self
         finally:
-            for patch in patches:
+            if swapped is not None:
+                self._swap_back(swapped, patches[:len(patches) - len(loose)])
+            for patch in loose:
                 patch.apply(self, check=False)
+
+    # -- folding: one original per parameter for a chain of patches -----------------------------------------
+    @contextmanager
+    def folding(self) -> Iterator[Bundle]:
+        """A block in which :meth:`fold` may hand applied patches to the bundle; on exit (also on error) every
+        folded patch is undone at once by writing the kept originals back (bit-exact), after the caller has
+        reverted its own unfolded patches. Starts from the loaded weights (no patch applied)."""
+        if self._applied or self._originals is not None:
+            raise EditscopeError(f"{self.name}: folding starts from the loaded weights with no patch applied")
+        self._originals = {}
+        try:
+            yield self
+        finally:
+            self._unfold()
+
+    def fold(self, patch: AppliedPatch) -> None:
+        """Take over the newest applied patch: keep the pre-edit values of the parameters no earlier folded patch
+        edited (reconstructed bit-exactly from the patch), then let the patch drop its ΔW and revert entries.
+        The patch stays recorded (its digest still names the weights); it can no longer be reverted on its own."""
+        if self._originals is None:
+            raise EditscopeError("fold() is only valid inside Bundle.folding()")
+        if not self._applied or self._applied[-1] is not patch or self._folded != len(self._applied) - 1:
+            raise EditscopeError(f"patch ({patch.method}) is not the newest applied patch after the folded ones")
+        params = dict(self.model.named_parameters())
+        for name in patch.names:
+            if name not in self._originals:
+                self._originals[name] = patch.original(name, params[name].detach())
+        patch.digest  # noqa: B018 -- computed (and memoised) while the deltas still exist
+        patch.release()
+        self._folded += 1
+
+    def _unfold(self) -> None:
+        for patch in reversed(self._applied[self._folded:]):  # unfolded patches still applied (an error path)
+            patch.revert(self)
+        originals, self._originals = self._originals or {}, None
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in originals.items():
+                params[name].copy_(value)
+        self._applied.clear()
+        self._folded = 0
+
+    def _swap_in_originals(self) -> dict[str, torch.Tensor]:
+        params = dict(self.model.named_parameters())
+        edited = {name: params[name].detach().clone() for name in self._originals}
+        with torch.no_grad():
+            for name, value in self._originals.items():
+                params[name].copy_(value)
+        self._applied, self._folded = [], 0
+        return edited
+
+    def _swap_back(self, edited: dict[str, torch.Tensor], folded: list[AppliedPatch]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in edited.items():
+                params[name].copy_(value)
+        self._applied, self._folded = list(folded), len(folded)
 
 
 def patched_fingerprint(base: str, digests: Sequence[str]) -> str:

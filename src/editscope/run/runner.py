@@ -30,7 +30,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -181,6 +181,31 @@ def _check_reverted(bundle: Bundle, patches: Sequence[Patch]) -> None:
     for name, checksum in first.items():
         if tensor_checksum(params[name]) != checksum:
             raise EditscopeError(f"parameter {name} was not restored after the edit (bug: please report)")
+
+
+@dataclass
+class _GroupEdits:
+    """What one group's edits left: its patches, the edit seconds and patch index per case, and its probes
+    ``(round, edits, n cases, post, s/case)``. :meth:`take` saves a patch (when asked) and, in a chain, folds it."""
+
+    bundle: Bundle
+    chained: bool
+    save_to: Path | None
+    stem: str
+    patches: list[Patch] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    patch_of: list[int] = field(default_factory=list)
+    probes: list[tuple[int, int, int, dict[str, list], float]] = field(default_factory=list)
+
+    def take(self, patch: Patch, n_cases: int) -> None:
+        """Record ``patch`` (just applied) as the edit of the next ``n_cases`` cases."""
+        self.patches.append(patch)  # first: whatever fails below, the caller reverts what it holds
+        self.seconds += [patch.info["seconds"]] * n_cases
+        self.patch_of += [len(self.patches) - 1] * n_cases
+        if self.save_to is not None:
+            patch.save(self.save_to / f"{self.stem}-{len(self.patches) - 1}.safetensors")
+        if self.chained:
+            self.bundle.fold(patch)
 
 
 class Runner:
@@ -417,58 +442,20 @@ class Runner:
         assert bundle is not None
         mode = self.config.mode
         torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit"))
-        patches: list[Patch] = []
-        seconds: list[float] = []
-        patch_of: list[int] = []  # per case of the group: the index of the patch that edited it
-        probes: list[tuple[int, int, int, dict[str, list], float]] = []  # (round, edits, n cases, post, s/case)
-        try:
-            state = self._new_state(label, editor)
-            if mode == "batch":
-                requests = [r for i in members for r in block.requests[i]]
-                with _naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
-                    patches.append(editor.apply(bundle, requests, hp, state, engine=engine,
-                                                plugins=self._plugins[label]))
-                seconds = [patches[0].info["seconds"]] * len(cases)
-                patch_of = [0] * len(cases)
-            elif mode == "sequential_batches":
-                b, every = self.config.batch, self.config.checkpoints
-                rounds = [members[s:s + b] for s in range(0, len(members), b)]
-                applied = 0
-                for r, chunk in enumerate(rounds, start=1):
-                    # seeded per round: a resume that skips a finished checkpoint's probes edits identically
-                    torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit", r))
-                    requests = [req for i in chunk for req in block.requests[i]]
-                    first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
-                    with _naming(f"{block.label}: round {r} (cases {first}..{last}), method {label}"):
-                        patches.append(editor.apply(bundle, requests, hp, state, engine=engine,
-                                                    plugins=self._plugins[label]))
-                    seconds += [patches[-1].info["seconds"]] * len(chunk)
-                    patch_of += [len(patches) - 1] * len(chunk)
-                    applied += len(requests)
-                    n_done = len(seconds)
-                    wanted = any((i, applied) in todo for i in members[:n_done])
-                    if every and r % every == 0 and r < len(rounds) and wanted:
-                        probes.append((r, applied, n_done, *self._probe(block, label, g, cases[:n_done], engine,
-                                                                         f"round {r}")))
-            else:  # single (one case per group) or sequential (state shared through the group)
-                for i in members:
-                    with _naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
-                        patches.append(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
-                                                    plugins=self._plugins[label]))
-                    seconds.append(patches[-1].info["seconds"])
-                    patch_of.append(len(patches) - 1)
-            if label not in self._state_templates:
-                self._state_templates[label] = state.without_edits()
-            if self.config.save_patches:
-                for k, patch in enumerate(patches):
-                    patch.save(self.out_dir / "patches" / label / f"{block.label}-g{g:05d}-{k}.safetensors")
-            final_edits = sum(len(block.requests[i]) for i in members)
-            probes.append((len(patches), final_edits, len(cases), *self._probe(block, label, g, cases, engine)))
-        finally:
-            for patch in reversed(patches):
-                if patch.applied:
-                    patch.revert(bundle)
-            _check_reverted(bundle, patches)
+        # A chain of patches (sequential modes) is folded into the bundle: one pre-edit copy per edited parameter,
+        # not one ΔW per edit (issue 19 item 3); a patch is saved before it is folded.
+        chained = mode in ("sequential", "sequential_batches")
+        save_to = self.out_dir / "patches" / label if self.config.save_patches else None
+        log = _GroupEdits(bundle, chained, save_to, f"{block.label}-g{g:05d}")
+        with bundle.folding() if chained else nullcontext():
+            try:
+                self._edit_steps(block, members, cases, label, editor, hp, engine, todo, g, log)
+            finally:
+                for patch in reversed(log.patches):
+                    if patch.applied:
+                        patch.revert(bundle)
+        _check_reverted(bundle, log.patches)
+        patches, seconds, patch_of, probes = log.patches, log.seconds, log.patch_of, log.probes
         rows = []
         last = len(probes) - 1
         for j, (rnd, edits, n_cases, post, eval_seconds) in enumerate(probes):
@@ -503,6 +490,45 @@ class Runner:
                     row |= {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
                 rows.append(row)
         return rows
+
+    def _edit_steps(self, block: Block, members: list[int], cases: list[Case], label: str, editor, hp,
+                    engine: ScoringEngine, todo: set[tuple[int, int | None]], g: int, log: _GroupEdits) -> None:
+        """The edits of one group by the run's mode and its probes, into ``log``."""
+        bundle = self.bundle
+        mode = self.config.mode
+        state = self._new_state(label, editor)
+        if mode == "batch":
+            requests = [r for i in members for r in block.requests[i]]
+            with _naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
+                log.take(editor.apply(bundle, requests, hp, state, engine=engine, plugins=self._plugins[label]),
+                         len(cases))
+        elif mode == "sequential_batches":
+            b, every = self.config.batch, self.config.checkpoints
+            rounds = [members[s:s + b] for s in range(0, len(members), b)]
+            applied = 0
+            for r, chunk in enumerate(rounds, start=1):
+                # seeded per round: a resume that skips a finished checkpoint's probes edits identically
+                torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit", r))
+                requests = [req for i in chunk for req in block.requests[i]]
+                first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
+                with _naming(f"{block.label}: round {r} (cases {first}..{last}), method {label}"):
+                    log.take(editor.apply(bundle, requests, hp, state, engine=engine,
+                                          plugins=self._plugins[label]), len(chunk))
+                applied += len(requests)
+                n_done = len(log.seconds)
+                wanted = any((i, applied) in todo for i in members[:n_done])
+                if every and r % every == 0 and r < len(rounds) and wanted:
+                    log.probes.append((r, applied, n_done, *self._probe(block, label, g, cases[:n_done], engine,
+                                                                     f"round {r}")))
+        else:  # single (one case per group) or sequential (state shared through the group)
+            for i in members:
+                with _naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
+                    log.take(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
+                                          plugins=self._plugins[label]), 1)
+        if label not in self._state_templates:
+            self._state_templates[label] = state.without_edits()
+        final_edits = sum(len(block.requests[i]) for i in members)
+        log.probes.append((len(log.patches), final_edits, len(cases), *self._probe(block, label, g, cases, engine)))
 
     def _probe(self, block: Block, label: str, g: int, cases: list[Case], engine: ScoringEngine,
                *tag: object) -> tuple[dict[str, list], float]:
