@@ -68,10 +68,11 @@ def test_run_config_device_dtype(tmp_path):
             parse_config({**base, key: value})
 
 
-def test_no_device_means_cpu_also_with_a_dtype():
-    """The documented default (docs/scale.md): no --device is the CPU, also when only --dtype is given, so a
-    bfloat16 run config does not move to a GPU unasked."""
+def test_no_device_means_auto_also_with_a_dtype():
+    """The documented default (issue 19, docs/scale.md): no --device is ``auto`` (CUDA when available, else the
+    CPU), also when only --dtype is given."""
     from editscope.lm.device import resolve_device
 
-    assert resolve_device(None) == torch.device("cpu")
+    assert resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")

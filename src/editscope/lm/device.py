@@ -1,8 +1,8 @@
 """Where a model runs and in which precision: ``--device cpu|cuda|cuda:N|auto`` and
 ``--dtype float32|bfloat16|float16``.
 
-``auto`` is CUDA when available, else CPU. With no dtype the model stays float32 (the weights as loaded); a
-lower precision changes the weights, so it changes the bundle's fingerprint (statistics and patches of the
+``auto`` (the default) is CUDA when available, else CPU. With no dtype the model stays float32 (the weights as
+loaded); a lower precision changes the weights, so it changes the bundle's fingerprint (statistics and patches of the
 float32 model are never served to its bfloat16 copy). Statistics and solves keep their own float64/float32
 arithmetic whatever the model's dtype. The device does not change the fingerprint.
 """
@@ -20,9 +20,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(spec: str | None) -> torch.device:
-    """The torch device of a ``--device`` value (None: CPU, the documented default, also when only a dtype is
-    given); a one-line error for a CUDA request without CUDA."""
-    text = (spec or "cpu").strip().lower()
+    """The torch device of a ``--device`` value (None: ``auto``, the default issue 19 asks for: CUDA when
+    available, else CPU); a one-line error for a CUDA request without CUDA."""
+    text = (spec or "auto").strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if text == "cpu":

@@ -23,6 +23,7 @@ from editscope.atomic import atomic_write, build_dir
 from editscope.errors import EditscopeError
 from editscope.lm.archs import arch_for_config
 from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
+from editscope.lm.device import place
 from editscope.lm.tiny import TINY_FAMILIES, build_tiny
 from editscope.paths import home
 
@@ -152,11 +153,12 @@ def registry_names() -> list[str]:
 def load(name_or_path: str = DEFAULT_MODEL, *, seed: int = 0, progress: Callable[[str], None] | None = None,
          device: str | None = None, dtype: str | None = None) -> Bundle:
     """Load a model by registry name or local folder; see the module docstring. ``device``/``dtype``: see
-    :mod:`editscope.lm.device` (None: CPU, float32)."""
-    if device is not None or dtype is not None:
-        from editscope.lm.device import place
+    :mod:`editscope.lm.device` (None: ``auto``, float32)."""
+    return place(_load_float32(name_or_path, seed, progress), device, dtype)
 
-        return place(load(name_or_path, seed=seed, progress=progress), device, dtype)
+
+def _load_float32(name_or_path: str, seed: int, progress: Callable[[str], None] | None) -> Bundle:
+    """The model as stored, float32 on the CPU."""
     if not name_or_path or not str(name_or_path).strip():
         raise EditscopeError("model name is empty")
     if name_or_path in GGUF_MODELS:

@@ -3,7 +3,7 @@
 Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
 
     model: smollm2-135m          # registry name, local HF folder or hub id org/name
-    device: cpu                  # cpu | cuda | cuda:N | auto (default cpu); --device overrides it
+    device: auto                 # cpu | cuda | cuda:N | auto (default: cuda if available, else cpu); --device wins
     dtype: float32               # float32 | bfloat16 | float16 (default float32); --dtype overrides it
     seed: 0                      # seeds every edit (derived per dataset/method/group: resumable, shardable)
     output: runs/demo            # output directory (relative to the working directory)
