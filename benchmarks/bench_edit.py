@@ -106,11 +106,20 @@ def bench_method(bundle, method: str, reqs: list[EditRequest], top: int, batched
           f"(b) reference cost {plain / n:.2f} s/edit (median {statistics.median(times['plain']):.2f}), "
           f"max rel. ΔW difference {max(diffs):.1e}")
     print(f"{method} profile of (a), record 0:\n{profile_summary(prof, top)}")
-    if max(diffs) > 1e-4:
-        raise SystemExit(f"{method}: (a) and (b) disagree: relative ΔW difference {max(diffs):.2e} > 1e-4")
+    check(f"{method}: (a) and (b)", max(diffs))
     print(f"{method} speedup {plain / fast:.2f}", flush=True)
     if batched and n > 1:
         bench_batched(bundle, editor, hp, reqs, template, fast_deltas, fast, plain)
+
+
+DISAGREEMENTS: list[str] = []
+
+
+def check(what: str, diff: float, tol: float = 1e-4) -> None:
+    """Record a ΔW disagreement above ``tol`` (the run goes on; main exits 1 at the end naming each)."""
+    if diff > tol:
+        DISAGREEMENTS.append(f"{what} disagree: relative ΔW difference {diff:.2e} > {tol:.0e}")
+        print(f"DISAGREE {DISAGREEMENTS[-1]}", flush=True)
 
 
 def bench_batched(bundle, editor, hp, reqs: list[EditRequest], template, fast_deltas: list[dict[str, torch.Tensor]],
@@ -128,8 +137,7 @@ def bench_batched(bundle, editor, hp, reqs: list[EditRequest], template, fast_de
     diff = max(relative_difference(p.deltas, d) for p, d in zip(patches, fast_deltas, strict=True))
     n = len(reqs)
     print(f"{editor.name}: (c) batched B={n} {batched / n:.2f} s/edit, max rel. ΔW difference to (a) {diff:.1e}")
-    if diff > 1e-4:  # float rounding of a different batch shape, through 25 Adam steps (tests: 1e-5 on tiny models)
-        raise SystemExit(f"{editor.name}: (c) and (a) disagree: relative ΔW difference {diff:.2e} > 1e-4")
+    check(f"{editor.name}: (c) and (a)", diff)  # float rounding of another batch shape through the Adam steps
     print(f"{editor.name} batched speedup {plain / batched:.2f} vs (b), {fast / batched:.2f} vs (a)", flush=True)
 
 
@@ -147,6 +155,8 @@ def main() -> None:
     reqs = requests(args.cases)
     for method in args.methods.split(","):
         bench_method(bundle, method.strip(), reqs, args.profile_top, method.strip() in args.batched.split(","))
+    if DISAGREEMENTS:
+        raise SystemExit("; ".join(DISAGREEMENTS))
 
 
 if __name__ == "__main__":
