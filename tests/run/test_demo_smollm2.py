@@ -1,4 +1,5 @@
-"""A 2-case demo-like run on the real SmolLM2-135M: ROME through all four suites' datasets, then the report."""
+"""A 2-case demo-like run on the real SmolLM2-135M: the demo's first editor (MEMIT) on a CounterFact and a PEAK-CF
+case, then the report."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ DEMO = configs_dir() / "demo.yaml"
 @pytest.mark.slow
 def test_demo_like_run_on_smollm2(smollm2, tmp_path):
     config = load_config(DEMO)
-    rome = config.methods[0]
-    assert rome.name == "rome"
-    # the demo's ROME with a small statistics budget and few steps, on one CounterFact and one PEAK-CF case
-    fast = replace(rome, overrides={"v_steps": 8, "mom2_tokens": 8192})
+    first = config.methods[0]
+    assert first.name == "memit" and config.mode == "batch"
+    # the demo's MEMIT with a small statistics budget and few steps, on one CounterFact and one PEAK-CF case
+    fast = replace(first, overrides={"v_steps": 8, "mom2_tokens": 8192})
     blocks = tuple(b for b in config.blocks if b.dataset in ("counterfact", "peak-cf"))
     config = replace(config, methods=(fast,), blocks=blocks)
     weight = smollm2.arch.weight_name(4)
@@ -28,7 +29,7 @@ def test_demo_like_run_on_smollm2(smollm2, tmp_path):
     Runner(config, out_dir=tmp_path, limit=1, bundle=smollm2, progress=False, log=lambda _m: None).run()
     assert tensor_checksum(dict(smollm2.model.named_parameters())[weight]) == before
     rows = read_results(tmp_path / "results.jsonl")
-    assert [(r["dataset"], r["method"]) for r in rows] == [("counterfact", "rome"), ("peak-cf", "rome")]
+    assert [(r["dataset"], r["method"]) for r in rows] == [("counterfact", "memit"), ("peak-cf", "memit")]
     cf = rows[0]["metrics"]["counterfact"]
     assert cf["EM_post"] > cf["EM_pre"]  # the edit raised P(new) - P(true) on the rewrite prompt
     new_pre = [c for p in rows[1]["pre"]["peak"]["prompts"] if p["role"] == "rewrite" for c in p["candidates"]
