@@ -117,7 +117,7 @@ DISAGREEMENTS: list[str] = []
 
 def check(what: str, diff: float, tol: float = 1e-4) -> None:
     """Record a ΔW disagreement above ``tol`` (the run goes on; main exits 1 at the end naming each)."""
-    if diff > tol:
+    if not diff <= tol:  # NaN disagrees too
         DISAGREEMENTS.append(f"{what} disagree: relative ΔW difference {diff:.2e} > {tol:.0e}")
         print(f"DISAGREE {DISAGREEMENTS[-1]}", flush=True)
 

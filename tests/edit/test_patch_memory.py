@@ -117,6 +117,7 @@ def test_folded_chain_holds_one_original_per_parameter_and_restores_bit_exact():
             assert all(torch.equal(bits(params[n]), before[n]) for n in names)
             assert bundle.fingerprint == bundle.base_fingerprint
         assert torch.equal(params[names[0]].detach(), expected[names[0]] + 1)
+        assert all(torch.equal(params[n].detach(), expected[n]) for n in names[1:])
         assert bundle.fingerprint == patched_fingerprint(bundle.base_fingerprint, digests + [loose.digest])
     # the loose patch is reverted by the end of the block (an error path), then the originals are written back
     assert not bundle.applied and bundle.fingerprint == bundle.base_fingerprint

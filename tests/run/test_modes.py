@@ -196,9 +196,11 @@ def test_sequential_run_folds_its_chain_and_saves_each_patch_first(tmp_path, tin
     fold = Bundle.fold
 
     def watched(self, patch):
+        assert patch.bases and "vectors" in patch.info  # what an editor's patch carries before it is folded
         fold(self, patch)
         held.append((len(self._originals), sum(p.revert_bytes for p in self.applied),
-                     sum(d.numel() for p in self.applied for d in p.deltas.values() if not d.is_meta)))
+                     sum(d.numel() for p in self.applied for d in p.deltas.values() if not d.is_meta),
+                     sum(bool(p.bases) or "vectors" in p.info for p in self.applied)))
 
     monkeypatch.setattr(Bundle, "fold", watched)
     before = weights(tiny_llama)
@@ -206,7 +208,8 @@ def test_sequential_run_folds_its_chain_and_saves_each_patch_first(tmp_path, tin
                  methods=[{"name": "rome", "overrides": {"v_steps": 2}}])
     assert run_into(tmp_path, tiny_llama, config).written == 3
     assert weights(tiny_llama) == before
-    assert held == [(1, 0, 0)] * 3  # ROME edits one matrix: one original, no ΔW or revert entries held
+    # ROME edits one matrix: one original; no patch keeps ΔW, revert entries, base weights or vectors
+    assert held == [(1, 0, 0, 0)] * 3
     files = sorted((tmp_path / "patches" / "rome").glob("*.safetensors"))
     assert [f.name for f in files] == [f"counterfact-g00000-{k}.safetensors" for k in range(3)]
     patches = [Patch.load(f) for f in files]

@@ -137,9 +137,12 @@ class Patch:
         return value
 
     def release(self) -> None:
-        """Drop ΔW and the revert entries (see :attr:`released`); the bundle that folded the patch restores it."""
+        """Drop every tensor the patch holds — ΔW, the revert entries, the base weights and ``info["vectors"]`` —
+        (see :attr:`released`); the bundle that folded the patch restores the weights."""
         self.digest  # noqa: B018 -- memoised before the deltas go
         self.deltas = {name: torch.empty(d.shape, dtype=d.dtype, device="meta") for name, d in self.deltas.items()}
+        self.bases = None
+        self.info = {k: v for k, v in self.info.items() if k != "vectors"}
         self._restore = None
         self._released = True
 

@@ -183,15 +183,17 @@ class Bundle:
         self._folded += 1
 
     def _unfold(self) -> None:
-        for patch in reversed(self._applied[self._folded:]):  # unfolded patches still applied (an error path)
-            patch.revert(self)
         originals, self._originals = self._originals or {}, None
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in originals.items():
-                params[name].copy_(value)
-        self._applied.clear()
-        self._folded = 0
+        try:
+            for patch in reversed(self._applied[self._folded:]):  # unfolded patches still applied (an error path)
+                patch.revert(self)
+        finally:  # the originals go back even if such a revert fails: they are the loaded weights
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, value in originals.items():
+                    params[name].copy_(value)
+            self._applied.clear()
+            self._folded = 0
 
     def _swap_in_originals(self) -> dict[str, torch.Tensor]:
         params = dict(self.model.named_parameters())
