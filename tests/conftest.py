@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The tests compare with computations on CPU tensors: they run on the CPU also on a GPU machine (the default
+# device is auto). Tests of other devices ask for them explicitly.
+os.environ.setdefault("EDITSCOPE_DEVICE", "cpu")
 
 TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3"]
 

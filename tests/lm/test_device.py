@@ -68,11 +68,16 @@ def test_run_config_device_dtype(tmp_path):
             parse_config({**base, key: value})
 
 
-def test_no_device_means_auto_also_with_a_dtype():
-    """The documented default (issue 19, docs/scale.md): no --device is ``auto`` (CUDA when available, else the
-    CPU), also when only --dtype is given."""
+def test_no_device_means_editscope_device_else_auto(monkeypatch):
+    """The documented default (issue 19, docs/scale.md): no --device is $EDITSCOPE_DEVICE (the tests set cpu), else
+    ``auto`` (CUDA when available, else the CPU), also when only --dtype is given."""
     from editscope.lm.device import resolve_device
 
+    monkeypatch.delenv("EDITSCOPE_DEVICE", raising=False)
     assert resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("EDITSCOPE_DEVICE", "cpu")
+    assert resolve_device(None) == torch.device("cpu")
+    monkeypatch.setenv("EDITSCOPE_DEVICE", "tpu")
+    with pytest.raises(EditscopeError, match="'tpu'"):
+        resolve_device(None)
     assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.locate import METHODS
@@ -21,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "scores (OUT/results.jsonl + OUT/scores/).",
     )
     klob.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    add_device_arguments(klob)
     klob.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     klob.add_argument("--k", nargs="+", type=float, default=[1, 5, 10], help="selected shares in percent")
     klob.add_argument("--n", type=int, default=50, help="examples per subset")
@@ -46,7 +49,7 @@ def run_klob(args: argparse.Namespace) -> int:
         options["causal_trace"] = {"samples": args.samples}
     if args.steps is not None:
         options["kn"] = {"steps": args.steps}
-    engine = ScoringEngine(load(args.model))
+    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype))
     metrics = run_bench(engine, args.out, methods=args.methods, ks=args.k, n=args.n, seed=args.seed,
                         recall=args.recall, shots=args.shots, options=options,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -11,6 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
+from editscope.commands._device import add_device_arguments
+
 
 def demo_config_path() -> Path:
     from editscope.paths import configs_dir
@@ -29,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", metavar="YAML", help="another demo config (default: configs/demo.yaml)")
     parser.add_argument("--limit", type=int, metavar="N", help="at most N cases per dataset")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_device_arguments(parser)
     parser.set_defaults(func=_run)
 
 
@@ -45,7 +48,8 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(path)
     print(f"[demo] config {path}")
     print(f"[demo] preparing {config.model} (converted once, then cached)", flush=True)
-    bundle = load(config.model, progress=lambda msg: print(f"[demo]   {msg}", flush=True))
+    bundle = load(config.model, progress=lambda msg: print(f"[demo]   {msg}", flush=True),
+                  device=args.device or config.device, dtype=args.dtype or config.dtype)
     print(f"[demo] loaded {bundle.name}: {bundle.n_layers} layers, fingerprint {bundle.fingerprint}", flush=True)
     runner = Runner(config, out_dir=args.output, limit=args.limit, progress=not args.no_progress, bundle=bundle,
                     log=lambda msg: print(f"[demo] {msg}", flush=True))

@@ -8,6 +8,8 @@ import json
 import math
 import sys
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.locate import METHODS
@@ -20,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "subject's last token for N CounterFact facts the model knows and print the mean indirect effect per layer.",
     )
     parser.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    add_device_arguments(parser)
     parser.add_argument("--prompt", help="template with one {} for the subject, e.g. '{} is located in'")
     parser.add_argument("--subject", help="the subject, e.g. 'Eiffel Tower'")
     parser.add_argument("--answer", help="the answer scored, e.g. ' Paris' (default: the model's greedy token)")
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
-    engine = ScoringEngine(load(args.model))
+    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype))
     if args.layer_curve is not None:
         return _layer_curve(args, engine)
     if not args.prompt or not args.subject:

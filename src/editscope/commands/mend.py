@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("mend", help="train MEND's editor networks (Mitchell et al. 2022)",
@@ -16,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train MEND on the shared zsRE sample (rephrase: generalisation loss, loc: locality KL) on CPU, "
         "with a progress bar; checkpoints (safetensors) resume automatically; writes loss_curve.png beside them.")
     train.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    add_device_arguments(train)
     train.add_argument("--steps", type=int, default=None, help="total training steps (default: the hparams' steps)")
     train.add_argument("--hparams", help="hparams YAML (default: configs/hparams/mend/<model>.yaml)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an hparam")
@@ -32,7 +35,7 @@ def _train(args: argparse.Namespace) -> int:
     from editscope.lm import load
 
     editor = get_editor("mend")
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
     result = train(bundle, hp, steps=args.steps, progress=not args.no_progress, resume=not args.restart,
                    log=lambda msg: print(msg, flush=True))

@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("patch", help="inspect, apply or revert an edit patch",
@@ -30,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = actions.add_parser(name, help=helptext, aliases=["export"] if name == "apply" else [])
         p.add_argument("patch")
         p.add_argument("--model", required=True, help="registry name or local HF folder")
+        add_device_arguments(p)
         p.add_argument("--out", required=True, help="output folder (must not exist)")
         p.set_defaults(func=run_apply if name == "apply" else run_revert)
 
@@ -73,7 +76,7 @@ def run_apply(args: argparse.Namespace) -> int:
     from editscope.lm import load
 
     patch = Patch.load(args.patch)
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     patch.apply(bundle)
     _write(bundle, args.out, {"applied": str(args.patch), "method": patch.method, "base_model": bundle.name,
                               "base_fingerprint": bundle.base_fingerprint, "requests": patch.requests})
@@ -91,7 +94,7 @@ def run_revert(args: argparse.Namespace) -> int:
     if not patch.bases:
         raise EditscopeError(f"{args.patch}: holds no base weights (saved without them); revert needs the original "
                              "model")
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     patch.revert_from_bases(bundle)
     fingerprint = fingerprint_model(bundle.model)
     if fingerprint != patch.fingerprint:

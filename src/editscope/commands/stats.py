@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from editscope.commands._device import add_device_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("stats", help="compute, list, export or import layer statistics",
@@ -21,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     compute = actions.add_parser("compute", help="compute layer statistics (cached)")
     compute.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    add_device_arguments(compute)
     compute.add_argument("--layers", type=int, nargs="+", required=True)
     compute.add_argument("--corpus", nargs="*", default=[], help="text files, folders of .txt, or JSONL files")
     compute.add_argument("--field", help="JSONL field holding the text")
@@ -29,10 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     compute.set_defaults(func=run_compute)
     lst = actions.add_parser("list", help="list cached statistics")
     lst.add_argument("--model", help="only this model's (current weights) statistics")
+    add_device_arguments(lst)
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=run_list)
     export = actions.add_parser("export", help="write cached statistics to one safetensors file")
     export.add_argument("--model", required=True)
+    add_device_arguments(export)
     export.add_argument("--out", required=True)
     export.add_argument("--layers", type=int, nargs="+")
     export.add_argument("--corpus-digest", help="which corpus, when several are cached")
@@ -40,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp = actions.add_parser("import", help="check an exported file against a model and cache its layers")
     imp.add_argument("file")
     imp.add_argument("--model", required=True)
+    add_device_arguments(imp)
     imp.set_defaults(func=run_import)
 
 
@@ -49,7 +55,7 @@ def run_compute(args: argparse.Namespace) -> int:
     from editscope.stats.artefact import corpus_from
 
     corpus = corpus_from(args.corpus, args.field)
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     stats = second_moments(bundle, args.layers, corpus=corpus, token_budget=args.budget or DEFAULT_TOKEN_BUDGET,
                            seq_len=args.seq_len or DEFAULT_SEQ_LEN, progress=True)
     for layer, mom2 in sorted(stats.items()):
@@ -65,7 +71,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.model:
         from editscope.lm import load
 
-        fingerprint = load(args.model).fingerprint
+        fingerprint = load(args.model, device=args.device, dtype=args.dtype).fingerprint
     stats = list_cached(fingerprint)
     if args.json:
         print(json.dumps(as_dicts(stats), indent=1))
@@ -84,7 +90,7 @@ def run_export(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.stats.artefact import export_stats
 
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     chosen = export_stats(bundle.fingerprint, args.out, layers=args.layers, corpus=args.corpus_digest)
     print(f"wrote {len(chosen)} layer(s) ({', '.join(str(s.layer) for s in chosen)}) of {bundle.name} to {args.out}")
     return 0
@@ -94,7 +100,7 @@ def run_import(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.stats.artefact import import_stats
 
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device, dtype=args.dtype)
     written = import_stats(bundle, args.file)
     for path in written:
         print(f"cached {path}")

@@ -1,15 +1,17 @@
 """Where a model runs and in which precision: ``--device cpu|cuda|cuda:N|auto`` and
 ``--dtype float32|bfloat16|float16``.
 
-``auto`` (the default) is CUDA when available, else CPU. With no dtype the model stays float32 (the weights as
-loaded); a lower precision changes the weights, so it changes the bundle's fingerprint (statistics and patches of the
-float32 model are never served to its bfloat16 copy). Statistics and solves keep their own float64/float32
+``auto`` (the default; ``EDITSCOPE_DEVICE`` sets another, e.g. ``cpu`` for a test run on a GPU machine) is CUDA
+when available, else CPU. With no dtype the model stays float32 (the weights as loaded); a lower precision changes
+the weights, so it changes the bundle's fingerprint (statistics and patches of the float32 model are never served
+to its bfloat16 copy). Statistics and solves keep their own float64/float32
 arithmetic whatever the model's dtype. The device does not change the fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 
 import torch
 
@@ -20,9 +22,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(spec: str | None) -> torch.device:
-    """The torch device of a ``--device`` value (None: ``auto``, the default issue 19 asks for: CUDA when
-    available, else CPU); a one-line error for a CUDA request without CUDA."""
-    text = (spec or "auto").strip().lower()
+    """The torch device of a ``--device`` value; None: ``$EDITSCOPE_DEVICE``, else ``auto`` (the default issue 19
+    asks for: CUDA when available, else CPU). A one-line error for a CUDA request without CUDA."""
+    source = "--device"
+    if not spec:
+        spec, source = os.environ.get("EDITSCOPE_DEVICE") or "auto", "EDITSCOPE_DEVICE"
+    text = spec.strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if text == "cpu":
@@ -30,14 +35,14 @@ def resolve_device(spec: str | None) -> torch.device:
     if text == "cuda" or text.startswith("cuda:"):
         index = text[5:]
         if index and not index.isdigit():
-            raise EditscopeError(f"--device {spec!r}: expected cuda:N with N a GPU number")
+            raise EditscopeError(f"{source} {spec!r}: expected cuda:N with N a GPU number")
         if not torch.cuda.is_available():
-            raise EditscopeError(f"--device {spec}: CUDA is not available here (torch {torch.__version__}, "
+            raise EditscopeError(f"{source} {spec}: CUDA is not available here (torch {torch.__version__}, "
                                  f"built with CUDA {torch.version.cuda}); use --device cpu")
         if index and int(index) >= torch.cuda.device_count():
-            raise EditscopeError(f"--device {spec}: only {torch.cuda.device_count()} GPU(s) visible")
+            raise EditscopeError(f"{source} {spec}: only {torch.cuda.device_count()} GPU(s) visible")
         return torch.device(text)
-    raise EditscopeError(f"--device {spec!r}: expected cpu, cuda, cuda:N or auto")
+    raise EditscopeError(f"{source} {spec!r}: expected cpu, cuda, cuda:N or auto")
 
 
 def resolve_dtype(spec: str | None) -> torch.dtype:

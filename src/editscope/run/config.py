@@ -122,7 +122,7 @@ class RunConfig:
     batch: int = 0
     rounds: int = 0
     checkpoints: int = 0
-    device: str | None = None  # where the model runs (editscope.lm.device); None: cpu
+    device: str | None = None  # where the model runs (editscope.lm.device); None: $EDITSCOPE_DEVICE, else auto
     dtype: str | None = None  # the model weights' precision; None: float32
 
     def to_dict(self) -> dict[str, Any]:

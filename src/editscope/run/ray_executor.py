@@ -14,6 +14,7 @@ Requires ``pip install editscope[ray]``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,8 +77,11 @@ class RayRunner(Runner):
             else:
                 ray.init(num_cpus=self.workers * self.threads, include_dashboard=False, log_to_driver=False,
                          _system_config={"agent_register_timeout_ms": AGENT_TIMEOUT_MS})
-        remote = ray.remote(num_cpus=self.threads)(_GroupWorker)
-        actors = [remote.remote(self.config, self.limit, self.threads, self.suite_factories)
+        # The actors run on the driver's device type: "auto" resolved in an actor without a GPU would be the CPU.
+        device = self.bundle.device.type
+        config = dataclasses.replace(self.config, device=device)
+        remote = ray.remote(num_cpus=self.threads, num_gpus=1 if device == "cuda" else 0)(_GroupWorker)
+        actors = [remote.remote(config, self.limit, self.threads, self.suite_factories)
                   for _ in range(min(self.workers, len(tasks)))]
         for actor in actors:  # the same weights as the driver's, or rows would mix models
             fingerprint = ray.get(actor.fingerprint.remote())
