@@ -150,6 +150,23 @@ def test_resume_refuses_other_config(reference, tiny_llama):
         run_into(ref_out, tiny_llama, cfg=config(seed=5))
 
 
+def test_resume_refuses_rows_of_another_device(reference, tmp_path, tiny_llama):
+    """The fingerprint ignores the device but a row's last bits do not: resuming a CPU run on CUDA (or back) would
+    mix them silently, so run.json records the device and a resume on another one is refused."""
+    ref_out, _ = reference
+    assert json.loads((ref_out / "run.json").read_text())["model"]["device"] == tiny_llama.device.type
+    other = tmp_path / "other"
+    shutil.copytree(ref_out, other)
+    meta = json.loads((other / "run.json").read_text())
+    meta["model"]["device"] = "cuda" if tiny_llama.device.type == "cpu" else "cpu"
+    (other / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(EditscopeError, match=f"computed on {meta['model']['device']}, this run is on"):
+        run_into(other, tiny_llama)
+    del meta["model"]["device"]  # a run.json written before the device was recorded resumes as before
+    (other / "run.json").write_text(json.dumps(meta))
+    assert run_into(other, tiny_llama).written == 0
+
+
 @pytest.mark.parametrize("mode", [{"batch": 2}, {"sequential": 2}])
 def test_group_modes(mode, tmp_path, tiny_llama):
     before = weights(tiny_llama)

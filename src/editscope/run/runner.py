@@ -269,7 +269,8 @@ class Runner:
             "format": FORMAT,
             "config": self.config.to_dict(),
             "config_digest": self.config.digest(),
-            "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers},
+            "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers,
+                      "device": bundle.device.type},
             "shard": list(self.shard),
             "limit": self.limit,
             "versions": package_versions(),
@@ -295,6 +296,10 @@ class Runner:
         if meta.get("model", {}).get("fingerprint") != self.bundle.fingerprint:
             raise EditscopeError(f"{self.out_dir} holds a run on a model with another fingerprint "
                                  f"({meta.get('model', {}).get('fingerprint')} != {self.bundle.fingerprint})")
+        device, here = meta.get("model", {}).get("device"), self.bundle.device.type
+        if device is not None and device != here:  # the fingerprint ignores the device; the last bits do not
+            raise EditscopeError(f"{self.out_dir} holds rows computed on {device}, this run is on {here}: resume with "
+                                 f"--device {device} or use another output directory")
         if list(meta.get("shard", [0, 1])) != list(self.shard):
             raise EditscopeError(f"{self.out_dir} holds shard {meta.get('shard')}, not {list(self.shard)}")
         return meta.get("started")
