@@ -178,8 +178,7 @@ class Bundle:
         for name in patch.names:
             if name not in self._originals:
                 self._originals[name] = patch.original(name, params[name].detach())
-        patch.digest  # noqa: B018 -- computed (and memoised) while the deltas still exist
-        patch.release()
+        patch.release()  # memoises its digest first
         self._folded += 1
 
     def _unfold(self) -> None:
@@ -188,27 +187,26 @@ class Bundle:
             for patch in reversed(self._applied[self._folded:]):  # unfolded patches still applied (an error path)
                 patch.revert(self)
         finally:  # the originals go back even if such a revert fails: they are the loaded weights
-            params = dict(self.model.named_parameters())
-            with torch.no_grad():
-                for name, value in originals.items():
-                    params[name].copy_(value)
+            self._write(originals)
             self._applied.clear()
             self._folded = 0
+
+    def _write(self, values: dict[str, torch.Tensor]) -> None:
+        """Copy ``values`` into the parameters of those names."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in values.items():
+                params[name].copy_(value)
 
     def _swap_in_originals(self) -> dict[str, torch.Tensor]:
         params = dict(self.model.named_parameters())
         edited = {name: params[name].detach().clone() for name in self._originals}
-        with torch.no_grad():
-            for name, value in self._originals.items():
-                params[name].copy_(value)
+        self._write(self._originals)
         self._applied, self._folded = [], 0
         return edited
 
     def _swap_back(self, edited: dict[str, torch.Tensor], folded: list[AppliedPatch]) -> None:
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in edited.items():
-                params[name].copy_(value)
+        self._write(edited)
         self._applied, self._folded = list(folded), len(folded)
 
 
