@@ -126,6 +126,34 @@ def test_term_equals_an_independent_computation(tiny_bundles, mode):
     assert state.history[-1] == pytest.approx({"L1": l1, "L2": l2, "L3": l3}, rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.parametrize("point", [f"blocks.{LAYER}.mlp_out", f"blocks.{LAYER}.resid_post"])
+def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, point):
+    """APP's answers run only from the edited block and the subject on (``ctx.run(..., fixed=True)``): the term
+    and its δ-gradient equal the full forward's, at every step (the cached prefix is reused)."""
+    engine = ScoringEngine(tiny_bundles["llama"])
+    hp = AppHParams(alpha=0.7, beta=1.3, gamma=0.4, filter_answers=False)
+    results = {}
+    for path in ("full", "fast"):
+        engine.objective_path = path
+        term = AppTerm(hp)
+        ctx = build_context(engine, REQUEST, ["{}", "A short prefix. {}"], point)
+        setup_terms(ctx, [term])
+        gen = torch.Generator().manual_seed(1)
+        out = []
+        for _ in range(2):
+            delta = (torch.randn(engine.model.config.hidden_size, generator=gen) * 3.0).requires_grad_(True)
+            value = term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
+            value.backward()
+            out.append((float(value.detach()), delta.grad.clone()))
+        assert bool([held for held in ctx._fixed.values() if held[1]]) == (path == "fast")  # the path taken
+        results[path] = out
+    engine.objective_path = "fast"
+    for (v_full, g_full), (v_fast, g_fast) in zip(results["full"], results["fast"], strict=True):
+        assert v_full > 0 and float(g_full.norm()) > 0
+        assert v_fast == pytest.approx(v_full, rel=1e-5, abs=1e-6)
+        assert torch.allclose(g_fast, g_full, rtol=1e-4, atol=1e-6)
+
+
 def test_pre_edit_filter_and_k_follow_the_peak_rule(tiny_bundles):
     bundle = tiny_bundles["llama"]
     engine = ScoringEngine(bundle)

@@ -61,6 +61,8 @@ class VContext:
     store: dict = field(default_factory=dict)
     #: the main batch's suffix forward (edit.fastpath), built on its first run with δ; False: full forward only
     _fast: SuffixForward | bool | None = field(default=None, repr=False)
+    #: suffix forwards of other batches run with ``fixed=True``: id(batch) -> (batch, positions, forward or False)
+    _fixed: dict = field(default_factory=dict, repr=False)
 
     @property
     def essence_rows(self) -> list[int]:
@@ -91,6 +93,7 @@ class VContext:
         δ is found, so an edit over many requests holds one group's caches at a time; rebuilt if asked again."""
         self.store.pop("unedited_hidden", None)
         self._fast = None
+        self._fixed.clear()
 
     def _suffix(self) -> SuffixForward | None:
         """The main batch's suffix forward (built once, with the unedited forward), or None: full forward only."""
@@ -113,22 +116,38 @@ class VContext:
             self.store["unedited_hidden"] = hidden
         return self.store["unedited_hidden"]
 
-    def run(self, batch: TokenBatch, positions: Sequence[int], delta: torch.Tensor | None) -> torch.Tensor:
+    def run(self, batch: TokenBatch, positions: Sequence[int], delta: torch.Tensor | None, *,
+            fixed: bool = False) -> torch.Tensor:
         """Final hidden states [B, L, d] of ``batch`` with δ added at ``positions`` (one per row).
 
         For the main batch at the subject positions (and ``engine.objective_path == "fast"``) only the blocks and
         positions δ can reach, up to each row's :attr:`last_read` position, are computed per call
         (:mod:`editscope.edit.fastpath`); the others come from one unedited forward (after :attr:`last_read`:
-        the unedited states). Any other batch takes a full forward."""
+        the unedited states). ``fixed=True`` asks the same for another batch that the caller runs with the same
+        ``positions`` at every step and reads only to score its continuations (APP's answers): exact up to each
+        row's last continuation token's predecessor. Any other batch takes a full forward."""
         if delta is None or self.hook_point is None:
             return self.engine.batch_hidden(batch)
-        if (batch is self.batch and self.engine.objective_path == "fast"
-                and list(positions) == list(self.subject_positions)):
-            fast = self._suffix()
-            if fast is not None:
-                return fast.hidden(delta)
+        fast = None
+        if self.engine.objective_path == "fast":
+            if batch is self.batch and list(positions) == list(self.subject_positions):
+                fast = self._suffix()
+            elif fixed:
+                fast = self._fixed_suffix(batch, positions)
+        if fast is not None:
+            return fast.hidden(delta)
         with hooks(self.bundle.model, self.bundle.arch, {self.hook_point: self.delta_hook(delta, positions)}):
             return self.engine.batch_hidden(batch)
+
+    def _fixed_suffix(self, batch: TokenBatch, positions: Sequence[int]) -> SuffixForward | None:
+        """The suffix forward of a fixed side batch (built on its first run), read up to each continuation."""
+        key = (id(batch), tuple(int(p) for p in positions))
+        held = self._fixed.get(key)
+        if held is None or held[0] is not batch:  # the batch object is kept, so its id is not reused meanwhile
+            last = [c + n - 2 for c, n in zip(batch.context_lengths, batch.continuation_lengths, strict=True)]
+            held = (batch, SuffixForward.build(self.engine, batch, positions, self.hook_point, last) or False)
+            self._fixed[key] = held
+        return held[1] or None
 
 
 @dataclass

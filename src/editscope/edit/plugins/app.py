@@ -26,7 +26,9 @@ are used (paper Fig. 4's k; ``k`` sets both). PEAK's reference code uses the pub
 
 Cost: one extra batched forward per optimisation step holding every APP answer after the bare prompt, with
 δ added at the subject's last token (``VContext.run``), as the reference code (which appends these rows to its
-main batch). With FT, ``ctx.run`` runs the weights being trained.
+main batch). On the fast objective path that forward runs, like the main batch's, only from the edited block
+and the subject's last token on (``fixed=True``; :mod:`editscope.edit.fastpath`). With FT, ``ctx.run`` runs
+the weights being trained (a full forward).
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ class AppTerm:
         state: AppState = step.ctx.store[self.name]
         if state.batch is None:
             return step.hidden.new_zeros(())
-        hidden = step.ctx.run(state.batch, state.positions, step.delta)
+        hidden = step.ctx.run(state.batch, state.positions, step.delta, fixed=True)
         post = continuation_logprobs(step.ctx.engine, state.batch, hidden, self.hp.logprob)
         parts = self.parts(state, post)
         state.history.append({k: float(v.detach()) for k, v in parts.items()})
