@@ -13,7 +13,8 @@ import torch
 from editscope.cli import main
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
-from editscope.edit.objectives import VStep, build_context, setup_terms
+from editscope.edit.fastpath import SharedContextForward
+from editscope.edit.objectives import VContext, VStep, build_context, setup_terms
 from editscope.edit.plugins import PLUGINS
 from editscope.edit.plugins.app import (
     AppHParams,
@@ -126,17 +127,24 @@ def test_term_equals_an_independent_computation(tiny_bundles, mode):
     assert state.history[-1] == pytest.approx({"L1": l1, "L2": l2, "L3": l3}, rel=1e-4, abs=1e-4)
 
 
-@pytest.mark.parametrize("point", [f"blocks.{LAYER}.mlp_out", f"blocks.{LAYER}.resid_post"])
-def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, point):
-    """APP's answers run only from the edited block and the subject on (``ctx.run(..., fixed=True)``): the term
-    and its δ-gradient equal the full forward's, at every step (the cached prefix is reused)."""
-    engine = ScoringEngine(tiny_bundles["llama"])
+CAPITAL = EditRequest("{} is the capital of", "Paris", "Japan", correct_answers=("France", "the French Republic"),
+                      hard_false=("Germany", "Spain", "the United Kingdom"))  # one-token subject: δ at position 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize(("point", "request_"), [(f"blocks.{LAYER}.mlp_out", REQUEST),
+                                                 (f"blocks.{LAYER}.resid_post", REQUEST),
+                                                 (f"blocks.{LAYER}.mlp_out", CAPITAL)])
+def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, arch, point, request_):
+    """APP's answers share the prompt: each step runs it once, from the edited block and the subject on, then the
+    answers (``ctx.run(..., fixed=True)``); the term and its δ-gradient equal the full forward's at every step."""
+    engine = ScoringEngine(tiny_bundles[arch])
     hp = AppHParams(alpha=0.7, beta=1.3, gamma=0.4, filter_answers=False)
     results = {}
     for path in ("full", "fast"):
         engine.objective_path = path
         term = AppTerm(hp)
-        ctx = build_context(engine, REQUEST, ["{}", "A short prefix. {}"], point)
+        ctx = build_context(engine, request_, ["{}", "A short prefix. {}"], point)
         setup_terms(ctx, [term])
         gen = torch.Generator().manual_seed(1)
         out = []
@@ -145,13 +153,70 @@ def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, point
             value = term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
             value.backward()
             out.append((float(value.detach()), delta.grad.clone()))
-        assert bool([held for held in ctx._fixed.values() if held[1]]) == (path == "fast")  # the path taken
+        taken = [type(held[1]) for held in ctx._fixed.values()]
+        assert taken == ([SharedContextForward] if path == "fast" else [])
         results[path] = out
     engine.objective_path = "fast"
     for (v_full, g_full), (v_fast, g_fast) in zip(results["full"], results["fast"], strict=True):
         assert v_full > 0 and float(g_full.norm()) > 0
         assert v_fast == pytest.approx(v_full, rel=1e-5, abs=1e-6)
         assert torch.allclose(g_fast, g_full, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["full", "fast"])
+def test_l2_and_l3_are_exactly_zero_before_the_first_step(tiny_bundles, path):
+    """P is read by the forward that reads P' (with δ = 0), so at δ = 0 the hinges of L2/L3 sit exactly at 0 and
+    give no gradient: rounding differences between two forwards cannot switch them on."""
+    engine = ScoringEngine(tiny_bundles["llama"])
+    engine.objective_path = path
+    try:
+        term = AppTerm(AppHParams(filter_answers=False))
+        ctx = build_context(engine, REQUEST, ["{}", "A short prefix. {}"], f"blocks.{LAYER}.mlp_out")
+        setup_terms(ctx, [term])
+        delta = torch.zeros(engine.model.config.hidden_size, requires_grad=True)
+        term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
+    finally:
+        engine.objective_path = "fast"
+    parts = ctx.store["app"].history[-1]
+    assert parts["L2"] == 0.0 and parts["L3"] == 0.0 and parts["L1"] > 0
+
+
+def test_ft_side_batch_on_the_shared_context_path_equals_the_full_forward(tiny_bundles):
+    """FT trains weights (no δ): APP's answers run the prompt once per step, then the answers; the term and its
+    gradient in the trained weight equal the full forward's (with the weight moved, so L1, L2, L3 all act)."""
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    weight = bundle.model.model.layers[LAYER].mlp.down_proj.weight
+    saved = weight.detach().clone()
+    hp = AppHParams(alpha=0.7, beta=1.3, gamma=0.4, filter_answers=False)
+    results = {}
+    try:
+        for path in ("full", "fast"):
+            engine.objective_path = path
+            term = AppTerm(hp)
+            ctx = VContext(engine, bundle, REQUEST, None, engine.prepare([(REQUEST.text, REQUEST.target_new)]), [], 1)
+            setup_terms(ctx, [term])
+            with torch.no_grad():
+                weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(2)) * 0.5)
+            weight.requires_grad_(True)
+            value = term(VStep(ctx, None, engine.batch_hidden(ctx.batch)))
+            value.backward()
+            taken = [type(held[1]) for held in ctx._fixed.values()]
+            assert taken == ([SharedContextForward] if path == "fast" else [])
+            results[path] = (float(value.detach()), weight.grad.clone(), dict(ctx.store["app"].history[-1]))
+            weight.requires_grad_(False)
+            weight.grad = None
+            with torch.no_grad():
+                weight.copy_(saved)
+    finally:
+        engine.objective_path = "fast"
+        weight.requires_grad_(False)
+        with torch.no_grad():
+            weight.copy_(saved)
+    (v_full, g_full, parts), (v_fast, g_fast, _) = results["full"], results["fast"]
+    assert min(parts.values()) > 0 and float(g_full.norm()) > 0
+    assert v_fast == pytest.approx(v_full, rel=1e-5, abs=1e-6)
+    assert torch.allclose(g_fast, g_full, rtol=1e-4, atol=1e-6)
 
 
 def test_pre_edit_filter_and_k_follow_the_peak_rule(tiny_bundles):

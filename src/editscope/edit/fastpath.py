@@ -199,3 +199,130 @@ class SuffixForward:
                 use_cache=cache is not None,
             ).last_hidden_state
         return self.base_hidden.index_put(self.targets, out[self.rows, self.cols])
+
+
+class SharedContextForward:
+    """The forward of a batch whose rows all continue one context (APP: the edit prompt followed by each answer),
+    with the context computed once per step instead of once per row, read up to ``last_read[r]`` of each row.
+
+    Per step, two forwards replace the batch's: the context's tail (positions p .. m−1, one row; δ at p) through
+    blocks S..n−1 over the fixed prefix keys/values (as :class:`SuffixForward`), then the rows' continuation tokens
+    (positions m .. ``last_read[r]``), packed into one sequence without padding, through blocks S..n−1, attending
+    to the tail's keys/values under a block-causal mask (so δ's gradient flows through them once). Block S's input
+    at the continuation positions is the unedited one: δ enters at p < m only. Without a hook point (FT trains weights,
+    no δ) p = S = 0: the whole context runs once per step, then the continuations.
+
+    :meth:`hidden` returns [B, T, d]: exact (to float rounding) at positions p .. ``last_read[r]``, the unedited
+    states elsewhere. Build with :meth:`build`; None there means the rows do not share their context, or only
+    the full forward is exact (sliding window, hook point outside the blocks)."""
+
+    def __init__(self, engine: ScoringEngine, batch: TokenBatch, hook_point: str | None, position: int,
+                 last_read: Sequence[int]) -> None:
+        self.engine = engine
+        self.hook_point = hook_point
+        m = batch.context_lengths[0]
+        if hook_point is None:
+            self.start, self.fold, p = 0, False, 0
+        else:
+            self.start, self.fold = start_block(hook_point, engine.n_layers)  # type: ignore[misc]
+            p = int(position)
+        self.m, self.p = m, p
+        counts = [int(e) - m + 1 for e in last_read]  # continuation positions each row runs (0: none)
+        if min(counts) < 0:
+            raise ValueError(f"last read positions {list(last_read)} before the context's end {m - 1}")
+        n_rows = len(counts)
+
+        # One unedited forward of the batch: its final states, every layer's keys/values, block S's input.
+        blocks = engine.model.get_submodule(engine.arch.blocks)
+        outputs: list[bool] = []
+        recorder = blocks[0].register_forward_hook(lambda _m, _a, out: outputs.append(isinstance(out, tuple)))
+        cache = DynamicCache()
+        entry = f"blocks.{self.start}.resid_pre"
+        try:
+            with torch.no_grad(), capture(engine.model, engine.arch, [entry]) as store:
+                self.base_hidden = engine.batch_hidden(batch, cache=cache).detach()
+        finally:
+            recorder.remove()
+        self.as_tuple = outputs[0]
+        kv = [(k[:1], v[:1]) for k, v, *_ in cache]  # row 0's: the context is every row's
+        self.prefix_kv = [(k[..., :p, :], v[..., :p, :]) for k, v in kv]
+        self.below_kv = [(k[..., :m, :], v[..., :m, :]) for k, v in kv[: self.start]]  # never read: lengths only
+        states = store[entry]
+        self.tail_entry = states[:1, p:m]
+        device = batch.input_ids.device
+        self.tail_ids = batch.input_ids[:1, p:m]
+        self.tail_pos = torch.arange(p, m, device=device)[None]
+        dtype = engine.model.dtype
+        tail_allowed = torch.ones((m - p, m), dtype=torch.bool, device=device).tril(diagonal=p)
+        self.tail_mask = torch.zeros(tail_allowed.shape, dtype=dtype, device=device).masked_fill_(
+            ~tail_allowed, torch.finfo(dtype).min)[None, None]
+
+        # Every row's continuation tokens packed into one sequence (no padding): token j of row r sits at position
+        # m + j and attends to the whole context and to row r's tokens up to j.
+        total = sum(counts)
+        rows = torch.tensor([r for r, n in enumerate(counts) for _ in range(n)], dtype=torch.long, device=device)
+        cols = torch.tensor([m + j for n in counts for j in range(n)], dtype=torch.long, device=device)
+        allowed = torch.zeros((total, m + total), dtype=torch.bool, device=device)
+        allowed[:, :m] = True
+        offset = 0
+        for n in counts:
+            allowed[offset:offset + n, m + offset:m + offset + n] = torch.ones((n, n), dtype=torch.bool,
+                                                                                device=device).tril()
+            offset += n
+        self.ids, self.position_ids = batch.input_ids[rows, cols][None], cols[None]
+        self.entry = states[rows, cols][None]  # block S's unedited input at the continuation tokens [1, total, d]
+        self.mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)[None, None]
+        self.targets = (rows, cols)
+        self.tail_targets = (torch.arange(n_rows, device=device).repeat_interleave(m - p),
+                             torch.arange(p, m, device=device).repeat(n_rows))
+        self.n_rows = n_rows
+
+    @classmethod
+    def build(cls, engine: ScoringEngine, batch: TokenBatch, hook_point: str | None, positions: Sequence[int],
+              last_read: Sequence[int]) -> SharedContextForward | None:
+        """The shared-context forward of ``batch`` (δ at ``positions``, the same in every row), or None."""
+        m = batch.context_lengths[0]
+        if any(c != m for c in batch.context_lengths) or not bool((batch.input_ids[:, :m] == batch.input_ids[:1, :m])
+                                                                 .all()):
+            return None
+        if any(e is not None for e in batch.context_embeds):
+            return None
+        window = engine.arch.sliding_window(engine.model.config)
+        if window is not None and int(batch.attention_mask.sum(-1).max()) > window:
+            return None
+        if hook_point is not None and (start_block(hook_point, engine.n_layers) is None
+                                       or len(set(positions)) != 1 or int(positions[0]) >= m):
+            return None
+        return cls(engine, batch, hook_point, int(positions[0]) if hook_point is not None else 0, last_read)
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache,
+             fns: dict) -> torch.Tensor:
+        model, arch = self.engine.model, self.engine.arch
+        with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
+            return self.engine._base(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                                     past_key_values=cache, use_cache=True).last_hidden_state
+
+    def hidden(self, delta: torch.Tensor | None) -> torch.Tensor:
+        """Final hidden states [B, T, d] with δ (a vector [d], or None without a hook point) at the context's p."""
+        entry = f"blocks.{self.start}.resid_pre"
+
+        def add(x: torch.Tensor) -> torch.Tensor:
+            x = x.clone()
+            x[:, 0] = x[:, 0] + delta.to(x.dtype)
+            return x
+
+        fns: dict = {}
+        if self.hook_point is not None:
+            fns[entry] = (lambda _x: add(self.tail_entry)) if self.fold else (lambda _x: self.tail_entry)
+            if not self.fold:
+                fns[self.hook_point] = add
+        cache = DynamicCache(ddp_cache_data=self.prefix_kv)  # every layer, p long (0: empty)
+        tail = self._run(self.tail_ids, self.tail_mask, self.tail_pos, cache, fns)
+        out = self.base_hidden.index_put(self.tail_targets, tail[0].repeat(self.n_rows, 1))
+        if not self.ids.shape[1]:
+            return out
+        kv = [*self.below_kv, *[(k, v) for k, v, *_ in cache][self.start:]]
+        fns = {entry: lambda _x: self.entry} if self.hook_point is not None else {}
+        cont = self._run(self.ids, self.mask, self.position_ids, DynamicCache(ddp_cache_data=kv), fns)
+        return out.index_put(self.targets, cont[0])

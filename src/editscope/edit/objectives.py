@@ -32,7 +32,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.context import prompt_rows
-from editscope.edit.fastpath import SuffixForward
+from editscope.edit.fastpath import SharedContextForward, SuffixForward
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.hooks import capture, hooks
 from editscope.lm.loading import Bundle
@@ -125,27 +125,34 @@ class VContext:
         (:mod:`editscope.edit.fastpath`); the others come from one unedited forward (after :attr:`last_read`:
         the unedited states). ``fixed=True`` asks the same for another batch that the caller runs with the same
         ``positions`` at every step and reads only to score its continuations (APP's answers): exact up to each
-        row's last continuation token's predecessor. Any other batch takes a full forward."""
-        if delta is None or self.hook_point is None:
-            return self.engine.batch_hidden(batch)
+        row's last continuation token's predecessor; rows that continue one context compute it once per step
+        (:class:`~editscope.edit.fastpath.SharedContextForward`, also for FT's trained weights). Any other batch
+        takes a full forward."""
         fast = None
-        if self.engine.objective_path == "fast":
+        if self.engine.objective_path == "fast" and (delta is None) == (self.hook_point is None):
             if batch is self.batch and list(positions) == list(self.subject_positions):
                 fast = self._suffix()
             elif fixed:
-                fast = self._fixed_suffix(batch, positions)
+                fast = self._fixed_forward(batch, positions)
         if fast is not None:
             return fast.hidden(delta)
+        if delta is None or self.hook_point is None:
+            return self.engine.batch_hidden(batch)
         with hooks(self.bundle.model, self.bundle.arch, {self.hook_point: self.delta_hook(delta, positions)}):
             return self.engine.batch_hidden(batch)
 
-    def _fixed_suffix(self, batch: TokenBatch, positions: Sequence[int]) -> SuffixForward | None:
-        """The suffix forward of a fixed side batch (built on its first run), read up to each continuation."""
+    def _fixed_forward(self, batch: TokenBatch,
+                       positions: Sequence[int]) -> SharedContextForward | SuffixForward | None:
+        """The fast forward of a fixed side batch (built on its first run), read up to each continuation: the
+        shared-context one where its rows continue one context, else (with δ) the suffix forward."""
         key = (id(batch), tuple(int(p) for p in positions))
         held = self._fixed.get(key)
         if held is None or held[0] is not batch:  # the batch object is kept, so its id is not reused meanwhile
             last = [c + n - 2 for c, n in zip(batch.context_lengths, batch.continuation_lengths, strict=True)]
-            held = (batch, SuffixForward.build(self.engine, batch, positions, self.hook_point, last) or False)
+            fast = SharedContextForward.build(self.engine, batch, self.hook_point, positions, last)
+            if fast is None and self.hook_point is not None:
+                fast = SuffixForward.build(self.engine, batch, positions, self.hook_point, last)
+            held = (batch, fast or False)
             self._fixed[key] = held
         return held[1] or None
 

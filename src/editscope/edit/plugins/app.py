@@ -202,9 +202,12 @@ class AppTerm:
             answers = correct + hard
             batch, pre = None, torch.zeros(0)  # host: empty placeholder
             if answers:
+                # P's log-probs from the forward that computes P' at every step, with δ = 0: L2 and L3 are then
+                # exactly 0 at δ = 0, and their hinges do not switch on rounding noise (fast vs full forward).
                 batch = ctx.engine.prepare([(text, a) for a in answers])
-                pre = continuation_logprobs(ctx.engine, batch, ctx.run(batch, positions * len(answers), None),
-                                            self.hp.logprob).detach()
+                zero = None if ctx.v_init is None else torch.zeros_like(ctx.v_init, dtype=torch.float32)
+                hidden = ctx.run(batch, positions * len(answers), zero, fixed=True)
+                pre = continuation_logprobs(ctx.engine, batch, hidden, self.hp.logprob).detach()
         ctx.store[self.name] = AppState(correct, hard, batch, positions * len(answers), pre, dropped)
 
     def parts(self, state: AppState, post: torch.Tensor) -> dict[str, torch.Tensor]:
