@@ -131,7 +131,7 @@ CAPITAL = EditRequest("{} is the capital of", "Paris", "Japan", correct_answers=
                       hard_false=("Germany", "Spain", "the United Kingdom"))  # one-token subject: δ at position 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gptj", "gemma3"])
 @pytest.mark.parametrize(("point", "request_"), [(f"blocks.{LAYER}.mlp_out", REQUEST),
                                                  (f"blocks.{LAYER}.resid_post", REQUEST),
                                                  (f"blocks.{LAYER}.mlp_out", CAPITAL)])

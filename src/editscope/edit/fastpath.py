@@ -226,7 +226,6 @@ class SharedContextForward:
         else:
             self.start, self.fold = start_block(hook_point, engine.n_layers)  # type: ignore[misc]
             p = int(position)
-        self.m, self.p = m, p
         counts = [int(e) - m + 1 for e in last_read]  # continuation positions each row runs (0: none)
         if min(counts) < 0:
             raise ValueError(f"last read positions {list(last_read)} before the context's end {m - 1}")
