@@ -12,7 +12,7 @@ from editscope.run.runner import timing_free
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-CONFIG = {"model": "tiny-llama", "seed": 0, "output": "unused",
+CONFIG = {"model": "tiny-llama", "seed": 0, "output": "unused", "save_patches": True,
           "methods": [{"name": "rome", "overrides": {"v_steps": 2}}],
           "dataset": "counterfact", "slice": {"offset": 0, "limit": 4}, "suites": ["counterfact"]}
 
@@ -38,3 +38,7 @@ def test_ray_rows_equal_in_process(tmp_path, tiny_llama):
     remote = [timing_free(r) for r in read_results(tmp_path / "ray" / "results.jsonl")]
     assert result.written == len(local) == 4 and again.written == 0
     assert remote == local
+    # the actors save their patches into the run's folder, as the in-process run does
+    saved = {d: sorted(p.relative_to(tmp_path / d) for p in (tmp_path / d / "patches").rglob("*.safetensors"))
+             for d in ("local", "ray")}
+    assert len(saved["local"]) == 4 and saved["ray"] == saved["local"]

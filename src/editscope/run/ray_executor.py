@@ -38,13 +38,15 @@ def _ray():
 class _GroupWorker:
     """One actor: a Runner on its own copy of the model, executing whole groups."""
 
-    def __init__(self, config, limit: int | None, threads: int, suite_factories) -> None:
+    def __init__(self, config, out_dir: str, limit: int | None, threads: int, suite_factories) -> None:
         import torch
 
         from editscope.lm.engine import ScoringEngine
 
         torch.set_num_threads(threads)
-        self.runner = Runner(config, out_dir="unused", limit=limit, progress=False, log=lambda _msg: None,
+        # The driver's output directory: the actor writes only the patches of ``save_patches`` there (the driver
+        # holds the lock and appends the rows); on a cluster it must be a path every node shares.
+        self.runner = Runner(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
                              suite_factories=suite_factories)
         self.blocks, self.editors, self.hparams = self.runner._prepare()
         self.engine = ScoringEngine(self.runner.bundle)
@@ -81,7 +83,7 @@ class RayRunner(Runner):
         device = self.bundle.device.type
         config = dataclasses.replace(self.config, device=device)
         remote = ray.remote(num_cpus=self.threads, num_gpus=1 if device == "cuda" else 0)(_GroupWorker)
-        actors = [remote.remote(config, self.limit, self.threads, self.suite_factories)
+        actors = [remote.remote(config, str(self.out_dir.resolve()), self.limit, self.threads, self.suite_factories)
                   for _ in range(min(self.workers, len(tasks)))]
         for actor in actors:  # the same weights as the driver's, or rows would mix models
             fingerprint = ray.get(actor.fingerprint.remote())
