@@ -103,6 +103,59 @@ def test_ig_suffix_path_equals_whole_prompt_rows(tiny):
     np.testing.assert_allclose(one_layer, whole, rtol=0, atol=1e-5 * scale)
 
 
+MLP_OF = {"llama": lambda m, layer: m.model.layers[layer].mlp, "gpt2": lambda m, layer: m.transformer.h[layer].mlp}
+
+
+@pytest.mark.parametrize("family", sorted(MLP_OF))
+def test_window_restorations_equal_plain_hooked_runs(tiny_bundles, family):
+    """Batched window restorations above layer 0 (and one at the last layer) equal a plain full forward per noise
+    sample with torch hooks on the MLP modules: no editscope hook, no batching."""
+    engine = ScoringEngine(tiny_bundles[family])
+    model, n_layers = engine.model, engine.bundle.n_layers
+    prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
+    tracer = CausalTracer(engine, prompt, samples=3, seed=5)
+    subject_last = prompt.subject_span[1] - 1
+    patterns = [[(f"blocks.{layer}.mlp_out", subject_last) for layer in window_layers(centre, 3, n_layers)]
+                for centre in range(n_layers)] + [[(f"blocks.{n_layers - 1}.mlp_out", len(prompt.ids) - 1)]]
+    ids = torch.tensor([prompt.ids])
+    clean_out = {}
+    handles = [MLP_OF[family](model, layer).register_forward_hook(
+        lambda _m, _a, out, layer=layer: clean_out.__setitem__(layer, out[0].detach().clone()))
+        for layer in range(n_layers)]
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    start, end = prompt.subject_span
+    clean_embeds = model.get_input_embeddings()(ids)[0].detach()
+    naive = []
+    for pattern in patterns:
+        restore = {int(name.split(".")[1]): token for name, token in pattern}
+
+        def put_back(out, layer, token):
+            out = out.clone()
+            out[0, token] = clean_out[layer][token]
+            return out
+
+        handles = [MLP_OF[family](model, layer).register_forward_hook(
+            lambda _m, _a, out, layer=layer, token=token: put_back(out, layer, token))
+            for layer, token in restore.items()]
+        try:
+            probs = []
+            for s in range(tracer.samples):
+                embeds = clean_embeds.clone()
+                embeds[start:end] += tracer.noise[s]
+                probs.append(_prob_from_embeds(engine, embeds, prompt.answer_id))
+        finally:
+            for h in handles:
+                h.remove()
+        naive.append(np.mean(probs))
+    np.testing.assert_allclose(tracer.restored_probs(patterns), naive, rtol=1e-4, atol=1e-7)
+    assert len(set(np.round(np.log(naive), 4))) > 3  # the restorations differ, so each is checked
+
+
 def test_trace_batched_restorations_equal_one_at_a_time():
     from editscope.lm import load
 
