@@ -13,7 +13,8 @@ import torch
 from editscope.cli import main
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
-from editscope.edit.fastpath import SharedContextForward
+from editscope.edit.context import subject_last_token_index
+from editscope.edit.fastpath import SharedContextForward, SuffixForward
 from editscope.edit.objectives import VContext, VStep, build_context, setup_terms
 from editscope.edit.plugins import PLUGINS
 from editscope.edit.plugins.app import (
@@ -129,12 +130,15 @@ def test_term_equals_an_independent_computation(tiny_bundles, mode):
 
 CAPITAL = EditRequest("{} is the capital of", "Paris", "Japan", correct_answers=("France", "the French Republic"),
                       hard_false=("Germany", "Spain", "the United Kingdom"))  # one-token subject: δ at position 0
+SINGLE = EditRequest(REQUEST.prompt, REQUEST.subject, "Japan", correct_answers=("France", "Greece"),
+                     hard_false=("Iraq", "Spain"))  # one-token answers: nothing after the prompt to run
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gptj", "gemma3"])
 @pytest.mark.parametrize(("point", "request_"), [(f"blocks.{LAYER}.mlp_out", REQUEST),
                                                  (f"blocks.{LAYER}.resid_post", REQUEST),
-                                                 (f"blocks.{LAYER}.mlp_out", CAPITAL)])
+                                                 (f"blocks.{LAYER}.mlp_out", CAPITAL),
+                                                 (f"blocks.{LAYER}.mlp_out", SINGLE)])
 def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, arch, point, request_):
     """APP's answers share the prompt: each step runs it once, from the edited block and the subject on, then the
     answers (``ctx.run(..., fixed=True)``); the term and its δ-gradient equal the full forward's at every step."""
@@ -163,10 +167,34 @@ def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, arch,
         assert torch.allclose(g_fast, g_full, rtol=1e-4, atol=1e-6)
 
 
+def test_side_batch_with_different_contexts_takes_the_suffix_forward(tiny_bundles):
+    """Rows that do not share their context fall back to the per-row suffix forward: equal to the full forward
+    at every position up to each row's last continuation token's predecessor."""
+    engine = ScoringEngine(tiny_bundles["llama"])
+    ctx = build_context(engine, REQUEST, ["{}"], f"blocks.{LAYER}.mlp_out")
+    prefixed = "A short prefix. " + REQUEST.prompt
+    batch = engine.prepare([(REQUEST.text, "France"), (prefixed.format(REQUEST.subject), "Greece and Syria")])
+    positions = [subject_last_token_index(engine, REQUEST.prompt, REQUEST.subject),
+                 subject_last_token_index(engine, prefixed, REQUEST.subject)]
+    assert positions[0] != positions[1]
+    delta = torch.randn(engine.model.config.hidden_size, generator=torch.Generator().manual_seed(3)) * 3.0
+    fast = ctx.run(batch, positions, delta, fixed=True)
+    assert [type(held[1]) for held in ctx._fixed.values()] == [SuffixForward]
+    engine.objective_path = "full"
+    try:
+        full = ctx.run(batch, positions, delta)
+    finally:
+        engine.objective_path = "fast"
+    for r, (c, n) in enumerate(zip(batch.context_lengths, batch.continuation_lengths, strict=True)):
+        assert torch.allclose(fast[r, : c + n - 1], full[r, : c + n - 1], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(full, ctx.run(batch, positions, None), atol=1e-3)  # δ acts
+
+
 @pytest.mark.parametrize("path", ["full", "fast"])
 def test_l2_and_l3_are_exactly_zero_before_the_first_step(tiny_bundles, path):
     """P is read by the forward that reads P' (with δ = 0), so at δ = 0 the hinges of L2/L3 sit exactly at 0 and
-    give no gradient: rounding differences between two forwards cannot switch them on."""
+    give no gradient: rounding differences between two forwards cannot switch them on (the fast path is the case
+    that needs it; on the full path both reads are one forward anyway)."""
     engine = ScoringEngine(tiny_bundles["llama"])
     engine.objective_path = path
     try:

@@ -108,8 +108,9 @@ MLP_OF = {"llama": lambda m, layer: m.model.layers[layer].mlp, "gpt2": lambda m,
 
 @pytest.mark.parametrize("family", sorted(MLP_OF))
 def test_window_restorations_equal_plain_hooked_runs(tiny_bundles, family):
-    """Batched window restorations above layer 0 (and one at the last layer) equal a plain full forward per noise
-    sample with torch hooks on the MLP modules: no editscope hook, no batching."""
+    """Batched window restorations (a window of 3 MLPs at the subject's last token centred on every layer, and one
+    MLP at the last token) equal a plain full forward per noise sample with torch hooks on the MLP modules: no
+    editscope hook, no batching."""
     engine = ScoringEngine(tiny_bundles[family])
     model, n_layers = engine.model, engine.bundle.n_layers
     prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
@@ -117,7 +118,7 @@ def test_window_restorations_equal_plain_hooked_runs(tiny_bundles, family):
     subject_last = prompt.subject_span[1] - 1
     patterns = [[(f"blocks.{layer}.mlp_out", subject_last) for layer in window_layers(centre, 3, n_layers)]
                 for centre in range(n_layers)] + [[(f"blocks.{n_layers - 1}.mlp_out", len(prompt.ids) - 1)]]
-    ids = torch.tensor([prompt.ids])
+    ids = torch.tensor([prompt.ids], device=engine.bundle.device)
     clean_out = {}
     handles = [MLP_OF[family](model, layer).register_forward_hook(
         lambda _m, _a, out, layer=layer: clean_out.__setitem__(layer, out[0].detach().clone()))

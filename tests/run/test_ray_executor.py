@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.runner import timing_free
@@ -42,3 +43,6 @@ def test_ray_rows_equal_in_process(tmp_path, tiny_llama):
     saved = {d: sorted(p.relative_to(tmp_path / d) for p in (tmp_path / d / "patches").rglob("*.safetensors"))
              for d in ("local", "ray")}
     assert len(saved["local"]) == 4 and saved["ray"] == saved["local"]
+    for rel in saved["local"]:
+        here, there = load_file(tmp_path / "local" / rel), load_file(tmp_path / "ray" / rel)
+        assert here.keys() == there.keys() and all(torch.equal(here[k], there[k]) for k in here)

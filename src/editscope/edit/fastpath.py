@@ -213,8 +213,9 @@ class SharedContextForward:
     no δ) p = S = 0: the whole context runs once per step, then the continuations.
 
     :meth:`hidden` returns [B, T, d]: exact (to float rounding) at positions p .. ``last_read[r]``, the unedited
-    states elsewhere. Build with :meth:`build`; None there means the rows do not share their context, or only
-    the full forward is exact (sliding window, hook point outside the blocks)."""
+    states elsewhere. Build with :meth:`build`; None there means the rows do not share their context (or carry
+    ``context_embeds``), δ is not at one position inside the context, or only the full forward is exact (sliding
+    window, hook point outside the blocks)."""
 
     def __init__(self, engine: ScoringEngine, batch: TokenBatch, hook_point: str | None, position: int,
                  last_read: Sequence[int]) -> None:
@@ -238,16 +239,20 @@ class SharedContextForward:
         cache = DynamicCache()
         entry = f"blocks.{self.start}.resid_pre"
         try:
-            with torch.no_grad(), capture(engine.model, engine.arch, [entry]) as store:
+            with torch.no_grad(), capture(engine.model, engine.arch, [entry] if hook_point else []) as store:
                 self.base_hidden = engine.batch_hidden(batch, cache=cache).detach()
         finally:
             recorder.remove()
         self.as_tuple = outputs[0]
         kv = [(k[:1], v[:1]) for k, v, *_ in cache]  # row 0's: the context is every row's
-        self.prefix_kv = [(k[..., :p, :], v[..., :p, :]) for k, v in kv]
-        self.below_kv = [(k[..., :m, :], v[..., :m, :]) for k, v in kv[: self.start]]  # never read: lengths only
-        states = store[entry]
-        self.tail_entry = states[:1, p:m]
+        # copies, not views, so the whole batch's cache is freed after this
+        self.prefix_kv = [(k[..., :p, :].clone(), v[..., :p, :].clone()) for k, v in kv]
+        self.below_kv = [(k[..., :m, :].clone(), v[..., :m, :].clone())
+                         for k, v in kv[: self.start]]  # never read: lengths only
+        # block S's unedited input (with a hook point; FT runs from the embeddings): the tail's (a copy, as a view
+        # would keep every row's states alive) and, below, the continuation tokens'
+        states = store[entry] if hook_point is not None else None
+        self.tail_entry = states[:1, p:m].clone() if states is not None else None
         device = batch.input_ids.device
         self.tail_ids = batch.input_ids[:1, p:m]
         self.tail_pos = torch.arange(p, m, device=device)[None]
@@ -269,7 +274,7 @@ class SharedContextForward:
                                                                                 device=device).tril()
             offset += n
         self.ids, self.position_ids = batch.input_ids[rows, cols][None], cols[None]
-        self.entry = states[rows, cols][None]  # block S's unedited input at the continuation tokens [1, total, d]
+        self.entry = states[rows, cols][None] if states is not None else None  # [1, total, d]
         self.mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)[None, None]
         self.targets = (rows, cols)

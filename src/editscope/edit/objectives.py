@@ -61,7 +61,10 @@ class VContext:
     store: dict = field(default_factory=dict)
     #: the main batch's suffix forward (edit.fastpath), built on its first run with δ; False: full forward only
     _fast: SuffixForward | bool | None = field(default=None, repr=False)
-    #: suffix forwards of other batches run with ``fixed=True``: id(batch) -> (batch, positions, forward or False)
+    #: side batches run with ``fixed=True`` may take a fast forward whose rows are not the batch's (the shared
+    #: context once, answers packed); False for a caller that reads per-row states of every forward (MEND)
+    fast_side_batches: bool = True
+    #: fast forwards of side batches: (id(batch), positions) -> (batch, forward or False)
     _fixed: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -124,15 +127,16 @@ class VContext:
         positions δ can reach, up to each row's :attr:`last_read` position, are computed per call
         (:mod:`editscope.edit.fastpath`); the others come from one unedited forward (after :attr:`last_read`:
         the unedited states). ``fixed=True`` asks the same for another batch that the caller runs with the same
-        ``positions`` at every step and reads only to score its continuations (APP's answers): exact up to each
-        row's last continuation token's predecessor; rows that continue one context compute it once per step
-        (:class:`~editscope.edit.fastpath.SharedContextForward`, also for FT's trained weights). Any other batch
-        takes a full forward."""
+        ``positions`` at every step (the same batch object: its fast forward is built once) and reads only to
+        score its continuations (APP's answers): exact up to each row's last continuation token's predecessor;
+        rows that continue one context compute it once per step (:class:`~editscope.edit.fastpath.
+        SharedContextForward`, also for FT's trained weights; not with ``fast_side_batches=False``). Any other
+        batch takes a full forward."""
         fast = None
         if self.engine.objective_path == "fast" and (delta is None) == (self.hook_point is None):
             if batch is self.batch and list(positions) == list(self.subject_positions):
                 fast = self._suffix()
-            elif fixed:
+            elif fixed and self.fast_side_batches:
                 fast = self._fixed_forward(batch, positions)
         if fast is not None:
             return fast.hidden(delta)

@@ -131,7 +131,9 @@ def loss_factors(bundle, engine: ScoringEngine, request: EditRequest, layers: Se
     """u_i, δ_i per edited layer of L = L_e + Σ terms at the unedited weights (module docstring), over every
     forward the loss runs; rows where u or δ is all zero (padding, positions no loss reads) are left out. Returns
     them and each term's value."""
-    ctx = VContext(engine, bundle, request, None, engine.prepare([(request.text, request.target_new)]), [], 1)
+    # every forward's rows as they are: the factors are per row, and MEND's networks are not linear in them
+    ctx = VContext(engine, bundle, request, None, engine.prepare([(request.text, request.target_new)]), [], 1,
+                   fast_side_batches=False)
     setup_terms(ctx, terms)
     seen: dict[str, list[torch.Tensor]] = {}
 

@@ -27,8 +27,9 @@ are used (paper Fig. 4's k; ``k`` sets both). PEAK's reference code uses the pub
 Cost: one extra batched forward per optimisation step holding every APP answer after the bare prompt, with
 δ added at the subject's last token (``VContext.run``), as the reference code (which appends these rows to its
 main batch). On the fast objective path that forward runs, like the main batch's, only from the edited block
-and the subject's last token on (``fixed=True``; :mod:`editscope.edit.fastpath`). With FT, ``ctx.run`` runs
-the weights being trained (a full forward).
+and the subject's last token on, with the prompt computed once for all answers (``fixed=True``;
+:class:`~editscope.edit.fastpath.SharedContextForward`). With FT, ``ctx.run`` runs the weights being trained, the
+same way over all blocks; with MEND (whose gradient factors are per row) a full forward.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class AppTerm:
                 # P's log-probs from the forward that computes P' at every step, with δ = 0: L2 and L3 are then
                 # exactly 0 at δ = 0, and their hinges do not switch on rounding noise (fast vs full forward).
                 batch = ctx.engine.prepare([(text, a) for a in answers])
-                zero = None if ctx.v_init is None else torch.zeros_like(ctx.v_init, dtype=torch.float32)
+                zero = None if ctx.hook_point is None else torch.zeros(ctx.bundle.hidden_size, device=ctx.bundle.device)
                 hidden = ctx.run(batch, positions * len(answers), zero, fixed=True)
                 pre = continuation_logprobs(ctx.engine, batch, hidden, self.hp.logprob).detach()
         ctx.store[self.name] = AppState(correct, hard, batch, positions * len(answers), pre, dropped)
