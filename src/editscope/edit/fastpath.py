@@ -83,6 +83,28 @@ def start_block(hook_point: str, n_layers: int) -> tuple[int, bool] | None:
     return layer, False
 
 
+def _unedited_forward(engine: ScoringEngine, batch: TokenBatch, entries: Sequence[str],
+                      cache: DynamicCache | None) -> tuple[torch.Tensor, bool, dict]:
+    """One no-grad forward of ``batch`` without δ: its final states, whether blocks return tuples (the form a
+    pass-through must mimic) and the states captured at ``entries``; ``cache`` is filled with every layer's
+    keys/values."""
+    blocks = engine.model.get_submodule(engine.arch.blocks)
+    outputs: list[bool] = []
+    recorder = blocks[0].register_forward_hook(lambda _m, _a, out: outputs.append(isinstance(out, tuple)))
+    try:
+        with torch.no_grad(), capture(engine.model, engine.arch, list(entries)) as store:
+            hidden = engine.batch_hidden(batch, cache=cache).detach()
+    finally:
+        recorder.remove()
+    return hidden, outputs[0], dict(store)
+
+
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean [B, Q, K] attention pattern as the additive [B, 1, Q, K] mask the models take."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+
+
 class SuffixForward:
     """The fixed part of one batch's forward (prefix keys/values, block S's input at the suffix, unedited final
     states) and the per-step forward of the suffixes through blocks S..n−1. Build with :meth:`build`; ``None``
@@ -101,17 +123,9 @@ class SuffixForward:
         self.prefix = max(starts)  # cached key/value length (row r uses the first starts[r] of them)
 
         # One unedited forward: prefix keys/values at every layer, block S's input, final states of all positions.
-        blocks = engine.model.get_submodule(engine.arch.blocks)
-        outputs: list[bool] = []
-        recorder = blocks[0].register_forward_hook(lambda _m, _a, out: outputs.append(isinstance(out, tuple)))
         cache = DynamicCache() if self.prefix else None  # full (non-sliding) layers: the mask sets the window
         entry = f"blocks.{self.start}.resid_pre"
-        try:
-            with torch.no_grad(), capture(engine.model, engine.arch, [entry]) as store:
-                self.base_hidden = engine.batch_hidden(batch, cache=cache).detach()
-        finally:
-            recorder.remove()
-        self.as_tuple = outputs[0]
+        self.base_hidden, self.as_tuple, store = _unedited_forward(engine, batch, [entry], cache)
         self.prefix_kv = [(k[..., : self.prefix, :], v[..., : self.prefix, :])
                           for k, v, *_ in cache] if cache is not None else []
 
@@ -137,9 +151,7 @@ class SuffixForward:
             allowed[r, :n, :p] = True
             allowed[r, :n, self.prefix:self.prefix + n] = causal[:n, :n]
             allowed[r, n:, self.prefix + n:] = torch.eye(width - n, dtype=torch.bool, device=device)  # sees itself
-        dtype = engine.model.dtype
-        self.mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min)[:, None]
+        self.mask = _additive_mask(allowed, engine.model.dtype)
         self.rows, self.cols = valid.nonzero(as_tuple=True)
         self.targets = (self.rows, self.position_ids[self.rows, self.cols])
 
@@ -233,17 +245,9 @@ class SharedContextForward:
         n_rows = len(counts)
 
         # One unedited forward of the batch: its final states, every layer's keys/values, block S's input.
-        blocks = engine.model.get_submodule(engine.arch.blocks)
-        outputs: list[bool] = []
-        recorder = blocks[0].register_forward_hook(lambda _m, _a, out: outputs.append(isinstance(out, tuple)))
         cache = DynamicCache()
         entry = f"blocks.{self.start}.resid_pre"
-        try:
-            with torch.no_grad(), capture(engine.model, engine.arch, [entry] if hook_point else []) as store:
-                self.base_hidden = engine.batch_hidden(batch, cache=cache).detach()
-        finally:
-            recorder.remove()
-        self.as_tuple = outputs[0]
+        self.base_hidden, self.as_tuple, store = _unedited_forward(engine, batch, [entry] if hook_point else [], cache)
         kv = [(k[:1], v[:1]) for k, v, *_ in cache]  # row 0's: the context is every row's
         # copies, not views, so the whole batch's cache is freed after this
         self.prefix_kv = [(k[..., :p, :].clone(), v[..., :p, :].clone()) for k, v in kv]
@@ -258,8 +262,7 @@ class SharedContextForward:
         self.tail_pos = torch.arange(p, m, device=device)[None]
         dtype = engine.model.dtype
         tail_allowed = torch.ones((m - p, m), dtype=torch.bool, device=device).tril(diagonal=p)
-        self.tail_mask = torch.zeros(tail_allowed.shape, dtype=dtype, device=device).masked_fill_(
-            ~tail_allowed, torch.finfo(dtype).min)[None, None]
+        self.tail_mask = _additive_mask(tail_allowed[None], dtype)
 
         # Every row's continuation tokens packed into one sequence (no padding): token j of row r sits at position
         # m + j and attends to the whole context and to row r's tokens up to j.
@@ -275,8 +278,7 @@ class SharedContextForward:
             offset += n
         self.ids, self.position_ids = batch.input_ids[rows, cols][None], cols[None]
         self.entry = states[rows, cols][None] if states is not None else None  # [1, total, d]
-        self.mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min)[None, None]
+        self.mask = _additive_mask(allowed[None], dtype)
         self.targets = (rows, cols)
         self.tail_targets = (torch.arange(n_rows, device=device).repeat_interleave(m - p),
                              torch.arange(p, m, device=device).repeat(n_rows))
