@@ -23,7 +23,7 @@ def engine():
 
 
 def test_bench_resumes_and_recomputes(engine, tmp_path):
-    kwargs = dict(methods=["activation", "random"], ks=[1, 10], n=3, recall="none")
+    kwargs = dict(methods=["activation", "random"], ks=[1, 10], n=3, recall="none", recall_r="none")
     metrics = run_bench(engine, tmp_path, **kwargs)
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 9  # 2 methods x 3 examples x 3 subsets
@@ -57,6 +57,15 @@ def test_bench_resumes_and_recomputes(engine, tmp_path):
 def test_bench_refuses_a_folder_of_another_run(engine, tmp_path):
     from editscope.errors import EditscopeError
 
-    run_bench(engine, tmp_path, methods=["random"], ks=[5], n=2, recall="none")
+    kwargs = dict(methods=["random"], ks=[5], recall="none", recall_r="none")
+    run_bench(engine, tmp_path, n=2, **kwargs)
     with pytest.raises(EditscopeError, match="field n"):
-        run_bench(engine, tmp_path, methods=["random"], ks=[5], n=3, recall="none")
+        run_bench(engine, tmp_path, n=3, **kwargs)
+    with pytest.raises(EditscopeError, match="field recall_r"):
+        run_bench(engine, tmp_path, n=2, **{**kwargs, "recall_r": "first"})
+    # a folder written before recall_r existed kept both facts of a KLoB-r pair: it resumes as recall_r="all"
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["recall_r"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EditscopeError, match="field recall_r: this folder holds a run with 'all'"):
+        run_bench(engine, tmp_path, n=2, **kwargs)

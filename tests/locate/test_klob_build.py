@@ -128,8 +128,16 @@ def test_recall_filter_keeps_exactly_the_recalled_facts(tiny_engine):
     pairs = [KlobExample("r", "r:0", "P19", (good[0], bad[0]), "t"),
              KlobExample("r", "r:1", "P19", (good[0], good[1]), "t"),
              KlobExample("u", "u:0", "-", (KlobPrompt("{} x", "y", None),), "t")]
+    pairs.append(KlobExample("r", "r:2", "P19", (bad[1], good[1]), "t"))
     assert [e.example_id for e in recall_filter(tiny_engine, pairs)] == ["r:1", "u:0"]
     assert [e.example_id for e in recall_filter(tiny_engine, pairs, limit=1)] == ["r:1"]
+    # mode_r: the single (first) fact, either fact, or no filter for KLoB-r; KLoB-c's mode does not touch KLoB-r
+    assert [e.example_id for e in recall_filter(tiny_engine, pairs, mode_r="first")] == ["r:0", "r:1", "u:0"]
+    assert [e.example_id for e in recall_filter(tiny_engine, pairs, mode_r="any")] == ["r:0", "r:1", "u:0", "r:2"]
+    assert [e.example_id for e in recall_filter(tiny_engine, pairs, mode="none")] == ["r:1", "u:0"]
+    assert len(recall_filter(tiny_engine, pairs, mode_r="none")) == 4
+    with pytest.raises(ValueError, match="mode_r"):
+        recall_filter(tiny_engine, pairs, mode_r="both")
 
 
 def test_recall_filter_few_shot_prefixes_same_template_demonstrations(tiny_engine):

@@ -30,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     klob.add_argument("--seed", type=int, default=0, help="order in which candidate examples are tried")
     klob.add_argument("--recall", default="any", choices=["any", "all", "first", "none"],
                       help="KLoB-c facts kept when the model recalls the answer in any/all/the first template "
-                      "(none: no recall filter)")
+                      "(none: no filter)")
+    klob.add_argument("--recall-r", default="all", choices=["all", "first", "any", "none"],
+                      help="KLoB-r pairs kept when the model recalls both facts (all, default), the single fact "
+                      "(first: the pair's entity is one the model knows), either (any), or no filter (none)")
     klob.add_argument("--shots", type=int, default=0, help="in-context demonstrations for the recall filter")
     klob.add_argument("--samples", type=int, default=None, help="causal-tracing noise samples (bench default 5)")
     klob.add_argument("--steps", type=int, default=None, help="integrated-gradient steps (bench default 10)")
@@ -51,7 +54,7 @@ def run_klob(args: argparse.Namespace) -> int:
         options["kn"] = {"steps": args.steps}
     engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype))
     metrics = run_bench(engine, args.out, methods=args.methods, ks=args.k, n=args.n, seed=args.seed,
-                        recall=args.recall, shots=args.shots, options=options,
+                        recall=args.recall, recall_r=args.recall_r, shots=args.shots, options=options,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(metrics), end="")
     print(f"(metrics.json, table.md, figure.png in {args.out})")

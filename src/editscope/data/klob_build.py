@@ -17,9 +17,10 @@
   greedy next token.
 
 :func:`recall_filter` keeps facts the model under test recalls, in every subset with facts (KLoB-c and KLoB-r; the
-paper used Llama-2-7b with 8 in-context demonstrations): the answer is recalled when every answer token is the
-greedy prediction after the prompt, optionally preceded by ``shots`` demonstrations (the same template about
-other subjects). :func:`format_counts` prints the kept examples per relation as the paper's Table 2.
+paper used Llama-2-7b with 8 in-context demonstrations; a KLoB-r pair needs both facts by default, or only its
+single fact, ``mode_r="first"``, for a small model that knows few chains): the answer is recalled when every
+answer token is the greedy prediction after the prompt, optionally preceded by ``shots`` demonstrations (the
+same template about other subjects). :func:`format_counts` prints the kept examples per relation as the paper's Table 2.
 """
 
 from __future__ import annotations
@@ -250,15 +251,24 @@ def demonstrations(pool: Iterable[KlobExample], shots: int) -> Callable[[KlobPro
     return pick
 
 
-def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any", shots: int = 0,
-                  limit: int | None = None, pool: Sequence[KlobExample] = (), chunk: int = 16) -> list[KlobExample]:
+RECALL_MODES = ("any", "all", "first", "none")
+_RULES: dict[str, Callable[[list[bool]], bool]] = {
+    "any": any, "all": all, "first": lambda got: got[0], "none": lambda _got: True}
+
+
+def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any", mode_r: str = "all",
+                  shots: int = 0, limit: int | None = None, pool: Sequence[KlobExample] = (),
+                  chunk: int = 16) -> list[KlobExample]:
     """Examples whose facts the model under test recalls (paper 001 §3.3's filter, with this model instead of
-    Llama-2-7b): KLoB-c needs ``mode`` ("any", "all", "first") of its templates; KLoB-r both of its facts (the
-    single fact and the one that shares its entity); KLoB-u passes; ``mode="none"`` keeps every example (no
-    filter). ``shots`` demonstrations per prompt come from ``pool`` (:func:`demonstrations`). Examples are
-    scored ``chunk`` at a time in one batch and kept in order; stops after ``limit`` kept examples."""
-    if mode not in ("any", "all", "first", "none"):
-        raise ValueError(f"mode must be 'any', 'all', 'first' or 'none', not {mode!r}")
+    Llama-2-7b): KLoB-c needs ``mode`` ("any", "all", "first") of its templates; KLoB-r ``mode_r`` of its two
+    facts ("all": both, the paper's reading; "first": the single fact, whose entity the second shares; "any");
+    KLoB-u passes; "none" keeps every example of that subset (no filter). ``shots`` demonstrations per prompt
+    come from ``pool`` (:func:`demonstrations`). Examples are scored ``chunk`` at a time in one batch and kept
+    in order; stops after ``limit`` kept examples."""
+    for name, value in (("mode", mode), ("mode_r", mode_r)):
+        if value not in RECALL_MODES:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, RECALL_MODES))}, not {value!r}")
+    rule = {"c": _RULES[mode], "r": _RULES[mode_r], "u": _RULES["none"]}
     pick = demonstrations(pool, shots)
     kept: list[KlobExample] = []
     todo = iter(examples)
@@ -266,15 +276,9 @@ def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any",
         batch = list(islice(todo, chunk))
         if not batch:
             break
-        tested = [e for e in batch if e.subset != "u" and mode != "none"]
+        tested = [e for e in batch if rule[e.subset] is not _RULES["none"]]
         hits = iter(recalled_many(engine, [(p, pick(p)) for e in tested for p in e.prompts]))
-        verdict = {}
-        for example in tested:
-            got = [next(hits) for _ in example.prompts]
-            if example.subset == "c":
-                verdict[example.example_id] = any(got) if mode == "any" else got[0] if mode == "first" else all(got)
-            else:
-                verdict[example.example_id] = all(got)
+        verdict = {e.example_id: rule[e.subset]([next(hits) for _ in e.prompts]) for e in tested}
         for example in batch:
             if verdict.get(example.example_id, True) and (limit is None or len(kept) < limit):
                 kept.append(example)

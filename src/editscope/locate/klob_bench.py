@@ -3,7 +3,7 @@ neuron scores on disk, and compute RSim (consistency on KLoB-c, relevance on KLo
 
 Layout of the output folder (resumable; every number in ``metrics.json`` is recomputed from it):
 
-- ``config.json``: model, fingerprint, methods and their options, recall filter, seed.
+- ``config.json``: model, fingerprint, methods and their options, recall filters (KLoB-c, KLoB-r), seed.
 - ``examples.jsonl``: the selected examples (after the recall filter), fixed at the first run; ``counts.md``
   their number per relation (paper 001 Table 2 layout), also printed.
 - ``scores/<method>/<subset>/<n>.npy``: float32 [n_prompts, layers, mlp] neuron scores of one example
@@ -67,15 +67,15 @@ def _example_from_json(row: dict) -> KlobExample:
                        tuple(KlobPrompt(**p) for p in row["prompts"]), row["source"])
 
 
-def select_examples(engine: ScoringEngine, n: int, *, seed: int = 0, recall: str = "any", shots: int = 0,
-                    progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[KlobExample]]:
+def select_examples(engine: ScoringEngine, n: int, *, seed: int = 0, recall: str = "any", recall_r: str = "all",
+                    shots: int = 0, progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[KlobExample]]:
     """``n`` examples per subset: a seeded shuffle of each, KLoB-c/-r through the recall filter."""
     sets = build_klob(u_limit=max(4 * n, 200))
     pool = sets["c"] + sets["r"]  # demonstrations: the same template about another subject, from either set
     out = {}
     for subset in SUBSETS:
-        out[subset] = recall_filter(engine, shuffled(sets[subset], seed), mode=recall, shots=shots, limit=n,
-                                    pool=pool)
+        out[subset] = recall_filter(engine, shuffled(sets[subset], seed), mode=recall, mode_r=recall_r,
+                                    shots=shots, limit=n, pool=pool)
         progress(f"KLoB-{subset}: {len(out[subset])} examples kept (of {len(sets[subset])} built)")
     return out
 
@@ -118,7 +118,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
-              n: int = 50, seed: int = 0, recall: str = "any", shots: int = 0,
+              n: int = 50, seed: int = 0, recall: str = "any", recall_r: str = "all", shots: int = 0,
               options: dict[str, dict[str, Any]] | None = None,
               progress: Callable[[str], None] = lambda _m: None) -> dict:
     """Run (or resume) the benchmark in ``out_dir`` and return the metrics (also written there)."""
@@ -131,9 +131,10 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
     with file_lock(out / ".lock", blocking=False, what="klob bench"):
         config_path = out / "config.json"
         config = {"model": engine.bundle.name, "fingerprint": engine.bundle.fingerprint, "n": n, "seed": seed,
-                  "recall": recall, "shots": shots}
+                  "recall": recall, "recall_r": recall_r, "shots": shots}
         if config_path.exists():
             old = json.loads(config_path.read_text())
+            old.setdefault("recall_r", "all")  # folders written before the option existed kept both facts
             for key, value in config.items():
                 if old.get(key) != value:
                     raise EditscopeError(f"{config_path}: field {key}: this folder holds a run with {old.get(key)!r}, "
@@ -146,7 +147,8 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
             rows = _read_jsonl(examples_path)
             examples = {s: [_example_from_json(r) for r in rows if r["subset"] == s] for s in SUBSETS}
         else:
-            examples = select_examples(engine, n, seed=seed, recall=recall, shots=shots, progress=progress)
+            examples = select_examples(engine, n, seed=seed, recall=recall, recall_r=recall_r, shots=shots,
+                                       progress=progress)
             atomic_write_text(examples_path, "".join(json.dumps(asdict(e)) + "\n"
                                                      for s in SUBSETS for e in examples[s]))
             atomic_write_text(out / "counts.md", counts_text(examples))
