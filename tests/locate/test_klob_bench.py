@@ -49,6 +49,12 @@ def test_bench_resumes_and_recomputes(engine, tmp_path):
     assert group_rsim(groups, 10) == pytest.approx(np.mean(naive))
     factual = [r for s in "cr" for g in scores[s] for r in g]
     assert metrics["methods"]["activation"]["rsd"] == pytest.approx(rsd(factual, [g[0] for g in scores["u"]]))
+    # the l1 scale by a plain loop: mean SD of each result over its L1 norm, factual vs KLoB-u
+    def mean_l1_sd(results):
+        return np.mean([np.std(r.ravel() / np.abs(r).sum()) for r in results])
+
+    naive_l1 = max(1 - mean_l1_sd([g[0] for g in scores["u"]]) / mean_l1_sd(factual), 0)
+    assert metrics["methods"]["activation"]["rsd_l1"] == pytest.approx(naive_l1)
     assert compute_metrics(tmp_path, [1, 10]) == metrics
     # the random baseline stays near zero
     assert metrics["methods"]["random"]["consistency"]["10"] < 0.1
@@ -69,3 +75,20 @@ def test_bench_refuses_a_folder_of_another_run(engine, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(EditscopeError, match="field recall_r: this folder holds a run with 'all'"):
         run_bench(engine, tmp_path, n=2, **kwargs)
+
+
+def test_groups_at_the_baseline_count_as_zero():
+    from editscope.locate.klob_bench import format_table, group_rsims
+
+    # 10 "neurons", k = 10% selects one; two groups pick neuron 0 like the pool mean (4/6 of the mass), one picks 5
+    def one_hot(i):
+        return np.eye(10)[i]
+
+    groups = [np.stack([one_hot(0), one_hot(0)]), np.stack([one_hot(0), one_hot(0)]), np.stack([one_hot(5)] * 2)]
+    # by hand: groups 0-1 have Sim_all = Sim_cand = 1 (RSim 0/0); group 2 has Sim_cand 1, Sim_all 0 -> RSim 1
+    assert group_rsims(groups, 10) == [None, None, 1.0]
+    assert group_rsim(groups, 10) == pytest.approx(1 / 3)
+    row = {"n": {"c": 3, "r": 0, "u": 0}, "consistency": {"10": 1 / 3}, "relevance": {"10": None}, "rsd": None,
+           "rsd_l1": None, "at_baseline": {"consistency": {"10": 2}, "relevance": {"10": 0}}}
+    table = format_table({"ks": [10], "methods": {"m": row}})
+    assert "| m | 0.333 [2] | – | – | – | 3/0/0 |" in table and "count as RSim 0" in table

@@ -57,6 +57,19 @@ def test_rsd_by_hand():
         rsd([[1, 1]], [[1, 2]])
 
 
+def test_rsd_l1_scale_by_hand():
+    # each result over its L1 norm: [1,3]/4 -> SD 0.25, [0,4]/4 -> 0.5; [2,2.5]/4.5 -> SD 0.25/4.5, [1,1.5]/2.5 -> 0.1
+    sd_n = (0.25 / 4.5 + 0.1) / 2
+    assert rsd([[1, 3], [0, 4]], [[2, 2.5], [1, 1.5]], scale="l1") == pytest.approx(1 - sd_n / 0.375)
+    # scale-free: nonfactual scores 100x larger change the paper's raw RSD (to 0) but not the l1 one
+    big = [[200, 250], [100, 150]]
+    assert rsd([[1, 3], [0, 4]], big) == 0.0
+    assert rsd([[1, 3], [0, 4]], big, scale="l1") == pytest.approx(1 - sd_n / 0.375)
+    assert rsd([[1, 3]], [[0, 0]], scale="l1") == 1.0  # an all-zero result is uniform
+    with pytest.raises(ValueError, match="^scale"):
+        rsd([[1, 3]], [[1, 2]], scale="max")
+
+
 @pytest.mark.parametrize(
     ("call", "name"),
     [

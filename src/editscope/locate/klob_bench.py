@@ -16,8 +16,10 @@ Layout of the output folder (resumable; every number in ``metrics.json`` is reco
 Metric conventions (see :mod:`editscope.metrics.klob`): scores are the methods' neuron scores as given (signed
 for kn / grad_x_act / causal_trace, |k| for activation); N = layers × mlp neurons, not all parameters (paper 001
 uses every parameter; locating methods here score neurons); Sim_all uses the paper's approximation, the top-k%
-of the mean score over all results of the subset (KLoB-c or KLoB-r sentences); RSim is averaged over examples;
-RSD compares the mean per-result std over KLoB-c and KLoB-r sentences with that over KLoB-u sentences.
+of the mean score over all results of the subset (KLoB-c or KLoB-r sentences); RSim is averaged over examples, an
+example whose every result selects exactly that baseline (Sim_all = 1: RSim is 0/0) counting as 0;
+RSD compares the mean per-result std over KLoB-c and KLoB-r sentences with that over KLoB-u sentences, on the
+scores as given (the paper) and with each result divided by its L1 norm (``rsd_l1``: concentration, not size).
 """
 
 from __future__ import annotations
@@ -199,42 +201,68 @@ def load_scores(out_dir: str | Path) -> dict[str, dict[str, list[np.ndarray]]]:
     return table
 
 
-def group_rsim(groups: Sequence[np.ndarray], k: float) -> float:
-    """Mean RSim over candidate groups (paper 001 §3.4, appendix A) with Sim_all approximated by the top-k% of
-    the mean score over every result of the subset."""
+def group_rsims(groups: Sequence[np.ndarray], k: float) -> list[float | None]:
+    """RSim of each candidate group (paper 001, §3.4 and appendix A) with Sim_all approximated by the top-k% of the
+    mean score over every result of the subset; None where every member selects exactly the pool mean's top-k%
+    (Sim_all = 1, hence Sim_cand = 1: RSim's formula is 0/0). Layer-level methods meet this often (causal tracing
+    scores all neurons of a layer alike, and a fact's top layer is often the pool's)."""
     pool_mean = np.mean([r for g in groups for r in g], axis=0)
-    return float(np.mean([rsim(sim_cand(list(g), k), sim_all(list(g), [pool_mean], k)) for g in groups]))
+    out: list[float | None] = []
+    for g in groups:
+        baseline = sim_all(list(g), [pool_mean], k)
+        out.append(None if baseline >= 1.0 else rsim(sim_cand(list(g), k), baseline))
+    return out
+
+
+def group_rsim(groups: Sequence[np.ndarray], k: float) -> float:
+    """Mean RSim over candidate groups; a group at the baseline (:func:`group_rsims`'s None) counts as 0: its
+    results are no more alike than the baseline, they *are* the baseline."""
+    return float(np.mean([v or 0.0 for v in group_rsims(groups, k)]))
 
 
 def compute_metrics(out_dir: str | Path, ks: Sequence[float]) -> dict:
-    """RSim (consistency, relevance) per k and RSD per method, from the files of a bench folder."""
+    """RSim (consistency, relevance) per k and RSD per method, from the files of a bench folder; ``at_baseline``
+    counts, per k, the groups whose Sim_all is 1 (RSim 0 by :func:`group_rsim`'s convention)."""
     metrics: dict[str, Any] = {"ks": list(ks), "methods": {}}
     for method, subsets in load_scores(out_dir).items():
-        row: dict[str, Any] = {"n": {s: len(subsets.get(s, [])) for s in SUBSETS}}
+        row: dict[str, Any] = {"n": {s: len(subsets.get(s, [])) for s in SUBSETS}, "at_baseline": {}}
         for name, subset in (("consistency", "c"), ("relevance", "r")):
             groups = subsets.get(subset, [])
-            row[name] = {str(k): group_rsim(groups, k) if len(groups) >= 2 else None for k in ks}
+            row[name], row["at_baseline"][name] = {}, {}
+            for k in ks:
+                values = group_rsims(groups, k) if len(groups) >= 2 else []
+                row[name][str(k)] = float(np.mean([v or 0.0 for v in values])) if values else None
+                row["at_baseline"][name][str(k)] = values.count(None)
         factual = [r for s in ("c", "r") for g in subsets.get(s, []) for r in g]
         nonfactual = [r for g in subsets.get("u", []) for r in g]
-        # RSD divides by SD_factual: undefined when every factual result is flat
+        # RSD divides by SD_factual: undefined when every factual result is flat (on either scale)
         defined = factual and nonfactual and np.mean([np.std(r) for r in factual]) > 0
         row["rsd"] = rsd(factual, nonfactual) if defined else None
+        row["rsd_l1"] = rsd(factual, nonfactual, scale="l1") if defined else None
         metrics["methods"][method] = row
     return metrics
 
 
 def format_table(metrics: dict) -> str:
-    """Markdown: RSim (consistency) and RSim (relevance) per k, and RSD, one row per method."""
+    """Markdown: RSim (consistency) and RSim (relevance) per k, and RSD (the paper's raw scores, and each result
+    L1-normalised), one row per method; "[n]" after an RSim marks n groups at the baseline (Sim_all = 1, counted
+    as 0)."""
     ks = metrics["ks"]
-    head = ["method"] + [f"RSim-c k={k}%" for k in ks] + [f"RSim-r k={k}%" for k in ks] + ["RSD", "n (c/r/u)"]
+    head = (["method"] + [f"RSim-c k={k}%" for k in ks] + [f"RSim-r k={k}%" for k in ks]
+            + ["RSD", "RSD (l1)", "n (c/r/u)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for method, row in metrics["methods"].items():
-        def cell(v):
-            return "–" if v is None else f"{v:.3f}"
 
-        cells = [method] + [cell(row["consistency"][str(k)]) for k in ks] + [cell(row["relevance"][str(k)]) for k in ks]
-        cells += [cell(row["rsd"]), "/".join(str(row["n"][s]) for s in SUBSETS)]
+    def cell(v, at_baseline=0):
+        return "–" if v is None else f"{v:.3f}" + (f" [{at_baseline}]" if at_baseline else "")
+
+    for method, row in metrics["methods"].items():
+        cells = [method] + [cell(row[name][str(k)], row["at_baseline"][name][str(k)])
+                            for name in ("consistency", "relevance") for k in ks]
+        cells += [cell(row["rsd"]), cell(row["rsd_l1"]), "/".join(str(row["n"][s]) for s in SUBSETS)]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(n for row in metrics["methods"].values() for per_k in row["at_baseline"].values() for n in per_k.values()):
+        lines.append("\n[n]: n groups select exactly the top-k% of the subset's mean score (Sim_all = 1, where RSim is "
+                     "0/0); they count as RSim 0.")
     return "\n".join(lines) + "\n"
 
 
@@ -257,9 +285,13 @@ def plot_metrics(metrics: dict, path: str | Path) -> Path:
         ax.set_ylabel("RSim")
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
-    rsds = [metrics["methods"][m]["rsd"] for m in methods]
-    axes[2].bar(methods, [np.nan if v is None else v for v in rsds], color="grey")
+    x = np.arange(len(methods))
+    for offset, key, label, colour in ((-0.2, "rsd", "raw (paper)", "grey"), (0.2, "rsd_l1", "l1", "tab:blue")):
+        values = [metrics["methods"][m].get(key) for m in methods]
+        axes[2].bar(x + offset, [np.nan if v is None else v for v in values], width=0.4, color=colour, label=label)
+    axes[2].set_xticks(x, methods)
     axes[2].set_title("RSD (KLoB-u vs factual)", fontsize=10)
+    axes[2].legend(fontsize=8)
     axes[2].tick_params(axis="x", rotation=30)
     axes[0].legend(fontsize=8)
     fig.tight_layout()

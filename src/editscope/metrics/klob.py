@@ -12,7 +12,7 @@ Choices where the paper is silent (documented so results are reproducible):
 * Sim_all for a *group* of candidate results (e.g. the three sentences of a KLoB-c example) is the mean
   of Sim_all over the group's members.
 * SD is the population standard deviation (``ddof=0``) of all scores of one result, no normalisation
-  across sentences.
+  across sentences (the paper's reading; :func:`rsd`'s ``scale="l1"`` divides each result by its L1 norm first).
 """
 
 from __future__ import annotations
@@ -198,15 +198,30 @@ def rsd_from_sd(sd_factual: float, sd_nonfactual: float) -> float:
     return float(max(1.0 - vals[1] / vals[0], 0.0))
 
 
-def rsd(factual: Sequence[ArrayLike], nonfactual: Sequence[ArrayLike]) -> float:
+def _sd(result: np.ndarray, scale: str) -> float:
+    if scale == "l1":
+        total = float(np.abs(result).sum())
+        return float(np.std(result / total)) if total > 0 else 0.0
+    return float(np.std(result))
+
+
+def rsd(factual: Sequence[ArrayLike], nonfactual: Sequence[ArrayLike], *,
+        scale: Literal["raw", "l1"] = "raw") -> float:
     """RSD from localization results (paper 001, section 3.4).
 
     ``SD_factual`` is the mean, over the results of sentences with factual knowledge (KLoB-c and
     KLoB-r), of the standard deviation of each result's scores; ``SD_nonfactual`` the same over the
     KLoB-u results. Then :func:`rsd_from_sd`.
+
+    ``scale``: ``"raw"`` (the paper) takes each result's scores as given; ``"l1"`` first divides each result by
+    the sum of its absolute scores (an all-zero result keeps SD 0), so the SD measures how concentrated a result
+    is, not how large its scores are. Scores in probability or gradient units shrink with the answer's
+    probability, and a sentence whose answer is merely less likely then looks "uniform" on the raw scale.
     """
+    if scale not in ("raw", "l1"):
+        raise fail("scale", f"must be 'raw' or 'l1', got {scale!r}")
     fact = as_sequence(factual, "factual")
     non = as_sequence(nonfactual, "nonfactual")
-    sd_f = float(np.mean([np.std(_result(r, f"factual[{i}]")) for i, r in enumerate(fact)]))
-    sd_n = float(np.mean([np.std(_result(r, f"nonfactual[{i}]")) for i, r in enumerate(non)]))
+    sd_f = float(np.mean([_sd(_result(r, f"factual[{i}]"), scale) for i, r in enumerate(fact)]))
+    sd_n = float(np.mean([_sd(_result(r, f"nonfactual[{i}]"), scale) for i, r in enumerate(non)]))
     return rsd_from_sd(sd_f, sd_n)
