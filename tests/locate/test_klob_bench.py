@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -69,16 +70,20 @@ def test_bench_refuses_a_folder_of_another_run(engine, tmp_path):
         run_bench(engine, tmp_path, n=3, **kwargs)
     with pytest.raises(EditscopeError, match="field recall_r"):
         run_bench(engine, tmp_path, n=2, **{**kwargs, "recall_r": "first"})
-    # a folder written before recall_r existed kept both facts of a KLoB-r pair: it resumes as recall_r="all"
+    # a folder written before recall_r existed: --recall none lifted KLoB-r's filter too, so it resumes as "none"
     config = json.loads((tmp_path / "config.json").read_text())
     del config["recall_r"]
     (tmp_path / "config.json").write_text(json.dumps(config))
+    run_bench(engine, tmp_path, n=2, **kwargs)
+    assert json.loads((tmp_path / "config.json").read_text())["recall_r"] == "none"
+    # ... while any other --recall kept both facts of a pair: "all" (config still lacks recall_r)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "recall": "any"}))
     with pytest.raises(EditscopeError, match="field recall_r: this folder holds a run with 'all'"):
-        run_bench(engine, tmp_path, n=2, **kwargs)
+        run_bench(engine, tmp_path, n=2, **{**kwargs, "recall": "any"})
 
 
-def test_groups_at_the_baseline_count_as_zero():
-    from editscope.locate.klob_bench import format_table, group_rsims
+def test_groups_at_the_baseline_count_as_zero(tmp_path):
+    from editscope.locate.klob_bench import _npy_bytes, format_table, group_rsims
 
     # 10 "neurons", k = 10% selects one; two groups pick neuron 0 like the pool mean (4/6 of the mass), one picks 5
     def one_hot(i):
@@ -88,7 +93,17 @@ def test_groups_at_the_baseline_count_as_zero():
     # by hand: groups 0-1 have Sim_all = Sim_cand = 1 (RSim 0/0); group 2 has Sim_cand 1, Sim_all 0 -> RSim 1
     assert group_rsims(groups, 10) == [None, None, 1.0]
     assert group_rsim(groups, 10) == pytest.approx(1 / 3)
-    row = {"n": {"c": 3, "r": 0, "u": 0}, "consistency": {"10": 1 / 3}, "relevance": {"10": None}, "rsd": None,
-           "rsd_l1": None, "at_baseline": {"consistency": {"10": 2}, "relevance": {"10": 0}}}
-    table = format_table({"ks": [10], "methods": {"m": row}})
+    # the same groups as a bench folder's KLoB-c score files: compute_metrics counts the two groups at the baseline
+    rows = []
+    for i, g in enumerate(groups):
+        data = _npy_bytes(g.astype(np.float32))
+        (tmp_path / f"c{i}.npy").write_bytes(data)
+        rows.append({"subset": "c", "example_id": f"c:{i}", "method": "m", "file": f"c{i}.npy",
+                     "sha256": hashlib.sha256(data).hexdigest()})
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = compute_metrics(tmp_path, [10])
+    row = metrics["methods"]["m"]
+    assert row["consistency"]["10"] == pytest.approx(1 / 3) and row["at_baseline"]["consistency"]["10"] == 2
+    assert row["relevance"]["10"] is None and row["rsd"] is None
+    table = format_table(metrics)
     assert "| m | 0.333 [2] | – | – | – | 3/0/0 |" in table and "count as RSim 0" in table

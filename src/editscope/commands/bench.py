@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     klob.add_argument("--seed", type=int, default=0, help="order in which candidate examples are tried")
     klob.add_argument("--recall", default="any", choices=["any", "all", "first", "none"],
                       help="KLoB-c facts kept when the model recalls the answer in any/all/the first template "
-                      "(none: no filter)")
+                      "(none: no KLoB-c filter; --recall-r none lifts KLoB-r's)")
     klob.add_argument("--recall-r", default="all", choices=["all", "first", "any", "none"],
                       help="KLoB-r pairs kept when the model recalls both facts (all, default), the single fact "
                       "(first: the pair's entity is one the model knows), either (any), or no filter (none)")

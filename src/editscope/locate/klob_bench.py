@@ -136,7 +136,8 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
                   "recall": recall, "recall_r": recall_r, "shots": shots}
         if config_path.exists():
             old = json.loads(config_path.read_text())
-            old.setdefault("recall_r", "all")  # folders written before the option existed kept both facts
+            # folders written before the option existed: KLoB-r needed both facts, unless --recall none (no filter)
+            old.setdefault("recall_r", "none" if old.get("recall") == "none" else "all")
             for key, value in config.items():
                 if old.get(key) != value:
                     raise EditscopeError(f"{config_path}: field {key}: this folder holds a run with {old.get(key)!r}, "
@@ -204,8 +205,9 @@ def load_scores(out_dir: str | Path) -> dict[str, dict[str, list[np.ndarray]]]:
 def group_rsims(groups: Sequence[np.ndarray], k: float) -> list[float | None]:
     """RSim of each candidate group (paper 001, §3.4 and appendix A) with Sim_all approximated by the top-k% of the
     mean score over every result of the subset; None where every member selects exactly the pool mean's top-k%
-    (Sim_all = 1, hence Sim_cand = 1: RSim's formula is 0/0). Layer-level methods meet this often (causal tracing
-    scores all neurons of a layer alike, and a fact's top layer is often the pool's)."""
+    (Sim_all = 1, hence Sim_cand = 1: RSim's formula is 0/0). Layer-level methods meet this (causal tracing scores
+    all neurons of a layer alike, so its top-k% is a block of whole layers plus the first neurons of one more,
+    and a fact's top layers are often the pool's)."""
     pool_mean = np.mean([r for g in groups for r in g], axis=0)
     out: list[float | None] = []
     for g in groups:
@@ -214,15 +216,20 @@ def group_rsims(groups: Sequence[np.ndarray], k: float) -> list[float | None]:
     return out
 
 
+def _mean_rsim(values: Sequence[float | None]) -> float:
+    """Mean RSim over groups; a group at the baseline (:func:`group_rsims`'s None) counts as 0: its results are
+    no more alike than the baseline, they *are* the baseline."""
+    return float(np.mean([v or 0.0 for v in values]))
+
+
 def group_rsim(groups: Sequence[np.ndarray], k: float) -> float:
-    """Mean RSim over candidate groups; a group at the baseline (:func:`group_rsims`'s None) counts as 0: its
-    results are no more alike than the baseline, they *are* the baseline."""
-    return float(np.mean([v or 0.0 for v in group_rsims(groups, k)]))
+    """Mean RSim over candidate groups (:func:`group_rsims`, :func:`_mean_rsim`)."""
+    return _mean_rsim(group_rsims(groups, k))
 
 
 def compute_metrics(out_dir: str | Path, ks: Sequence[float]) -> dict:
     """RSim (consistency, relevance) per k and RSD per method, from the files of a bench folder; ``at_baseline``
-    counts, per k, the groups whose Sim_all is 1 (RSim 0 by :func:`group_rsim`'s convention)."""
+    counts, per k, the groups whose Sim_all is 1 (RSim 0 by :func:`_mean_rsim`'s convention)."""
     metrics: dict[str, Any] = {"ks": list(ks), "methods": {}}
     for method, subsets in load_scores(out_dir).items():
         row: dict[str, Any] = {"n": {s: len(subsets.get(s, [])) for s in SUBSETS}, "at_baseline": {}}
@@ -231,7 +238,7 @@ def compute_metrics(out_dir: str | Path, ks: Sequence[float]) -> dict:
             row[name], row["at_baseline"][name] = {}, {}
             for k in ks:
                 values = group_rsims(groups, k) if len(groups) >= 2 else []
-                row[name][str(k)] = float(np.mean([v or 0.0 for v in values])) if values else None
+                row[name][str(k)] = _mean_rsim(values) if values else None
                 row["at_baseline"][name][str(k)] = values.count(None)
         factual = [r for s in ("c", "r") for g in subsets.get(s, []) for r in g]
         nonfactual = [r for g in subsets.get("u", []) for r in g]
@@ -287,7 +294,7 @@ def plot_metrics(metrics: dict, path: str | Path) -> Path:
         ax.set_ylim(bottom=0)
     x = np.arange(len(methods))
     for offset, key, label, colour in ((-0.2, "rsd", "raw (paper)", "grey"), (0.2, "rsd_l1", "l1", "tab:blue")):
-        values = [metrics["methods"][m].get(key) for m in methods]
+        values = [metrics["methods"][m][key] for m in methods]
         axes[2].bar(x + offset, [np.nan if v is None else v for v in values], width=0.4, color=colour, label=label)
     axes[2].set_xticks(x, methods)
     axes[2].set_title("RSD (KLoB-u vs factual)", fontsize=10)
