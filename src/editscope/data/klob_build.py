@@ -20,7 +20,8 @@
 paper used Llama-2-7b with 8 in-context demonstrations; a KLoB-r pair needs both facts by default, or only its
 single fact, ``mode_r="first"``, for a small model that knows few chains): the answer is recalled when every
 answer token is the greedy prediction after the prompt, optionally preceded by ``shots`` demonstrations (the
-same template about other subjects). :func:`format_counts` prints the kept examples per relation as the paper's Table 2.
+same template about other subjects). :func:`format_counts` prints the kept examples per relation as the paper's
+Table 2.
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any",
     for name, value in (("mode", mode), ("mode_r", mode_r)):
         if value not in RECALL_MODES:
             raise ValueError(f"{name} must be one of {', '.join(map(repr, RECALL_MODES))}, not {value!r}")
-    rule = {"c": _RULES[mode], "r": _RULES[mode_r], "u": _RULES["none"]}
+    modes = {"c": mode, "r": mode_r, "u": "none"}
     pick = demonstrations(pool, shots)
     kept: list[KlobExample] = []
     todo = iter(examples)
@@ -276,9 +277,9 @@ def recall_filter(engine, examples: Iterable[KlobExample], *, mode: str = "any",
         batch = list(islice(todo, chunk))
         if not batch:
             break
-        tested = [e for e in batch if rule[e.subset] is not _RULES["none"]]
+        tested = [e for e in batch if modes[e.subset] != "none"]
         hits = iter(recalled_many(engine, [(p, pick(p)) for e in tested for p in e.prompts]))
-        verdict = {e.example_id: rule[e.subset]([next(hits) for _ in e.prompts]) for e in tested}
+        verdict = {e.example_id: _RULES[modes[e.subset]]([next(hits) for _ in e.prompts]) for e in tested}
         for example in batch:
             if verdict.get(example.example_id, True) and (limit is None or len(kept) < limit):
                 kept.append(example)
