@@ -41,6 +41,7 @@ from transformers import DynamicCache
 
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.hooks import capture, hooks
+from editscope.lm.kv_cache import cache_kwargs
 
 _BLOCK_POINT = re.compile(r"^blocks\.(\d+)\.([a-z_]+)$")
 
@@ -207,8 +208,7 @@ class SuffixForward:
                 input_ids=self.ids,  # embedded, then replaced by block S's recorded input
                 attention_mask=self.mask,
                 position_ids=self.position_ids,
-                past_key_values=cache,
-                use_cache=cache is not None,
+                **cache_kwargs(self.engine._base, cache),
             ).last_hidden_state
         return self.base_hidden.index_put(self.targets, out[self.rows, self.cols])
 
@@ -307,7 +307,7 @@ class SharedContextForward:
         model, arch = self.engine.model, self.engine.arch
         with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
             return self.engine._base(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                                     past_key_values=cache, use_cache=True).last_hidden_state
+                                     **cache_kwargs(self.engine._base, cache)).last_hidden_state
 
     def hidden(self, delta: torch.Tensor | None) -> torch.Tensor:
         """Final hidden states [B, T, d] with δ (a vector [d], or None without a hook point) at the context's p."""

@@ -35,6 +35,7 @@ import torch
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
 from editscope.lm.hooks import capture
+from editscope.lm.kv_cache import cache_kwargs
 from editscope.lm.loading import Bundle
 from editscope.lm.scorer import ContinuationScore, Scorer, ScoreRequest
 
@@ -531,6 +532,5 @@ class ScoringEngine(Scorer):
             inputs_embeds=embeds,
             attention_mask=batch.attention_mask,
             position_ids=positions,
-            past_key_values=cache,
-            use_cache=cache is not None,
+            **cache_kwargs(self._base, cache),
         ).last_hidden_state

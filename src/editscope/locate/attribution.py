@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import capture, hooks
+from editscope.lm.kv_cache import cache_kwargs
 from editscope.locate.prompt import LocatePrompt, answer_prob
 from editscope.locate.result import LocateResult
 
@@ -62,7 +63,8 @@ def _prefix_kv(engine: ScoringEngine, prompt: LocatePrompt) -> list[tuple[torch.
     cache = DynamicCache()
     with torch.no_grad():
         ids = torch.tensor([prompt.ids[:-1]], device=engine.bundle.device)
-        engine.model.get_submodule(engine.arch.base)(input_ids=ids, past_key_values=cache, use_cache=True)
+        base = engine.model.get_submodule(engine.arch.base)
+        base(input_ids=ids, **cache_kwargs(base, cache))
     return [(k, v) for k, v, *_ in cache]
 
 
@@ -71,11 +73,12 @@ def _last_token_probs(engine: ScoringEngine, prompt: LocatePrompt, prefix_kv: li
     n, device = len(prompt.ids), engine.bundle.device
     cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
                                          for k, v in prefix_kv]) if prefix_kv else None
-    hidden = engine.model.get_submodule(engine.arch.base)(
+    base = engine.model.get_submodule(engine.arch.base)
+    hidden = base(
         input_ids=torch.tensor([[prompt.ids[-1]]], device=device).expand(rows, 1),
         attention_mask=torch.ones((rows, n), dtype=torch.long, device=device),
         position_ids=torch.full((rows, 1), n - 1, dtype=torch.long, device=device),
-        past_key_values=cache, use_cache=cache is not None).last_hidden_state[:, -1]
+        **cache_kwargs(base, cache)).last_hidden_state[:, -1]
     return engine.logits_from_hidden(hidden).float().softmax(-1)[:, prompt.answer_id]
 
 
