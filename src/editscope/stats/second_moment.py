@@ -57,7 +57,7 @@ from editscope.lm.hooks import hooks
 from editscope.paths import home
 
 #: Default token budget: ~80 s for one early SmolLM2 layer (layer 4: ~85 s, two layers 3+4 in one pass
-#: ~90 s) on 2 CPU cores, measured for the issue; the statistics of C change by < 2 % (relative Frobenius
+#: ~90 s) on 2 CPU cores, measured when the budget was chosen; the statistics of C change by < 2 % (relative Frobenius
 #: norm) between 50k and 100k tokens.
 DEFAULT_TOKEN_BUDGET = 100_000
 DEFAULT_SEQ_LEN = 256
@@ -117,8 +117,8 @@ def weights_checksum(bundle: Bundle, layer: int) -> str:
     """Checksum of every parameter the MLP keys of ``layer`` depend on: all but those of later blocks (the final
     norm and LM head included, conservatively): blake2b over (name, dtype, shape, blake2b of the bytes) per
     parameter. Each parameter's digest is computed once per process and again only after it changed
-    (:func:`_param_digest`), so an edit that changes one weight re-reads one weight, not the model (issue 13:
-    ~1 s per layer per edit on SmolLM2 before)."""
+    (:func:`_param_digest`), so an edit that changes one weight re-reads one weight, not the model (re-reading
+    every weight cost ~1 s per layer per edit on SmolLM2)."""
     later = tuple(bundle.arch.block_path(i) + "." for i in range(layer + 1, bundle.n_layers))
     h = hashlib.blake2b(digest_size=16)
     memo = _PARAM_DIGESTS.setdefault(bundle.model, {})
