@@ -136,11 +136,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj))
 
 
-def as_float_dict(row: dict[str, Any]) -> dict[str, float]:
-    """A metric row with every value as a Python float."""
-    return {k: float(v) for k, v in row.items()}
-
-
 def mean(values: Sequence[float]) -> float:
     """Arithmetic mean as a Python float."""
     return float(np.mean(values))
