@@ -1,4 +1,4 @@
-"""Editor benchmark: ROME, MEMIT and AlphaEdit on the first N CounterFact records (issue 13 item 3).
+"""Editor benchmark: ROME, MEMIT and AlphaEdit on the first N CounterFact records.
 
 For each method (its shipped hparams for the model) and each record, one edit's patch is computed twice:
 

@@ -1,4 +1,4 @@
-"""Ray scale-out on one machine: 2 Ray workers × 1 thread vs 1 process × 2 threads (issue 19 item 5).
+"""Ray scale-out on one machine: 2 Ray workers × 1 thread vs 1 process × 2 threads.
 
 The same config both ways: the model (default SmolLM2-135M), ROME with its shipped hparams (``--v-steps``
 overrides the v* optimisation's steps to keep the run short; both sides get the same value), ``mode: single``,

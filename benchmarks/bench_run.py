@@ -1,4 +1,4 @@
-"""Whole-run throughput: ``editscope run`` on a fixed small config, in edits per minute (issue 13 item 4).
+"""Whole-run throughput: ``editscope run`` on a fixed small config, in edits per minute.
 
 The config (written to a temporary folder): the model, ROME, MEMIT and AlphaEdit with their shipped hparams,
 ``mode: single``, the first N CounterFact cases scored by the ``counterfact`` suite and the first N zsRE cases by

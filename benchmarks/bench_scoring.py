@@ -1,4 +1,4 @@
-"""Scoring-engine benchmark on the PEAK-CF workload (issue 2).
+"""Scoring-engine benchmark on the PEAK-CF workload.
 
 For the first N cases of PEAK_counter.json, the edit prompt and every paraphrase prompt are scored against
 all of the case's correct answers, hard false answers and random false answers, on SmolLM2 with 2 threads.

@@ -1,4 +1,4 @@
-"""Layer-statistics benchmark: token rate of C = E[k kᵀ] against a forward-only pass (issue 13 item 5).
+"""Layer-statistics benchmark: token rate of C = E[k kᵀ] against a forward-only pass.
 
 Over the same corpus rows (wikitext-2, as :func:`editscope.stats.second_moments` reads them), for the given
 layers:
@@ -37,7 +37,7 @@ def full_forward_sums(bundle, rows: torch.Tensor, layers: list[int], batch_rows:
 
     def adder(layer: int):
         def fn(k: torch.Tensor) -> None:
-            if exact:  # one float64 product of all tokens (the accumulation before issue 13)
+            if exact:  # one float64 product of all tokens (the accumulation before the float32-chunk speed-up)
                 flat = k.detach().reshape(-1, k.shape[-1]).double()
                 sums[layer].addmm_(flat.T, flat)
             else:

@@ -1,4 +1,4 @@
-"""HF ``datasets`` as an optional case source (issue 19 item 6): ``dataset: {hf: NAME, split: ...}`` in a run
+"""HF ``datasets`` as an optional case source: ``dataset: {hf: NAME, split: ...}`` in a run
 config. Without ``datasets`` installed it is a one-line error saying how to install it; with it, a folder written
 by ``save_to_disk`` gives the same cases as the same records in a JSON file."""
 

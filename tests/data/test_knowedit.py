@@ -1,4 +1,4 @@
-"""KnowEdit loader (issue 19 item 6): the field shapes of EasyEdit's KnowEdit files (the dataset card's examples,
+"""KnowEdit loader: the field shapes of EasyEdit's KnowEdit files (the dataset card's examples,
 tests/fixtures/knowedit_small.json) map onto Cases; a malformed record is one line naming file, record, field."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Several requests' v*/z optimised in one batched forward per step (edit.objectives.optimise_deltas) against the
-same requests optimised one at a time (issue 13 item 2): δ and the editors' ΔW equal to 1e-5 relative, on
+same requests optimised one at a time: δ and the editors' ΔW equal to 1e-5 relative, on
 tiny-llama and tiny-gpt2, with one request stopping early while the others go on."""
 
 from __future__ import annotations

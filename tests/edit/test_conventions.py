@@ -1,4 +1,4 @@
-"""Editor conventions (issue 11 item 4; DESIGN rule 10).
+"""Editor conventions (DESIGN rule 10).
 
 Under ``convention: reference`` the ΔW of ROME, MEMIT and AlphaEdit equals a straight-line re-implementation of
 kmeng01/rome (``compute_u``, ``compute_v``, ``execute_rome``), kmeng01/memit (``compute_z``, ``compute_ks``,

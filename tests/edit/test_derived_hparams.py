@@ -1,4 +1,4 @@
-"""Hyperparameters for models without a shipped file (issue 19 item 2): layers derived by proportional depth
+"""Hyperparameters for models without a shipped file: layers derived by proportional depth
 from the published ROME/MEMIT choices of the family, with a warning saying how to override; methods without a
 rule fail naming --hparams. The paper models' shipped files (GPT-2 XL, GPT-J 6B, Llama-3-8B) validate and stay
 inside those models' depths, and hub ids / folder names of those models find them."""

@@ -1,5 +1,5 @@
 """``editscope patch export``: the edited model as a Hugging Face folder that plain ``AutoModelForCausalLM``
-loads, with logits equal to the in-memory edited model's (issue 19 item 6)."""
+loads, with logits equal to the in-memory edited model's."""
 
 from __future__ import annotations
 

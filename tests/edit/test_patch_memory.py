@@ -1,5 +1,6 @@
-"""Patches hold ΔW plus the few original entries float subtraction does not restore, not a copy of W (issue 19
-item 3), and still revert bit-exactly: 50 sequential patches, every dtype, deltas from tiny to larger than W."""
+"""Patches hold ΔW plus the few original entries float subtraction does not restore, not a copy of W (so a
+long chain of edits costs little memory), and still revert bit-exactly: 50 sequential patches, every dtype, deltas
+from tiny to larger than W."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_sequential_rome_edits_revert_bit_exact(request_a, request_b):
 
 
 def test_folded_chain_holds_one_original_per_parameter_and_restores_bit_exact():
-    """Bundle.folding (issue 19 item 3): the weights after each folded patch equal a plain running sum, the
+    """Bundle.folding: the weights after each folded patch equal a plain running sum, the
     fingerprint equals the unfolded chain's, no patch keeps its ΔW, unpatched() shows the loaded weights, and the
     end of the block restores them bit for bit."""
     bundle = load("tiny-llama")

@@ -1,4 +1,4 @@
-"""``--device``/``--dtype`` (issue 19 item 1): a bfloat16 model loads and scores close to float32 with its own
+"""``--device``/``--dtype``: a bfloat16 model loads and scores close to float32 with its own
 fingerprint; a CUDA request without CUDA and unknown values are one-line errors."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_run_config_device_dtype(tmp_path):
 
 
 def test_no_device_means_editscope_device_else_auto(monkeypatch):
-    """The documented default (issue 19, docs/scale.md): no --device is $EDITSCOPE_DEVICE (the tests set cpu), else
+    """The documented default (docs/scale.md): no --device is $EDITSCOPE_DEVICE (the tests set cpu), else
     ``auto`` (CUDA when available, else the CPU), also when only --dtype is given."""
     from editscope.lm.device import resolve_device
 

@@ -1,4 +1,4 @@
-"""Device and dtype cleanliness (issue 19 item 1). No GPU here, so two stand-ins for "nothing assumes CPU":
+"""Device and dtype cleanliness. No GPU here, so two stand-ins for "nothing assumes CPU":
 
 * a static scan: in the engine, editor, statistics and locating modules every tensor *constructor* names its
   ``device=`` (or carries a ``# host`` comment saying why it may stay on the host, e.g. a seeded CPU generator's

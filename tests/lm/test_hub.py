@@ -1,4 +1,4 @@
-"""Models by hub id (issue 19 item 2), offline: a snapshot-style hub cache folder (refs/main + snapshots/HASH,
+"""Models by hub id, offline: a snapshot-style hub cache folder (refs/main + snapshots/HASH,
 written with save_pretrained) loads with HF_HUB_OFFLINE=1 and gives the same logits as the original; an id
 not in the cache is a one-line error saying how to pass a local folder; no hparams file: derived (KN: --hparams)."""
 

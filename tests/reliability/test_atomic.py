@@ -1,4 +1,4 @@
-"""The one atomic-write and lock helper (issue 14, item 4): concurrent builders build a cache folder once and
+"""The one atomic-write and lock helper: concurrent builders build a cache folder once and
 no reader sees it half-written; a failed write leaves the old file and no temporary behind."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Inputs the tokenizer or the JSON parser cannot take are refused by the loaders with file, record and field
-(issue 14, items 3 and 5), on real records of every published format."""
+"""Inputs the tokenizer or the JSON parser cannot take are refused by the loaders with file, record and
+field, on real records of every published format."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Caches under concurrency (issue 14, item 4): simultaneous first loads of a tiny model with an empty cache all
+"""Caches under concurrency: simultaneous first loads of a tiny model with an empty cache all
 succeed, and the tokenizer folder they share is built once, completely, with nothing temporary left beside it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No raw tracebacks (issue 14, item 5): each input of the issue's list, driven through the CLI in a subprocess,
+"""No raw tracebacks: each bad input below, driven through the CLI in a subprocess,
 ends in one ``editscope: error:`` line naming the file (and record/key), exit code 1, no traceback."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> s
     assert len(errors) == 1, proc.stderr[-3000:]
     for needle in needles:
         assert needle in errors[0], errors[0]
-    print(errors[0])  # shown with -s: the messages listed in the issue note
+    print(errors[0])  # shown with -s: the messages, to read them as a user would
     return errors[0]
 
 

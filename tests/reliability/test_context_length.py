@@ -1,4 +1,4 @@
-"""Inputs longer than the model's context (issue 14, item 3): reported at plan time with file, case, field,
+"""Inputs longer than the model's context: reported at plan time with file, case, field,
 length and limit, before any edit; the scoring engine refuses them too (GPT-2 used to crash with an IndexError)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Finite or refused (issue 14, item 2): NaN/inf hyperparameters and config values are refused naming the key (and
+"""Finite or refused: NaN/inf hyperparameters and config values are refused naming the key (and
 the override), an edit producing non-finite ΔW or v* is refused naming the method and request with nothing applied,
 and ``edit --json`` never prints NaN."""
 

@@ -1,4 +1,4 @@
-"""Mutated real records of every dataset format (issue 14, item 5): field deletion, type swaps, unicode and huge
+"""Mutated real records of every dataset format: field deletion, type swaps, unicode and huge
 values. The loaders accept the record or raise one EditscopeError (DataError) — never another exception."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One writer per run directory (issue 14, item 1): an OS lock held by run/resume/merge, and results files
+"""One writer per run directory: an OS lock held by run/resume/merge, and results files
 with duplicate (dataset, case, method) keys refused unless repaired."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Layer statistics are built once under a lock (issue 14, item 4): concurrent first computations of the
+"""Layer statistics are built once under a lock: concurrent first computations of the
 same statistics compute them in one process; the others wait and read the cache, with equal values."""
 
 from __future__ import annotations

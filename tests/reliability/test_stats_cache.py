@@ -1,4 +1,4 @@
-"""The statistics cache verifies what it reads (issue 14, items 2 and 4): a truncated file, a file whose matrix
+"""The statistics cache verifies what it reads: a truncated file, a file whose matrix
 holds NaN, or one whose bytes no longer match its content checksum is recomputed with a warning, never used."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every results row names the protocol its metrics follow and the editor's convention; summary.md and the report
-print them under each table (issue 11 item 5)."""
+print them under each table."""
 
 from __future__ import annotations
 

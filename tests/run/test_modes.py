@@ -187,7 +187,7 @@ def test_report_draws_metric_vs_edits(seq_run):
 
 
 def test_sequential_run_folds_its_chain_and_saves_each_patch_first(tmp_path, tiny_llama, monkeypatch):
-    """Issue 19 item 3: in a chain each patch is saved, then folded (no ΔW kept per edit, one original per
+    """In a chain each patch is saved, then folded (no ΔW kept per edit, one original per
     parameter); the saved patches still apply in order on the loaded weights and revert bit-exactly."""
     from editscope.edit.patch import Patch
     from editscope.lm.bundle import Bundle

@@ -41,11 +41,11 @@ class LogpSuite(Suite):
         return {"logp_new_pre": a, "logp_new_post": b, "drop": max(0.0, a - b)}
 
     def figures(self, dataset, rows, methods, *, seed=0) -> list[SuiteFigure]:
-        from editscope.report.figures import _png, plt
+        from editscope.plotting import plt, png
 
         fig, ax = plt.subplots(figsize=(4, 3))
         ax.plot([r["metrics"][self.name]["logp_new_post"] for r in rows], "o")
-        return [SuiteFigure(f"logp-{dataset}", f"log P(new) per row ({dataset})", "one dot per row", _png(fig))]
+        return [SuiteFigure(f"logp-{dataset}", f"log P(new) per row ({dataset})", "one dot per row", png(fig))]
 
 
 class SloppySuite(LogpSuite):

@@ -1,5 +1,5 @@
 """``--executor ray``: a local Ray cluster (num_cpus=2) with two actors writes the same rows as the in-process
-run (timings aside), in the same order, and a rerun resumes with nothing left to do (issue 19 item 5)."""
+run (timings aside), in the same order, and a rerun resumes with nothing left to do."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def test_score_is_harmonic_mean_of_dataset_means(suite_cls, names):
     summary = summarize(rows_of(suite.name, names), specs=specs)
     by_metric = {r.metric: r for r in summary}
     expected = 3 / (1 / 0.75 + 1 / 0.625 + 1 / 0.875)  # hmean(.75, .625, .875)
-    assert expected == pytest.approx(0.736, abs=5e-4)  # the hand value
+    assert expected == pytest.approx(0.736, abs=5e-4)  # the value computed by hand
     score = by_metric["Score_post"]
     assert score.mean == pytest.approx(expected, abs=1e-12)
     assert score.n == 4 and score.ci == "bootstrap"

@@ -1,6 +1,6 @@
 """``editscope stats``: compute on a small corpus (folder of .txt and JSONL field), list, export, import into an
 empty cache (round trip bit-exact, read back by second_moments without recomputing), and one-line errors for a
-file of another model, wrong dimensions and damaged content (issue 19 item 4)."""
+file of another model, wrong dimensions and damaged content."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Statistics speed-ups (issue 13): the float32-chunk k kᵀ accumulation against a float64 loop; the stats cache's
+"""Statistics speed-ups: the float32-chunk k kᵀ accumulation against a float64 loop; the stats cache's
 weights checksum: per-parameter digests memoised per process, recomputed after any in-place change, equal to an
 independent computation; files stamped with the older whole-stream checksum accepted when it matches, re-stamped."""
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from editscope.data.corpus import Corpus
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
-from editscope.suites._common import Corpus
 from editscope.suites.one_to_n import CooccurrenceCounter, OneToNSuite
 
 pytestmark = pytest.mark.usefixtures("private_home")
@@ -77,7 +77,7 @@ def test_counts_cached_on_disk_by_corpus_hash(corpus_file, tmp_path, monkeypatch
     counter.counts(SUBJECT, ANSWERS)
     counter.flush()
     stored = json.loads(counter.path.read_text())
-    assert counter.path.name.startswith(Corpus([corpus_file]).hash)
+    assert counter.path.name.startswith(Corpus([corpus_file]).sha256)
     assert stored[f"{SUBJECT}\x1fGreece"] == 2
     # a new counter is served from disk (a planted value proves no recount happened)
     stored[f"{SUBJECT}\x1fGreece"] = 99

@@ -1,4 +1,4 @@
-"""Portability suite (issue 19 item 6): KnowEdit portability / locality / Edit_Succ / Rephrase under EasyEdit's
+"""Portability suite: KnowEdit portability / locality / Edit_Succ / Rephrase under EasyEdit's
 token-accuracy protocol, against a naive loop over ``model(tokens(prompt + " " + answer))`` as EasyEdit's
 ``test_prediction_acc`` computes it. Two tiny LLaMA models with different weights stand in for pre/post edit."""
 

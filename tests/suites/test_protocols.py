@@ -1,4 +1,4 @@
-"""Suite protocols (issue 11 items 2, 3, 5): zsRE as MEMIT's code measures it (edit target answers[0] or alt;
+"""Suite protocols: zsRE as MEMIT's code measures it (edit target answers[0] or alt;
 neighbourhood question ``loc + "?"``), PEAK's ``protocol: reference`` against a straight-line port of PEAK's
 ``experiments/summarize.py``, and the protocol labels every suite declares."""
 

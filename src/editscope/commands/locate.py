@@ -144,38 +144,23 @@ def _layer_curve(args: argparse.Namespace, engine) -> int:
 
 
 def _saved_facts(args: argparse.Namespace, engine):
-    """Rows of a --save file (checked to come from the same trace settings) and the appender for new ones."""
-    import os
+    """Rows of a --save file (checked to come from the same trace settings) and the appender for new ones. A torn
+    last line (stopped mid-write) is cut off the file: that fact is traced again."""
+    from functools import partial
     from pathlib import Path
 
-    from editscope.atomic import atomic_write_text
     from editscope.errors import EditscopeError
+    from editscope.jsonl import append_record, read_records
     from editscope.locate.causal_trace import default_window
 
     path = Path(args.save)
     want = {"kind": args.kind, "samples": args.samples, "seed": args.seed,
             "window": default_window(engine.bundle.n_layers) if args.window is None else args.window}
-    rows = []
-    lines = path.read_text().splitlines() if path.exists() else []
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # a torn last line (stopped mid-write): dropped, that fact is traced again
-                atomic_write_text(path, "".join(line + "\n" for line in lines[:-1]))
-                break
-            raise EditscopeError(f"{path}:record {i}: invalid JSON") from None
+    rows = read_records(path, repair=True)
+    for i, row in enumerate(rows):
         for key, value in want.items():
             if row.get(key) != value:
                 raise EditscopeError(f"{path}:record {i}: field {key}: traced with {row.get(key)!r}, this run uses "
                                      f"{value!r}; use another --save file")
-        rows.append(row)
-
-    def append(row: dict) -> None:
-        with open(path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    return rows, append
+    return rows, partial(append_record, path)
 

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=run_info)
     for name, helptext in (("apply", "write an edited model folder"), ("revert", "undo a patch on an edited folder")):
-        # 'export' names what 'apply --out' does for users of lm-evaluation-harness/vLLM (issue 19 item 6)
+        # 'export': an alias of 'apply --out' under the name users of lm-evaluation-harness/vLLM look for
         p = actions.add_parser(name, help=helptext, aliases=["export"] if name == "apply" else [])
         p.add_argument("patch")
         p.add_argument("--model", required=True, help="registry name or local HF folder")

@@ -1,4 +1,4 @@
-"""Hugging Face ``datasets`` as an optional source of edit cases (issue 19 item 6).
+"""Hugging Face ``datasets`` as an optional source of edit cases.
 
 A run config names one as ``dataset: {hf: NAME, split: train, name: CONFIG, revision: REV}`` (``split`` defaults
 to ``train``; ``name`` and ``revision`` are optional). ``NAME`` is a hub dataset id (``datasets.load_dataset``) or

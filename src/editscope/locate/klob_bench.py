@@ -47,6 +47,7 @@ from editscope.data.klob_build import (
     shuffled,
 )
 from editscope.errors import EditscopeError
+from editscope.jsonl import append_record, read_records
 from editscope.lm.engine import ScoringEngine
 from editscope.locate import METHODS, locate
 from editscope.metrics.klob import rsd, rsim, sim_all, sim_cand
@@ -88,31 +89,6 @@ def counts_text(examples: dict[str, list[KlobExample]]) -> str:
     return "\n\n".join(parts) + f"\n\nKLoB-u examples: {len(examples['u'])}\n"
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """JSON lines; a torn last line (crash mid-write) is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    lines = path.read_text().split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if i >= len(lines) - 2:
-                break
-            raise EditscopeError(f"{path}:record {i}: invalid JSON: {err}") from None
-    return rows
-
-
-def _append(path: Path, row: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
@@ -147,7 +123,7 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
         atomic_write_text(config_path, json.dumps(config, indent=1))
         examples_path = out / "examples.jsonl"
         if examples_path.exists():
-            rows = _read_jsonl(examples_path)
+            rows = read_records(examples_path)
             examples = {s: [_example_from_json(r) for r in rows if r["subset"] == s] for s in SUBSETS}
         else:
             examples = select_examples(engine, n, seed=seed, recall=recall, recall_r=recall_r, shots=shots,
@@ -157,7 +133,7 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
             atomic_write_text(out / "counts.md", counts_text(examples))
             progress(counts_text(examples))
         results_path = out / "results.jsonl"
-        done = {(r["example_id"], r["method"]) for r in _read_jsonl(results_path)}
+        done = {(r["example_id"], r["method"]) for r in read_records(results_path, repair=True)}
         # round-robin over the subsets (example i of c, r, u, then i + 1): a run stopped early covers all three
         longest = max(len(examples[s]) for s in SUBSETS)
         order = [(s, i) for i in range(longest) for s in SUBSETS if i < len(examples[s])]
@@ -174,7 +150,7 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
                 rel = f"scores/{method}/{subset}/{index}.npy"
                 data = _npy_bytes(scores)
                 atomic_write_bytes(out / rel, data)
-                _append(results_path, {
+                append_record(results_path, {
                     "subset": subset, "example_id": example.example_id, "method": method, "file": rel,
                     "seconds": round(seconds, 3),
                     "sha256": hashlib.sha256(data).hexdigest(),
@@ -193,7 +169,7 @@ def load_scores(out_dir: str | Path) -> dict[str, dict[str, list[np.ndarray]]]:
     against the sha256 its result line recorded."""
     out = Path(out_dir)
     table: dict[str, dict[str, list[np.ndarray]]] = {}
-    for i, row in enumerate(_read_jsonl(out / "results.jsonl")):
+    for i, row in enumerate(read_records(out / "results.jsonl")):
         data = (out / row["file"]).read_bytes()
         if hashlib.sha256(data).hexdigest() != row["sha256"]:
             raise EditscopeError(f"{out / 'results.jsonl'}:record {i}: field sha256: {row['file']} changed on disk")

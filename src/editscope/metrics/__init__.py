@@ -9,6 +9,8 @@ One module per family, each function citing its paper (../shared/papers) and equ
 * :mod:`.additivity` -- PEAK RFF/RNF/CPC/FPC/AFF/ANF and appending ES/GS/LS (paper 003, eqs 1-6);
 * :mod:`.klob` -- KLoB Sim, RSim, RSD (paper 001, section 3.4, appendix A);
 * :mod:`.stability` -- EVK Embedding/Text Stability (paper 004, eq 9).
+* :mod:`.intervals` -- Student t and geometric-mean intervals, percentile-bootstrap aggregates over cases
+  (not re-exported here: it imports scipy.stats; import it from the module).
 
 Bad inputs (NaN/inf, empty, mismatched shapes, out of range) raise :class:`MetricInputError`, a
 ``ValueError`` whose message starts with the argument's name.

@@ -4,38 +4,15 @@ Every function returns PNG bytes."""
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Mapping, Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from editscope.metrics.registry import MetricSpec  # noqa: E402
-from editscope.run.summary import SummaryRow  # noqa: E402
-
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
-
-plt.rcParams.update({
-    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
-    "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": 150,
-    "savefig.dpi": 150, "axes.grid": True, "grid.alpha": 0.3, "grid.linestyle": ":",
-})
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def method_colors(methods: Sequence[str]) -> dict[str, str]:
-    return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(methods)}
+from editscope.metrics.registry import MetricSpec
+from editscope.plotting import method_colors, plt, png
+from editscope.run.summary import SummaryRow
 
 
 def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
@@ -108,7 +85,7 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
     fig.suptitle(title + " — mean over cases, error bars: 95% CI", y=1 - 0.08 / height, va="top", fontsize=10)
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.32 / height))
-    return _png(fig)
+    return png(fig)
 
 
 def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str], title: str,
@@ -160,4 +137,4 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
                  fontsize=10)
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.32 / height))
-    return _png(fig)
+    return png(fig)

@@ -37,7 +37,7 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -229,8 +229,33 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
                  methods: Iterable[str] | None = None, suites: Iterable[str] | None = None,
                  datasets: Iterable[str] | None = None) -> RunConfig:
     """Validate a config mapping. ``methods``/``suites``/``datasets`` are the known names (default: the
-    registries); a dataset that is not a registered name must be an existing file."""
+    registries); a dataset that is not a registered name must be an existing file.
+
+    Sections are checked in order -- top-level keys and non-finite numbers, model, run settings, mode,
+    plug-in modules, methods, dataset blocks -- so the first problem reported is the first one in that order."""
     c = _Checker(where)
+    known_methods, known_suites, known_datasets = _known(methods, suites, datasets)
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
+    c.keys(data, TOP_KEYS, "")
+    bad = _non_finite(data, "")
+    if bad:  # YAML's .nan/.inf anywhere (overrides, plug-in hparams, suite options) are refused up front
+        raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
+    model = _model(c, data, base_dir)
+    settings = _settings(c, data)
+    mode = _mode(c, data.get("mode", "single"))
+    plugin_modules = _plugin_modules(c, data)
+    mode, method_specs = _methods(c, data, mode, known_methods, base_dir)
+    blocks = [_block(c, raw, prefix, known_datasets, known_suites, base_dir) for raw, prefix in _raw_blocks(c, data)]
+    _unique(c, [b.label for b in blocks], "datasets", "dataset")
+    return RunConfig(model=model, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
+                     group_size=mode.group_size, **settings, plugin_modules=plugin_modules, batch=mode.batch,
+                     rounds=mode.rounds, checkpoints=mode.checkpoints)
+
+
+def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,
+           datasets: Iterable[str] | None) -> tuple[list[str], list[str], list[str]]:
+    """The known method, suite and dataset names: as given, else the registries."""
     if methods is None:
         from editscope.edit.registry import EDITORS
 
@@ -243,14 +268,11 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
         from editscope.data import DATASETS
 
         datasets = DATASETS
-    known_methods, known_suites, known_datasets = list(methods), list(suites), list(datasets)
+    return list(methods), list(suites), list(datasets)
 
-    if not isinstance(data, dict):
-        raise EditscopeError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
-    c.keys(data, TOP_KEYS, "")
-    bad = _non_finite(data, "")
-    if bad:  # YAML's .nan/.inf anywhere (overrides, plug-in hparams, suite options) are refused up front
-        raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
+
+def _model(c: _Checker, data: dict, base_dir: Path | None) -> str:
+    """``model``: a registry name or ``tiny-*`` as is, else a path resolved against the config's folder."""
     if "model" not in data:
         raise c.fail("model", "required")
     model = c.text(data["model"], "model")
@@ -258,6 +280,11 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
 
     if model not in registry_names() and not model.startswith("tiny-"):
         model = _resolve(model, base_dir)
+    return model
+
+
+def _settings(c: _Checker, data: dict) -> dict[str, Any]:
+    """``seed``, ``output``, ``save_patches``, ``device`` and ``dtype`` (RunConfig fields of the same names)."""
     seed = c.count(data.get("seed", 0), "seed", 0)
     output = c.text(data.get("output", "runs/run"), "output")
     save_patches = c.typed(data.get("save_patches", False), bool, "save_patches", "true or false")
@@ -267,45 +294,67 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     dtype = c.text(data["dtype"], "dtype") if "dtype" in data else None
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
         raise c.fail("dtype", f"expected float32, bfloat16 or float16, got {dtype!r}")
+    return {"seed": seed, "output": output, "save_patches": save_patches, "device": device, "dtype": dtype}
 
-    mode, group_size, batch, rounds, checkpoints = "single", 1, 0, 0, 0
-    raw_mode = data.get("mode", "single")
+
+@dataclass(frozen=True)
+class _Mode:
+    """A parsed ``mode``: its name, cases per group (one edit batch or one sequence) and the
+    sequential_batches shape (0 otherwise)."""
+
+    name: str = "single"
+    group_size: int = 1
+    batch: int = 0
+    rounds: int = 0
+    checkpoints: int = 0
+
+
+def _mode(c: _Checker, raw: Any) -> _Mode:
+    """``mode``: 'single', 'probe_only', {batch: N}, {sequential: N} or {sequential_batches: {...}}."""
     expected = ("expected 'single', 'probe_only', {batch: N}, {sequential: N} or "
                 "{sequential_batches: {batch: B, rounds: T, checkpoints: k}}")
-    if isinstance(raw_mode, str):
-        if raw_mode not in ("single", "probe_only"):
-            raise c.fail("mode", f"{expected}, got {raw_mode!r}")
-        mode = raw_mode
-    elif isinstance(raw_mode, dict) and len(raw_mode) == 1:
-        (mode, n), = raw_mode.items()
-        if mode not in ("batch", "sequential", "sequential_batches"):
-            raise c.fail(f"mode.{mode}", f"unknown mode (known: {', '.join(MODES)})")
-        if mode == "sequential_batches":
-            c.typed(n, dict, "mode.sequential_batches", "a mapping {batch: B, rounds: T, checkpoints: k}")
-            c.keys(n, SEQ_BATCH_KEYS, "mode.sequential_batches.")
-            for key in ("batch", "rounds"):
-                if key not in n:
-                    raise c.fail(f"mode.sequential_batches.{key}", "required")
-            batch = c.count(n["batch"], "mode.sequential_batches.batch", 1)
-            rounds = c.count(n["rounds"], "mode.sequential_batches.rounds", 1)
-            checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
-            group_size = batch * rounds  # one group = one sequence of edits from the unedited model
-        else:
-            group_size = c.count(n, f"mode.{mode}", 1)
-    else:
-        raise c.fail("mode", f"{expected}, got {raw_mode!r}")
+    if isinstance(raw, str):
+        if raw not in ("single", "probe_only"):
+            raise c.fail("mode", f"{expected}, got {raw!r}")
+        return _Mode(raw)
+    if not (isinstance(raw, dict) and len(raw) == 1):
+        raise c.fail("mode", f"{expected}, got {raw!r}")
+    (mode, n), = raw.items()
+    if mode not in ("batch", "sequential", "sequential_batches"):
+        raise c.fail(f"mode.{mode}", f"unknown mode (known: {', '.join(MODES)})")
+    if mode != "sequential_batches":
+        return _Mode(mode, c.count(n, f"mode.{mode}", 1))
+    c.typed(n, dict, "mode.sequential_batches", "a mapping {batch: B, rounds: T, checkpoints: k}")
+    c.keys(n, SEQ_BATCH_KEYS, "mode.sequential_batches.")
+    for key in ("batch", "rounds"):
+        if key not in n:
+            raise c.fail(f"mode.sequential_batches.{key}", "required")
+    batch = c.count(n["batch"], "mode.sequential_batches.batch", 1)
+    rounds = c.count(n["rounds"], "mode.sequential_batches.rounds", 1)
+    checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
+    # one group = one sequence of edits from the unedited model
+    return _Mode(mode, batch * rounds, batch, rounds, checkpoints)
 
-    plugin_modules = c.typed(data.get("plugin_modules", []) or [], list, "plugin_modules", "a list of module names")
-    for i, module in enumerate(plugin_modules):
+
+def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:
+    """``plugin_modules``: module names, imported now so their plug-ins are registered for ``methods``."""
+    modules = c.typed(data.get("plugin_modules", []) or [], list, "plugin_modules", "a list of module names")
+    for i, module in enumerate(modules):
         c.text(module, f"plugin_modules[{i}]")
     from editscope.edit.plugins import import_plugin_modules
 
     try:
-        import_plugin_modules(plugin_modules)
+        import_plugin_modules(modules)
     except EditscopeError as exc:
         raise c.fail("plugin_modules", str(exc)) from exc
+    return tuple(modules)
 
-    if "methods" not in data and mode != "probe_only":
+
+def _methods(c: _Checker, data: dict, mode: _Mode, known: list[str],
+             base_dir: Path | None) -> tuple[_Mode, tuple[MethodSpec, ...]]:
+    """``methods``, and the mode they imply: ``methods: [none]`` (or leaving methods out under probe_only) is a
+    probe-only run, whose groups are ``PROBE_GROUP`` cases and whose one method is ``none``."""
+    if "methods" not in data and mode.name != "probe_only":
         raise c.fail("methods", "required (a list of edit methods)")
     raw_methods = c.typed(data.get("methods", [NO_EDIT]), list, "methods", "a list")
     if not raw_methods:
@@ -313,119 +362,140 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     if NO_EDIT in raw_methods or {"name": NO_EDIT} in raw_methods:  # probe-only: pre-edit measurements, no edit
         if raw_methods not in ([NO_EDIT], [{"name": NO_EDIT}]):
             raise c.fail("methods", f"{NO_EDIT!r} (probe only: no edit) cannot be combined with edit methods")
-        if mode not in ("single", "probe_only"):
+        if mode.name not in ("single", "probe_only"):
             raise c.fail("mode", f"methods: [{NO_EDIT}] measures the unedited model only; mode must be probe_only")
-        mode = "probe_only"
-    elif mode == "probe_only":
+        mode = _Mode("probe_only")
+    elif mode.name == "probe_only":
         raise c.fail("methods", f"mode probe_only edits nothing: give methods: [{NO_EDIT}] or leave methods out")
-    if mode == "probe_only":
-        raw_methods, group_size = [], PROBE_GROUP
-    method_specs = [MethodSpec(NO_EDIT, NO_EDIT)] if mode == "probe_only" else []
-    for i, m in enumerate(raw_methods):
-        key = f"methods[{i}]"
-        if isinstance(m, str):
-            m = {"name": m}
-        c.typed(m, dict, key, "a method name or a mapping")
-        c.keys(m, METHOD_KEYS, f"{key}.")
-        if "name" not in m:
-            raise c.fail(f"{key}.name", "required")
-        name = c.text(m["name"], f"{key}.name")
-        if name not in known_methods:
-            raise c.fail(f"{key}.name", f"unknown edit method {name!r}; available: {', '.join(known_methods)}")
-        plugins = _plugins(c, m.get("plugins", []) or [], name, f"{key}.plugins")
-        label = c.text(m.get("label", "+".join([name, *(p["name"] for p in plugins)])), f"{key}.label")
-        hp = m.get("hparams")
-        if hp is not None:
-            hp_path = Path(_resolve(c.text(hp, f"{key}.hparams"), base_dir))
-            if not hp_path.is_file():
-                raise c.fail(f"{key}.hparams", f"file not found: {hp}")
-            hp = str(hp_path)
-        overrides = c.typed(m.get("overrides", {}) or {}, dict, f"{key}.overrides", "a mapping")
-        method_specs.append(MethodSpec(name, label, hp, dict(overrides), plugins))
-    labels = [m.label for m in method_specs]
+    if mode.name == "probe_only":
+        return replace(mode, group_size=PROBE_GROUP), (MethodSpec(NO_EDIT, NO_EDIT),)
+    specs = tuple(_method(c, m, f"methods[{i}]", known, base_dir) for i, m in enumerate(raw_methods))
+    _unique(c, [m.label for m in specs], "methods", "method")
+    return mode, specs
+
+
+def _method(c: _Checker, m: Any, key: str, known: list[str], base_dir: Path | None) -> MethodSpec:
+    """One entry of ``methods``: a name, or {name, label, hparams, overrides, plugins}."""
+    if isinstance(m, str):
+        m = {"name": m}
+    c.typed(m, dict, key, "a method name or a mapping")
+    c.keys(m, METHOD_KEYS, f"{key}.")
+    if "name" not in m:
+        raise c.fail(f"{key}.name", "required")
+    name = c.text(m["name"], f"{key}.name")
+    if name not in known:
+        raise c.fail(f"{key}.name", f"unknown edit method {name!r}; available: {', '.join(known)}")
+    plugins = _plugins(c, m.get("plugins", []) or [], name, f"{key}.plugins")
+    label = c.text(m.get("label", "+".join([name, *(p["name"] for p in plugins)])), f"{key}.label")
+    hp = m.get("hparams")
+    if hp is not None:
+        hp_path = Path(_resolve(c.text(hp, f"{key}.hparams"), base_dir))
+        if not hp_path.is_file():
+            raise c.fail(f"{key}.hparams", f"file not found: {hp}")
+        hp = str(hp_path)
+    overrides = c.typed(m.get("overrides", {}) or {}, dict, f"{key}.overrides", "a mapping")
+    return MethodSpec(name, label, hp, dict(overrides), plugins)
+
+
+def _unique(c: _Checker, labels: list[str], key: str, what: str) -> None:
+    """Labels name rows of the results: a repeated one is an error naming it."""
     dup = next((x for x in labels if labels.count(x) > 1), None)
     if dup:
-        raise c.fail("methods", f"method label {dup!r} appears twice (give one a different 'label')")
+        raise c.fail(key, f"{what} label {dup!r} appears twice (give one a different 'label')")
 
-    if "datasets" in data:
-        for key in ("dataset", "slice", "suites"):
-            if key in data:
-                raise c.fail(key, "give either 'datasets' (a list of blocks) or top-level dataset/slice/suites")
-        raw_blocks = c.typed(data["datasets"], list, "datasets", "a list of dataset blocks")
-        if not raw_blocks:
-            raise c.fail("datasets", "at least one dataset block is required")
-        prefixes = [f"datasets[{i}]." for i in range(len(raw_blocks))]
-    else:
+
+def _raw_blocks(c: _Checker, data: dict) -> list[tuple[Any, str]]:
+    """(raw block, key prefix) pairs: the ``datasets`` list, or one block of top-level dataset/slice/suites."""
+    if "datasets" not in data:
         if "dataset" not in data:
             raise c.fail("dataset", "required (or a 'datasets' list)")
-        raw_blocks = [{k: data[k] for k in ("dataset", "slice", "suites") if k in data}]
-        prefixes = [""]
-    blocks = []
-    for raw, prefix in zip(raw_blocks, prefixes, strict=True):
-        c.typed(raw, dict, prefix.rstrip(".") or "datasets", "a mapping")
-        c.keys(raw, BLOCK_KEYS, prefix)
-        if "dataset" not in raw:
-            raise c.fail(f"{prefix}dataset", "required")
-        if isinstance(raw["dataset"], dict):  # {hf: NAME, split: ...}: HF datasets, optional (editscope.data.hf)
-            spec = dict(raw["dataset"])
-            if isinstance(spec.get("hf"), str) and Path(_resolve(spec["hf"], base_dir)).is_dir():
-                spec["hf"] = str(Path(_resolve(spec["hf"], base_dir)))  # a save_to_disk folder next to the config
-            try:
-                dataset = hf_source(spec)
-            except ValueError as exc:
-                raise c.fail(f"{prefix}dataset", str(exc)) from None
-        else:
-            dataset = c.text(raw["dataset"], f"{prefix}dataset")
-        if dataset not in known_datasets and not is_hf_source(dataset):
-            path = Path(_resolve(dataset, base_dir))
-            if not path.is_file():
-                raise c.fail(f"{prefix}dataset", f"unknown dataset {dataset!r}: not a registered name "
-                             f"({', '.join(known_datasets)}) and no such file")
-            dataset = str(path)
-        default = hf_label(dataset) if is_hf_source(dataset) else dataset if dataset in known_datasets else \
-            Path(dataset).stem
-        label = c.text(raw.get("label", default),
-                       f"{prefix}label")
-        sl = c.typed(raw.get("slice", {}) or {}, dict, f"{prefix}slice", "a mapping with offset and limit")
-        c.keys(sl, SLICE_KEYS, f"{prefix}slice.")
-        offset = c.count(sl.get("offset", 0), f"{prefix}slice.offset", 0)
-        limit = sl.get("limit")
-        if limit is not None:
-            limit = c.count(limit, f"{prefix}slice.limit", 1)
-        raw_suites = c.typed(raw.get("suites"), list, f"{prefix}suites", "a list of suite names")
-        if not raw_suites:
-            raise c.fail(f"{prefix}suites", "at least one suite is required")
-        suite_specs = []
-        for j, s in enumerate(raw_suites):
-            skey = f"{prefix}suites[{j}]"
-            if isinstance(s, str):
-                s = {"name": s}
-            c.typed(s, dict, skey, "a suite name or a mapping {name, options}")
-            c.keys(s, SUITE_KEYS, f"{skey}.")
-            name = c.text(s.get("name"), f"{skey}.name") if "name" in s else None
-            if name is None:
-                raise c.fail(f"{skey}.name", "required")
-            if name not in known_suites:
-                raise c.fail(f"{skey}.name", f"unknown suite {name!r}; available: {', '.join(known_suites) or 'none'}")
-            options = c.typed(s.get("options", {}) or {}, dict, f"{skey}.options", "a mapping")
-            from editscope.run.suites import option_problem
+        return [({k: data[k] for k in ("dataset", "slice", "suites") if k in data}, "")]
+    for key in ("dataset", "slice", "suites"):
+        if key in data:
+            raise c.fail(key, "give either 'datasets' (a list of blocks) or top-level dataset/slice/suites")
+    raw_blocks = c.typed(data["datasets"], list, "datasets", "a list of dataset blocks")
+    if not raw_blocks:
+        raise c.fail("datasets", "at least one dataset block is required")
+    return [(raw, f"datasets[{i}].") for i, raw in enumerate(raw_blocks)]
 
-            problem = option_problem(name, options)
-            if problem:
-                raise c.fail(f"{skey}.options.{problem[0]}", problem[1])
-            suite_specs.append(SuiteSpec(name, dict(options)))
-        names = [s.name for s in suite_specs]
-        if len(set(names)) != len(names):
-            raise c.fail(f"{prefix}suites", "a suite appears twice in one dataset block")
-        blocks.append(BlockSpec(dataset, label, offset, limit, tuple(suite_specs)))
-    block_labels = [b.label for b in blocks]
-    dup = next((x for x in block_labels if block_labels.count(x) > 1), None)
-    if dup:
-        raise c.fail("datasets", f"dataset label {dup!r} appears twice (give one a different 'label')")
-    return RunConfig(model=model, methods=tuple(method_specs), blocks=tuple(blocks), mode=mode,
-                     group_size=group_size, seed=seed, output=output, save_patches=save_patches,
-                     plugin_modules=tuple(plugin_modules), batch=batch, rounds=rounds, checkpoints=checkpoints,
-                     device=device, dtype=dtype)
+
+def _block(c: _Checker, raw: Any, prefix: str, known_datasets: list[str], known_suites: list[str],
+           base_dir: Path | None) -> BlockSpec:
+    """One dataset block: {dataset, label, slice, suites}."""
+    c.typed(raw, dict, prefix.rstrip(".") or "datasets", "a mapping")
+    c.keys(raw, BLOCK_KEYS, prefix)
+    if "dataset" not in raw:
+        raise c.fail(f"{prefix}dataset", "required")
+    dataset = _dataset(c, raw["dataset"], f"{prefix}dataset", known_datasets, base_dir)
+    default = hf_label(dataset) if is_hf_source(dataset) else dataset if dataset in known_datasets else \
+        Path(dataset).stem
+    label = c.text(raw.get("label", default), f"{prefix}label")
+    offset, limit = _slice(c, raw.get("slice", {}) or {}, f"{prefix}slice")
+    suites = _suites(c, raw.get("suites"), f"{prefix}suites", known_suites)
+    return BlockSpec(dataset, label, offset, limit, suites)
+
+
+def _dataset(c: _Checker, raw: Any, key: str, known: list[str], base_dir: Path | None) -> str:
+    """A block's ``dataset``: a registered name, an HF source ({hf: NAME, split: ...}) or an existing file
+    (resolved against the config's folder)."""
+    if isinstance(raw, dict):  # {hf: NAME, split: ...}: HF datasets, optional (editscope.data.hf)
+        spec = dict(raw)
+        if isinstance(spec.get("hf"), str) and Path(_resolve(spec["hf"], base_dir)).is_dir():
+            spec["hf"] = str(Path(_resolve(spec["hf"], base_dir)))  # a save_to_disk folder next to the config
+        try:
+            dataset = hf_source(spec)
+        except ValueError as exc:
+            raise c.fail(key, str(exc)) from None
+    else:
+        dataset = c.text(raw, key)
+    if dataset not in known and not is_hf_source(dataset):
+        path = Path(_resolve(dataset, base_dir))
+        if not path.is_file():
+            raise c.fail(key, f"unknown dataset {dataset!r}: not a registered name ({', '.join(known)}) and no "
+                         "such file")
+        dataset = str(path)
+    return dataset
+
+
+def _slice(c: _Checker, raw: Any, key: str) -> tuple[int, int | None]:
+    """A block's ``slice``: (offset, limit or None)."""
+    sl = c.typed(raw, dict, key, "a mapping with offset and limit")
+    c.keys(sl, SLICE_KEYS, f"{key}.")
+    offset = c.count(sl.get("offset", 0), f"{key}.offset", 0)
+    limit = sl.get("limit")
+    if limit is not None:
+        limit = c.count(limit, f"{key}.limit", 1)
+    return offset, limit
+
+
+def _suites(c: _Checker, raw: Any, key: str, known: list[str]) -> tuple[SuiteSpec, ...]:
+    """A block's ``suites``: names or {name, options}, each suite once, options checked by the suite."""
+    from editscope.run.suites import option_problem
+
+    raw_suites = c.typed(raw, list, key, "a list of suite names")
+    if not raw_suites:
+        raise c.fail(key, "at least one suite is required")
+    specs = []
+    for j, s in enumerate(raw_suites):
+        skey = f"{key}[{j}]"
+        if isinstance(s, str):
+            s = {"name": s}
+        c.typed(s, dict, skey, "a suite name or a mapping {name, options}")
+        c.keys(s, SUITE_KEYS, f"{skey}.")
+        name = c.text(s.get("name"), f"{skey}.name") if "name" in s else None
+        if name is None:
+            raise c.fail(f"{skey}.name", "required")
+        if name not in known:
+            raise c.fail(f"{skey}.name", f"unknown suite {name!r}; available: {', '.join(known) or 'none'}")
+        options = c.typed(s.get("options", {}) or {}, dict, f"{skey}.options", "a mapping")
+        problem = option_problem(name, options)
+        if problem:
+            raise c.fail(f"{skey}.options.{problem[0]}", problem[1])
+        specs.append(SuiteSpec(name, dict(options)))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise c.fail(key, "a suite appears twice in one dataset block")
+    return tuple(specs)
 
 
 def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, Any], ...]:

@@ -1,4 +1,4 @@
-"""Plan-time check that every text a run will score fits the model's context (issue 14, item 3).
+"""Plan-time check that every text a run will score fits the model's context.
 
 A prompt with its answer longer than the model's positions crashes GPT-2-style models (an IndexError in the
 position embedding) and is scored silently past the trained length on rotary ones. The runner calls

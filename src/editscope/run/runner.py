@@ -448,7 +448,7 @@ class Runner:
         mode = self.config.mode
         torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit"))
         # A chain of patches (sequential modes) is folded into the bundle: one pre-edit copy per edited parameter,
-        # not one ΔW per edit (issue 19 item 3); a patch is saved before it is folded.
+        # not one ΔW per edit, so memory stays flat over long chains; a patch is saved before it is folded.
         chained = mode in ("sequential", "sequential_batches")
         save_to = self.out_dir / "patches" / label if self.config.save_patches else None
         log = _GroupEdits(bundle, chained, save_to, f"{block.label}-g{g:05d}")

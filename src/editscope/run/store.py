@@ -1,17 +1,18 @@
 """The results store: ``results.jsonl`` (one line per finished (dataset, case, method), appended with flush +
-fsync); everything else is written with :mod:`editscope.atomic` (import it from there)."""
+fsync through :mod:`editscope.jsonl`); everything else is written with :mod:`editscope.atomic` (import it from
+there)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
+from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
 RUN_JSON = "run.json"
@@ -59,9 +60,9 @@ def dumps_row(row: dict[str, Any]) -> str:
 
 
 def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:
-    """Rows of a results file. Every row is written as one line ending in a newline, so bytes after the last
-    newline are the torn tail of a killed write: ignored, and with ``repair`` cut off the file. A malformed
-    complete line is an error (the file was damaged otherwise).
+    """Rows of a results file, read with :func:`editscope.jsonl.read_lines`: a torn last line (no newline after
+    it, or not valid JSON: a killed write) is ignored, and with ``repair`` cut off the file; a malformed line
+    before it, or a row without the fields every row has, is an error naming ``file:line N``.
 
     A (dataset, case, method) key that occurs twice means two writers or a hand edit; it would count a case
     twice in every summary, so it is an error naming both lines, unless ``dedupe`` keeps the first of each
@@ -75,44 +76,29 @@ def drop_duplicates(path: str | Path) -> int:
 
 
 def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[str, Any]], int]:
-    if not path.is_file():
-        return [], 0
-    data = path.read_bytes()
-    cut = data.rfind(b"\n") + 1
     rows: list[dict[str, Any]] = []
     seen: dict[tuple[str, str, str], int] = {}
     dropped = 0
-    for i, line in enumerate(data[:cut].split(b"\n")[:-1]):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise EditscopeError(f"{path}:line {i + 1}: not valid JSON ({exc}); the file is damaged") from exc
+    for line, row in read_lines(path, repair=repair):
         if not isinstance(row, dict):
-            raise EditscopeError(f"{path}:line {i + 1}: not a JSON object; the file is damaged")
+            raise EditscopeError(f"{path}:line {line}: not a JSON object; the file is damaged")
         for name, kind in ROW_FIELDS.items():  # what resume, summary, merge and report read from every row
             if name not in row:
-                raise EditscopeError(f"{path}:line {i + 1}: field {name!r} is missing; the file is damaged")
+                raise EditscopeError(f"{path}:line {line}: field {name!r} is missing; the file is damaged")
             if not isinstance(row[name], kind):
-                raise EditscopeError(f"{path}:line {i + 1}: field {name!r}: expected {kind.__name__}, got "
+                raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {kind.__name__}, got "
                                      f"{type(row[name]).__name__}; the file is damaged")
         key = row_key(row)
         if key in seen:
             if not dedupe:
-                raise EditscopeError(f"{path}:line {i + 1}: duplicate row {key} (first at line {seen[key]}): two "
+                raise EditscopeError(f"{path}:line {line}: duplicate row {key} (first at line {seen[key]}): two "
                                      "writers or a hand edit; 'editscope run --repair' keeps the first of each")
             dropped += 1
             continue
-        seen[key] = i + 1
+        seen[key] = line
         rows.append(row)
     if repair and dropped:
         write_results(path, rows)
-    elif repair and cut < len(data):
-        with open(path, "r+b") as fh:
-            fh.truncate(cut)
-            fh.flush()
-            os.fsync(fh.fileno())
     return rows, dropped
 
 
@@ -123,27 +109,12 @@ def run_lock(out_dir: str | Path):
     return file_lock(out_dir / LOCK, blocking=False, what=f"run directory {out_dir}")
 
 
-class ResultsWriter:
-    """Appends rows to ``results.jsonl``; each row is one write followed by flush + fsync."""
+class ResultsWriter(JsonlWriter):
+    """Appends rows to ``results.jsonl`` (:class:`~editscope.jsonl.JsonlWriter`: one write, flush + fsync per
+    row), serialised by :func:`dumps_row`."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
-
-    def append(self, row: dict[str, Any]) -> None:
-        self._fh.write(dumps_row(row) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        self._fh.close()
-
-    def __enter__(self) -> ResultsWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(path, dumps_row)
 
 
 def write_results(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:

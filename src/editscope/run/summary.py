@@ -25,15 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as st
 
 from editscope.atomic import atomic_write_text
+from editscope.metrics.intervals import N_BOOTSTRAP, bootstrap_aggregate, geometric_mean_ci, mean_ci
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
-N_BOOTSTRAP = 1000
-BOOTSTRAP_SEED = 0
 
 SpecMap = Mapping[tuple[str, str], Sequence[MetricSpec]]
 """(dataset label, suite name) -> the suite's metric declarations."""
@@ -57,61 +55,9 @@ class SummaryRow:
         return (self.ci95_high - self.ci95_low) / 2
 
 
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """(mean, low, high, sample std) of the finite ``values``; NaN where undefined."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if x.size == 0:
-        return math.nan, math.nan, math.nan, math.nan
-    mean = float(x.mean())
-    if x.size < 2:
-        return mean, math.nan, math.nan, math.nan
-    sd = float(x.std(ddof=1))
-    half = float(st.t.ppf(0.5 + confidence / 2, x.size - 1)) * sd / math.sqrt(x.size)
-    return mean, mean - half, mean + half, sd
-
-
 LOG_UNITS = ("ppl",)
 """Units aggregated on a log scale: perplexities of 1-to-N answers span 1e1..1e11 per case (paper 000 §2.2 (3)
 averages per query without saying how over queries), so an arithmetic mean is one case's value."""
-
-
-def geometric_mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """(geometric mean, low, high, std of log) of the positive finite ``values``: :func:`mean_ci` of their
-    natural logs, exponentiated (an ``inf`` PPL, an overflow, is left out like a NaN)."""
-    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
-    mean, lo, hi, sd = mean_ci(logs, confidence)
-    g, g_lo, g_hi = (math.exp(x) if math.isfinite(x) else math.nan for x in (mean, lo, hi))
-    return g, g_lo, g_hi, sd
-
-
-def bootstrap_aggregate(columns: np.ndarray, spec: MetricSpec, *, n_boot: int = N_BOOTSTRAP,
-                        seed: int = BOOTSTRAP_SEED, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(value, low, high) of an aggregate metric from ``columns`` ([cases, components], NaN = no value).
-
-    The value is the aggregate of the per-component means over cases (each over its finite values: ROME's
-    summaries average every metric over the cases that have it, then take the harmonic mean, paper 002
-    appendix C); the CI is the percentile interval of the same statistic over ``n_boot`` resamples of the
-    cases with replacement (seeded; NaN for fewer than 2 cases)."""
-    assert spec.aggregate is not None
-    means = [float(np.mean(c[np.isfinite(c)])) for c in columns.T]
-    value = spec.aggregate.compute(means)
-    n = columns.shape[0]
-    if n < 2:
-        return value, math.nan, math.nan
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    sample = columns[idx]  # [n_boot, n, components]
-    finite = np.isfinite(sample)
-    counts = finite.sum(axis=1)
-    sums = np.where(finite, sample, 0.0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boot_means = sums / counts  # NaN where a resample holds no value of a component
-    stats = np.array([spec.aggregate.compute(m) for m in boot_means])
-    stats = stats[np.isfinite(stats)]
-    if stats.size == 0:
-        return value, math.nan, math.nan
-    tail = (1 - confidence) / 2 * 100
-    lo, hi = np.percentile(stats, [tail, 100 - tail])
-    return value, float(lo), float(hi)
 
 
 def _declarations(specs: SpecMap | None, dataset: str, suite: str) -> Declarations | None:

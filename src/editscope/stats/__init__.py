@@ -1,9 +1,9 @@
 """Layer statistics for locate-then-edit methods: C = E[k kᵀ] of the MLP key, cached on disk."""
 
+from editscope.data.corpus import Corpus
 from editscope.stats.second_moment import (
     DEFAULT_SEQ_LEN,
     DEFAULT_TOKEN_BUDGET,
-    Corpus,
     accumulate,
     cache_file,
     corpus_rows,

@@ -24,11 +24,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from editscope.atomic import atomic_write
+from editscope.data.corpus import Corpus
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.paths import home
 from editscope.stats.second_moment import (
-    Corpus,
     _content_checksum,
     _save,
     cache_file,

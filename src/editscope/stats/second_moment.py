@@ -40,7 +40,6 @@ import warnings
 import weakref
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -50,56 +49,23 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from editscope.atomic import atomic_write, file_lock
+from editscope.data.corpus import Corpus
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks
-from editscope.paths import data_dir, home
+from editscope.paths import home
 
 #: Default token budget: ~80 s for one early SmolLM2 layer (layer 4: ~85 s, two layers 3+4 in one pass
-#: ~90 s) on 2 CPU cores, measured for the issue; the statistics of C change by < 2 % (relative Frobenius
+#: ~90 s) on 2 CPU cores, measured when the budget was chosen; the statistics of C change by < 2 % (relative Frobenius
 #: norm) between 50k and 100k tokens.
 DEFAULT_TOKEN_BUDGET = 100_000
 DEFAULT_SEQ_LEN = 256
 DEFAULT_BATCH_ROWS = 8
-CORPUS_FILES = ("corpus/wikitext-2-raw_wiki.test.raw.txt", "corpus/wikitext-2-raw_wiki.valid.raw.txt")
 
 
 class _StopForward(Exception):
     """Raised from a hook after the last needed layer: the rest of the forward is not computed."""
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Text files read in order; ``digest`` identifies their bytes (part of the cache key)."""
-
-    files: tuple[Path, ...]
-    digest: str
-
-    @classmethod
-    def from_files(cls, files: Sequence[str | Path]) -> Corpus:
-        paths = tuple(Path(f) for f in files)
-        if not paths:
-            raise EditscopeError("corpus: no files given")
-        h = hashlib.blake2b(digest_size=12)
-        for path in paths:
-            if not path.is_file():
-                raise EditscopeError(f"corpus file not found: {path}")
-            h.update(path.read_bytes())
-        return cls(paths, h.hexdigest())
-
-    @classmethod
-    def default(cls) -> Corpus:
-        """wikitext-2 (raw) test and validation splits from the shared data folder."""
-        return cls.from_files([data_dir() / rel for rel in CORPUS_FILES])
-
-    def paragraphs(self):
-        for path in self.files:
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    text = line.strip()
-                    if text and not text.startswith("="):
-                        yield text
 
 
 def corpus_rows(engine: ScoringEngine, corpus: Corpus, token_budget: int, seq_len: int) -> torch.Tensor:
@@ -151,8 +117,8 @@ def weights_checksum(bundle: Bundle, layer: int) -> str:
     """Checksum of every parameter the MLP keys of ``layer`` depend on: all but those of later blocks (the final
     norm and LM head included, conservatively): blake2b over (name, dtype, shape, blake2b of the bytes) per
     parameter. Each parameter's digest is computed once per process and again only after it changed
-    (:func:`_param_digest`), so an edit that changes one weight re-reads one weight, not the model (issue 13:
-    ~1 s per layer per edit on SmolLM2 before)."""
+    (:func:`_param_digest`), so an edit that changes one weight re-reads one weight, not the model (re-reading
+    every weight cost ~1 s per layer per edit on SmolLM2)."""
     later = tuple(bundle.arch.block_path(i) + "." for i in range(layer + 1, bundle.n_layers))
     h = hashlib.blake2b(digest_size=16)
     memo = _PARAM_DIGESTS.setdefault(bundle.model, {})

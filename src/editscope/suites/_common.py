@@ -1,16 +1,14 @@
-"""Shared pieces of the suites: candidate records, one-call batching of many cases, the reference corpus.
+"""Shared pieces of the suites: candidate records, one-call batching of many cases, answer surfaces, JSON caches.
 
 Every suite builds a *plan* per case (the list of ``(context, continuation)`` pairs it needs plus where each
 lands in the probe), submits the plans of all cases in one :meth:`Scorer.score` call, and fills the
-probes from the scores (:func:`score_plans`). The corpus helpers read the wikitext-2 text of
-``data_dir()/corpus`` (or any text files given) and hash it for disk-cache keys; no state is global.
+probes from the scores (:func:`score_plans`). The reference corpus is :class:`editscope.data.corpus.Corpus`;
+no state is global.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,9 +20,6 @@ import numpy as np
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import ContinuationScore, Scorer
-from editscope.paths import data_dir
-
-DEFAULT_CORPUS = ("wikitext-2-raw_wiki.test.raw.txt", "wikitext-2-raw_wiki.valid.raw.txt")
 
 
 @dataclass
@@ -114,47 +109,7 @@ def dedupe(answers: Sequence[str], exclude: Sequence[str] = ()) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------------------- corpus
-
-
-def corpus_files(files: Sequence[str | os.PathLike[str]] | None = None) -> list[Path]:
-    """The corpus text files: ``files`` as given, else wikitext-2 test+valid under ``data_dir()/corpus``."""
-    paths = [Path(f) for f in files] if files else [data_dir() / "corpus" / name for name in DEFAULT_CORPUS]
-    for p in paths:
-        if not p.is_file():
-            raise EditscopeError(f"corpus file not found: {p}")
-    return paths
-
-
-def corpus_hash(paths: Sequence[Path]) -> str:
-    """sha256 over the contents of the corpus files, in order (the disk-cache key)."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.read_bytes())
-        h.update(b"\x00")
-    return h.hexdigest()
-
-
-_HEADING = re.compile(r"^\s*=+ .* =+\s*$")
-
-
-def corpus_passages(paths: Sequence[Path]) -> list[str]:
-    """Passages of the corpus: every non-empty line that is not a wikitext heading (`` = Title = ``), stripped.
-
-    In wikitext-2 raw a line is one Wikipedia paragraph; in other text files a line is whatever the file
-    puts on one line.
-    """
-    out = []
-    for p in paths:
-        for line in p.read_text(encoding="utf-8").splitlines():
-            if line.strip() and not _HEADING.match(line):
-                out.append(line.strip())
-    return out
-
-
-def phrase_pattern(phrase: str) -> re.Pattern[str]:
-    """Case-sensitive match of ``phrase`` at word boundaries (not inside a longer word)."""
-    return re.compile(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)")
+# --------------------------------------------------------------------------------------- corpus answers
 
 
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
@@ -181,53 +136,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj))
 
 
-def as_float_dict(row: dict[str, Any]) -> dict[str, float]:
-    """A metric row with every value as a Python float."""
-    return {k: float(v) for k, v in row.items()}
-
-
 def mean(values: Sequence[float]) -> float:
     """Arithmetic mean as a Python float."""
     return float(np.mean(values))
-
-
-class Corpus:
-    """A text corpus loaded lazily: files, content hash (cache key) and passages (see :func:`corpus_passages`).
-
-    One object per suite instance; nothing is shared between instances.
-    """
-
-    def __init__(self, files: Sequence[str | os.PathLike[str]] | None = None) -> None:
-        self._files = list(files) if files else None
-        self._paths: list[Path] | None = None
-        self._hash: str | None = None
-        self._passages: list[str] | None = None
-
-    @property
-    def paths(self) -> list[Path]:
-        if self._paths is None:
-            self._paths = corpus_files(self._files)
-        return self._paths
-
-    @property
-    def hash(self) -> str:
-        if self._hash is None:
-            self._hash = corpus_hash(self.paths)
-        return self._hash
-
-    @property
-    def passages(self) -> list[str]:
-        if self._passages is None:
-            self._passages = corpus_passages(self.paths)
-        return self._passages
-
-    def passages_with(self, phrase: str, limit: int | None = None) -> list[str]:
-        """Passages that contain ``phrase`` (see :func:`phrase_pattern`), in corpus order, at most ``limit``."""
-        pattern = phrase_pattern(phrase)
-        out = []
-        for p in self.passages:
-            if pattern.search(p):
-                out.append(p)
-                if limit is not None and len(out) >= limit:
-                    break
-        return out

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from editscope.report.figures import _png, method_colors, plt
+from editscope.plotting import method_colors, plt, png
 
 
 def stability_vs_sigma(curves: Mapping[str, Mapping[str, Sequence[tuple[float, float, float, float]]]],
@@ -41,4 +41,4 @@ def stability_vs_sigma(curves: Mapping[str, Mapping[str, Sequence[tuple[float, f
         axes[0][0].set_ylim(low - 0.05 * max(1.0 - low, 1e-4), 1.0 + 0.05 * max(1.0 - low, 1e-4))
     axes[0][-1].legend(frameon=False, loc="lower left")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)

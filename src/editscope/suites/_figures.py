@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from editscope.report.figures import _png, method_colors, plt
-from editscope.run.summary import mean_ci
+from editscope.metrics.intervals import mean_ci
+from editscope.plotting import method_colors, plt, png
 
 KIND_LABELS = {"correct": "correct (O)", "hard_false": "hard false", "random_false": "random false",
                "new": "new answer o*"}
@@ -62,7 +62,7 @@ def one_to_n_case(case_id: str, query: str, gold: dict[str, Any], pre: dict[str,
     ax.set_title(f"1-to-N distribution, case {case_id}: “{query}”" + (f"\n{edit_note}" if edit_note else ""))
     ax.legend(frameon=False, ncol=2, loc="upper right")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def _kind_probs(probe: dict[str, Any], kind: str, role: str = "rewrite", prob: str = "mean") -> list[float]:
@@ -117,4 +117,4 @@ def peak_shift(pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]], *,
     fig.suptitle("Probability shift of correct vs false answers after appending o* (mean, 95% CI)", y=1.12,
                  fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)

@@ -58,6 +58,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from editscope.data.corpus import Corpus
 from editscope.data.records import Case
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
@@ -78,7 +79,6 @@ from editscope.metrics import (
 from editscope.metrics.registry import MetricSpec, hmean_of
 from editscope.paths import home
 from editscope.suites._common import (
-    Corpus,
     Plan,
     nll,
     one,
@@ -227,7 +227,7 @@ class CounterFactSuite(Suite):
             "texts": texts,
             "reference": " ".join(passages),
             "n_reference_passages": len(passages),
-            "corpus": self.corpus.hash,
+            "corpus": self.corpus.sha256,
         }
 
     def reference_passages(self, target: str) -> list[str]:
@@ -240,7 +240,7 @@ class CounterFactSuite(Suite):
     def vectorizer(self) -> Any:
         """The TF-IDF vectorizer fitted on the corpus passages, from the JSON disk cache when present."""
         if self._vectorizer is None:
-            path = home() / "tfidf" / f"{self.corpus.hash}.json"
+            path = home() / "tfidf" / f"{self.corpus.sha256}.json"
             state = read_json(path)
             vec = None
             if state is not None:

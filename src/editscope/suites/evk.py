@@ -220,7 +220,7 @@ class EvkSuite(Suite):
         """``{method: {panel: [(σ, mean, ci95_low, ci95_high), ...] by increasing σ}}`` from the results rows; panel
         ``"all instances"`` is ``EVK_ES`` / ``EVK_ES@σ``, one panel per drift type ``EVK_ES_{drift}[@σ]``. Means
         over cases with a value (Student t CI, as the summary's)."""
-        from editscope.run.summary import mean_ci
+        from editscope.metrics.intervals import mean_ci
 
         sigmas = sorted([self.sigma, *self.sweep])
         panels = {"all instances": "EVK_ES", **{f"{d} drift": f"EVK_ES_{d}" for d in self.drifts}}

@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from editscope.data.corpus import Corpus, phrase_pattern
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
@@ -61,11 +62,9 @@ from editscope.metrics import gold_distribution, max_acc, nkl, perplexity, preci
 from editscope.metrics.registry import MetricSpec
 from editscope.paths import home
 from editscope.suites._common import (
-    Corpus,
     Plan,
     by_kind,
     dedupe,
-    phrase_pattern,
     prompts_with_role,
     read_json,
     score_plans,
@@ -113,7 +112,7 @@ class CooccurrenceCounter:
 
     @property
     def path(self) -> Path:
-        return home() / "cooccurrence" / f"{self.corpus.hash}-{self.window}.json"
+        return home() / "cooccurrence" / f"{self.corpus.sha256}-{self.window}.json"
 
     def _load(self) -> dict[str, int]:
         if self._cache is None:
@@ -212,7 +211,7 @@ class OneToNSuite(Suite):
             "source": "counts" if sum(counts) > 0 else "uniform",
             "counts": [int(c) for c in counts],
             "window": self.counter.window,
-            "corpus": self.corpus.hash,
+            "corpus": self.corpus.sha256,
         }
 
     def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:

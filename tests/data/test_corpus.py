@@ -1,0 +1,38 @@
+"""data.corpus.Corpus: one class for the layer statistics and the suites, each reader with its own key."""
+
+from __future__ import annotations
+
+import pytest
+
+from editscope.data.corpus import Corpus
+from editscope.errors import EditscopeError
+
+
+def test_paragraphs_and_passages_keep_their_rules(tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_text(" = Title = \n\nFirst paragraph.\n = National record \n  Second one. \n", encoding="utf-8")
+    corpus = Corpus.from_files([text])
+    assert list(corpus.paragraphs()) == ["First paragraph.", "Second one."]
+    assert corpus.passages == ["First paragraph.", "= National record", "Second one."]
+    assert corpus.passages_with("Second") == ["Second one."]
+    assert corpus.passages_with("Sec") == []  # word boundaries
+
+
+def test_keys_depend_on_content_and_order(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("one\n")
+    b.write_text("two\n")
+    ab, ba = Corpus([a, b]), Corpus([b, a])
+    assert ab.digest != ba.digest and ab.sha256 != ba.sha256
+    assert len(ab.digest) == 24 and len(ab.sha256) == 64
+    assert Corpus([a, b]).files == (a, b)
+
+
+def test_missing_file_fails_when_read_or_at_once_with_from_files(tmp_path):
+    lazy = Corpus([tmp_path / "missing.txt"])  # a suite that never reads its corpus needs no file
+    with pytest.raises(EditscopeError, match="corpus file not found: .*missing.txt"):
+        _ = lazy.passages
+    with pytest.raises(EditscopeError, match="corpus file not found"):
+        Corpus.from_files([tmp_path / "missing.txt"])
+    with pytest.raises(EditscopeError, match="corpus: no files given"):
+        Corpus.from_files([])
