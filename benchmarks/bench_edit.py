@@ -3,15 +3,15 @@
 For each method (its shipped hparams for the model) and each record, one edit's patch is computed twice:
 
 (a) editscope: the v*/z optimisation runs each step only on the positions δ can reach (the suffix from the
-    subject's last token, over the prefix's cached keys/values; :mod:`editscope.edit.fastpath`), the LM head
+    subject's last token, over the prefix's cached keys/values; :mod:`editscope.lm.partial_forward`), the LM head
     only where the loss reads, no weight gradients; key forwards stop after the highest layer needed.
 (b) the reference algorithms' cost structure (kmeng01/rome ``compute_v``, kmeng01/memit ``compute_z``): every
     step a full forward of every row from the embeddings and a log-softmax over the full vocabulary at every
-    position (``engine.objective_path = "plain"``).
+    position (``EditRuntime(forward="plain")``).
 
 (c) for ROME and MEMIT (``--batched``): the N records as runner ``mode: single`` edits them with
-    ``EDITSCOPE_VSTAR_BATCH=N``: the v*/z of all N optimised together, one batched forward per step (each record
-    its own δ and early stop; edit.objectives.optimise_deltas), then each record's ΔW as in (a). Timed after
+    runtime ``vstar_batch: N``: the v*/z of all N optimised together, one batched forward per step (each record
+    its own δ and early stop; edit.objective.optimise), then each record's ΔW as in (a). Timed after
     (a)/(b); must agree with (a) to 1e-4 relative (SmolLM2, 4 records: 5.5e-6 measured).
     Prints ``batched speedup X.XX vs (b), Y.YY vs (a)``.
 
@@ -39,7 +39,8 @@ from editscope.data.counterfact import load_counterfact
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
-from editscope.edit.objectives import independent_edits
+from editscope.edit.objective import independent_edits
+from editscope.edit.runtime import EditRuntime
 from editscope.lm import load
 from editscope.lm.engine import ScoringEngine
 from editscope.paths import data_file
@@ -72,13 +73,13 @@ def profile_summary(prof: cProfile.Profile, top: int) -> str:
 def bench_method(bundle, method: str, reqs: list[EditRequest], top: int, batched: bool) -> None:
     editor = get_editor(method)
     hp = editor.load_hparams(bundle)
-    engines = {path: ScoringEngine(bundle) for path in ("fast", "plain")}
-    for path, engine in engines.items():
-        engine.objective_path = path
-        context_templates(engine, hp.context_templates, hp.template_seed)  # ROME's template cache, per engine
+    engine = ScoringEngine(bundle)
+    runtimes = {path: EditRuntime(forward=path) for path in ("fast", "plain")}
+    for runtime in runtimes.values():  # ROME's template cache, per runtime
+        context_templates(engine, hp.context_templates, hp.template_seed, cache=runtime.templates)
     # Warm-up outside the timing: statistics on disk, first-call costs, the state template (as the runner's).
     state = editor.new_state()
-    editor.compute_patch(bundle, reqs[0], hp.replace(v_steps=1), state, engine=engines["fast"])
+    editor.compute_patch(bundle, reqs[0], hp.replace(v_steps=1), state, engine=engine, runtime=runtimes["fast"])
     template = state.without_edits()
 
     times: dict[str, list[float]] = {"fast": [], "plain": []}
@@ -92,7 +93,8 @@ def bench_method(bundle, method: str, reqs: list[EditRequest], top: int, batched
             if path == "fast" and i == 0:
                 prof.enable()
             t0 = time.perf_counter()
-            patch = editor.compute_patch(bundle, req, hp, template.without_edits(), engine=engines[path])
+            patch = editor.compute_patch(bundle, req, hp, template.without_edits(), engine=engine,
+                                         runtime=runtimes[path])
             times[path].append(time.perf_counter() - t0)
             prof.disable()
             deltas[path] = patch.deltas
@@ -124,15 +126,16 @@ def check(what: str, diff: float, tol: float = 1e-4) -> None:
 
 def bench_batched(bundle, editor, hp, reqs: list[EditRequest], template, fast_deltas: list[dict[str, torch.Tensor]],
                   fast: float, plain: float) -> None:
-    """(c): the N records as the runner's ``mode: single`` edits them with EDITSCOPE_VSTAR_BATCH=N: one window of
+    """(c): the N records as the runner's ``mode: single`` edits them with runtime vstar_batch N: one window of
     independent edits, whose first edit optimises every record's v*/z in one batched loop (each record its own δ
     and early stop), then each record's ΔW as in (a). Must agree with (a) to 1e-4 relative."""
     engine = ScoringEngine(bundle)
-    engine.vstar_batch = len(reqs)
-    context_templates(engine, hp.context_templates, hp.template_seed)
+    runtime = EditRuntime(vstar_batch=len(reqs))
+    context_templates(engine, hp.context_templates, hp.template_seed, cache=runtime.templates)
     t0 = time.perf_counter()
-    with independent_edits(engine, [[r] for r in reqs]):
-        patches = [editor.compute_patch(bundle, r, hp, template.without_edits(), engine=engine) for r in reqs]
+    with independent_edits(runtime, bundle.fingerprint, [[r] for r in reqs]):
+        patches = [editor.compute_patch(bundle, r, hp, template.without_edits(), engine=engine, runtime=runtime)
+                   for r in reqs]
     batched = time.perf_counter() - t0
     diff = max(relative_difference(p.deltas, d) for p, d in zip(patches, fast_deltas, strict=True))
     n = len(reqs)

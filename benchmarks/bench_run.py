@@ -5,10 +5,10 @@ The config (written to a temporary folder): the model, ROME, MEMIT and AlphaEdit
 the ``zsre`` suite (as ``configs/demo.yaml`` configures datasets and suites). Each run is a fresh
 ``editscope run`` process (model load, statistics from the disk cache, every edit, evaluation, summaries)
 timed end to end; edits = result rows written. ``--paths fast,plain`` runs the config once per v* objective path
-(``EDITSCOPE_OBJECTIVE_PATH``: ``fast`` = editscope's, ``plain`` = the reference code's cost structure),
+(``EDITSCOPE_FORWARD``: ``fast`` = editscope's, ``plain`` = the reference code's cost structure),
 alternating the order per round so load from other processes hits both alike, and prints
 ``speedup X.XX`` = time(plain) / time(fast). ``batched`` is the fast path with ``EDITSCOPE_VSTAR_BATCH=N``
-(``--vstar-batch``, default 8): mode single optimises the v*/z of N cases together (edit.objectives); it prints
+(``--vstar-batch``, default 8): mode single optimises the v*/z of N cases together (edit.objective); it prints
 ``batched speedup X.XX`` = time(fast) / time(batched). Usage:
 
     .venv/bin/python benchmarks/bench_run.py --cases 50 [--paths fast,plain,batched] [--model smollm2-135m]
@@ -61,8 +61,8 @@ def timed_run(config: Path, out: Path, env: dict[str, str], *extra: str, what: s
 
 
 def run_once(config: Path, out: Path, path: str, threads: int, vstar_batch: int = 8) -> tuple[float, int]:
-    """Seconds of one ``editscope run`` process on objective path ``path`` and the result rows it wrote."""
-    env = {"EDITSCOPE_OBJECTIVE_PATH": "fast" if path == "batched" else path,
+    """Seconds of one ``editscope run`` process on forward strategy ``path`` and the result rows it wrote."""
+    env = {"EDITSCOPE_FORWARD": "fast" if path == "batched" else path,
            "EDITSCOPE_VSTAR_BATCH": str(vstar_batch) if path == "batched" else "auto", "OMP_NUM_THREADS": str(threads)}
     return timed_run(config, out, env, what=f"({path})")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from editscope.edit.objectives import Term, VContext, VStep
+from editscope.edit.objective import Term, VContext, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
 
 

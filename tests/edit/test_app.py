@@ -14,8 +14,7 @@ from editscope.cli import main
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import subject_last_token_index
-from editscope.edit.fastpath import SharedContextForward, SuffixForward
-from editscope.edit.objectives import VContext, VStep, build_context, setup_terms
+from editscope.edit.objective import FORWARDS, VContext, VStep, build_context, setup_terms
 from editscope.edit.plugins import PLUGINS
 from editscope.edit.plugins.app import (
     AppHParams,
@@ -26,6 +25,7 @@ from editscope.edit.plugins.app import (
 )
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
+from editscope.lm.partial_forward import FullForward, SharedContextForward, SuffixForward
 from editscope.metrics import peak_answer_filter
 from editscope.run import parse_config
 from tests.run.helpers import SUITES
@@ -146,9 +146,8 @@ def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, arch,
     hp = AppHParams(alpha=0.7, beta=1.3, gamma=0.4, filter_answers=False)
     results = {}
     for path in ("full", "fast"):
-        engine.objective_path = path
         term = AppTerm(hp)
-        ctx = build_context(engine, request_, ["{}", "A short prefix. {}"], point)
+        ctx = build_context(engine, request_, ["{}", "A short prefix. {}"], point, forward=FORWARDS[path])
         setup_terms(ctx, [term])
         gen = torch.Generator().manual_seed(1)
         out = []
@@ -157,10 +156,9 @@ def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, arch,
             value = term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
             value.backward()
             out.append((float(value.detach()), delta.grad.clone()))
-        taken = [type(held[1]) for held in ctx._fixed.values()]
-        assert taken == ([SharedContextForward] if path == "fast" else [])
+        taken = [type(held[1]) for held in ctx._side.values()]
+        assert taken == ([SharedContextForward] if path == "fast" else [FullForward])
         results[path] = out
-    engine.objective_path = "fast"
     for (v_full, g_full), (v_fast, g_fast) in zip(results["full"], results["fast"], strict=True):
         assert v_full > 0 and float(g_full.norm()) > 0
         assert v_fast == pytest.approx(v_full, rel=1e-5, abs=1e-6)
@@ -179,12 +177,8 @@ def test_side_batch_with_different_contexts_takes_the_suffix_forward(tiny_bundle
     assert positions[0] != positions[1]
     delta = torch.randn(engine.model.config.hidden_size, generator=torch.Generator().manual_seed(3)) * 3.0
     fast = ctx.run(batch, positions, delta, fixed=True)
-    assert [type(held[1]) for held in ctx._fixed.values()] == [SuffixForward]
-    engine.objective_path = "full"
-    try:
-        full = ctx.run(batch, positions, delta)
-    finally:
-        engine.objective_path = "fast"
+    assert [type(held[1]) for held in ctx._side.values()] == [SuffixForward]
+    full = FullForward(engine, batch, positions, ctx.hook_point).hidden(delta)
     for r, (c, n) in enumerate(zip(batch.context_lengths, batch.continuation_lengths, strict=True)):
         assert torch.allclose(fast[r, : c + n - 1], full[r, : c + n - 1], atol=1e-5, rtol=1e-4)
     assert not torch.allclose(full, ctx.run(batch, positions, None), atol=1e-3)  # δ acts
@@ -196,15 +190,12 @@ def test_l2_and_l3_are_exactly_zero_before_the_first_step(tiny_bundles, path):
     give no gradient: rounding differences between two forwards cannot switch them on (the fast path is the case
     that needs it; on the full path both reads are one forward anyway)."""
     engine = ScoringEngine(tiny_bundles["llama"])
-    engine.objective_path = path
-    try:
-        term = AppTerm(AppHParams(filter_answers=False))
-        ctx = build_context(engine, REQUEST, ["{}", "A short prefix. {}"], f"blocks.{LAYER}.mlp_out")
-        setup_terms(ctx, [term])
-        delta = torch.zeros(engine.model.config.hidden_size, requires_grad=True)
-        term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
-    finally:
-        engine.objective_path = "fast"
+    term = AppTerm(AppHParams(filter_answers=False))
+    ctx = build_context(engine, REQUEST, ["{}", "A short prefix. {}"], f"blocks.{LAYER}.mlp_out",
+                        forward=FORWARDS[path])
+    setup_terms(ctx, [term])
+    delta = torch.zeros(engine.model.config.hidden_size, requires_grad=True)
+    term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
     parts = ctx.store["app"].history[-1]
     assert parts["L2"] == 0.0 and parts["L3"] == 0.0 and parts["L1"] > 0
 
@@ -220,24 +211,23 @@ def test_ft_side_batch_on_the_shared_context_path_equals_the_full_forward(tiny_b
     results = {}
     try:
         for path in ("full", "fast"):
-            engine.objective_path = path
             term = AppTerm(hp)
-            ctx = VContext(engine, bundle, REQUEST, None, engine.prepare([(REQUEST.text, REQUEST.target_new)]), [], 1)
+            ctx = VContext(engine, bundle, REQUEST, None, engine.prepare([(REQUEST.text, REQUEST.target_new)]), [], 1,
+                           forward=FORWARDS[path])
             setup_terms(ctx, [term])
             with torch.no_grad():
                 weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(2)) * 0.5)
             weight.requires_grad_(True)
             value = term(VStep(ctx, None, engine.batch_hidden(ctx.batch)))
             value.backward()
-            taken = [type(held[1]) for held in ctx._fixed.values()]
-            assert taken == ([SharedContextForward] if path == "fast" else [])
+            taken = [type(held[1]) for held in ctx._side.values()]
+            assert taken == ([SharedContextForward] if path == "fast" else [FullForward])
             results[path] = (float(value.detach()), weight.grad.clone(), dict(ctx.store["app"].history[-1]))
             weight.requires_grad_(False)
             weight.grad = None
             with torch.no_grad():
                 weight.copy_(saved)
     finally:
-        engine.objective_path = "fast"
         weight.requires_grad_(False)
         with torch.no_grad():
             weight.copy_(saved)

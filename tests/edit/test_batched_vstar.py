@@ -1,8 +1,11 @@
-"""Several requests' v*/z optimised in one batched forward per step (edit.objectives.optimise_deltas) against the
-same requests optimised one at a time: δ and the editors' ΔW equal to 1e-5 relative, on
-tiny-llama and tiny-gpt2, with one request stopping early while the others go on."""
+"""Several requests' v*/z optimised in one batched forward per step (edit.objective.optimise) against the same
+requests optimised one at a time by a plain loop written out here (full forward with a hook adding δ, Adam, clamp,
+as the reference ``compute_v``): δ and the editors' ΔW equal to 1e-5 relative, on tiny-llama and tiny-gpt2, with
+one request stopping early while the others go on."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -10,17 +13,22 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
-from editscope.edit.objectives import (
+from editscope.edit.objective import (
+    FORWARDS,
+    AdamSettings,
     VSpec,
-    batch_groups,
+    VStep,
     build_context,
     default_terms,
     independent_edits,
-    optimise_delta,
-    optimise_deltas,
+    optimise,
+    request_groups,
+    setup_terms,
 )
 from editscope.edit.plugins import attach
+from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
+from editscope.lm.hooks import hooks
 
 REQUESTS = [
     EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France"),
@@ -28,26 +36,57 @@ REQUESTS = [
     EditRequest("{} plays the", "Toko Yasuda", "piano", "guitar"),
 ]
 STEPS = 10
+HOOK = "blocks.1.mlp_out"
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def _engine(bundle, vstar_batch: int | None) -> tuple[ScoringEngine, list[str]]:
+def _engine(bundle) -> tuple[ScoringEngine, list[str]]:
     engine = ScoringEngine(bundle)
-    engine.vstar_batch = vstar_batch
     return engine, context_templates(engine, [[5, 3]], 0)
 
 
+def _plain_loop(engine, ctx, terms, stop_loss: float) -> tuple[torch.Tensor, list[float]]:
+    """One request's δ by the loop of the reference ``compute_v``, written out: the whole model with a hook adding
+    δ at the subject positions, Adam, ‖δ‖ clamped to 4‖v₀‖, stop when the loss < stop_loss."""
+    with torch.no_grad():
+        ctx.store["unedited_hidden"] = engine.batch_hidden(ctx.batch).detach()
+    setup_terms(ctx, terms)
+    delta = torch.zeros(ctx.v_init.shape[0], requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=0.5)
+    rows, cols = torch.arange(len(ctx.subject_positions)), torch.tensor(ctx.subject_positions)
+
+    def add(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[rows, cols] += delta
+        return x
+
+    history = []
+    for i in range(STEPS):
+        opt.zero_grad()
+        with torch.enable_grad(), hooks(engine.model, engine.arch, {HOOK: add}):
+            hidden = engine.batch_hidden(ctx.batch)
+            loss = sum(term(VStep(ctx, delta, hidden)) for term in terms)
+        history.append(float(loss.detach()))
+        if float(loss.detach()) < stop_loss or i == STEPS - 1:
+            break
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            if delta.norm() > 4.0 * ctx.v_init.norm():
+                delta.mul_(4.0 * float(ctx.v_init.norm()) / delta.norm())
+    return delta.detach().double(), history
+
+
 def _one_at_a_time(engine, templates, stop_loss: float, extra=()) -> list[tuple[torch.Tensor, list]]:
-    out = []
-    for request in REQUESTS:
-        ctx = build_context(engine, request, templates, "blocks.1.mlp_out")
-        delta = optimise_delta(ctx, default_terms(0.0625, 0.5) + list(extra), lr=0.5, steps=STEPS,
-                               clamp_norm_factor=4.0, stop_loss=stop_loss)
-        out.append((delta, [sum(h.values()) for h in ctx.store["losses"]]))
-    return out
+    return [_plain_loop(engine, build_context(engine, r, templates, HOOK), default_terms(0.0625, 0.5) + list(extra),
+                        stop_loss) for r in REQUESTS]
+
+
+def _settings(stop_loss: float) -> AdamSettings:
+    return AdamSettings(lr=0.5, steps=STEPS, clamp_norm_factor=4.0, stop_loss=stop_loss)
 
 
 def _early_stop_threshold(histories: list[list[float]]) -> tuple[int, float]:
@@ -65,50 +104,50 @@ def _early_stop_threshold(histories: list[list[float]]) -> tuple[int, float]:
 
 @pytest.mark.parametrize(("family", "path"), [("llama", "fast"), ("gpt2", "fast"), ("llama", "full")])
 def test_batched_deltas_equal_one_at_a_time_with_early_stop(tiny_bundles, family, path):
-    engine, templates = _engine(tiny_bundles[family], None)
-    engine.objective_path = path
+    engine, templates = _engine(tiny_bundles[family])
     free = _one_at_a_time(engine, templates, stop_loss=-1.0)
     stopper, stop_loss = _early_stop_threshold([h for _, h in free])
     want = _one_at_a_time(engine, templates, stop_loss)
     assert len(want[stopper][1]) < STEPS - 1 and all(len(h) == STEPS for i, (_, h) in enumerate(want) if i != stopper)
 
-    ctxs = [build_context(engine, r, templates, "blocks.1.mlp_out") for r in REQUESTS]
-    assert batch_groups(ctxs, engine) == [[0, 1, 2]]  # one joint forward per step for all three
-    got = optimise_deltas(ctxs, [default_terms(0.0625, 0.5) for _ in ctxs], lr=0.5, steps=STEPS,
-                          clamp_norm_factor=4.0, stop_loss=stop_loss)
+    ctxs = [build_context(engine, r, templates, HOOK, forward=FORWARDS[path]) for r in REQUESTS]
+    assert request_groups(ctxs, engine.token_budget) == [[0, 1, 2]]  # one joint forward per step for all three
+    got = optimise(ctxs, [default_terms(0.0625, 0.5) for _ in ctxs], _settings(stop_loss),
+                   token_budget=engine.token_budget)
     for (delta, history), d, ctx in zip(want, got, ctxs, strict=True):
         assert _rel(d, delta) < 1e-5
         assert [sum(h.values()) for h in ctx.store["losses"]] == pytest.approx(history, rel=1e-5)
-    # a batch of one is today's loop itself: bit-equal
-    one = build_context(engine, REQUESTS[1], templates, "blocks.1.mlp_out")
-    assert torch.equal(optimise_deltas([one], [default_terms(0.0625, 0.5)], lr=0.5, steps=STEPS,
-                                       clamp_norm_factor=4.0, stop_loss=stop_loss)[0], want[1][0])
+    # a group of one is the same loop (n = 1)
+    one = build_context(engine, REQUESTS[1], templates, HOOK, forward=FORWARDS[path])
+    alone = optimise([one], [default_terms(0.0625, 0.5)], _settings(stop_loss), token_budget=engine.token_budget)
+    assert _rel(alone[0], want[1][0]) < 1e-5
 
 
-def test_batch_groups_follow_token_budget_and_cap(tiny_bundles):
-    engine, templates = _engine(tiny_bundles["llama"], None)
-    ctxs = [build_context(engine, r, templates, "blocks.1.mlp_out") for r in REQUESTS]
+def test_request_groups_follow_token_budget_and_cap(tiny_bundles):
+    engine, templates = _engine(tiny_bundles["llama"])
+    ctxs = [build_context(engine, r, templates, HOOK) for r in REQUESTS]
     tokens = [c.batch.input_ids.numel() for c in ctxs]
-    engine.token_budget = max(tokens)  # no two fit together
-    assert batch_groups(ctxs, engine) == [[0], [1], [2]]
-    engine.token_budget = 10_000
-    engine.vstar_batch = 2
-    assert batch_groups(ctxs, engine) == [[0, 1], [2]]
-    engine.vstar_batch = 1
-    assert batch_groups(ctxs, engine) == [[0], [1], [2]]
+    assert request_groups(ctxs, max(tokens)) == [[0], [1], [2]]  # no two fit together
+    assert request_groups(ctxs, 10_000, 2) == [[0, 1], [2]]
+    assert request_groups(ctxs, 10_000, 1) == [[0], [1], [2]]
 
 
-def test_plugin_terms_force_one_at_a_time(tiny_bundles):
-    """A plug-in term is outside BATCHED_TERMS: each request runs today's loop, so results are bit-equal."""
+def test_plugin_terms_run_one_request_at_a_time(tiny_bundles, monkeypatch):
+    """A plug-in term is outside BATCHED_TERMS: each request is a group of its own, equal to the plain loop."""
     import tests.edit.l2_plugin  # noqa: F401  (registers "l2")
+    optimise_module = sys.modules["editscope.edit.objective.optimise"]  # the package's `optimise` is the function
 
-    engine, templates = _engine(tiny_bundles["llama"], None)
+    engine, templates = _engine(tiny_bundles["llama"])
     plugin = attach([("l2", {"weight": 0.01, "center": 0.1})])[0]
     want = _one_at_a_time(engine, templates, 0.05, [plugin.term()])
-    ctxs = [build_context(engine, r, templates, "blocks.1.mlp_out") for r in REQUESTS]
-    got = optimise_deltas(ctxs, [default_terms(0.0625, 0.5) + [plugin.term()] for _ in ctxs], lr=0.5, steps=STEPS,
-                          clamp_norm_factor=4.0, stop_loss=0.05)
-    assert all(torch.equal(d, w) for d, (w, _) in zip(got, want, strict=True))
+    sizes = []
+    group = optimise_module._optimise_group
+    monkeypatch.setattr(optimise_module, "_optimise_group", lambda c, *a: sizes.append(len(c)) or group(c, *a))
+    ctxs = [build_context(engine, r, templates, HOOK) for r in REQUESTS]
+    got = optimise(ctxs, [default_terms(0.0625, 0.5) + [plugin.term()] for _ in ctxs], _settings(0.05),
+                   token_budget=engine.token_budget)
+    assert sizes == [1, 1, 1]
+    assert all(_rel(d, w) < 1e-5 for d, (w, _) in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -116,15 +155,15 @@ def test_rome_patches_of_a_single_mode_window_equal_one_at_a_time(tiny_bundles, 
     bundle = tiny_bundles[family]
     editor = get_editor("rome")
     hp = editor.load_hparams(bundle).replace(v_steps=STEPS, context_templates=[[5, 3]])
-    engine, _ = _engine(bundle, 1)
-    want = [editor.compute_patch(bundle, r, hp, engine=engine).deltas for r in REQUESTS]
-    engine, _ = _engine(bundle, 3)
-    with independent_edits(engine, [[r] for r in REQUESTS]):
-        window = engine.vstar_window
-        got = [editor.compute_patch(bundle, r, hp, engine=engine).deltas for r in REQUESTS]
+    alone = EditRuntime(vstar_batch=1)
+    want = [editor.compute_patch(bundle, r, hp, runtime=alone).deltas for r in REQUESTS]
+    runtime = EditRuntime(vstar_batch=3)
+    with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
+        window = runtime.window
+        got = [editor.compute_patch(bundle, r, hp, runtime=runtime).deltas for r in REQUESTS]
         assert len(window.solved) == 3  # all three v* came from the first edit's batched optimisation
         assert all(key[0].hook_point == f"blocks.{hp.layers[0]}.mlp_out" for key in window.solved)
-    assert engine.vstar_window is None
+    assert runtime.window is None
     for g, w in zip(got, want, strict=True):
         assert g.keys() == w.keys()
         assert all(_rel(g[k], w[k]) < 1e-5 for k in w)
@@ -135,8 +174,8 @@ def test_memit_batch_edit_z_batched_equal_one_at_a_time(tiny_bundles, family):
     bundle = tiny_bundles[family]
     editor = get_editor("memit")
     hp = editor.load_hparams(bundle).replace(v_steps=STEPS, context_templates=[[5, 3]])
-    want = editor.compute_patch(bundle, REQUESTS, hp, engine=_engine(bundle, 1)[0])
-    got = editor.compute_patch(bundle, REQUESTS, hp, engine=_engine(bundle, None)[0])
+    want = editor.compute_patch(bundle, REQUESTS, hp, runtime=EditRuntime(vstar_batch=1))
+    got = editor.compute_patch(bundle, REQUESTS, hp, runtime=EditRuntime())
     assert want.deltas.keys() == got.deltas.keys()
     assert all(_rel(got.deltas[k], want.deltas[k]) < 1e-5 for k in want.deltas)
     assert _rel(got.info["vectors"]["z"], want.info["vectors"]["z"]) < 1e-5
@@ -147,42 +186,43 @@ def test_window_is_not_used_once_the_model_changed(tiny_bundles):
     bundle = tiny_bundles["llama"]
     editor = get_editor("rome")
     hp = editor.load_hparams(bundle).replace(v_steps=3, context_templates=[[5, 3]])
-    engine, templates = _engine(bundle, 3)
-    with independent_edits(engine, [[r] for r in REQUESTS]):
-        patch = editor.apply(bundle, REQUESTS[2], hp, engine=engine)  # fills the window for all three
+    runtime = EditRuntime(vstar_batch=3)
+    with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
+        patch = editor.apply(bundle, REQUESTS[2], hp, runtime=runtime)  # fills the window for all three
         try:
+            templates = patch.info["templates"]
             spec = VSpec.of(hp, f"blocks.{hp.layers[0]}.mlp_out", templates)
-            before = engine.vstar_window.solved[(spec, REQUESTS[0])].delta
-            on_edited = editor.compute_patch(bundle, REQUESTS[0], hp, engine=engine)
+            before = runtime.window.solved[(spec, REQUESTS[0])].delta
+            on_edited = editor.compute_patch(bundle, REQUESTS[0], hp, runtime=runtime)
         finally:
             patch.revert(bundle)
-    fresh = editor.compute_patch(bundle, REQUESTS[0], hp, engine=_engine(bundle, 1)[0])
+    fresh = editor.compute_patch(bundle, REQUESTS[0], hp, runtime=EditRuntime(vstar_batch=1))
     v_star = on_edited.info["vectors"]["v_star"][0]
     assert _rel(v_star, fresh.info["vectors"]["v_star"][0]) > 1e-3  # computed on the edited model, not taken
     assert before.norm() > 0
 
 
 def test_runner_single_mode_window_rows_equal_one_at_a_time(tiny_bundles, tmp_path, monkeypatch):
-    """``editscope run`` in mode single with EDITSCOPE_VSTAR_BATCH=3: the same rows (probes to 1e-5) as with 1."""
-    from editscope.edit import objectives
+    """``editscope run`` in mode single with runtime vstar_batch 3: the same rows (probes to 1e-5) as with 1."""
+    optimise_module = sys.modules["editscope.edit.objective.optimise"]  # the package's `optimise` is the function
     from editscope.run import Runner, parse_config, read_results
     from tests.run.helpers import SUITES, base_config
 
-    joint = objectives._optimise_joint
+    group = optimise_module._optimise_group
     calls = []
-    monkeypatch.setattr(objectives, "_optimise_joint", lambda ctxs, *a, **k: calls.append(len(ctxs)) or joint(
-        ctxs, *a, **k))
+    monkeypatch.setattr(optimise_module, "_optimise_group", lambda ctxs, *a: calls.append(len(ctxs)) or group(
+        ctxs, *a))
     methods = [{"name": m, "overrides": {"v_steps": 4}} for m in ("rome", "memit")]
     rows = {}
-    for n in ("1", "3"):
-        monkeypatch.setenv("EDITSCOPE_VSTAR_BATCH", n)
-        cfg = parse_config(base_config(methods=methods), suites=SUITES)
-        Runner(cfg, out_dir=tmp_path / n, bundle=tiny_bundles["llama"], suite_factories=SUITES, progress=False,
+    for n in (1, 3):
+        cfg = parse_config(base_config(methods=methods, runtime={"vstar_batch": n}), suites=SUITES)
+        Runner(cfg, out_dir=tmp_path / str(n), bundle=tiny_bundles["llama"], suite_factories=SUITES, progress=False,
                log=lambda _m: None).run()
-        rows[n] = read_results(tmp_path / n / "results.jsonl")
-    assert calls == [3, 3]  # with 3: one batched optimisation of the 3 cases per method; with 1: none
-    assert len(rows["3"]) == len(rows["1"]) == 6
-    for got, want in zip(rows["3"], rows["1"], strict=True):
+        rows[n] = read_results(tmp_path / str(n) / "results.jsonl")
+    assert [c for c in calls if c > 1] == [3, 3]  # with 3: one batched optimisation of the 3 cases per method
+    assert len(rows[3]) == len(rows[1]) == 6
+    for got, want in zip(rows[3], rows[1], strict=True):
+        assert got["runtime"]["vstar_batch"] == 3 and want["runtime"]["vstar_batch"] == 1
         assert (got["case_id"], got["method"], got["pre"]) == (want["case_id"], want["method"], want["pre"])
         new = [c["logprob_sum"] for p in got["post"]["rewrite_es"]["prompts"] for c in p["candidates"]]
         old = [c["logprob_sum"] for p in want["post"]["rewrite_es"]["prompts"] for c in p["candidates"]]

@@ -17,12 +17,23 @@ import torch.nn.functional as F
 
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates, template_weights
-from editscope.edit.objectives import EssenceKL
+from editscope.edit.objective import EssenceKL
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
 STEPS = 3
+#: the HF module names of each tiny family's blocks and MLP down projection, written out here (not the arch maps)
+DOWN = {"llama": "down_proj", "gemma3": "down_proj", "gpt2": "c_proj", "gptj": "fc_out"}
+MEMIT_FAMILIES = ["llama", "gpt2", "gptj"]  # MEMIT's residual spread needs a linear residual (not Gemma 3)
+
+
+def blocks(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def down_proj(model, layer: int):
+    return getattr(blocks(model)[layer].mlp, DOWN[model.config.model_type.split("_")[0]])
 
 
 # -- a straight-line reference implementation ---------------------------------------------------------------
@@ -54,7 +65,7 @@ def batch(tok, texts: list[str]) -> dict:
 def mlp_io(model, layer: int, tok, prompts: list[str], subject: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Input and output of the layer's down projection at the subject's last token of each prompt."""
     seen = {}
-    module = model.model.layers[layer].mlp.down_proj
+    module = down_proj(model, layer)
     handle = module.register_forward_hook(lambda m, i, o: seen.update(i=i[0].detach(), o=o.detach()))
     try:
         with torch.no_grad():
@@ -68,7 +79,7 @@ def mlp_io(model, layer: int, tok, prompts: list[str], subject: str) -> tuple[to
 
 def block_out(model, layer: int, tok, prompt: str, subject: str) -> torch.Tensor:
     seen = {}
-    handle = model.model.layers[layer].register_forward_hook(
+    handle = blocks(model)[layer].register_forward_hook(
         lambda m, i, o: seen.update(h=(o[0] if isinstance(o, tuple) else o).detach()))
     try:
         with torch.no_grad():
@@ -132,14 +143,17 @@ def compute_target(model, tok, req, templates, hp, module, kl_at_subject: bool) 
     return (state["init"] + delta).detach().double()
 
 
-def reference_rome(bundle, req, templates, cov, hp, paper: bool) -> torch.Tensor:
+def reference_rome(bundle, req, templates, cov, hp, paper: bool, bare_key: bool | None = None) -> torch.Tensor:
+    """``paper`` switches the essence KL to after "{s} is a" and (unless ``bare_key`` says otherwise) the update
+    to eq. 2 on k*."""
     model, tok, layer = bundle.model, bundle.tokenizer, hp.layers[0]
-    target = compute_target(model, tok, req, templates, hp, model.model.layers[layer].mlp, kl_at_subject=not paper)
+    bare_key = not paper if bare_key is None else bare_key
+    target = compute_target(model, tok, req, templates, hp, blocks(model)[layer].mlp, kl_at_subject=not paper)
     keys, _ = mlp_io(model, layer, tok, [c.format(req.prompt) for c in templates], req.subject)
     k_star = keys.mean(0)
     u = torch.linalg.solve(cov.double(), k_star)
-    if paper:  # eq. 2: Λ = (v* − W k*) / ((C⁻¹k*)ᵀ k*)
-        w_k = model.model.layers[layer].mlp.down_proj(k_star.float()[None])[0].detach().double()
+    if not bare_key:  # eq. 2: Λ = (v* − W k*) / ((C⁻¹k*)ᵀ k*)
+        w_k = down_proj(model, layer)(k_star.float()[None])[0].detach().double()
         return torch.outer(target - w_k, u) / (u @ k_star)
     left = u / u.norm()
     cur_input, cur_output = mlp_io(model, layer, tok, [req.prompt], req.subject)
@@ -150,9 +164,9 @@ def reference_rome(bundle, req, templates, cov, hp, paper: bool) -> torch.Tensor
 def reference_memit_family(bundle, reqs, templates, groups, covs, hp, paper: bool, solve) -> dict[int, torch.Tensor]:
     model, tok = bundle.model, bundle.tokenizer
     z_layer = hp.layers[-1]
-    zs = torch.stack([compute_target(model, tok, r, templates, hp, model.model.layers[z_layer], not paper)
+    zs = torch.stack([compute_target(model, tok, r, templates, hp, blocks(model)[z_layer], not paper)
                       for r in reqs], dim=1)
-    originals = {la: model.model.layers[la].mlp.down_proj.weight.detach().clone() for la in hp.layers}
+    originals = {la: down_proj(model, la).weight.detach().clone() for la in hp.layers}
     out = {}
     try:
         for i, layer in enumerate(hp.layers):
@@ -170,12 +184,14 @@ def reference_memit_family(bundle, reqs, templates, groups, covs, hp, paper: boo
             resid = (zs - cur_zs) / (len(hp.layers) - i)
             upd = solve(layer, layer_ks, resid, covs[layer].double())
             with torch.no_grad():
-                model.model.layers[layer].mlp.down_proj.weight[...] = originals[layer] + upd.float()
+                module = down_proj(model, layer)
+                stored = upd.T if type(module).__name__ == "Conv1D" else upd
+                module.weight[...] = originals[layer] + stored.float()
             out[layer] = upd
     finally:
         with torch.no_grad():
             for la, w in originals.items():
-                model.model.layers[la].mlp.down_proj.weight[...] = w
+                down_proj(model, la).weight[...] = w
     return out
 
 
@@ -209,8 +225,9 @@ def _patch(bundle, method, reqs, convention):
     return hp, patch.info["templates"], deltas
 
 
-def test_rome_reference_and_paper_match_straight_line(tiny_bundles, request_a):
-    bundle = tiny_bundles["llama"]
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gptj", "gemma3"])
+def test_rome_reference_and_paper_match_straight_line(tiny_bundles, request_a, family):
+    bundle = tiny_bundles[family]
     got = {}
     for convention in ("reference", "paper"):
         hp, templates, deltas = _patch(bundle, "rome", [request_a], convention)
@@ -221,9 +238,10 @@ def test_rome_reference_and_paper_match_straight_line(tiny_bundles, request_a):
     assert rel(got["paper"], got["reference"]) > 1e-3
 
 
+@pytest.mark.parametrize("family", MEMIT_FAMILIES)
 @pytest.mark.parametrize("method", ["memit", "alphaedit"])
-def test_memit_family_reference_and_paper_match_straight_line(tiny_bundles, request_a, request_b, method):
-    bundle = tiny_bundles["llama"]
+def test_memit_family_reference_and_paper_match_straight_line(tiny_bundles, request_a, request_b, method, family):
+    bundle = tiny_bundles[family]
     got = {}
     for convention in ("reference", "paper"):
         hp, templates, deltas = _patch(bundle, method, [request_a, request_b], convention)
@@ -239,11 +257,30 @@ def test_memit_family_reference_and_paper_match_straight_line(tiny_bundles, requ
     assert rel(got["paper"], got["reference"]) > 1e-3
 
 
+@pytest.mark.parametrize(("preset", "switch", "paper", "bare_key"), [
+    ("paper", {"update_key": "bare"}, True, True),
+    ("reference", {"update_key": "k_star"}, False, False),
+    ("reference", {"kl_at": "next"}, True, True),
+])
+def test_one_switch_over_a_preset_changes_only_its_reading(tiny_bundles, request_a, preset, switch, paper, bare_key):
+    """Each switch acts alone: a preset with one switch overridden equals the reference re-implementation with
+    only that reading changed, and the switches in force are what the hparams report (recorded per row)."""
+    bundle = tiny_bundles["llama"]
+    editor = get_editor("rome")
+    hp = editor.load_hparams(bundle).replace(v_steps=STEPS, convention=preset, **switch)
+    patch = editor.compute_patch(bundle, request_a, hp)
+    layer = hp.layers[0]
+    cov = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")[layer]
+    want = reference_rome(bundle, request_a, patch.info["templates"], cov, hp, paper=paper, bare_key=bare_key)
+    assert rel(bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]).double(), want) < 1e-5
+    assert {k: hp.protocol()[k] for k in switch} == switch and hp.protocol()["convention"] == preset
+
+
 def test_template_weights_hand_examples():
     half = torch.tensor([0.5] + [0.1] * 5, dtype=torch.float64)  # MEMIT's spec: the bare prompt weighs ½
-    assert torch.allclose(template_weights([[10, 5]], "reference"), half)
-    assert torch.allclose(template_weights([[10, 5]], "paper"), torch.full((6,), 1 / 6, dtype=torch.float64))
-    ref = template_weights([[5, 10], [10, 10]], "reference")  # ROME's original spec as MEMIT groups: ⅓ each group
+    assert torch.allclose(template_weights([[10, 5]], "grouped"), half)
+    assert torch.allclose(template_weights([[10, 5]], "flat"), torch.full((6,), 1 / 6, dtype=torch.float64))
+    ref = template_weights([[5, 10], [10, 10]], "grouped")  # ROME's original spec as MEMIT groups: ⅓ each group
     assert torch.allclose(ref, torch.tensor([1 / 3] + [1 / 30] * 20, dtype=torch.float64))
     with pytest.raises(EditscopeError):
         template_weights([[10, 5]], "easyedit")
@@ -251,7 +288,7 @@ def test_template_weights_hand_examples():
 
 def test_essence_kl_reads_at_declared_position(tiny_bundles, request_a):
     """``at="subject"`` reads the logits at the subject's last token of "{s} is a", ``at="next"`` after "a"."""
-    from editscope.edit.objectives import VStep, build_context
+    from editscope.edit.objective import VStep, build_context
 
     bundle = tiny_bundles["llama"]
     engine = ScoringEngine(bundle)

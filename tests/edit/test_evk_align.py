@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from editscope.edit.objectives import VStep, build_context
+from editscope.edit.objective import VStep, build_context
 from editscope.edit.plugins import PLUGINS, get_plugin
 from editscope.edit.plugins.evk_align import EvkAlign, EvkAlignHParams, topk_kl
 from editscope.edit.registry import get_editor

@@ -1,4 +1,5 @@
-"""The suffix-only v*/z forward (edit.fastpath) against the full forward it replaces (tiny models)."""
+"""The suffix-only v*/z forward (lm.partial_forward, the edit runtime's ``fast`` forward) against the full forward it
+replaces (tiny models)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
-from editscope.edit.fastpath import SuffixForward, start_block
-from editscope.edit.objectives import EssenceKL, build_context, setup_terms
+from editscope.edit.objective import FORWARDS, EssenceKL, build_context, setup_terms
+from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
+from editscope.lm.partial_forward import FullForward, SuffixForward, start_block
 
 FAMILIES = ["llama", "gpt2", "gptj", "gemma3"]
 
@@ -33,14 +35,17 @@ def _both(ctx, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     out = []
     read = _read(ctx)
     for path in ("fast", "plain"):
-        ctx.engine.objective_path = path
+        ctx.forward = FORWARDS[path]
+        ctx.release()
         d = delta.clone().requires_grad_(True)
         hidden = ctx.run(ctx.batch, ctx.subject_positions, d)
         weights = torch.linspace(-1, 1, hidden.shape[-1])
         loss = ((hidden * weights).sum(-1) * read).sum()
         loss.backward()
         out += [hidden.detach(), d.grad]
-    ctx.engine.objective_path = "fast"
+    ctx.forward = FORWARDS["fast"]
+    ctx.release()
+    ctx.main_forward()
     return tuple(out)
 
 
@@ -54,9 +59,9 @@ def test_suffix_forward_equals_full_forward(tiny_bundles, request_a, family, kin
     delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(1)) * ctx.v_init.norm()
     fast, fast_grad, full, full_grad = _both(ctx, delta.float())
     read = _read(ctx)
-    assert isinstance(ctx._fast, SuffixForward)
+    assert isinstance(ctx._main, SuffixForward)
     # blocks run per step: from L (δ inside block L) or L + 1 (δ after block L)
-    assert ctx._fast.start == layer + (kind == "resid_post")
+    assert ctx._main.start == layer + (kind == "resid_post")
     assert (fast[read] - full[read]).abs().max() <= 1e-5 * full[read].abs().max()
     assert (fast_grad - full_grad).norm() <= 1e-5 * full_grad.norm()
     # δ does act: the states after the subject differ from the unedited ones, those before do not
@@ -110,10 +115,10 @@ def test_other_batches_take_the_full_forward(tiny_bundles, request_a):
     pos = [3, 3]
     delta = torch.ones(ctx.v_init.shape[0])
     got = ctx.run(other, pos, delta)
-    engine.objective_path = "plain"
+    ctx.forward = FORWARDS["plain"]
     want = ctx.run(other, pos, delta)
     assert torch.equal(got, want)
-    assert ctx._fast is None  # never built for a batch other than the main one
+    assert ctx._main is None  # never built for a batch other than the main one
 
 
 def test_rows_beyond_the_sliding_window_take_the_full_forward(tiny_bundles):
@@ -126,7 +131,7 @@ def test_rows_beyond_the_sliding_window_take_the_full_forward(tiny_bundles):
     assert SuffixForward.build(engine, ctx.batch, ctx.subject_positions, ctx.hook_point) is None
     delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(2))
     fast, _, full, _ = _both(ctx, delta)
-    assert ctx._fast is False and torch.equal(fast, full)
+    assert isinstance(ctx._main, FullForward) and torch.equal(fast, full)
 
 
 def test_start_block():
@@ -140,9 +145,7 @@ def test_start_block():
 def _patch(bundle, method: str, request, path: str, **changes):
     editor = get_editor(method)
     hp = editor.load_hparams(bundle).replace(**changes)
-    engine = ScoringEngine(bundle)
-    engine.objective_path = path
-    return editor.compute_patch(bundle, request, hp, engine=engine)
+    return editor.compute_patch(bundle, request, hp, runtime=EditRuntime(forward=path))
 
 
 @pytest.mark.parametrize("method,family", [("rome", f) for f in FAMILIES]

@@ -11,6 +11,7 @@ import pytest
 
 from editscope.data.records import EditRequest
 from editscope.edit import edited, get_editor
+from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 from editscope.paths import data_file
 
@@ -69,11 +70,12 @@ def test_alphaedit_sequential_keeps_the_first_edit(smollm2):
     engine = ScoringEngine(smollm2)
     before = weights_hash(smollm2.model)
     state = editor.new_state()
+    runtime = EditRuntime()  # shared by the chain: context templates generated once, from the unedited model
     reqs = counterfact_requests(3)[1:]  # records 1-2: the first is ROME's test case above
     patches = []
     try:
         for req in reqs:
-            patches.append(editor.apply(smollm2, req, hp, state, engine=engine))
+            patches.append(editor.apply(smollm2, req, hp, state, engine=engine, runtime=runtime))
         for req in reqs:
             new, true = (s.mean for s in engine.score([(req.text, req.target_new), (req.text, req.target_true)]))
             assert new > true, req.subject

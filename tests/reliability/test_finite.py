@@ -72,7 +72,7 @@ class NanHParams(HParams):
     where: str = "delta"  # delta | vector
 
 
-def _nan_compute(bundle, requests, hp, state, *, engine, extra_terms=()):
+def _nan_compute(bundle, requests, hp, state, *, engine, runtime, extra_terms=()):
     name = bundle.arch.weight_name(hp.layers[0], "mlp_out")
     delta = torch.zeros_like(dict(bundle.model.named_parameters())[name])
     vectors = {"v_star": [torch.ones(3)]}

@@ -11,6 +11,7 @@ import torch
 from editscope.data import load_cases
 from editscope.edit.patch import tensor_checksum
 from editscope.edit.registry import get_editor
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.run import Runner, parse_config, read_results, recompute_metrics
@@ -67,13 +68,15 @@ def test_sequential_batches_equal_batches_by_hand(seq_run, tiny_llama):
     editor = get_editor("alphaedit")
     hp = editor.load_hparams(tiny_llama, None, {"v_steps": 2})
     engine = ScoringEngine(tiny_llama)
+    runtime = EditRuntime()  # one per run, as the runner's: its context templates are generated once
     pre = suite.probe_many(engine, cases)
     state = editor.new_state()
     patches, posts = [], []
     try:
         for r, chunk in enumerate((cases[:2], cases[2:]), start=1):
             torch.manual_seed(derived_seed(0, "counterfact", "alphaedit", 0, "edit", r))
-            patches.append(editor.apply(tiny_llama, [c.request for c in chunk], hp, state, engine=engine))
+            patches.append(editor.apply(tiny_llama, [c.request for c in chunk], hp, state, engine=engine,
+                                        runtime=runtime))
             posts.append(suite.probe_many(engine, cases[:2 * r]))
     finally:
         for p in reversed(patches):

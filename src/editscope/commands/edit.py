@@ -8,6 +8,7 @@ import math
 import time
 
 from editscope.commands._device import add_device_arguments
+from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--save-patch", default=None, metavar="FILE", help="write the patch (safetensors)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_device_arguments(parser)
+    add_runtime_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from editscope.data.records import EditRequest
     from editscope.edit import get_editor, parse_overrides
     from editscope.edit.plugins import import_plugin_modules, parse_plugin_arg
+    from editscope.edit.runtime import EditRuntime
     from editscope.errors import EditscopeError
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
@@ -93,12 +96,13 @@ def run(args: argparse.Namespace) -> int:
     editor.check_model(bundle)
     hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
     engine = ScoringEngine(bundle)
+    runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
     pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
     answers = [(a, "correct") for a in args.correct] + [(a, "hard_false") for a in args.hard_false]
     pre_answers = engine.score([(request.text, a) for a, _ in answers])
     t0 = time.perf_counter()
-    patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, plugins=plugins)
+    patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, runtime=runtime, plugins=plugins)
     seconds = time.perf_counter() - t0
     try:
         post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     result = {
         "method": args.method,
         "label": editor.display(plugins),
+        "runtime": runtime.settings(),
         "plugins": [p.to_dict() for p in plugins],
         "model": bundle.name,
         "prompt": request.text,

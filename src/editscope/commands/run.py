@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from editscope.commands._device import add_device_arguments
+from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="keep the first row of each (dataset, case, method) when results.jsonl holds duplicates "
                         "(two writers or a hand edit) and say how many were dropped")
     add_device_arguments(parser)
+    add_runtime_arguments(parser)
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
                         help="local: this process (default); ray: whole groups on Ray actors (pip install "
                         "'editscope[ray]')")
@@ -40,10 +42,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise EditscopeError("--limit must be >= 1")
     config = load_config(args.config)
-    if args.device is not None or args.dtype is not None:  # the flags win over the config's keys (Ray actors too)
-        import dataclasses
+    import dataclasses
 
+    if args.device is not None or args.dtype is not None:  # the flags win over the config's keys (Ray actors too)
         config = dataclasses.replace(config, device=args.device or config.device, dtype=args.dtype or config.dtype)
+    given = {k: v for k, v in runtime_settings(args).items() if v is not None}
+    if given:  # the flags win over the config's runtime settings
+        from editscope.edit.runtime import EditRuntime
+
+        EditRuntime.from_settings(given, where="--forward/--vstar-batch")  # a bad value fails here, in one line
+        merged = {**dict(config.runtime), **given}
+        config = dataclasses.replace(config, runtime=tuple(merged.items()))
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
                   progress=not args.no_progress, repair=args.repair)
     if args.executor == "ray":

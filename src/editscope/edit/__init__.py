@@ -1,16 +1,18 @@
 """Editors (ROME, MEMIT, AlphaEdit, PRUNE, RECT, FT), their patches, hyperparameters and objectives."""
 
 from editscope.edit.hparams import HParams, VStarHParams, load_yaml, parse_overrides
-from editscope.edit.objectives import EssenceKL, NormPenalty, ObjectiveTerm, TargetNLL, VContext, VStep
+from editscope.edit.objective import EssenceKL, NormPenalty, ObjectiveTerm, TargetNLL, VContext, VStep
 from editscope.edit.patch import Patch
 from editscope.edit.plugins import PLUGINS, Plugin, PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import EDITORS, Editor, apply, edited, get_editor, register_editor
+from editscope.edit.runtime import EditRuntime
 from editscope.edit.session import EditSession
 from editscope.edit.state import EditState, NoState
 
 __all__ = [
     "EDITORS",
     "PLUGINS",
+    "EditRuntime",
     "EditSession",
     "EditState",
     "Editor",

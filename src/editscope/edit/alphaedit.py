@@ -21,7 +21,8 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.memit import spread_over_layers
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objective import ObjectiveTerm
+from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
@@ -57,11 +58,17 @@ class AlphaEditState(EditState):
                               dict(self.null_dims), 0)
 
 
-def null_space_projector(cov: torch.Tensor, threshold: float) -> torch.Tensor:
-    """P = Û Ûᵀ over singular vectors of C with singular value < threshold (AlphaEdit eq. 10)."""
+def null_space(cov: torch.Tensor, threshold: float) -> tuple[torch.Tensor, int]:
+    """P = Û Ûᵀ over singular vectors of C with singular value < threshold (AlphaEdit eq. 10), and the number of
+    those vectors (the null space's dimension), from one SVD."""
     u, s, _ = torch.linalg.svd(cov.double())
     small = u[:, s < threshold]
-    return small @ small.T
+    return small @ small.T, int(small.shape[1])
+
+
+def null_space_projector(cov: torch.Tensor, threshold: float) -> torch.Tensor:
+    """P of :func:`null_space`."""
+    return null_space(cov, threshold)[0]
 
 
 def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor, cache_c: torch.Tensor,
@@ -74,14 +81,15 @@ def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state: AlphaEditState | None = None, *,
-            engine: ScoringEngine, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
+            ) -> tuple[dict[str, torch.Tensor], dict]:
     state = state if state is not None else AlphaEditState()
     missing = [layer for layer in hp.layers if layer not in state.projections]
     if missing:
         covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base")
         for layer in missing:
-            state.projections[layer] = null_space_projector(covs[layer].to(bundle.device), hp.nullspace_threshold)
-            state.null_dims[layer] = int(torch.linalg.svdvals(covs[layer].double()).lt(hp.nullspace_threshold).sum())
+            state.projections[layer], state.null_dims[layer] = null_space(covs[layer].to(bundle.device),
+                                                                          hp.nullspace_threshold)
             state.cache_c[layer] = torch.zeros_like(state.projections[layer])
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
@@ -93,6 +101,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state
             state.cache_c[layer] = state.cache_c[layer] + keys @ keys.T
         state.n_edits += len(requests)
 
-    deltas, info = spread_over_layers(bundle, engine, requests, hp, solver, extra_terms=extra_terms, after=after)
+    deltas, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms,
+                                      after=after)
     info["null_space_dims"] = {layer: state.null_dims[layer] for layer in hp.layers}
     return deltas, info

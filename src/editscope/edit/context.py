@@ -16,7 +16,7 @@ PREFIX_STARTS = ("The", "Therefore", "Because", "I", "You")
 
 
 def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed: int = 0,
-                      start: str | None = None) -> list[str]:
+                      start: str | None = None, cache: dict | None = None) -> list[str]:
     """``["{}"] + [prefix + ". {}", ...]``: short prefixes sampled from the model itself, as MEMIT's reference
     ``get_context_templates`` (kmeng01/memit memit_main.py; ROME §3.1, MEMIT §4.3 "random prefixes").
 
@@ -27,12 +27,13 @@ def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed
     with p ≈ 0.4 after a lone "The" at position 0 (giving "The-the-key-to-the-secret."), and fluent text after
     its document separator "<|endoftext|>The" — which is what a model whose tokenizer adds a BOS sees anyway.
     Braces are replaced by spaces (as the reference) and runs of whitespace collapsed, so a prefix never holds
-    a template slot or a line break. Generated once per engine and (spec, seed, start), from the model as it is
-    then (as ROME/MEMIT's template cache), and reused by later edits through the same engine.
+    a template slot or a line break. With ``cache`` (an :class:`~editscope.edit.runtime.EditRuntime`'s
+    ``templates``) they are generated once per model name and (spec, seed, start), from the model as it is then
+    (as ROME/MEMIT's template cache), and reused by later edits through the same runtime.
     """
-    key = ("context_templates", tuple(tuple(int(x) for x in s) for s in spec), int(seed), start)
-    if key in engine.memo:
-        return list(engine.memo[key])
+    key = (engine.bundle.name, tuple(tuple(int(x) for x in s) for s in spec), int(seed), start)
+    if cache is not None and key in cache:
+        return list(cache[key])
     templates = ["{}"]
     for i, (n_tokens, n_prefixes) in enumerate(spec):
         starts = [PREFIX_STARTS[j % len(PREFIX_STARTS)] for j in range(n_prefixes)]
@@ -48,23 +49,25 @@ def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed
         for j in range(n_prefixes):
             prefix = " ".join(texts[j].replace("{", " ").replace("}", " ").split())
             templates.append(prefix + ". {}")
-    engine.memo[key] = tuple(templates)
+    if cache is not None:
+        cache[key] = tuple(templates)
     return templates
 
 
-def template_weights(spec: Sequence[Sequence[int]], convention: str = "paper") -> torch.Tensor:
+def template_weights(spec: Sequence[Sequence[int]], key_average: str = "flat") -> torch.Tensor:
     """Weight of each template of :func:`context_templates` in the key average k* (float64, sums to 1).
 
-    ``paper``: uniform, k* = (1/N) Σ_j k(x_j + s) (ROME eq. 3; MEMIT eq. 18). ``reference``: the mean within
-    each template group, then the mean over groups, as MEMIT's ``compute_ks`` (kmeng01/memit compute_ks.py);
-    the bare prompt is a group of its own, so with one group of prefixes it weighs ½.
+    ``flat`` (convention ``paper``): uniform, k* = (1/N) Σ_j k(x_j + s) (ROME eq. 3; MEMIT eq. 18). ``grouped``
+    (convention ``reference``): the mean within each template group, then the mean over groups, as MEMIT's
+    ``compute_ks`` (kmeng01/memit compute_ks.py); the bare prompt is a group of its own, so with one group of
+    prefixes it weighs ½.
     """
     sizes = [1] + [int(n) for _, n in spec]
-    if convention == "paper":
+    if key_average == "flat":
         return torch.full((sum(sizes),), 1.0 / sum(sizes), dtype=torch.float64)  # host: moved where the keys are
-    if convention == "reference":
+    if key_average == "grouped":
         return torch.cat([torch.full((n,), 1.0 / (len(sizes) * n), dtype=torch.float64) for n in sizes])  # host
-    raise EditscopeError(f"unknown convention {convention!r} (known: paper, reference)")
+    raise EditscopeError(f"unknown key_average {key_average!r} (known: flat, grouped)")
 
 
 def fill(template: str, text: str) -> str:

@@ -16,8 +16,9 @@ import torch
 from editscope.data.evk import DRIFTS
 from editscope.data.records import EditRequest
 from editscope.edit import alphaedit
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.plugins.evk_align import EvkAlign, EvkAlignHParams
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
@@ -47,11 +48,11 @@ class EvkEditHParams(alphaedit.AlphaEditHParams):
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: EvkEditHParams,
-            state: alphaedit.AlphaEditState | None = None, *, engine: ScoringEngine,
+            state: alphaedit.AlphaEditState | None = None, *, engine: ScoringEngine, runtime: EditRuntime,
             extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     """AlphaEdit's ΔW with EVK-Align (from ``hp.evk_*``) added to its v* loss."""
     if any(t.name == EvkAlign.name for t in extra_terms):
         raise EditscopeError("evk_edit already includes EVK-Align (set evk_* hparams); do not attach the "
                              "evk_align plug-in to it")
-    return alphaedit.compute(bundle, requests, hp, state, engine=engine,
+    return alphaedit.compute(bundle, requests, hp, state, engine=engine, runtime=runtime,
                              extra_terms=[EvkAlign(hp.align()), *extra_terms])

@@ -2,7 +2,7 @@
 Meng et al. 2022, §4 / App. G).
 
 W of ``blocks.L`` MLP down projection is trained with Adam on the target NLL of each request's prompt
-(the :class:`~editscope.edit.objectives.TargetNLL` term plus any plug-in terms); after each step every entry
+(the :class:`~editscope.edit.objective.terms.TargetNLL` term plus any plug-in terms); after each step every entry
 is clamped to ‖W − W₀‖_∞ ≤ ``norm_constraint`` (the L∞ constraint of FT-L). The model is restored on return;
 the patch holds W_final − W₀.
 
@@ -19,7 +19,8 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
-from editscope.edit.objectives import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
+from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
@@ -45,11 +46,12 @@ def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, *, engine: ScoringEngine,
-            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
     names = [bundle.arch.weight_name(layer) for layer in hp.layers]
     originals = {n: params[n].detach().clone() for n in names}
-    ctxs = [VContext(engine, bundle, r, None, engine.prepare([(r.text, r.target_new)]), [], 1) for r in requests]
+    ctxs = [VContext(engine, bundle, r, None, engine.prepare([(r.text, r.target_new)]), [], 1, forward=runtime.strategy)
+            for r in requests]
     terms = [TargetNLL(), *extra_terms]
     for ctx in ctxs:
         setup_terms(ctx, terms)

@@ -135,9 +135,24 @@ class HParams(Params):
         """Token budget of those statistics."""
         return DEFAULT_TOKEN_BUDGET
 
+    def protocol(self) -> dict[str, str]:
+        """The named conventions these hparams compute under (recorded with every result; none by default)."""
+        return {}
 
-#: Editor conventions (DESIGN rule 10): the paper's equations read literally, or the reference code's computation.
-CONVENTIONS = ("paper", "reference")
+
+#: Editor conventions (DESIGN rule 10): presets of the three switches where the reference code computes otherwise
+#: than the paper's equations read literally. ``kl_at``: where the essence KL reads its distributions (``next``:
+#: after "{subject} is a", ROME eq. 4; ``subject``: at the subject's last token, kmeng01/rome ``compute_v``).
+#: ``update_key``: the key ROME's update is solved on (``k_star``: the template-averaged k*, eq. 2; ``bare``: the
+#: bare prompt's key in the residual and denominator, ``compute_v``'s ``cur_input``). ``key_average``: how MEMIT's
+#: keys are averaged over templates (``flat``: uniformly, eq. 18; ``grouped``: within each template group, then
+#: across groups, kmeng01/memit ``compute_ks``).
+CONVENTIONS: dict[str, dict[str, str]] = {
+    "paper": {"kl_at": "next", "update_key": "k_star", "key_average": "flat"},
+    "reference": {"kl_at": "subject", "update_key": "bare", "key_average": "grouped"},
+}
+SWITCH_VALUES: dict[str, tuple[str, ...]] = {"kl_at": ("next", "subject"), "update_key": ("k_star", "bare"),
+                                             "key_average": ("flat", "grouped")}
 
 
 @dataclass
@@ -152,8 +167,9 @@ class VStarHParams(HParams):
 
     ``convention`` names the protocol (DESIGN rule 10): ``paper`` (default) reads ROME eq. 2-4 / MEMIT eq. 16-18
     literally; ``reference`` computes as kmeng01/rome and kmeng01/memit do (essence KL at the subject's last
-    token, ROME's update on the bare prompt's key, MEMIT's keys averaged per template group); see
-    :data:`CONVENTIONS` and each editor's docstring.
+    token, ROME's update on the bare prompt's key, MEMIT's keys averaged per template group). It is a preset of
+    the switches ``kl_at``, ``update_key`` and ``key_average`` (:data:`CONVENTIONS`); a switch given explicitly
+    overrides the preset. :meth:`protocol` gives the values in force (recorded in every results row).
     """
 
     v_lr: float = 0.5
@@ -167,12 +183,19 @@ class VStarHParams(HParams):
     mom2_tokens: int = DEFAULT_TOKEN_BUDGET
     template_start: str | None = None
     convention: str = "paper"
+    kl_at: str | None = None
+    update_key: str | None = None
+    key_average: str | None = None
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
         if self.convention not in CONVENTIONS:
             raise EditscopeError(f"{where}: key 'convention': must be one of {', '.join(CONVENTIONS)}, "
                                  f"got {self.convention!r}")
+        for key, allowed in SWITCH_VALUES.items():
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(allowed)}, got {value!r}")
         for key in ("v_lr", "clamp_norm_factor", "mom2_tokens", "v_steps"):
             if getattr(self, key) <= 0:
                 raise EditscopeError(f"{where}: key {key!r}: must be positive, got {getattr(self, key)}")
@@ -186,6 +209,14 @@ class VStarHParams(HParams):
 
     def stats_tokens(self) -> int:
         return self.mom2_tokens
+
+    def switches(self) -> dict[str, str]:
+        """The convention switches in force: the preset of ``convention``, overridden by any switch given."""
+        preset = CONVENTIONS.get(self.convention, CONVENTIONS["paper"])
+        return {key: getattr(self, key) or preset[key] for key in SWITCH_VALUES}
+
+    def protocol(self) -> dict[str, str]:
+        return {"convention": self.convention, **self.switches()}
 
 
 def hparams_path(method: str, model: str) -> Path:
@@ -207,7 +238,7 @@ def shipped_hparams_path(method: str, model: str) -> Path | None:
     return None
 
 
-# -- hparams derived from the architecture and depth (issue 19 item 2) -----------------------------------------
+# -- hparams derived from the architecture and depth -----------------------------------------
 
 
 @dataclass(frozen=True)

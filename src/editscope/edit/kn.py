@@ -39,7 +39,8 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objective import ObjectiveTerm
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import run_until
@@ -147,7 +148,7 @@ def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, *, engine: ScoringEngine,
-            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     if extra_terms:  # the registry refuses plug-ins first (optimises=False); this guards direct calls
         raise EditscopeError("kn does not optimise a loss, so loss-term plug-ins cannot be attached to it")
     table = answer_embeddings(bundle, engine, hp)

@@ -29,7 +29,8 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, subject_keys, subject_states, template_weights, temporarily_added
 from editscope.edit.hparams import VStarHParams
-from editscope.edit.objectives import ObjectiveTerm, VSpec, solve_requests
+from editscope.edit.objective import ObjectiveTerm, VSpec, solve_requests
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
@@ -58,31 +59,34 @@ def memit_update(keys: torch.Tensor, resid: torch.Tensor, cov: torch.Tensor, lam
     return resid @ adj.T
 
 
-def compute_targets(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], hp: VStarHParams,
-                    templates: Sequence[str], extra_terms: Sequence[ObjectiveTerm], info: dict) -> torch.Tensor:
+def compute_targets(bundle, engine: ScoringEngine, runtime: EditRuntime, requests: Sequence[EditRequest],
+                    hp: VStarHParams, templates: Sequence[str], extra_terms: Sequence[ObjectiveTerm],
+                    info: dict) -> torch.Tensor:
     """z_i = h_i + δ_i at ``blocks.{last layer}.resid_post`` (MEMIT eq. 16), [n, hidden] float64.
 
     The δ_i of one edit are independent (each on the unedited model): they are optimised together, several
-    requests per batched forward (:func:`~editscope.edit.objectives.solve_requests`; ``engine.vstar_batch``), and
+    requests per batched forward (:func:`~editscope.edit.objective.solve_requests`; ``runtime.vstar_batch``), and
     in runner ``mode: single`` with the other cases' requests of the open window of independent edits."""
     spec = VSpec.of(hp, f"blocks.{hp.layers[-1]}.resid_post", templates)
-    solved = solve_requests(engine, requests, spec, extra_terms, peers=lambda groups: [r for g in groups for r in g])
+    solved = solve_requests(engine, runtime, requests, spec, extra_terms,
+                            peers=lambda groups: [r for g in groups for r in g])
     for s in solved:
         info.setdefault("requests", []).append({"losses": s.losses, "delta_norm": float(s.delta.norm()),
                                                 "v_init_norm": float(s.v_init.norm())})
     return torch.stack([s.v_init + s.delta for s in solved])
 
 
-def spread_over_layers(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], hp: VStarHParams,
-                       solver: Solver, *, extra_terms: Sequence[ObjectiveTerm] = (),
+def spread_over_layers(bundle, engine: ScoringEngine, runtime: EditRuntime, requests: Sequence[EditRequest],
+                       hp: VStarHParams, solver: Solver, *, extra_terms: Sequence[ObjectiveTerm] = (),
                        after: Callable[[Callable[[int], torch.Tensor]], None] | None = None,
                        ) -> tuple[dict[str, torch.Tensor], dict]:
     """Steps 1-2 of the module docstring with a pluggable per-layer solve. ``after(keys_at)`` is called with
     the updates of all layers in place (``keys_at(layer)`` -> K [in, n]) before the model is restored."""
-    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start)
-    weights = template_weights(hp.context_templates, hp.convention)
+    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start,
+                                  runtime.templates)
+    weights = template_weights(hp.context_templates, hp.switches()["key_average"])
     info: dict = {"templates": templates, "template_weights": weights}
-    zs = compute_targets(bundle, engine, requests, hp, templates, extra_terms, info)
+    zs = compute_targets(bundle, engine, runtime, requests, hp, templates, extra_terms, info)
     info["vectors"] = {"z": zs}
     z_layer = hp.layers[-1]
     deltas: dict[str, torch.Tensor] = {}
@@ -107,10 +111,10 @@ def spread_over_layers(bundle, engine: ScoringEngine, requests: Sequence[EditReq
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MemitHParams, state=None, *, engine: ScoringEngine,
-            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)
 
-    return spread_over_layers(bundle, engine, requests, hp, solver, extra_terms=extra_terms)
+    return spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms)

@@ -6,7 +6,7 @@ float32 matrix for |Δ| ≈ 1e-4·|W|, 30 % for |Δ| ≈ |W|), so :meth:`Patch.a
 keeps the original values of only the entries where it differs (flat index + value, :class:`_Restore`; a dense
 copy only where that would be smaller). :meth:`Patch.revert` subtracts Δ (the same elementwise operation, so the
 same result) and writes those entries back: bit-exact, and an applied patch holds ΔW plus a few per cent of W
-instead of ΔW plus W (issue 19 item 3: 100 sequential MEMIT edits held 100 copies of five MLP matrices). Revert
+instead of ΔW plus W (otherwise 100 sequential MEMIT edits hold 100 copies of five MLP matrices). Revert
 assumes the edited parameters still hold what apply left (a Bundle enforces the order of patches). A patch records the
 fingerprint of the model it was computed on and a checksum of each edited parameter's pre-edit bytes;
 applying it onto a model with another fingerprint (or with those parameters in another state, e.g. before

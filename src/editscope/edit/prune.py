@@ -21,7 +21,8 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.memit import MemitHParams, memit_update, spread_over_layers
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objective import ObjectiveTerm
+from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
@@ -54,7 +55,8 @@ def restrain(delta: torch.Tensor, sigma_max: float) -> torch.Tensor:
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: PruneState | None = None, *,
-            engine: ScoringEngine, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
+            ) -> tuple[dict[str, torch.Tensor], dict]:
     state = state if state is not None else PruneState()
     params = dict(bundle.model.named_parameters())
     covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
@@ -62,7 +64,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: Pr
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)
 
-    raw, info = spread_over_layers(bundle, engine, requests, hp, solver, extra_terms=extra_terms)
+    raw, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms)
     out = {}
     info["restrained"] = {}
     for name, delta in raw.items():

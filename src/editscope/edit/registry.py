@@ -1,7 +1,7 @@
 """The editor registry: one declared contract for every editing method.
 
 An :class:`Editor` states what a method is and can do — its name and display label, the parameters it writes,
-whether it optimises through a loss built from :class:`~editscope.edit.objectives.ObjectiveTerm` (so plug-ins
+whether it optimises through a loss built from :class:`~editscope.edit.objective.ObjectiveTerm` (so plug-ins
 apply), the key statistics it reads, its sequential state class and the architecture families it supports —
 plus its hparams class and its ``compute`` function (:class:`ComputeFn`). The runner, the CLI and reports read
 these declarations; nothing is probed.
@@ -27,29 +27,27 @@ from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
 from editscope.edit.hparams import HParams, load_yaml, resolve_hparams
 from editscope.edit.mend import core as mend
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.plugins import Plugin, PluginLike, attach, combined_label
+from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState, NoState
 from editscope.errors import EditscopeError
+from editscope.lm.archs import ARCHS
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 
 
 class ComputeFn(Protocol):
-    """``compute(bundle, requests, hp, state, *, engine, extra_terms) -> (deltas, info)``: ΔW per parameter
-    (stored orientation) and diagnostics; the model is unchanged on return. ``extra_terms`` (the attached
-    plug-ins' terms) are added to the editor's loss; editors that do not optimise never receive any."""
+    """``compute(bundle, requests, hp, state, *, engine, runtime, extra_terms) -> (deltas, info)``: ΔW per
+    parameter (stored orientation) and diagnostics; the model is unchanged on return. ``runtime`` says how to
+    compute (forward strategy, request batching, template cache: :class:`~editscope.edit.runtime.EditRuntime`).
+    ``extra_terms`` (the attached plug-ins' terms) are added to the editor's loss; editors that do not optimise
+    never receive any."""
 
     def __call__(self, bundle: Bundle, requests: list[EditRequest], hp: HParams, state: EditState, *,
-                 engine: ScoringEngine, extra_terms: Sequence[ObjectiveTerm] = ()
+                 engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
                  ) -> tuple[dict[str, torch.Tensor], dict]: ...
-
-
-#: MEMIT's residual spread (and the solves built on it) assume ΔW's output adds linearly to the residual
-#: stream. Gemma 3 normalises the MLP output (post_feedforward_layernorm) before adding it, so those
-#: editors do not support it; ROME and FT target the MLP module output itself (before that norm).
-LINEAR_RESIDUAL_FAMILIES = frozenset({"gpt2", "gptj", "llama"})
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,10 @@ class Editor:
     ``writes`` is the per-layer part (an :class:`~editscope.lm.archs.ArchMap` field) whose weight is edited at
     each of ``hp.layers``; ``optimises`` says the method minimises a sum of objective terms, so plug-ins
     apply; ``state_class`` is its sequential state (:class:`NoState` when edits are independent);
-    ``families`` the architecture families it supports (None: all).
+    ``needs_linear_residual`` says its ΔW's output must add linearly to the residual stream (MEMIT's residual
+    spread and the solves built on it): an architecture whose map declares an ``mlp_post_norm`` (Gemma 3
+    normalises the MLP output before adding it) is refused; ROME and FT target the MLP module output itself
+    (before that norm). ``families`` optionally restricts the architecture families further (None: all).
     """
 
     name: str
@@ -69,6 +70,7 @@ class Editor:
     optimises: bool
     writes: str = "mlp_out"
     state_class: type[EditState] = NoState
+    needs_linear_residual: bool = False
     families: frozenset[str] | None = None
 
     # -- declarations read by the runner and the CLI -------------------------------------------------------
@@ -93,15 +95,20 @@ class Editor:
         return hp.stats_tokens()
 
     def supports(self, family: str) -> bool:
+        """Whether the editor supports the architecture family (a key of :data:`editscope.lm.archs.ARCHS`)."""
+        arch = ARCHS.get(family)
+        if self.needs_linear_residual and (arch is None or arch.mlp_post_norm is not None):
+            return False
         return self.families is None or family in self.families
 
     def check_model(self, bundle: Bundle) -> None:
         """A clear error, before any work, when the model's family is not supported."""
         if not self.supports(bundle.arch.family):
+            why = "; it assumes the MLP output adds linearly to the residual stream" if self.needs_linear_residual \
+                else ""
             raise EditscopeError(
                 f"{self.name} does not support the {bundle.arch.family!r} architecture of {bundle.name} "
-                f"(supported: {', '.join(sorted(self.families or ()))}); it assumes the MLP output adds linearly "
-                "to the residual stream")
+                f"(supported: {', '.join(f for f in sorted(ARCHS) if self.supports(f))}){why}")
 
     def attach(self, plugins: Sequence[PluginLike], where: str = "plugins") -> list[Plugin]:
         """Validated plug-ins for this editor; an error when there are any and the editor does not optimise."""
@@ -130,16 +137,20 @@ class Editor:
 
     def apply(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,
               state: EditState | None = None, *, engine: ScoringEngine | None = None,
-              plugins: Sequence[PluginLike] = ()) -> Patch:
+              runtime: EditRuntime | None = None, plugins: Sequence[PluginLike] = ()) -> Patch:
         """Edit ``bundle.model`` in place and return the patch (``patch.revert(bundle)`` undoes it exactly).
-        ``plugins``: names, ``(name, {hparam: value})`` pairs, :class:`PluginSpec` or :class:`Plugin` objects."""
-        patch = self.compute_patch(bundle, requests, hparams, state, engine=engine, plugins=plugins)
+        ``plugins``: names, ``(name, {hparam: value})`` pairs, :class:`PluginSpec` or :class:`Plugin` objects.
+        ``runtime``: how to compute (None: the defaults, :meth:`EditRuntime.from_settings`); pass the same one to
+        a sequence of edits so they share its template cache."""
+        patch = self.compute_patch(bundle, requests, hparams, state, engine=engine, runtime=runtime,
+                                   plugins=plugins)
         patch.apply(bundle, check=False)
         return patch
 
     def compute_patch(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
                       hparams: HParams | None = None, state: EditState | None = None, *,
-                      engine: ScoringEngine | None = None, plugins: Sequence[PluginLike] = ()) -> Patch:
+                      engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
+                      plugins: Sequence[PluginLike] = ()) -> Patch:
         """The patch of an edit without applying it (the model is unchanged on return)."""
         if isinstance(requests, EditRequest):
             requests = [requests]
@@ -157,10 +168,12 @@ class Editor:
             raise EditscopeError(f"{self.name}: state of type {type(state).__name__}, expected "
                                  f"{self.state_class.__name__}")
         engine = engine or ScoringEngine(bundle)
+        runtime = runtime or EditRuntime.from_settings()
         params = dict(bundle.model.named_parameters())
         t0 = time.perf_counter()
-        deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine,
+        deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine, runtime=runtime,
                                     extra_terms=[p.term() for p in attached])
+        info["runtime"] = runtime.settings()
         info["seconds"] = time.perf_counter() - t0
         _check_finite(self.name, requests, deltas, info)
         unexpected = set(deltas) - set(self.param_names(bundle, hp))
@@ -206,15 +219,15 @@ def _check_finite(method: str, requests: Sequence[EditRequest], deltas: dict, in
 EDITORS: dict[str, Editor] = {e.name: e for e in (
     Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True),
     Editor("memit", "MEMIT", memit.MemitHParams, memit.compute, optimises=True,
-           families=LINEAR_RESIDUAL_FAMILIES),
+           needs_linear_residual=True),
     Editor("alphaedit", "AlphaEdit", alphaedit.AlphaEditHParams, alphaedit.compute, optimises=True,
-           state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
+           state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
     Editor("prune", "PRUNE", prune.PruneHParams, prune.compute, optimises=True, state_class=prune.PruneState,
-           families=LINEAR_RESIDUAL_FAMILIES),
-    Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, families=LINEAR_RESIDUAL_FAMILIES),
+           needs_linear_residual=True),
+    Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, needs_linear_residual=True),
     Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True),
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
-           state_class=alphaedit.AlphaEditState, families=LINEAR_RESIDUAL_FAMILIES),
+           state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
     Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True),  # its editing loss takes terms
 )}

@@ -3,7 +3,7 @@
 For one request at layer L (hook point ``blocks.L.mlp_out``; weight W of the MLP down projection):
 
 - k* = (1/N) Σ_j k(x_j + s): the key at the subject's last token averaged over short prefixes (eq. 3).
-- v* = v₀ + δ*, δ* from the objective of :mod:`editscope.edit.objectives` (eq. 4).
+- v* = v₀ + δ*, δ* from the objective of :mod:`editscope.edit.objective.terms` (eq. 4).
 - Ŵ = W + Λ (C⁻¹k*)ᵀ with Λ = (v* − W k*) / ((C⁻¹k*)ᵀ k*) (eq. 2; PEAK eq. 13), C = E[k kᵀ] the uncentered
   second moment of the keys (:mod:`editscope.stats`). ``mom2_adjustment: false`` uses C = I.
 
@@ -12,7 +12,7 @@ denominator, so Ŵ k* = v*. ``convention: reference`` computes as kmeng01/rome d
 ``cur_output`` at the bare prompt; ``right_vector = (target − cur_output) / (cur_input · left_vector)``;
 ``compute_u``: ``left_vector ∝ C⁻¹k*``): Λ = (v* − W k_bare) / ((C⁻¹k*)ᵀ k_bare) with k_bare the key at the
 subject's last token of the bare prompt, so Ŵ k_bare = v*; and the essence KL is read at the subject's last
-token (:class:`~editscope.edit.objectives.EssenceKL`). k* is the uniform mean over the templates under both
+token (:class:`~editscope.edit.objective.terms.EssenceKL`). k* is the uniform mean over the templates under both
 (ROME's ``compute_u`` has no template groups).
 
 Several requests are edited one after another (each on the model already holding the previous ones), as
@@ -29,7 +29,8 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys, subject_states, temporarily_added
 from editscope.edit.hparams import VStarHParams
-from editscope.edit.objectives import ObjectiveTerm, VSpec, solve_requests
+from editscope.edit.objective import ObjectiveTerm, VSpec, solve_requests
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moment
@@ -60,12 +61,13 @@ def rank_one_update(k: torch.Tensor, residual: torch.Tensor, cov: torch.Tensor |
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None, *, engine: ScoringEngine,
-            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     """ΔW of the edit layer (stored orientation) and diagnostics; the model is unchanged on return."""
     layer = hp.layers[0]
     name = bundle.arch.weight_name(layer)
     cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base") if hp.mom2_adjustment else None
-    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start)
+    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start,
+                                  runtime.templates)
     weight = dict(bundle.model.named_parameters())[name]
     total = torch.zeros(weight.shape, dtype=torch.float64, device=weight.device)
     info: dict = {"templates": templates, "requests": []}
@@ -73,14 +75,16 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
         spec = VSpec.of(hp, f"blocks.{layer}.mlp_out", templates)
         for j, request in enumerate(requests):
             # the first request's v* is computed on the model as handed over: in runner mode single, together
-            # with the first requests of the other cases of the window (objectives.independent_edits)
+            # with the first requests of the other cases of the window (objective.independent_edits)
             peers = (lambda groups: [g[0] for g in groups]) if j == 0 else None
-            solved = solve_requests(engine, [request], spec, extra_terms, peers=peers)[0]
+            solved = solve_requests(engine, runtime, [request], spec, extra_terms, peers=peers)[0]
             delta = solved.delta
             v_star = solved.v_init + delta
             k_star = subject_keys(engine, [request], templates, [layer])[0, 0]
-            # the key the update is solved on: k* (eq. 2) or the bare prompt's key (reference compute_v)
-            k_apply = k_star if hp.convention == "paper" else subject_states(engine, [request], layer, "mlp_key")[0]
+            # the key the update is solved on (switch update_key): k* (eq. 2) or the bare prompt's key (reference
+            # compute_v's cur_input)
+            bare = hp.switches()["update_key"] == "bare"
+            k_apply = subject_states(engine, [request], layer, "mlp_key")[0] if bare else k_star
             residual = v_star - mlp_out_of_keys(bundle, layer, k_apply[None])[0]
             upd = bundle.arch.from_out_in(rank_one_update(k_star, residual, cov, k_apply))
             add(name, upd.float())

@@ -1,13 +1,14 @@
 """An edit session: the one owner of an edited model.
 
-It holds the bundle, one :class:`~editscope.lm.engine.ScoringEngine` on it, and (through the bundle) the
-stack of applied patches and the fingerprint of the weights as they are now. Edits go through
+It holds the bundle, one :class:`~editscope.lm.engine.ScoringEngine` on it, one
+:class:`~editscope.edit.runtime.EditRuntime` (how edits are computed), and (through the bundle) the stack of
+applied patches and the fingerprint of the weights as they are now. Edits go through
 :meth:`EditSession.apply` and are undone newest first, so every cache keyed by :attr:`fingerprint` (layer
 statistics) sees edited and unedited weights as different models.
 
-The engine computes every score from the weights at call time; its ``memo`` holds only the context templates
-editors prefix prompts with, which by ROME/MEMIT's convention are generated once and reused by later edits
-(:func:`editscope.edit.context.context_templates`), not scores.
+The engine computes every score from the weights at call time and holds no editor state. The runtime holds the
+context templates editors prefix prompts with, which by ROME/MEMIT's convention are generated once and reused by
+later edits (:func:`editscope.edit.context.context_templates`), not scores.
 """
 
 from __future__ import annotations
@@ -20,22 +21,25 @@ from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.patch import Patch
 from editscope.edit.registry import get_editor
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
 
 
 class EditSession:
-    """Owns ``bundle`` and ``engine`` (a new one unless given); see the module docstring.
+    """Owns ``bundle``, ``engine`` and ``runtime`` (new ones unless given); see the module docstring.
 
     Usable as a context manager: every patch still applied is reverted on exit, also on error.
     """
 
-    def __init__(self, bundle: Bundle, engine: ScoringEngine | None = None) -> None:
+    def __init__(self, bundle: Bundle, engine: ScoringEngine | None = None,
+                 runtime: EditRuntime | None = None) -> None:
         if engine is not None and engine.bundle is not bundle:
             raise EditscopeError("the engine belongs to another bundle")
         self.bundle = bundle
         self.engine = engine or ScoringEngine(bundle)
+        self.runtime = runtime or EditRuntime.from_settings()
 
     @property
     def fingerprint(self) -> str:
@@ -54,8 +58,10 @@ class EditSession:
     def apply(self, method: str, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,
               state: object | None = None, **kwargs: Any) -> Patch:
         """Compute an edit with ``method`` on the weights as they are now, apply it and return its patch.
-        Keyword arguments go to :meth:`~editscope.edit.registry.Editor.apply` (the engine is the session's)."""
-        return get_editor(method).apply(self.bundle, requests, hparams, state, engine=self.engine, **kwargs)
+        Keyword arguments go to :meth:`~editscope.edit.registry.Editor.apply` (the engine and the runtime are the
+        session's)."""
+        return get_editor(method).apply(self.bundle, requests, hparams, state, engine=self.engine,
+                                        runtime=self.runtime, **kwargs)
 
     def revert(self) -> Patch:
         """Undo the newest applied patch (bit-exact) and return it."""

@@ -9,8 +9,8 @@ is applied, otherwise a digest of that fingerprint and the applied patches' cont
 caches keyed by it (layer statistics) never confuse edited and unedited weights.
 
 Inside :meth:`Bundle.folding` a chain of patches (a sequential run) holds one pre-edit copy per edited parameter
-instead of each patch's ΔW and revert entries (issue 19 item 3: 1,000 sequential edits must not hold 1,000
-matrix-sized tensors); see :meth:`Bundle.fold`.
+instead of each patch's ΔW and revert entries (1,000 sequential edits must not hold 1,000 matrix-sized
+tensors); see :meth:`Bundle.fold`.
 """
 
 from __future__ import annotations

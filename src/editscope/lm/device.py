@@ -22,8 +22,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(spec: str | None) -> torch.device:
-    """The torch device of a ``--device`` value; None: ``$EDITSCOPE_DEVICE``, else ``auto`` (the default issue 19
-    asks for: CUDA when available, else CPU). A one-line error for a CUDA request without CUDA."""
+    """The torch device of a ``--device`` value; None: ``$EDITSCOPE_DEVICE``, else ``auto`` (the default:
+    CUDA when available, else CPU). A one-line error for a CUDA request without CUDA."""
     source = "--device"
     if not spec:
         spec, source = os.environ.get("EDITSCOPE_DEVICE") or "auto", "EDITSCOPE_DEVICE"

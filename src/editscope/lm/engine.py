@@ -25,7 +25,6 @@ encoded together and split at the length of the encoded context. An empty contex
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -144,15 +143,6 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     return context, continuation
 
 
-def _vstar_batch(text: str) -> int | None:
-    """EDITSCOPE_VSTAR_BATCH: ``auto`` (None) or a positive integer."""
-    if text.strip().lower() == "auto":
-        return None
-    if not text.strip().isdigit() or int(text) < 1:
-        raise EditscopeError(f"EDITSCOPE_VSTAR_BATCH must be auto or a positive integer, not {text!r}")
-    return int(text)
-
-
 class ScoringEngine(Scorer):
     """Batched scoring for one model bundle (implements :class:`Scorer`). ``token_budget`` bounds the tokens in
     one forward."""
@@ -178,22 +168,16 @@ class ScoringEngine(Scorer):
         self._max_context = bundle.max_context  # positions the model has: longer inputs are refused
         #: the token an empty context is scored from (BOS, else EOS), declared on the architecture map
         self.start_id = self.arch.start_token_id(self.tokenizer)
-        #: per-engine memo of deterministic derived values (editors keep their context prefixes here, generated
-        #: once per engine like ROME's template cache); owned by this engine, never module state.
-        self.memo: dict = {}
-        #: how editor objectives run their steps: "fast" (only the positions δ can reach, edit.fastpath), "full" (a
-        #: full forward, LM head where read) or "plain" (a full forward and full-vocabulary logits at every
-        #: position: the reference code's cost structure, for benchmarks); EDITSCOPE_OBJECTIVE_PATH sets the default
-        #: (benchmarks/bench_run.py times whole runs on each)
-        self.objective_path: str = os.environ.get("EDITSCOPE_OBJECTIVE_PATH", "fast")
-        if self.objective_path not in ("fast", "full", "plain"):
-            raise EditscopeError(f"EDITSCOPE_OBJECTIVE_PATH must be fast, full or plain, not {self.objective_path!r}")
-        #: how many independent v*/z optimisations share one batched forward per step (edit.objectives
-        #: optimise_deltas): None = as many as fit the token budget (MEMIT-family batch edits), N = at most N, also
-        #: across the cases of runner ``mode: single`` (1 = one at a time); EDITSCOPE_VSTAR_BATCH sets the default
-        self.vstar_batch: int | None = _vstar_batch(os.environ.get("EDITSCOPE_VSTAR_BATCH", "auto"))
-        #: the window of independent edits that runner ``mode: single`` opens (edit.objectives.independent_edits)
-        self.vstar_window = None
+
+    @property
+    def base_module(self) -> torch.nn.Module:
+        """The model without its LM head (the architecture map's ``base``): what partial forwards run."""
+        return self._base
+
+    def base_forward(self, **kwargs):
+        """The base model's forward with ``kwargs`` (transformers' keyword arguments): the final normed hidden
+        states in ``.last_hidden_state``. For forward surgery (:mod:`editscope.lm.partial_forward`)."""
+        return self._base(**kwargs)
 
     @property
     def n_layers(self) -> int:

@@ -171,7 +171,7 @@ def _load_float32(name_or_path: str, seed: int, progress: Callable[[str], None] 
         return load_hf_folder(path)
     from editscope.lm.hub import hub_folder, is_hub_id
 
-    if is_hub_id(str(name_or_path)):  # org/name: through the standard hub cache (issue 19 item 2)
+    if is_hub_id(str(name_or_path)):  # org/name: through the standard hub cache
         return load_hf_folder(hub_folder(str(name_or_path)), name=str(name_or_path))
     raise EditscopeError(
         f"unknown model {name_or_path!r}: not a registry name ({', '.join(registry_names())}) nor a local folder"

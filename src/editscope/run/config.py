@@ -5,6 +5,9 @@ Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
     model: smollm2-135m          # registry name, local HF folder or hub id org/name
     device: auto                 # cpu | cuda | cuda:N | auto (default: cuda if available, else cpu); --device wins
     dtype: float32               # float32 | bfloat16 | float16 (default float32); --dtype overrides it
+    runtime:                     # how edits are computed (editscope.edit.runtime); --forward/--vstar-batch win
+      forward: fast              # fast | full | plain (default: $EDITSCOPE_FORWARD, else fast)
+      vstar_batch: auto          # auto | N: requests per batched v*/z forward (default: $EDITSCOPE_VSTAR_BATCH)
     seed: 0                      # seeds every edit (derived per dataset/method/group: resumable, shardable)
     output: runs/demo            # output directory (relative to the working directory)
     mode: single                 # single | {batch: N} | {sequential: N} | probe_only
@@ -50,7 +53,7 @@ from editscope.errors import EditscopeError
 from editscope.paths import config_path
 
 TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites",
-            "plugin_modules", "device", "dtype"}
+            "plugin_modules", "device", "dtype", "runtime"}
 METHOD_KEYS = {"name", "label", "hparams", "overrides", "plugins"}
 BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
@@ -124,6 +127,9 @@ class RunConfig:
     checkpoints: int = 0
     device: str | None = None  # where the model runs (editscope.lm.device); None: $EDITSCOPE_DEVICE, else auto
     dtype: str | None = None  # the model weights' precision; None: float32
+    #: runtime settings the config gives (editscope.edit.runtime); the values in force, with the environment's
+    #: defaults filled in, are what run.json and the digest record (:meth:`digest`'s ``runtime``)
+    runtime: tuple[tuple[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
@@ -138,6 +144,9 @@ class RunConfig:
         for key in ("device", "dtype"):  # unset: the digest configs had before these keys
             if data[key] is None:
                 data.pop(key)
+        data["runtime"] = dict(self.runtime)
+        if not self.runtime:
+            data.pop("runtime")
         data["blocks"] = [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in self.blocks]
         return data
 
@@ -152,14 +161,21 @@ class RunConfig:
             mode=data["mode"], group_size=data["group_size"], seed=data["seed"], output=data["output"],
             save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
             batch=data.get("batch", 0), rounds=data.get("rounds", 0), checkpoints=data.get("checkpoints", 0),
-            device=data.get("device"), dtype=data.get("dtype"),
+            device=data.get("device"), dtype=data.get("dtype"), runtime=tuple(data.get("runtime", {}).items()),
         )
 
-    def digest(self) -> str:
-        """Identity of what is computed: everything but the output directory and the device."""
+    def digest(self, runtime: dict[str, Any] | None = None) -> str:
+        """Identity of what is computed: everything but the output directory and the device, with ``runtime`` (the
+        runtime settings in force) where they differ from the defaults (so older runs keep their digest)."""
+        from editscope.edit.runtime import DEFAULT_SETTINGS
+
         data = self.to_dict()
         data.pop("output")
         data.pop("device", None)
+        data.pop("runtime", None)
+        changed = {k: v for k, v in (runtime or dict(self.runtime)).items() if DEFAULT_SETTINGS.get(k) != v}
+        if changed:
+            data["runtime"] = changed
         return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()
 
     @property
@@ -243,13 +259,15 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
         raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
     model = _model(c, data, base_dir)
     settings = _settings(c, data)
+    runtime = _runtime(c, data)
     mode = _mode(c, data.get("mode", "single"))
     plugin_modules = _plugin_modules(c, data)
     mode, method_specs = _methods(c, data, mode, known_methods, base_dir)
     blocks = [_block(c, raw, prefix, known_datasets, known_suites, base_dir) for raw, prefix in _raw_blocks(c, data)]
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
     return RunConfig(model=model, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
-                     group_size=mode.group_size, **settings, plugin_modules=plugin_modules, batch=mode.batch,
+                     group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
+                     batch=mode.batch,
                      rounds=mode.rounds, checkpoints=mode.checkpoints)
 
 
@@ -307,6 +325,24 @@ class _Mode:
     batch: int = 0
     rounds: int = 0
     checkpoints: int = 0
+
+
+def _runtime(c: _Checker, data: dict) -> tuple[tuple[str, Any], ...]:
+    """``runtime``: the edit runtime settings the config fixes (:mod:`editscope.edit.runtime`)."""
+    from editscope.edit.objective.forward import FORWARDS
+    from editscope.edit.runtime import DEFAULT_SETTINGS, parse_vstar_batch
+
+    raw = c.typed(data.get("runtime", {}), dict, "runtime", "a mapping")
+    c.keys(raw, set(DEFAULT_SETTINGS), "runtime.")
+    if "forward" in raw and raw["forward"] not in FORWARDS:
+        raise c.fail("runtime.forward", f"must be one of {', '.join(FORWARDS)}, got {raw['forward']!r}")
+    if "vstar_batch" in raw:
+        try:
+            parse_vstar_batch(raw["vstar_batch"])
+        except EditscopeError:
+            raise c.fail("runtime.vstar_batch", f"must be auto or a positive integer, got {raw['vstar_batch']!r}"
+                         ) from None
+    return tuple((k, raw[k]) for k in DEFAULT_SETTINGS if raw.get(k) is not None)
 
 
 def _mode(c: _Checker, raw: Any) -> _Mode:

@@ -41,9 +41,10 @@ import torch
 from editscope.atomic import atomic_write_text
 from editscope.data import DATASETS, dataset_path, load_cases
 from editscope.data.records import Case, EditRequest
-from editscope.edit.objectives import independent_edits
+from editscope.edit.objective import independent_edits
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
+from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
@@ -230,6 +231,8 @@ class Runner:
         self.suite_factories = dict(suite_factories or {})
         self.bundle = bundle
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        #: how edits are computed: the config's runtime settings, the environment's defaults for the others
+        self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.output}: runtime")
         self._state_templates: dict[str, Any] = {}
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
         self._editors: dict[str, Any] = {}  # label -> Editor (set by _prepare)
@@ -268,7 +271,8 @@ class Runner:
         return {
             "format": FORMAT,
             "config": self.config.to_dict(),
-            "config_digest": self.config.digest(),
+            "config_digest": self.config.digest(self.runtime.settings()),
+            "runtime": self.runtime.settings(),
             "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers,
                       "device": bundle.device.type},
             "shard": list(self.shard),
@@ -291,7 +295,8 @@ class Runner:
             return None
         meta = read_json(path)
         assert self.bundle is not None
-        if meta.get("config_digest") != self.config.digest():
+        self._check_runtime(meta.get("runtime") or {})
+        if meta.get("config_digest") != self.config.digest(self.runtime.settings()):
             raise EditscopeError(f"{self.out_dir} holds a run of a different config; use another output directory")
         if meta.get("model", {}).get("fingerprint") != self.bundle.fingerprint:
             raise EditscopeError(f"{self.out_dir} holds a run on a model with another fingerprint "
@@ -303,6 +308,18 @@ class Runner:
         if list(meta.get("shard", [0, 1])) != list(self.shard):
             raise EditscopeError(f"{self.out_dir} holds shard {meta.get('shard')}, not {list(self.shard)}")
         return meta.get("started")
+
+    def _check_runtime(self, stored: dict[str, Any]) -> None:
+        """A resume under other runtime settings than the stored rows' is refused, naming the setting (rows
+        written before run.json recorded them were computed under the defaults)."""
+        from editscope.edit.runtime import DEFAULT_SETTINGS
+
+        for key, value in self.runtime.settings().items():
+            before = stored.get(key, DEFAULT_SETTINGS[key])
+            if before != value:
+                raise EditscopeError(f"{self.out_dir} holds rows computed with runtime {key}={before}, this run has "
+                                     f"{key}={value} (config 'runtime', --{key.replace('_', '-')} or {ENV[key]}): "
+                                     "resume with the same value or use another output directory")
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -362,12 +379,12 @@ class Runner:
                  hparams, engine: ScoringEngine) -> Iterator[dict[str, Any]]:
         """The rows of every (block index, group, members, rows to do per method) task, in order, in this process
         (editscope.run.ray_executor overrides it to spread whole groups over Ray actors). In ``mode: single`` with
-        ``engine.vstar_batch`` = N > 1 (EDITSCOPE_VSTAR_BATCH), N cases at a time form a window of independent edits:
-        the first edit in it optimises the v*/z of all N in one batched loop (edit.objectives.independent_edits)."""
-        size = (engine.vstar_batch or 1) if self.config.mode == "single" else 1
+        runtime ``vstar_batch`` = N > 1, N cases at a time form a window of independent edits: the first edit in it
+        optimises the v*/z of all N in one batched loop (edit.objective.independent_edits)."""
+        size = (self.runtime.vstar_batch or 1) if self.config.mode == "single" else 1
         for s in range(0, len(tasks), size):
-            with independent_edits(engine, [blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size]
-                                            for i in members]):
+            with independent_edits(self.runtime, engine.bundle.fingerprint,
+                                   [blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size] for i in members]):
                 for b, g, members, todo in tasks[s:s + size]:
                     yield from self._group_rows(blocks[b], g, members, todo, editors, hparams, engine)
 
@@ -486,6 +503,8 @@ class Runner:
                     "edit_info": _scalars(patches[patch_of[k]].info),
                     "requests": _requests(block.requests[i]),
                     "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
+                    "conventions": hp.protocol(),  # the convention switches in force (DESIGN rule 10)
+                    "runtime": self.runtime.settings(),
                     "protocol": {name: s.protocol for name, s in block.suites.items()},  # DESIGN rule 10
                     "metrics": metrics,
                     "pre": {name: pre[name][k] for name in block.suites},
@@ -505,8 +524,8 @@ class Runner:
         if mode == "batch":
             requests = [r for i in members for r in block.requests[i]]
             with _naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
-                log.take(editor.apply(bundle, requests, hp, state, engine=engine, plugins=self._plugins[label]),
-                         len(cases))
+                log.take(editor.apply(bundle, requests, hp, state, engine=engine, runtime=self.runtime,
+                                      plugins=self._plugins[label]), len(cases))
         elif mode == "sequential_batches":
             b, every = self.config.batch, self.config.checkpoints
             rounds = [members[s:s + b] for s in range(0, len(members), b)]
@@ -517,7 +536,7 @@ class Runner:
                 requests = [req for i in chunk for req in block.requests[i]]
                 first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
                 with _naming(f"{block.label}: round {r} (cases {first}..{last}), method {label}"):
-                    log.take(editor.apply(bundle, requests, hp, state, engine=engine,
+                    log.take(editor.apply(bundle, requests, hp, state, engine=engine, runtime=self.runtime,
                                           plugins=self._plugins[label]), len(chunk))
                 applied += len(requests)
                 n_done = len(log.seconds)
@@ -529,7 +548,7 @@ class Runner:
             for i in members:
                 with _naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
                     log.take(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
-                                          plugins=self._plugins[label]), 1)
+                                          runtime=self.runtime, plugins=self._plugins[label]), 1)
         if label not in self._state_templates:
             self._state_templates[label] = state.without_edits()
         final_edits = sum(len(block.requests[i]) for i in members)

@@ -31,7 +31,8 @@ from editscope.atomic import atomic_write
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.mend.nets import MendNets
-from editscope.edit.objectives import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
+from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
+from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import capture, hooks
@@ -236,7 +237,7 @@ def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MendHParams, state=None, *, engine: ScoringEngine,
-            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     """MEND's edit: the gradient factors of each request's editing loss (target NLL, plus the plug-ins' terms)
     through the editor networks; the updates of several requests add up (the factors of a batch are summed in
     MEND)."""

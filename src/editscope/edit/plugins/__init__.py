@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from editscope.edit.hparams import Params, parse_key_value
-from editscope.edit.objectives import ObjectiveTerm
+from editscope.edit.objective import ObjectiveTerm
 from editscope.errors import EditscopeError
 
 

@@ -28,7 +28,7 @@ Cost: one extra batched forward per optimisation step holding every APP answer a
 δ added at the subject's last token (``VContext.run``), as the reference code (which appends these rows to its
 main batch). On the fast objective path that forward runs, like the main batch's, only from the edited block
 and the subject's last token on, with the prompt computed once for all answers (``fixed=True``;
-:class:`~editscope.edit.fastpath.SharedContextForward`). With FT, ``ctx.run`` runs the weights being trained, the
+:class:`~editscope.lm.partial_forward.SharedContextForward`). With FT, ``ctx.run`` runs the weights being trained, the
 same way over all blocks; with MEND (whose gradient factors are per row) a full forward.
 """
 
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from editscope.edit.context import subject_last_token_index
-from editscope.edit.objectives import VContext, VStep
+from editscope.edit.objective import VContext, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine, TokenBatch

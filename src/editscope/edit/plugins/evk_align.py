@@ -26,7 +26,7 @@ import torch
 
 from editscope.data.evk import DRIFTS, drift_embeddings, instance_seed, prompt_spans
 from editscope.edit.context import subject_last_token_index
-from editscope.edit.objectives import VContext, VStep
+from editscope.edit.objective import VContext, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import ScoreRequest
@@ -94,7 +94,7 @@ class _Copies:
 
 
 class EvkAlign:
-    """The EVK-Align loss term (:class:`~editscope.edit.objectives.ObjectiveTerm`); see the module docstring."""
+    """The EVK-Align loss term (:class:`~editscope.edit.objective.terms.ObjectiveTerm`); see the module docstring."""
 
     name = "evk_align"
 

@@ -1,14 +1,17 @@
-"""The v* / z optimisation's forward, computed only where δ can act (issue 13 item 1).
+"""Partial forwards: the final hidden states of a batch with a vector δ added at one position per row, computed
+only where δ can act. The v* / z optimisation of the locate-then-edit editors runs one of these per step
+(:mod:`editscope.edit.objective.forward` chooses which); this module is forward surgery on the model and knows
+nothing of losses.
 
 δ enters the residual stream at one position per row: the subject's last token p_r (ROME: output of layer L's
 MLP; MEMIT: after block L). Two parts of every step's forward cannot change and are computed once per edit, in
-one unedited forward of the main batch (with a key/value cache):
+one unedited forward of the batch (with a key/value cache):
 
 - **positions before p_r**: under causal attention no position before p_r attends to it, so at every layer their
   states equal the unedited model's. Each step runs the model only on the suffix p_r .. ``last_read[r]`` of each
   row, its queries attending to the cached prefix keys/values of the same row (the prefix sharing of DESIGN.md: a
   ``DynamicCache`` filled by one forward, then a forward of the continuations under a mask covering prefix +
-  continuation). ``last_read[r]`` is the last position whose final state the loss reads (the last target
+  continuation). ``last_read[r]`` is the last position whose final state the caller reads (the last target
   token's predecessor, the KL position): later positions are not computed at all.
 - **blocks below the start block S**: the input of block S is fixed for the suffix positions too. S = L where δ
   enters inside block L (``mlp_out``: block L runs from its input, its attention over the cached layer-L
@@ -17,13 +20,17 @@ one unedited forward of the main batch (with a key/value cache):
   0..S−1 are replaced, during a step, by a pass-through and block S's input by the recorded one, so each step
   runs blocks S..n−1 only.
 
-:meth:`SuffixForward.hidden` returns the [B, T, d] final states of the batch with δ installed: at positions
-≤ ``last_read[r]`` equal (to float rounding) to a full forward with δ; at later positions the *unedited* states
-(no term may read them). Weights stay frozen (``Bundle`` loads them with ``requires_grad=False``): the backward
-pass computes δ's gradient only. The LM head runs where the objective reads
-(:class:`editscope.edit.objectives.VStep`).
+Three forwards share one interface (``base_hidden``: the unedited final states [B, T, d]; ``hidden(delta)``: the
+states with δ, a vector [d] for every row or one per row [B, d]; ``select(rows)``: the same forward on a subset of
+rows, where supported):
 
-Rows longer than a sliding attention window (Gemma 3's local layers) and δ at a hook point outside the blocks
+- :class:`FullForward`: the whole model with a hook adding δ (exact everywhere; the baseline).
+- :class:`SuffixForward`: the suffix of each row from block S (exact at positions ≤ ``last_read[r]``; later
+  positions hold the unedited states).
+- :class:`SharedContextForward`: rows that continue one shared context, the context computed once per step.
+
+Weights stay frozen (``Bundle`` loads them with ``requires_grad=False``): the backward pass computes δ's gradient
+only. Rows longer than a sliding attention window (Gemma 3's local layers) and δ at a hook point outside the blocks
 take the full forward (``build`` returns None): a custom mask would bypass the window (as
 :meth:`editscope.lm.engine.ScoringEngine.score` refuses such rows).
 """
@@ -173,7 +180,7 @@ class SuffixForward:
 
     def select(self, rows: Sequence[int]) -> SuffixForward:
         """The same suffix forward restricted to ``rows`` (in that order): what a batched optimisation keeps
-        running once some of its requests have stopped early (edit.objectives.optimise_deltas)."""
+        running once some of its requests have stopped early."""
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.ids.device)
         out = copy.copy(self)
         out.ids, out.position_ids, out.valid = self.ids[idx], self.position_ids[idx], self.valid[idx]
@@ -204,11 +211,11 @@ class SuffixForward:
         cache = DynamicCache(ddp_cache_data=self.prefix_kv) if self.prefix else None
         model, arch = self.engine.model, self.engine.arch
         with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
-            out = self.engine._base(
+            out = self.engine.base_forward(
                 input_ids=self.ids,  # embedded, then replaced by block S's recorded input
                 attention_mask=self.mask,
                 position_ids=self.position_ids,
-                **cache_kwargs(self.engine._base, cache),
+                **cache_kwargs(self.engine.base_module, cache),
             ).last_hidden_state
         return self.base_hidden.index_put(self.targets, out[self.rows, self.cols])
 
@@ -306,8 +313,8 @@ class SharedContextForward:
              fns: dict) -> torch.Tensor:
         model, arch = self.engine.model, self.engine.arch
         with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
-            return self.engine._base(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                                     **cache_kwargs(self.engine._base, cache)).last_hidden_state
+            return self.engine.base_forward(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                                     **cache_kwargs(self.engine.base_module, cache)).last_hidden_state
 
     def hidden(self, delta: torch.Tensor | None) -> torch.Tensor:
         """Final hidden states [B, T, d] with δ (a vector [d], or None without a hook point) at the context's p."""
@@ -332,3 +339,53 @@ class SharedContextForward:
         fns = {entry: lambda _x: self.entry} if self.hook_point is not None else {}
         cont = self._run(self.ids, self.mask, self.position_ids, DynamicCache(ddp_cache_data=kv), fns)
         return out.index_put(self.targets, cont[0])
+
+
+def select_rows(batch: TokenBatch, rows: Sequence[int]) -> TokenBatch:
+    """The batch restricted to ``rows``, in that order."""
+    idx = torch.tensor(list(rows), dtype=torch.long, device=batch.input_ids.device)
+    return TokenBatch(batch.input_ids[idx], batch.attention_mask[idx], batch.target_mask[idx],
+                      [batch.context_lengths[r] for r in rows], [batch.continuation_lengths[r] for r in rows],
+                      [batch.context_embeds[r] for r in rows])
+
+
+def add_at(delta: torch.Tensor, positions: Sequence[int]):
+    """A hook function adding δ (a vector [d], or one per row [B, d]) at ``positions[r]`` of each row r."""
+    cols = torch.tensor([int(p) for p in positions])
+
+    def add(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        rows = torch.arange(len(positions), device=x.device)
+        x[rows, cols.to(x.device)] = x[rows, cols.to(x.device)] + delta.to(x.dtype)
+        return x
+
+    return add
+
+
+class FullForward:
+    """The whole model's forward of ``batch``, with δ added at ``positions`` by a hook at ``hook_point`` (None:
+    no δ; the trainable weights are what changes, as FT's). Exact at every position: the baseline the partial
+    forwards are tested against, and the path for batches they cannot take."""
+
+    def __init__(self, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int],
+                 hook_point: str | None) -> None:
+        self.engine, self.batch, self.positions, self.hook_point = engine, batch, list(positions), hook_point
+        self._base_hidden: torch.Tensor | None = None
+
+    @property
+    def base_hidden(self) -> torch.Tensor:
+        """Final states [B, T, d] without δ (computed on first use)."""
+        if self._base_hidden is None:
+            with torch.no_grad():
+                self._base_hidden = self.engine.batch_hidden(self.batch).detach()
+        return self._base_hidden
+
+    def hidden(self, delta: torch.Tensor | None) -> torch.Tensor:
+        if delta is None or self.hook_point is None:
+            return self.engine.batch_hidden(self.batch)
+        with hooks(self.engine.model, self.engine.arch, {self.hook_point: add_at(delta, self.positions)}):
+            return self.engine.batch_hidden(self.batch)
+
+    def select(self, rows: Sequence[int]) -> FullForward:
+        return FullForward(self.engine, select_rows(self.batch, rows), [self.positions[r] for r in rows],
+                           self.hook_point)
