@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from editscope.edit.patch import Patch
-from editscope.paths import data_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,6 +33,7 @@ def test_wheel_installs_and_edits_outside_the_repo(tmp_path):
     (wheel,) = dist.glob("editscope-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "editscope/configs/hparams/rome/tiny-llama.yaml" in names and "editscope/configs/demo.yaml" in names
+    assert "editscope/corpus/wikitext-2-raw_wiki.test.raw.txt.gz" in names and "editscope/corpus/NOTICE" in names
 
     # The project venv is itself a venv, so --system-site-packages would expose the base interpreter's
     # packages, not torch & co.: a .pth file adds the project venv's site-packages after the new venv's own
@@ -48,10 +48,10 @@ def test_wheel_installs_and_edits_outside_the_repo(tmp_path):
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    # the datasets are not package data: an installed editscope is told where they are (ROME's key statistics
-    # read the wikitext corpus); a fresh cache home makes it build the tokenizer and statistics itself
+    # no data folder at all: the default corpus ROME's key statistics read ships with the package; a fresh cache
+    # home makes it build the tokenizer and statistics itself
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(EDITSCOPE_DATA=str(data_dir()), EDITSCOPE_HOME=str(tmp_path / "home"))
+    env.update(EDITSCOPE_DATA=str(tmp_path / "no-data-here"), EDITSCOPE_HOME=str(tmp_path / "home"))
     where = _run([str(python), "-c", "import editscope, editscope.edit.hparams as h; "
                   "print(editscope.__file__); print(h.config_root())"], cwd=work, env=env).stdout.split()
     assert all(str(site) in line for line in where), where  # the installed copy, not the repository's

@@ -36,3 +36,16 @@ def test_missing_file_fails_when_read_or_at_once_with_from_files(tmp_path):
         Corpus.from_files([tmp_path / "missing.txt"])
     with pytest.raises(EditscopeError, match="corpus: no files given"):
         Corpus.from_files([])
+
+
+def test_the_shipped_default_corpus_is_the_data_folders_wikitext_byte_for_byte():
+    """The package's gzip copies give the same text, digests and readings as the shared data folder's files, so
+    statistics cached from either serve the other."""
+    from editscope.data.corpus import DEFAULT_FILES
+    from editscope.paths import data_dir
+
+    shipped = Corpus.default()
+    folder = Corpus.from_files([data_dir() / "corpus" / p.name.removesuffix(".gz") for p in DEFAULT_FILES])
+    assert all(p.suffix == ".gz" and p.is_file() for p in shipped.files)
+    assert (shipped.digest, shipped.sha256) == (folder.digest, folder.sha256)
+    assert shipped.passages == folder.passages and list(shipped.paragraphs()) == list(folder.paragraphs())

@@ -108,3 +108,21 @@ def test_import_refuses_other_models_and_damage(corpus_dir, tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(EditscopeError, match="unreadable safetensors"):
         import_stats(bundle, empty)
+
+
+def test_export_picks_by_token_budget_when_one_layer_is_cached_at_two(corpus_dir, tmp_path, capsys):
+    """After ``make demo`` and an edit, one layer is cached at two budgets: ``export`` names both settings with the
+    option that picks each, and ``--budget`` exports the chosen one (its tensor, bit-exact)."""
+    bundle = load("tiny-llama")
+    corpus = corpus_from([corpus_dir])
+    small = second_moments(bundle, [1], corpus=corpus, token_budget=BUDGET, seq_len=SEQ, progress=False)[1]
+    second_moments(bundle, [1], corpus=corpus, token_budget=2 * BUDGET, seq_len=SEQ, progress=False)
+    out = tmp_path / "stats.safetensors"
+    with pytest.raises(EditscopeError, match=rf"2 statistics settings .*--budget {BUDGET} \(rows of {SEQ} tokens; "
+                                             rf"layers \[1\]\); --budget {2 * BUDGET} "):
+        export_stats(bundle.fingerprint, out, layers=[1])
+    capsys.readouterr()
+    assert main(["stats", "export", "--model", "tiny-llama", "--out", str(out), "--layers", "1",
+                 "--budget", str(BUDGET)]) == 0
+    assert f"{BUDGET} tokens" in capsys.readouterr().out
+    assert torch.equal(load_file(str(out))["layer1.mom2"], small.to(load_file(str(out))["layer1.mom2"].dtype))

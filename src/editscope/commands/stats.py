@@ -4,7 +4,8 @@
   (or reads from the cache) the statistics of each layer, with a progress bar. A corpus is text files, folders
   of .txt files, or JSONL files with --field naming the text; default wikitext-2.
 - ``list [--model M] [--json]`` shows the cache: fingerprint, model, layer, corpus digest, tokens, seconds, size.
-- ``export --model M --out FILE [--layers L...] [--corpus-digest D]`` writes cached layers to one safetensors file.
+- ``export --model M --out FILE [--layers L...] [--corpus-digest D] [--budget N]`` writes cached layers to one
+  safetensors file (one corpus/budget setting; the error lists the cached ones when there are several).
 - ``import FILE --model M`` checks the file against M (fingerprint, dimensions, weights and content checksums)
   and puts its layers into the cache, where edits find them.
 """
@@ -41,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--out", required=True)
     export.add_argument("--layers", type=int, nargs="+")
     export.add_argument("--corpus-digest", help="which corpus, when several are cached")
+    export.add_argument("--budget", type=int, default=None,
+                        help="which token budget, when several are cached (e.g. the demo's and an editor's)")
     export.set_defaults(func=run_export)
     imp = actions.add_parser("import", help="check an exported file against a model and cache its layers")
     imp.add_argument("file")
@@ -91,8 +94,11 @@ def run_export(args: argparse.Namespace) -> int:
     from editscope.stats.artefact import export_stats
 
     bundle = load(args.model, device=args.device, dtype=args.dtype)
-    chosen = export_stats(bundle.fingerprint, args.out, layers=args.layers, corpus=args.corpus_digest)
-    print(f"wrote {len(chosen)} layer(s) ({', '.join(str(s.layer) for s in chosen)}) of {bundle.name} to {args.out}")
+    chosen = export_stats(bundle.fingerprint, args.out, layers=args.layers, corpus=args.corpus_digest,
+                          token_budget=args.budget)
+    first = chosen[0]
+    print(f"wrote {len(chosen)} layer(s) ({', '.join(str(s.layer) for s in chosen)}) of {bundle.name} to {args.out}: "
+          f"corpus {first.corpus}, {first.token_budget} tokens, rows of {first.seq_len}")
     return 0
 
 

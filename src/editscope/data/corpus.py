@@ -1,14 +1,15 @@
-"""The reference text corpus: text files read in order, wikitext-2 (raw) test then validation split from the
-shared data folder by default. The layer statistics (:mod:`editscope.stats`) read it as paragraphs of tokens;
-the suites read it as passages (RS reference passages and TF-IDF, 1-to-N co-occurrence counts).
+"""The reference text corpus: text files read in order (``.gz`` files decompressed), by default wikitext-2 (raw)
+test then validation split, shipped with the package. The layer statistics (:mod:`editscope.stats`) read it as
+paragraphs of tokens; the suites read it as passages (RS reference passages and TF-IDF, 1-to-N co-occurrence
+counts).
 
 Two readers, two keys, kept as they were when the two copies of this class were merged, because each is part
 of stored results (changing one would change cached or recorded numbers):
 
-* :meth:`Corpus.paragraphs` with :attr:`Corpus.digest` (BLAKE2b-96 of the files' bytes, concatenated): the
+* :meth:`Corpus.paragraphs` with :attr:`Corpus.digest` (BLAKE2b-96 of the files' text bytes, concatenated): the
   layer statistics' rule -- stripped non-empty lines not starting with ``=``; the digest keys the statistics
   cache and exported statistics files.
-* :attr:`Corpus.passages` with :attr:`Corpus.sha256` (SHA-256 of each file's bytes followed by a NUL): the
+* :attr:`Corpus.passages` with :attr:`Corpus.sha256` (SHA-256 of each file's text bytes followed by a NUL): the
   suites' rule -- stripped non-empty lines that are not a wikitext heading (`` = Title = ``); the hash keys the
   co-occurrence and TF-IDF caches and is recorded in the suites' probes.
 
@@ -17,6 +18,7 @@ On wikitext-2 the two rules differ on two lines of the test split (`` = Qualifie
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
@@ -24,10 +26,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from editscope.errors import EditscopeError
-from editscope.paths import data_dir
 
-DEFAULT_FILES = ("corpus/wikitext-2-raw_wiki.test.raw.txt", "corpus/wikitext-2-raw_wiki.valid.raw.txt")
-"""The default corpus, relative to ``data_dir()``."""
+#: The default corpus: wikitext-2 raw, test and validation splits (CC BY-SA 3.0; attribution in corpus/NOTICE),
+#: shipped gzip-compressed as package data so that an installed editscope needs no data folder. The files hold the
+#: same bytes as the shared data folder's ``corpus/`` copies, so the digests (cache keys) are the same.
+DEFAULT_FILES = tuple(Path(__file__).resolve().parents[1] / "corpus" / f"wikitext-2-raw_wiki.{split}.raw.txt.gz"
+                      for split in ("test", "valid"))
+
+
+def read_bytes(path: Path) -> bytes:
+    """A corpus file's text bytes (a ``.gz`` file decompressed)."""
+    return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
 
 _HEADING = re.compile(r"^\s*=+ .* =+\s*$")
 
@@ -60,14 +69,14 @@ class Corpus:
 
     @classmethod
     def default(cls) -> Corpus:
-        """wikitext-2 (raw) test and validation splits from the shared data folder (checked now)."""
-        return cls.from_files([data_dir() / rel for rel in DEFAULT_FILES])
+        """wikitext-2 (raw) test and validation splits, shipped with the package (checked now)."""
+        return cls.from_files(DEFAULT_FILES)
 
     @property
     def files(self) -> tuple[Path, ...]:
         """The text files, in reading order."""
         if self._paths is None:
-            paths = tuple(self._files) if self._files else tuple(data_dir() / rel for rel in DEFAULT_FILES)
+            paths = tuple(self._files) if self._files else DEFAULT_FILES
             for path in paths:
                 if not path.is_file():
                     raise EditscopeError(f"corpus file not found: {path}")
@@ -76,21 +85,21 @@ class Corpus:
 
     @property
     def digest(self) -> str:
-        """BLAKE2b (12-byte digest) of the files' bytes, concatenated: the layer statistics' cache key."""
+        """BLAKE2b (12-byte digest) of the files' text bytes, concatenated: the layer statistics' cache key."""
         if self._digest is None:
             h = hashlib.blake2b(digest_size=12)
             for path in self.files:
-                h.update(path.read_bytes())
+                h.update(read_bytes(path))
             self._digest = h.hexdigest()
         return self._digest
 
     @property
     def sha256(self) -> str:
-        """SHA-256 over each file's bytes followed by a NUL, in order: the suites' cache key."""
+        """SHA-256 over each file's text bytes followed by a NUL, in order: the suites' cache key."""
         if self._sha256 is None:
             h = hashlib.sha256()
             for path in self.files:
-                h.update(path.read_bytes())
+                h.update(read_bytes(path))
                 h.update(b"\x00")
             self._sha256 = h.hexdigest()
         return self._sha256
@@ -98,7 +107,8 @@ class Corpus:
     def paragraphs(self) -> Iterator[str]:
         """The layer statistics' text, streamed: every stripped non-empty line not starting with ``=``."""
         for path in self.files:
-            with open(path, encoding="utf-8") as fh:
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt", encoding="utf-8") as fh:
                 for line in fh:
                     text = line.strip()
                     if text and not text.startswith("="):
@@ -111,7 +121,7 @@ class Corpus:
         line."""
         if self._passages is None:
             self._passages = [line.strip() for path in self.files
-                              for line in path.read_text(encoding="utf-8").splitlines()
+                              for line in read_bytes(path).decode("utf-8").splitlines()
                               if line.strip() and not _HEADING.match(line)]
         return self._passages
 

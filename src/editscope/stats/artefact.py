@@ -123,18 +123,27 @@ def list_cached(fingerprint: str | None = None) -> list[CachedStat]:
 
 
 def export_stats(fingerprint: str, out: str | Path, *, layers: Sequence[int] | None = None,
-                 corpus: str | None = None) -> list[CachedStat]:
-    """Write the cached layers of ``fingerprint`` (optionally only ``layers`` / corpus digest ``corpus``) to one
-    safetensors file ``out``. One file holds one corpus/budget/row-length setting: several is an error."""
+                 corpus: str | None = None, token_budget: int | None = None) -> list[CachedStat]:
+    """Write the cached layers of ``fingerprint`` (optionally only ``layers`` / corpus digest ``corpus`` / token
+    budget ``token_budget``) to one safetensors file ``out``. One file holds one corpus/budget/row-length setting:
+    when the cache holds several for the chosen layers, the error lists them with the option that picks each."""
     chosen = [s for s in list_cached(fingerprint)
-              if (layers is None or s.layer in layers) and (corpus is None or s.corpus == corpus)]
+              if (layers is None or s.layer in layers) and (corpus is None or s.corpus == corpus)
+              and (token_budget is None or s.token_budget == token_budget)]
     if not chosen:
-        raise EditscopeError(f"no cached statistics for fingerprint {fingerprint}"
-                             f"{' layers ' + str(list(layers)) if layers else ''} (see 'editscope stats list')")
-    settings = {(s.corpus, s.token_budget, s.seq_len) for s in chosen}
-    if len(settings) > 1:
-        raise EditscopeError(f"cached statistics of {len(settings)} corpus/budget settings: pick one with "
-                             f"--corpus-digest ({', '.join(sorted({s[0] for s in settings}))})")
+        what = (f"{' layers ' + str(list(layers)) if layers else ''}{' corpus ' + corpus if corpus else ''}"
+                f"{' budget ' + str(token_budget) if token_budget else ''}")
+        raise EditscopeError(f"no cached statistics for fingerprint {fingerprint}{what} (see 'editscope stats list')")
+    by_setting: dict[tuple[str, int, int], list[int]] = {}
+    for stat in chosen:
+        by_setting.setdefault((stat.corpus, stat.token_budget, stat.seq_len), []).append(stat.layer)
+    if len(by_setting) > 1:
+        corpora = {c for c, _, _ in by_setting}
+        options = "; ".join(f"--budget {b}" + (f" --corpus-digest {c}" if len(corpora) > 1 else "")
+                            + f" (rows of {n} tokens; layers {sorted(ls)})"
+                            for (c, b, n), ls in sorted(by_setting.items()))
+        raise EditscopeError(f"the cache holds {len(by_setting)} statistics settings for these layers; pick one: "
+                             f"{options}")
     if missing := sorted(set(layers or ()) - {s.layer for s in chosen}):
         raise EditscopeError(f"layers {missing} are not cached for fingerprint {fingerprint}")
     tensors: dict[str, torch.Tensor] = {}
