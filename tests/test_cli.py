@@ -31,3 +31,22 @@ def test_score_on_tiny_model_prints_a_ranked_table(capsys):
     assert lines[0].split() == ["candidate", "tokens", "logprob_sum", "logprob_mean", "rank"]
     ranks = sorted(int(line.split()[-1]) for line in lines[1:])
     assert ranks == [1, 2]
+
+
+def test_configs_lists_every_shipped_config_with_what_it_reproduces(capsys, tmp_path):
+    import json
+
+    from editscope.commands.configs import describe
+    from editscope.paths import configs_dir
+
+    assert main(["configs", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    shipped = {f"experiments/{p.stem}" for p in (configs_dir() / "experiments").glob("*.yaml")} | {"demo"}
+    assert {r["name"] for r in rows} == shipped
+    table1 = next(r for r in rows if r["name"] == "experiments/evk-table1")
+    assert table1["reproduces"].startswith("Paper 004") and "alphaedit" in table1["methods"]
+    config = tmp_path / "mine.yaml"
+    config.write_text("# My table. More text.\n# Wall time: 12 min on 2 cores\nmodel: tiny-llama\nmethods: [rome]\n"
+                      "dataset: counterfact\nsuites: [counterfact]\n")
+    row = describe(config, "mine")
+    assert (row["reproduces"], row["wall_time"], row["methods"]) == ("My table.", "12 min on 2 cores", ["rome"])

@@ -23,6 +23,7 @@ COMMANDS = [
     "editscope.commands.bench",
     "editscope.commands.mend",
     "editscope.commands.stats",
+    "editscope.commands.configs",
 ]
 
 

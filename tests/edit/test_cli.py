@@ -50,3 +50,38 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "key 'bogus'" in capsys.readouterr().err
     assert main(["patch", "info", str(tmp_path / "missing.safetensors")]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_edit_generate_prints_greedy_text_before_and_after(tiny_bundles, tmp_path, capsys):
+    """``--generate N``: greedy continuations of the edit prompt before and after, equal to the engine's own
+    generation on the unedited model and on the model with the saved patch applied; the runtime is recorded."""
+    from editscope.lm.engine import ScoringEngine
+
+    patch_file = tmp_path / "p.safetensors"
+    assert main(["edit", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} is a citizen of",
+                 "--subject", "Danielle Darrieux", "--target", " Japan", "--generate", "6", "--json",
+                 "--set", "v_steps=3", "--save-patch", str(patch_file), "--forward", "full"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runtime"] == {"forward": "full", "vstar_batch": "auto"}
+    (row,) = out["generation"]
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    assert row["prompt"] == "Danielle Darrieux is a citizen of"
+    assert row["pre"] == engine.generate([row["prompt"]], max_new_tokens=6)[0]
+    patch = Patch.load(patch_file)
+    patch.apply(bundle)
+    try:
+        assert row["post"] == engine.generate([row["prompt"]], max_new_tokens=6)[0]
+    finally:
+        patch.revert(bundle)
+    assert main(["edit", "--model", "tiny-llama", "--prompt", "{} x", "--subject", "A", "--target", "B",
+                 "--generate", "-1"]) == 1
+    assert "--generate must be >= 0" in capsys.readouterr().err
+
+
+def test_score_json_holds_the_rank(capsys):
+    assert main(["score", "--model", "tiny-llama", "--prompt", "The capital of France is",
+                 "--candidates", "Paris", "London", "Rome", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_sum = sorted(rows, key=lambda r: -r["logprob_sum"])
+    assert [r["rank"] for r in by_sum] == [1, 2, 3]

@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="hard false answers the edit should not raise (read by plug-ins such as APP; shown "
                         "before/after)")
     parser.add_argument("--save-patch", default=None, metavar="FILE", help="write the patch (safetensors)")
+    parser.add_argument("--generate", type=int, default=0, metavar="N",
+                        help="also print N greedy tokens after the edit prompt (and each --check prompt) before and "
+                        "after the edit")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_device_arguments(parser)
     add_runtime_arguments(parser)
@@ -101,12 +104,16 @@ def run(args: argparse.Namespace) -> int:
     pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
     answers = [(a, "correct") for a in args.correct] + [(a, "hard_false") for a in args.hard_false]
     pre_answers = engine.score([(request.text, a) for a, _ in answers])
+    if args.generate < 0:
+        raise EditscopeError(f"--generate must be >= 0, got {args.generate}")
+    pre_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
     t0 = time.perf_counter()
     patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, runtime=runtime, plugins=plugins)
     seconds = time.perf_counter() - t0
     try:
         post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
         post_answers = engine.score([(request.text, a) for a, _ in answers])
+        post_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
     finally:
         patch.revert(bundle)
     result = {
@@ -124,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         "seconds": seconds,
         "patch": args.save_patch,
     }
+    if args.generate:  # greedy continuations, before and after
+        result["generation"] = [{"prompt": p, "pre": a, "post": b}
+                                for p, a, b in zip(prompts, pre_text, post_text, strict=True)]
     text = _strict_json(result) if args.json else ""  # fails (before saving anything) on NaN/inf
     if args.save_patch:
         patch.save(args.save_patch)
@@ -139,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     for row in result["answers"]:
         label = f"{row['text']} ({row['kind']})"
         print(f"{request.text[:50]:<50}  {label[:16]:<16}  {row['pre']:>9.3f}  {row['post']:>9.3f}")
+    for row in result.get("generation", []):
+        print(f"\n{row['prompt']}\n  before: {row['pre']!r}\n  after:  {row['post']!r}")
     if args.save_patch:
         print(f"patch saved to {args.save_patch}")
     return 0

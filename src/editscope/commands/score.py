@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", required=True, help="the context")
     parser.add_argument("--candidates", nargs="+", required=True, help="continuations to score")
     parser.add_argument("--json", action="store_true",
-                        help="print a JSON list of {candidate, n_tokens, logprob_sum, logprob_mean}")
+                        help="print a JSON list of {candidate, n_tokens, logprob_sum, logprob_mean, rank}")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -35,11 +35,13 @@ def run(args: argparse.Namespace) -> int:
         {"candidate": c, "n_tokens": s.n_tokens, "logprob_sum": s.sum, "logprob_mean": s.mean}
         for c, s in zip(args.candidates, scores, strict=True)
     ]
+    order = sorted(range(len(rows)), key=lambda i: -rows[i]["logprob_sum"])
+    rank = {i: r + 1 for r, i in enumerate(order)}
+    for i, row in enumerate(rows):
+        row["rank"] = rank[i]  # 1 = the highest total log-prob
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    order = sorted(range(len(rows)), key=lambda i: -rows[i]["logprob_sum"])
-    rank = {i: r + 1 for r, i in enumerate(order)}
     width = max(9, *(len(r["candidate"]) for r in rows))
     print(f"{'candidate':<{width}}  tokens  logprob_sum  logprob_mean  rank")
     for i, r in enumerate(rows):

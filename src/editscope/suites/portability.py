@@ -74,17 +74,19 @@ def _accuracy(prompts: list[dict[str, Any]], kind: str) -> float:
 
 
 def accuracies(probe: dict[str, Any]) -> dict[str, float]:
-    """Edit_Succ, Rephrase, Portability_<type> and Portability of one probe (pre or post)."""
+    """Edit_Succ, Rephrase, Portability_<type> and Portability of one probe (pre or post). Questions of a type
+    KnowEdit does not name (EasyEdit's API takes any) count in ``Portability`` without a column of their own."""
     row = {"Edit_Succ": _accuracy(prompts_with_role(probe, "rewrite"), "new")}
     para = prompts_with_role(probe, "paraphrase")
     if para:
         row["Rephrase"] = _accuracy(para, "new")
     port = prompts_with_role(probe, "portability")
-    types = [t for t in PORTABILITY_TYPES if any(p["type"] == t for p in port)]
-    for t in types:
-        row[f"Portability_{t}"] = _accuracy([p for p in port if p["type"] == t], "answer")
+    present = {p["type"] for p in port}  # KnowEdit's types first, in their order; then any other (EasyEdit's API)
+    types = [t for t in PORTABILITY_TYPES if t in present] + sorted(present - set(PORTABILITY_TYPES))
+    per_type = {t: _accuracy([p for p in port if p["type"] == t], "answer") for t in types}
+    row.update({f"Portability_{t}": v for t, v in per_type.items() if t in PORTABILITY_TYPES})
     if types:
-        row["Portability"] = mean([row[f"Portability_{t}"] for t in types])
+        row["Portability"] = mean(list(per_type.values()))
     return row
 
 
@@ -97,9 +99,10 @@ def localities(pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
     for a, b in zip(pre_loc, post_loc, strict=True):
         share = easyedit_locality(one(a, "answer")["token_argmax"], one(b, "answer")["token_argmax"])
         per_type.setdefault(a["type"], []).append(share)
-    row = {f"Locality_{t}": mean(v) for t, v in per_type.items()}
+    means = {t: mean(v) for t, v in per_type.items()}
+    row = {f"Locality_{t}": m for t, m in means.items() if t in LOCALITY_TYPES}  # declared columns: KnowEdit's types
     if per_type:
-        row["Locality"] = mean(list(row.values()))
+        row["Locality"] = mean(list(means.values()))
     return row
 
 

@@ -1,0 +1,168 @@
+"""One call that edits and returns metrics, with EasyEdit's argument names.
+
+    from editscope import edit_and_evaluate
+    result = edit_and_evaluate("smollm2-135m", "rome",
+                               prompts=["Danielle Darrieux is a citizen of"], subject=["Danielle Darrieux"],
+                               target_new=["Japan"], ground_truth=["France"],
+                               rephrase_prompts=["Danielle Darrieux holds a passport of"],
+                               locality_inputs={"neighborhood": {"prompt": ["Paris is the capital of"],
+                                                                 "ground_truth": ["France"]}})
+    result.metrics[0]["paper"]["ES"], result.metrics[0]["easyedit"]["Edit_Succ"]
+
+Each request is edited on the model as given and evaluated before and after its edit (EasyEdit's
+``editor.edit(...)`` with ``keep_original_weight=True``); ``keep=True`` edits them one after another instead,
+each evaluated right after its own edit, and leaves every edit applied (``result.patches`` reverts them).
+
+Two protocols, named apart (DESIGN rule 10): ``paper`` — CounterFact's ES/PS/NS as paper 002 defines them
+(probability comparisons of target_new against ground_truth; needs ``ground_truth``), from
+:class:`~editscope.suites.counterfact.CounterFactSuite`; ``easyedit`` — EasyEdit/KnowEdit's teacher-forced token
+accuracy (Edit_Succ, Rephrase, Portability, Locality as unchanged-argmax share), from
+:class:`~editscope.suites.portability.PortabilitySuite`. A prompt may hold ``{}`` where the subject goes, or be a
+plain prompt containing the subject (its first occurrence is the subject's place).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from editscope.data.records import Case, EditRequest
+from editscope.edit import EditRuntime, EditSession, Patch, get_editor
+from editscope.edit.hparams import HParams
+from editscope.edit.plugins import PluginLike
+from editscope.errors import EditscopeError
+from editscope.lm.loading import Bundle
+from editscope.suites.counterfact import CounterFactSuite
+from editscope.suites.portability import PortabilitySuite
+
+
+@dataclass
+class EditResult:
+    """What :func:`edit_and_evaluate` returns: per request its metrics (``{"paper": {...}, "easyedit": {...}}``,
+    each ``{"ES": post, "ES_pre": pre, ...}``), the patches (applied only with ``keep=True``) and the session."""
+
+    metrics: list[dict[str, Any]]
+    patches: list[Patch]
+    session: EditSession
+    protocols: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """The mean of every metric over the requests, per protocol (a metric a request lacks is left out)."""
+        out: dict[str, dict[str, float]] = {}
+        for proto in ("paper", "easyedit"):
+            names = sorted({k for m in self.metrics for k in m.get(proto, {})})
+            values = {k: [m[proto][k] for m in self.metrics if k in m.get(proto, {})] for k in names}
+            out[proto] = {k: sum(v) / len(v) for k, v in values.items() if v}
+        return out
+
+
+def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequence[str],
+                      target_new: str | Sequence[str], subject: str | Sequence[str],
+                      ground_truth: str | Sequence[str] | None = None,
+                      rephrase_prompts: str | Sequence[str | Sequence[str]] | None = None,
+                      locality_inputs: Mapping[str, Mapping[str, Any]] | None = None,
+                      portability_inputs: Mapping[str, Mapping[str, Any]] | None = None,
+                      hparams: HParams | None = None, plugins: Sequence[PluginLike] = (),
+                      runtime: EditRuntime | None = None, keep: bool = False) -> EditResult:
+    """Edit ``model`` (a registry name, a local HF folder or a loaded bundle) with ``method`` and measure every
+    request before and after; see the module docstring. ``locality_inputs`` / ``portability_inputs`` are
+    EasyEdit's ``{type: {"prompt": [...], "ground_truth": [...]}}``, one entry (a string or a list) per request."""
+    prompts, target_new, subject = _listed(prompts), _listed(target_new), _listed(subject)
+    n = len(prompts)
+    columns = {"target_new": target_new, "subject": subject}
+    if ground_truth is not None:
+        columns["ground_truth"] = _listed(ground_truth)
+    if rephrase_prompts is not None:
+        columns["rephrase_prompts"] = _listed(rephrase_prompts)
+    for name, values in columns.items():
+        if len(values) != n:
+            raise EditscopeError(f"{name}: {len(values)} entries for {n} prompts")
+    truths = columns.get("ground_truth", [None] * n)
+    rephrases = columns.get("rephrase_prompts", [None] * n)
+    cases = [_case(i, prompts[i], subject[i], target_new[i], truths[i], rephrases[i], locality_inputs,
+                   portability_inputs) for i in range(n)]
+
+    if isinstance(model, Bundle):
+        bundle = model
+    else:
+        from editscope.lm import load
+
+        bundle = load(model)
+    editor = get_editor(method)
+    hp = hparams if hparams is not None else editor.load_hparams(bundle)
+    session = EditSession(bundle, runtime=runtime)
+    suites: dict[str, Any] = {"easyedit": PortabilitySuite()}
+    if ground_truth is not None:
+        suites["paper"] = CounterFactSuite()
+    state = editor.new_state()
+    pre = {proto: suite.probe_many(session.engine, cases) for proto, suite in suites.items()}
+    patches, metrics = [], []
+    for i, case in enumerate(cases):
+        patch = session.apply(method, case.request, hp, state if keep else editor.new_state(), plugins=plugins)
+        try:
+            post = {proto: suite.probe_many(session.engine, [case])[0] for proto, suite in suites.items()}
+        finally:
+            if not keep:
+                session.revert()
+        patches.append(patch)
+        row: dict[str, Any] = {"request": {"prompt": case.request.prompt, "subject": case.request.subject,
+                                           "target_new": case.request.target_new,
+                                           "ground_truth": case.request.target_true},
+                               "edit_seconds": patch.info.get("seconds")}
+        for proto, suite in suites.items():
+            row[proto] = _renamed(suite.checked_metrics(case, pre[proto][i], post[proto]))
+        metrics.append(row)
+    return EditResult(metrics, patches, session, {proto: s.protocol for proto, s in suites.items()})
+
+
+def _listed(value: Any) -> list:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _template(i: int, prompt: str, subject: str) -> str:
+    """The prompt as a template with ``{}`` where the subject goes."""
+    if "{}" in prompt:
+        return prompt
+    at = prompt.find(subject)
+    if not subject or at < 0:
+        raise EditscopeError(f"prompts[{i}]: the subject {subject!r} does not occur in {prompt!r} (give the prompt "
+                             "with {} where the subject goes, or a prompt that contains the subject)")
+    return prompt[:at] + "{}" + prompt[at + len(subject):]
+
+
+def _pairs(i: int, inputs: Mapping[str, Mapping[str, Any]] | None, what: str) -> dict[str, list[list[str]]]:
+    """EasyEdit's ``{type: {"prompt": [...], "ground_truth": [...]}}`` -> request i's ``{type: [[prompt, answer]]}``."""
+    out: dict[str, list[list[str]]] = {}
+    for kind, block in (inputs or {}).items():
+        if not isinstance(block, Mapping) or "prompt" not in block or "ground_truth" not in block:
+            raise EditscopeError(f"{what}[{kind!r}]: expected {{'prompt': [...], 'ground_truth': [...]}}")
+        prompts, answers = _listed(block["prompt"]), _listed(block["ground_truth"])
+        if i >= len(prompts) or i >= len(answers):
+            raise EditscopeError(f"{what}[{kind!r}]: no entry {i} (one prompt and ground_truth per request)")
+        ps, as_ = _listed(prompts[i]), _listed(answers[i])
+        if len(as_) == 1 and len(ps) > 1:
+            as_ = as_ * len(ps)
+        if len(ps) != len(as_):
+            raise EditscopeError(f"{what}[{kind!r}][{i}]: {len(ps)} prompts but {len(as_)} ground truths")
+        out[kind] = [[p, a[0] if isinstance(a, list | tuple) else a] for p, a in zip(ps, as_, strict=True)]
+    return out
+
+
+def _case(i: int, prompt: str, subject: str, target_new: str, truth: str | None, rephrase: Any,
+          locality: Mapping[str, Mapping[str, Any]] | None, portability: Mapping[str, Mapping[str, Any]] | None
+          ) -> Case:
+    try:
+        request = EditRequest(_template(i, prompt, subject), subject, target_new, truth)
+    except ValueError as exc:
+        raise EditscopeError(f"request {i}: {exc}") from None
+    local = _pairs(i, locality, "locality_inputs")
+    return Case(case_id=str(i), source="edit_and_evaluate", requests=(request,),
+                paraphrase_prompts=[] if rephrase is None else _listed(rephrase),
+                neighborhood=[(p, a) for items in local.values() for p, a in items],
+                extra={"locality": local, "portability": _pairs(i, portability, "portability_inputs")})
+
+
+def _renamed(row: dict[str, float]) -> dict[str, float]:
+    """``X_post`` -> ``X`` (the value after the edit), ``X_pre`` kept; post-only metrics as they are."""
+    return {k.removesuffix("_post"): v for k, v in row.items()}
