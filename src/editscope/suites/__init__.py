@@ -11,7 +11,8 @@ to add a suite. Every suite is a :class:`~editscope.suites.base.Suite`: it decla
 * ``peak`` -- :mod:`.peak` (appending ES/GS/LS, additivity for hard and random false answers);
 * ``one_to_n`` -- :mod:`.one_to_n` (NKL/MaxAcc/Precision@K/PPL before and after);
 * ``evk`` -- :mod:`.evk` (EVK-Bench Embedding/Text Stability per drift type and σ);
-* ``portability`` -- :mod:`.portability` (KnowEdit portability/locality, EasyEdit's token-accuracy protocol).
+* ``portability`` -- :mod:`.portability` (KnowEdit portability/locality, EasyEdit's token-accuracy protocol);
+* ``general`` -- :mod:`.general` (perplexity, next-token accuracy, known-fact locality, GE of the whole model).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from editscope.errors import EditscopeError
 from editscope.suites.base import Suite, SuiteFigure
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.evk import EvkSuite
+from editscope.suites.general import GeneralAbilitySuite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
 from editscope.suites.portability import PortabilitySuite
@@ -35,6 +37,7 @@ SUITES: dict[str, Callable[..., Suite]] = {
     "one_to_n": OneToNSuite,
     "evk": EvkSuite,
     "portability": PortabilitySuite,
+    "general": GeneralAbilitySuite,
 }
 """Suite name -> factory (keyword options as documented by each suite class)."""
 

@@ -1,0 +1,108 @@
+"""The general suite (PPL, NTA, KnownFacts, GE of the whole model) against computations written out here: a plain
+HF forward per paragraph, greedy generation, and a fact file whose answers the tiny model gives by construction."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from editscope.data.records import EditRequest
+from editscope.edit import get_editor
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.metrics.generation import generation_entropy
+from editscope.suites.general import GeneralAbilitySuite
+
+SUBJECTS = ["Danielle Darrieux", "Thomas Joannes Stieltjes", "Toko Yasuda", "Autonomous University of Madrid",
+            "Apple A5", "Edwin of Northumbria"]
+
+
+@pytest.fixture
+def fact_file(tmp_path, tiny_bundles):
+    """CounterFact-format records whose ground truth is the tiny model's own greedy next word: 'known' facts."""
+    engine = ScoringEngine(tiny_bundles["llama"])
+    records = []
+    for i, subject in enumerate(SUBJECTS):
+        prompt = f"{subject} works in the field of"
+        answer = engine.generate([prompt], max_new_tokens=1)[0].strip() or "x"
+        records.append({"case_id": i, "prompt": prompt, "subject": subject, "target_new": "zebra",
+                        "ground_truth": answer, "rephrase_prompt": prompt, "locality_prompt": prompt,
+                        "locality_ground_truth": answer})
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def _naive_text(bundle, engine, paragraphs):
+    """Sum of token NLLs, token count and argmax hits of each paragraph scored from the start token."""
+    nll = tokens = hits = 0
+    for text in paragraphs:
+        ids = [engine.start_id] + engine.encode(text)
+        with torch.no_grad():
+            logp = bundle.model(torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)
+        target = torch.tensor(ids[1:])
+        nll -= float(logp[torch.arange(len(target)), target].sum())
+        hits += int((logp.argmax(-1) == target).sum())
+        tokens += len(target)
+    return nll, tokens, hits
+
+
+def _top1(bundle, engine, prompt: str, answer: str) -> bool:
+    """Every answer token is the argmax of a plain forward of prompt + " " + answer."""
+    ctx = engine.encode(prompt)
+    ids = engine.encode(prompt + " " + answer)
+    with torch.no_grad():
+        pred = bundle.model(torch.tensor([ids])).logits[0].argmax(-1)
+    return all(int(pred[i - 1]) == ids[i] for i in range(len(ctx), len(ids)))
+
+
+def test_metrics_equal_a_plain_forward_and_hold_under_an_edit(tiny_bundles, fact_file):
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    suite = GeneralAbilitySuite(text_tokens=300, row_tokens=80, facts=4, fact_pool=6, fact_dataset=str(fact_file),
+                                generation_prompts=3, generation_tokens=8)
+    from editscope.data import load_cases
+
+    case = load_cases("counterfact", limit=1)[0]
+    pre = suite.probe_many(engine, [case, case])
+    assert pre[0] is pre[1]  # one measurement per model, shared by the cases
+    assert suite.probe_many(engine, [case])[0] is pre[0]  # the same weights: reused, not recomputed
+    nll, tokens, hits = _naive_text(bundle, engine, suite.text_slice(engine))
+    assert 300 <= tokens <= 300 + 80
+    assert pre[0]["text"]["tokens"] == tokens and pre[0]["text"]["argmax"] == hits
+    assert pre[0]["text"]["nll_sum"] == pytest.approx(nll, rel=1e-4)
+    known = [(r["prompt"], r["ground_truth"]) for r in json.loads(fact_file.read_text())
+             if _top1(bundle, engine, r["prompt"], r["ground_truth"])]
+    assert len(known) >= 2 and suite.known_facts(engine) == known[:4]  # the first (at most) 4 the model answers
+    assert pre[0]["generation"] == engine.generate(suite.prompts(engine), max_new_tokens=8)
+
+    patch = get_editor("rome").apply(bundle, EditRequest("{} works in the field of", SUBJECTS[0], "zebra"),
+                                     get_editor("rome").load_hparams(bundle).replace(v_steps=5))
+    try:
+        post = suite.probe_many(engine, [case])[0]
+        nll_post, _, hits_post = _naive_text(bundle, engine, suite.text_slice(engine))
+    finally:
+        patch.revert(bundle)
+    row = suite.checked_metrics(case, pre[0], post)
+    assert row["PPL_pre"] == pytest.approx(math.exp(nll / tokens), rel=1e-4)
+    assert row["PPL_post"] == pytest.approx(math.exp(nll_post / tokens), rel=1e-4) and row["PPL_post"] != row["PPL_pre"]
+    assert row["NTA_pre"] == hits / tokens and row["NTA_post"] == hits_post / tokens
+    assert row["KnownFacts_pre"] == 1.0 and row["KnownFacts_post"] <= 1.0
+    assert row["GE_pre"] == pytest.approx(generation_entropy(pre[0]["generation"]))
+
+
+def test_probe_set_is_chosen_on_the_unedited_model_only(tiny_bundles, fact_file):
+    bundle = tiny_bundles["llama"]
+    suite = GeneralAbilitySuite(fact_dataset=str(fact_file), fact_pool=6)
+    patch = get_editor("rome").apply(bundle, EditRequest("{} works in the field of", SUBJECTS[0], "zebra"),
+                                     get_editor("rome").load_hparams(bundle).replace(v_steps=2))
+    try:
+        with pytest.raises(EditscopeError, match="chosen on the unedited model"):
+            suite.known_facts(ScoringEngine(bundle))
+    finally:
+        patch.revert(bundle)
+    with pytest.raises(EditscopeError, match="text_tokens must be an integer >= 1"):
+        GeneralAbilitySuite(text_tokens=0)
