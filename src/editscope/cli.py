@@ -1,5 +1,6 @@
 """The ``editscope`` command line. Each subcommand is one module in ``editscope.commands`` exposing
-``register(subparsers)``; adding a command is one file plus one line in ``COMMANDS``."""
+``register(subparsers)``; adding a command is one file plus one ``COMMANDS.register(module, name)`` line (the
+module is imported only when the parser is built)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import importlib
 import sys
 
 from editscope.errors import EditscopeError
+from editscope.registry import Registry
 
-COMMANDS = [
+COMMANDS: Registry[str] = Registry("command", expected=str)
+"""Command name -> the module that adds it (``register(subparsers)``)."""
+
+for _module in (
     "editscope.commands.models",
     "editscope.commands.score",
     "editscope.commands.edit",
@@ -24,7 +29,8 @@ COMMANDS = [
     "editscope.commands.mend",
     "editscope.commands.stats",
     "editscope.commands.configs",
-]
+):
+    COMMANDS.register(_module, _module.rpartition(".")[2])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Edit the factual knowledge of language models and measure everything an edit does.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(name).register(sub)
+    for module in COMMANDS.values():
+        importlib.import_module(module).register(sub)
     return parser
 
 

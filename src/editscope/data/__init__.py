@@ -12,8 +12,8 @@ the boundary space; prompts and subjects are kept exactly as published. How each
 :class:`Case` is documented in its module: :mod:`.counterfact`, :mod:`.zsre`, :mod:`.peak`,
 :mod:`.mquake`, :mod:`.knowedit`. KLoB-u sentences are not edit cases: :func:`editscope.data.klob.load_klob_u`.
 
-Adding a dataset in a known format is one line in :data:`DATASETS`; a new format is one module exposing a
-``FORMAT`` plus its line in :data:`FORMATS`.
+Adding a dataset in a known format is one ``DATASETS.register(Dataset(...), name)`` line; a new format is one
+module exposing a ``FORMAT`` plus its line in :data:`FORMATS`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from editscope.data._common import Format, first_record, read_json_list
 from editscope.data.records import Case, EditRequest
 from editscope.errors import DataError, EditscopeError
 from editscope.paths import data_file
+from editscope.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,12 @@ FORMATS: tuple[Format, ...] = (mquake.FORMAT, peak.FORMAT, knowedit.FORMAT, coun
 
 _ZSRE_NO_TARGET = "alt is empty: the published record has no edit target"
 
-DATASETS: dict[str, Dataset] = {
+DATASETS: Registry[Dataset] = Registry("dataset", expected=Dataset, describe=lambda d: d.description,
+                                       listed_as="registered")
+"""Registered dataset names -> files under :func:`editscope.paths.data_dir` (add one with
+``DATASETS.register(Dataset(...), "name")``)."""
+
+for _name, _dataset in {
     "counterfact": Dataset("counterfact/counterfact-edit.json", counterfact.FORMAT, "CounterFact, EasyEdit edit split"),
     "counterfact-1k": Dataset("counterfact/counterfact-edit-1k.json", counterfact.FORMAT, "CounterFact, 1k subset"),
     "counterfact-train": Dataset("counterfact/counterfact-train.json", counterfact.FORMAT, "CounterFact, train"),
@@ -64,8 +70,8 @@ DATASETS: dict[str, Dataset] = {
     "peak-cf": Dataset("peak/PEAK_counter.json", peak.FORMAT, "PEAK-CF (counterfactual appending)"),
     "peak-t": Dataset("peak/PEAK_time.json", peak.FORMAT, "PEAK-T (temporal appending)"),
     "mquake-hard": Dataset("mquake/MQuAKE-hard.json", mquake.FORMAT, "MQuAKE-hard (4 edits, 4 hops per case)"),
-}
-"""Registered dataset names -> files under :func:`editscope.paths.data_dir`."""
+}.items():
+    DATASETS.register(_dataset, _name)
 
 
 def detect_format(record: Mapping[str, Any], file: str) -> Format:
@@ -80,9 +86,7 @@ def detect_format(record: Mapping[str, Any], file: str) -> Format:
 
 def dataset_path(name: str) -> Path:
     """The file of a registered dataset (EditscopeError naming the registered ones when unknown)."""
-    if name not in DATASETS:
-        raise EditscopeError(f"unknown dataset {name!r}; registered: {', '.join(DATASETS)}")
-    return data_file(DATASETS[name].file)
+    return data_file(DATASETS.get(name).file)
 
 
 def load_cases(name_or_path: str | os.PathLike[str], *, limit: int | None = None, offset: int = 0) -> list[Case]:

@@ -8,7 +8,8 @@ these declarations; nothing is probed.
 
 ``EDITORS[name].apply(bundle, requests, hparams=None, state=None, plugins=[...])`` computes the edit, applies it
 and returns the :class:`~editscope.edit.patch.Patch` (which reverts it bit-exactly). Adding a method is one
-module exposing ``compute`` and an ``HParams`` subclass, plus one entry in :data:`EDITORS`. Sequential state
+module exposing ``compute`` and an ``HParams`` subclass, plus one line: ``register_editor(Editor(...))``
+(:data:`EDITORS` is a :class:`~editscope.registry.Registry`). Sequential state
 (AlphaEdit's keys, PRUNE's ΔW) is ``editor.new_state()``, owned by the caller; nothing is kept in module state.
 """
 
@@ -36,6 +37,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.archs import ARCHS
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
+from editscope.registry import Registry
 
 
 class ComputeFn(Protocol):
@@ -96,7 +98,7 @@ class Editor:
 
     def supports(self, family: str) -> bool:
         """Whether the editor supports the architecture family (a key of :data:`editscope.lm.archs.ARCHS`)."""
-        arch = ARCHS.get(family)
+        arch = ARCHS.get(family, None)
         if self.needs_linear_residual and (arch is None or arch.mlp_post_norm is not None):
             return False
         return self.families is None or family in self.families
@@ -216,7 +218,24 @@ def _check_finite(method: str, requests: Sequence[EditRequest], deltas: dict, in
                              "large, a zero or tiny regularizer)")
 
 
-EDITORS: dict[str, Editor] = {e.name: e for e in (
+EDITORS: Registry[Editor] = Registry("edit method", expected=Editor, name_of=lambda e: e.name,
+                                     describe=lambda e: e.label)
+"""Name -> :class:`Editor` of every known editing method (add one with :func:`register_editor`)."""
+
+
+def register_editor(editor: Editor, *, aliases: Sequence[str] = (), replace: bool = False,
+                    description: str | None = None) -> Editor:
+    """Add an editor to :data:`EDITORS` under ``editor.name`` (tests and user extensions; a taken name is an
+    error unless ``replace``)."""
+    return EDITORS.register(editor, aliases=aliases, replace=replace, description=description)
+
+
+def get_editor(method: str) -> Editor:
+    """The editor named ``method`` (an error listing the available ones when unknown)."""
+    return EDITORS.get(method)
+
+
+for _editor in (
     Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True),
     Editor("memit", "MEMIT", memit.MemitHParams, memit.compute, optimises=True,
            needs_linear_residual=True),
@@ -230,23 +249,8 @@ EDITORS: dict[str, Editor] = {e.name: e for e in (
            state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
     Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True),  # its editing loss takes terms
-)}
-
-
-def register_editor(editor: Editor, *, replace: bool = False) -> Editor:
-    """Add an editor to :data:`EDITORS` (tests and user extensions; a taken name is an error unless
-    ``replace``)."""
-    if editor.name in EDITORS and not replace and EDITORS[editor.name] is not editor:
-        raise EditscopeError(f"edit method {editor.name!r} is already registered")
-    EDITORS[editor.name] = editor
-    return editor
-
-
-def get_editor(method: str) -> Editor:
-    editor = EDITORS.get(method)
-    if editor is None:
-        raise EditscopeError(f"unknown edit method {method!r}; available: {', '.join(EDITORS)}")
-    return editor
+):
+    register_editor(_editor)
 
 
 def apply(bundle: Bundle, method: str, requests: Sequence[EditRequest] | EditRequest,

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from editscope.errors import EditscopeError
+from editscope.registry import Registry
 
 
 class HookPoint(NamedTuple):
@@ -192,8 +193,12 @@ _ROTARY_DECODER = dict(
                              mlp_out="mlp.down_proj", final_norm="model.norm"),
 )
 
-ARCHS: dict[str, ArchMap] = {
-    "gpt2": ArchMap(
+ARCHS: Registry[ArchMap] = Registry("architecture family", expected=ArchMap, name_of=lambda a: a.family,
+                                     describe=lambda a: "model_type " + ", ".join(a.model_types))
+"""Family name -> :class:`ArchMap` (add one with ``ARCHS.register(ArchMap(...))``)."""
+
+for _arch in (
+    ArchMap(
         family="gpt2",
         model_types=("gpt2",),
         base="transformer",
@@ -214,7 +219,7 @@ ARCHS: dict[str, ArchMap] = {
         hook_points=_hook_points(embed="transformer.wte", attn_out="attn.c_proj", mlp="mlp", mlp_out="mlp.c_proj",
                                  final_norm="transformer.ln_f"),
     ),
-    "gptj": ArchMap(
+    ArchMap(
         family="gptj",
         model_types=("gptj",),
         base="transformer",
@@ -236,9 +241,9 @@ ARCHS: dict[str, ArchMap] = {
     ),
     # LLaMA, Mistral and Qwen2 share module names (checked on tiny configs with transformers 5).
     # LLaMA has no window; Mistral and Qwen2 configs may set one.
-    "llama": ArchMap(family="llama", model_types=("llama", "mistral", "qwen2"), sliding_window_key="sliding_window",
-                     **_ROTARY_DECODER),
-    "gemma3": ArchMap(
+    ArchMap(family="llama", model_types=("llama", "mistral", "qwen2"), sliding_window_key="sliding_window",
+            **_ROTARY_DECODER),
+    ArchMap(
         family="gemma3",
         model_types=("gemma3_text",),
         softcap_key="final_logit_softcapping",
@@ -247,19 +252,23 @@ ARCHS: dict[str, ArchMap] = {
         embed_scale="sqrt_hidden",
         **_ROTARY_DECODER,
     ),
-}
+):
+    ARCHS.register(_arch)
 
-_BY_MODEL_TYPE = {mt: arch for arch in ARCHS.values() for mt in arch.model_types}
+
+def _by_model_type() -> dict[str, ArchMap]:
+    """``config.model_type`` -> map, over the families registered now."""
+    return {mt: arch for arch in ARCHS.values() for mt in arch.model_types}
 
 
 def supported_model_types() -> list[str]:
-    return sorted(_BY_MODEL_TYPE)
+    return sorted(_by_model_type())
 
 
 def arch_for_config(config) -> ArchMap:
     """The architecture map for a transformers config, chosen by ``config.model_type``."""
     model_type = getattr(config, "model_type", None)
-    arch = _BY_MODEL_TYPE.get(model_type)
+    arch = _by_model_type().get(model_type)
     if arch is None:
         raise EditscopeError(
             f"unsupported architecture model_type={model_type!r}; supported: {', '.join(supported_model_types())}"

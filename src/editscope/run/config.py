@@ -21,7 +21,7 @@ Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
         overrides: {v_steps: 10}
         plugins:                 # loss-term plug-ins (editscope.edit.plugins), optimising editors only
           - {name: app, weight: 0.1}   # the plug-in's name plus its hparams
-    plugin_modules: [my.plugins] # Python modules imported first (they call register_plugin)
+    plugin_modules: [my.plugins] # Python modules imported first (they register plug-ins, editors, suites...)
     datasets:                    # one block per dataset; or the keys dataset/slice/suites at top level
       - dataset: counterfact     # registered name or JSON file (relative to this file), or a mapping
                                  # {hf: NAME, split: train, name: CONFIG}: HF datasets, optional (data.hf)
@@ -250,7 +250,6 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     Sections are checked in order -- top-level keys and non-finite numbers, model, run settings, mode,
     plug-in modules, methods, dataset blocks -- so the first problem reported is the first one in that order."""
     c = _Checker(where)
-    known_methods, known_suites, known_datasets = _known(methods, suites, datasets)
     if not isinstance(data, dict):
         raise EditscopeError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
     c.keys(data, TOP_KEYS, "")
@@ -262,6 +261,9 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     runtime = _runtime(c, data)
     mode = _mode(c, data.get("mode", "single"))
     plugin_modules = _plugin_modules(c, data)
+    # the known names are read after plugin_modules are imported: a module there may register editors, suites
+    # and datasets as well as plug-ins
+    known_methods, known_suites, known_datasets = _known(methods, suites, datasets)
     mode, method_specs = _methods(c, data, mode, known_methods, base_dir)
     blocks = [_block(c, raw, prefix, known_datasets, known_suites, base_dir) for raw, prefix in _raw_blocks(c, data)]
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
@@ -373,7 +375,8 @@ def _mode(c: _Checker, raw: Any) -> _Mode:
 
 
 def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:
-    """``plugin_modules``: module names, imported now so their plug-ins are registered for ``methods``."""
+    """``plugin_modules``: module names, imported now so that what they register (plug-ins, editors, suites,
+    datasets) is known to ``methods`` and the dataset blocks."""
     modules = c.typed(data.get("plugin_modules", []) or [], list, "plugin_modules", "a list of module names")
     for i, module in enumerate(modules):
         c.text(module, f"plugin_modules[{i}]")

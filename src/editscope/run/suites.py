@@ -53,7 +53,7 @@ def option_problem(name: str, options: Mapping[str, Any],
                    extra: Mapping[str, SuiteFactory] | None = None) -> tuple[str, str] | None:
     """``(option, what is wrong)`` for the first option of suite ``name`` whose value does not fit its annotation
     on the suite's constructor; None when all fit (or the suite is unknown)."""
-    factory = extra[name] if extra and name in extra else SUITES.get(name)
+    factory = extra[name] if extra and name in extra else SUITES.get(name, None)
     if factory is None:
         return None
     try:

@@ -35,8 +35,8 @@ Raw-score conventions every suite follows (the runner and the report rely on the
 - ``counterfact`` and ``zsre`` label candidates ``"new"`` (target_new) and ``"true"`` (target_true, or a
   neighbourhood prompt's own answer); ``peak`` labels ``"correct" | "hard_false" | "random_false" | "new"``.
 
-Adding a suite is one module (a :class:`Suite` subclass) plus one line in ``editscope.suites.SUITES``; the
-runner, summary and report need no change.
+Adding a suite is one module (a :class:`Suite` subclass) plus one line, ``register_suite(MySuite)``
+(:func:`editscope.suites.register_suite`); the runner, summary and report need no change.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 from editscope.edit.hparams import Params, parse_key_value
 from editscope.edit.objective import ObjectiveTerm
 from editscope.errors import EditscopeError
+from editscope.registry import Registry
 
 
 @dataclass
@@ -68,27 +69,23 @@ class Plugin:
 
 
 #: name -> spec of every known plug-in
-PLUGINS: dict[str, PluginSpec] = {}
+PLUGINS: Registry[PluginSpec] = Registry("plug-in", expected=PluginSpec, name_of=lambda s: s.name,
+                                         describe=lambda s: s.doc)
 
 #: what :func:`attach` accepts per plug-in
 PluginLike = Plugin | PluginSpec | tuple[str, Mapping[str, Any]] | str
 
 
-def register_plugin(spec: PluginSpec, *, replace: bool = False) -> PluginSpec:
+def register_plugin(spec: PluginSpec, *, aliases: Sequence[str] = (), replace: bool = False) -> PluginSpec:
     """Add ``spec`` to :data:`PLUGINS` (a name already taken is an error unless ``replace``)."""
     if not spec.name or not spec.name.replace("_", "").replace("-", "").isalnum():
         raise EditscopeError(f"plug-in name {spec.name!r}: use letters, digits, '-' and '_'")
-    if spec.name in PLUGINS and not replace and PLUGINS[spec.name] is not spec:
-        raise EditscopeError(f"plug-in {spec.name!r} is already registered")
-    PLUGINS[spec.name] = spec
-    return spec
+    return PLUGINS.register(spec, aliases=aliases, replace=replace)
 
 
 def get_plugin(name: str) -> PluginSpec:
-    spec = PLUGINS.get(name)
-    if spec is None:
-        raise EditscopeError(f"unknown plug-in {name!r}; available: {', '.join(sorted(PLUGINS)) or 'none'}")
-    return spec
+    """The plug-in named ``name`` (an error listing the available ones when unknown)."""
+    return PLUGINS.get(name)
 
 
 def attach(items: Sequence[PluginLike], where: str = "plugins") -> list[Plugin]:

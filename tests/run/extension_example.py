@@ -1,0 +1,91 @@
+"""What a user writes to extend editscope, all in one module: an editor, a loss-term plug-in, a metric and a
+suite, each registered with one line. A run config loads it with ``plugin_modules: [tests.run.extension_example]``
+(``tests/run/test_extension.py`` runs it end to end).
+
+* ``half_rome``: ROME's update scaled by 0.5 (ROME's hparams, its v* optimisation, so plug-ins apply);
+* ``ridge``: a plug-in adding ``weight · ‖δ‖²`` on the v* offset δ to the loss;
+* ``p_new``: a metric, P(target_new | prompt) = exp(sum of the target's token log-probs), before and after;
+* ``p_new``: the suite that emits it on every case's rewrite prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from editscope.data.records import Case
+from editscope.edit import rome
+from editscope.edit.objective import Term, VStep
+from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
+from editscope.edit.registry import Editor, register_editor
+from editscope.metrics.registry import MetricSpec
+from editscope.suites import register_suite
+from editscope.suites.base import Suite
+
+SCALE = 0.5
+
+
+# -- an editor ---------------------------------------------------------------------------------------------------
+def half_rome(bundle, requests, hp, state, *, engine, runtime, extra_terms=()):
+    """ROME's ΔW (same hparams, same plug-in terms), times 0.5."""
+    deltas, info = rome.compute(bundle, requests, hp, state, engine=engine, runtime=runtime, extra_terms=extra_terms)
+    return {name: SCALE * delta for name, delta in deltas.items()}, {**info, "scale": SCALE}
+
+
+HALF_ROME = register_editor(Editor("half_rome", "HalfROME", rome.RomeHParams, half_rome, optimises=True))
+
+
+# -- a loss-term plug-in -----------------------------------------------------------------------------------------
+@dataclass
+class RidgeHParams(PluginHParams):
+    weight: float = 0.0
+
+
+@dataclass
+class RidgeTerm(Term):
+    weight: float
+    name: str = "ridge"
+
+    def __call__(self, step: VStep) -> torch.Tensor:
+        if step.delta is None:  # weight-optimising editors have no δ
+            return step.hidden.new_zeros(())
+        return self.weight * step.delta.pow(2).sum()
+
+
+RIDGE = register_plugin(PluginSpec("ridge", "Ridge", RidgeHParams, lambda hp: RidgeTerm(hp.weight),
+                                   "weight · ‖δ‖² on the v* offset δ (extension example)"))
+
+
+# -- a metric (pure) and its declaration -------------------------------------------------------------------------
+def p_new(logprob_sum: float) -> float:
+    """P(target_new | prompt): the exponential of the summed token log-probabilities of the target."""
+    return math.exp(logprob_sum)
+
+
+P_NEW = MetricSpec("p_new", "example", "exp(sum log P(target_new tokens | prompt))", True, (0.0, 1.0), "prob",
+                   description="probability of the new target after the rewrite prompt")
+
+
+# -- a suite -----------------------------------------------------------------------------------------------------
+class PNewSuite(Suite):
+    """P(target_new | rewrite prompt) before and after the edit."""
+
+    name = "p_new"
+    metrics_declared = (P_NEW,)
+
+    def probe_many(self, engine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+        scores = engine.score([(c.request.text, c.request.target_new) for c in cases])
+        return [{"prompts": [{"prompt": c.request.text, "role": "rewrite", "candidates": [
+            {"text": c.request.target_new, "kind": "new", "logprob_sum": s.sum, "n_tokens": s.n_tokens}]}]}
+            for c, s in zip(cases, scores, strict=True)]
+
+    def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
+        pre_lp, post_lp = (p["prompts"][0]["candidates"][0]["logprob_sum"] for p in (pre, post))
+        return {"p_new_pre": p_new(pre_lp), "p_new_post": p_new(post_lp)}
+
+
+register_suite(PNewSuite)

@@ -1,0 +1,117 @@
+"""Extending editscope as a user would: ``tests/run/extension_example.py`` defines an editor (half_rome), a
+plug-in (ridge), a metric (p_new) and a suite (p_new), each registered with one line, and a run config names that
+module in ``plugin_modules`` and nothing else. The run goes through the runner on tiny-llama; every number is
+checked against an independent computation (ROME's own patch, the plug-in attached to ROME directly, the engine's
+scores before and after applying the saved patch)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+
+import pytest
+
+from editscope.data import load_cases
+from editscope.edit.hparams import shipped_hparams_path
+from editscope.edit.patch import Patch
+from editscope.edit.plugins import PLUGINS
+from editscope.edit.registry import EDITORS, get_editor, register_editor
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.run import Runner, parse_config
+from editscope.suites import SUITES
+
+MODULE = "tests.run.extension_example"
+WEIGHT = 1.0
+OVERRIDES = {"v_steps": 3}
+N_CASES = 2
+
+
+def config_data(rome_hparams: str) -> dict:
+    return {"model": "tiny-llama", "plugin_modules": [MODULE], "save_patches": True,
+            "methods": [{"name": "half_rome", "hparams": rome_hparams, "overrides": OVERRIDES,
+                         "plugins": [{"name": "ridge", "weight": WEIGHT}]}],
+            "dataset": "counterfact", "slice": {"limit": N_CASES}, "suites": ["p_new"]}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_llama):
+    """The run, with the example module first imported by the config (registries restored afterwards)."""
+    rome_hparams = str(shipped_hparams_path("rome", "tiny-llama"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(sys.modules, MODULE, raising=False)
+        for registry, name in ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new")):
+            mp.delitem(registry, name, raising=False)
+        assert "half_rome" not in EDITORS and "p_new" not in SUITES
+        cfg = parse_config(config_data(rome_hparams), where="ext.yaml")  # imports MODULE: it registers all four
+        assert "half_rome" in EDITORS and "ridge" in PLUGINS and "p_new" in SUITES
+        out = tmp_path_factory.mktemp("extension")
+        Runner(cfg, out_dir=out, bundle=tiny_llama, progress=False, log=lambda _m: None).run()
+        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        yield {"out": out, "rows": rows, "rome_hparams": rome_hparams}
+
+
+def saved_patch(run, row) -> Patch:
+    return Patch.load(run["out"] / "patches" / row["method"] / f"{row['dataset']}-g{row['group']:05d}-0.safetensors")
+
+
+def rows_by_case(run) -> list[tuple[dict, object]]:
+    cases = {c.case_id: c for c in load_cases("counterfact", limit=N_CASES)}
+    assert sorted(r["case_id"] for r in run["rows"]) == sorted(cases)
+    return [(row, cases[row["case_id"]]) for row in run["rows"]]
+
+
+def test_rows_name_the_editor_and_record_the_plugin(run):
+    assert len(run["rows"]) == N_CASES
+    for row in run["rows"]:
+        assert row["method"] == "half_rome+ridge" and row["method_display"] == "HalfROME+Ridge"
+        assert row["editor"] == "half_rome" and row["plugins"] == [{"name": "ridge", "weight": WEIGHT}]
+    stored = json.loads((run["out"] / "run.json").read_text())["metrics"]
+    assert stored[0]["suite"] == "p_new" and [m["name"] for m in stored[0]["metrics"]] == ["p_new"]
+
+
+def test_half_rome_delta_w_is_half_of_rome_with_the_same_plugin(run, tiny_llama):
+    rome = get_editor("rome")
+    hp = rome.load_hparams(tiny_llama, run["rome_hparams"], OVERRIDES)
+    for row, case in rows_by_case(run):
+        got = saved_patch(run, row)
+        assert got.method == "half_rome" and got.info["scale"] == 0.5
+        want = rome.compute_patch(tiny_llama, case.request, hp, plugins=[("ridge", {"weight": WEIGHT})])
+        plain = rome.compute_patch(tiny_llama, case.request, hp)
+        assert got.deltas.keys() == want.deltas.keys() == plain.deltas.keys()
+        for name, delta in got.deltas.items():
+            ref = 0.5 * want.deltas[name]
+            scale = float(ref.abs().max())
+            assert scale > 0 and float((delta - ref).abs().max()) <= 1e-6 * scale
+            # the plug-in's term was in the loss: without it ROME's ΔW is measurably different
+            assert float((want.deltas[name] - plain.deltas[name]).abs().max()) > 1e-3 * 2 * scale
+
+
+def test_suite_metric_equals_the_engine_before_and_after_the_edit(run, tiny_llama):
+    from tests.run.extension_example import p_new  # the metric's pure function (the module is imported by now)
+
+    engine = ScoringEngine(tiny_llama)
+    for row, case in rows_by_case(run):
+        req = case.request
+        (pre,) = engine.score([(req.text, req.target_new)])
+        patch = saved_patch(run, row)
+        patch.apply(tiny_llama)
+        try:
+            (post,) = engine.score([(req.text, req.target_new)])
+        finally:
+            patch.revert(tiny_llama)
+        metrics = row["metrics"]["p_new"]
+        assert metrics["p_new_pre"] == pytest.approx(math.exp(pre.sum), rel=1e-4)
+        assert metrics["p_new_post"] == pytest.approx(math.exp(post.sum), rel=1e-4)
+        assert metrics["p_new_post"] == pytest.approx(p_new(post.sum), rel=1e-4)
+        assert not math.isclose(metrics["p_new_pre"], metrics["p_new_post"], rel_tol=1e-3)  # the edit did something
+
+
+def test_a_taken_name_is_refused(run):
+    from tests.run.extension_example import HALF_ROME
+
+    assert register_editor(HALF_ROME) is HALF_ROME  # the same entry again: a no-op
+    with pytest.raises(EditscopeError, match="^edit method 'half_rome' is already registered$"):
+        register_editor(replace(EDITORS["rome"], name="half_rome"))
