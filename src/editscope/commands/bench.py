@@ -52,7 +52,8 @@ def run_klob(args: argparse.Namespace) -> int:
         options["causal_trace"] = {"samples": args.samples}
     if args.steps is not None:
         options["kn"] = {"steps": args.steps}
-    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype))
+    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
+                                     progress=lambda msg: print(msg, file=sys.stderr, flush=True)))
     metrics = run_bench(engine, args.out, methods=args.methods, ks=args.k, n=args.n, seed=args.seed,
                         recall=args.recall, recall_r=args.recall_r, shots=args.shots, options=options,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
