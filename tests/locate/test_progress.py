@@ -77,3 +77,43 @@ def test_locate_command_bar_and_no_progress(capsys):
     assert "causal trace" in err_on and "restore" in err_on
     assert "causal trace" not in err_off
     assert json.loads(out_on) == json.loads(out_off)
+
+
+def _examples(folder):
+    """A bench folder with its examples already chosen (one per subset): the run skips building KLoB."""
+    from dataclasses import asdict
+
+    from editscope.data.klob_build import KlobExample, KlobPrompt
+
+    rows = [KlobExample("c", "c0", "P17", (KlobPrompt(*FACT), KlobPrompt("{} stands in", FACT[1], FACT[2])), "t"),
+            KlobExample("r", "r0", "P17", (KlobPrompt("{} is in", "Big Ben", " London"),
+                                           KlobPrompt("{} is the capital of", "London", " England")), "t"),
+            KlobExample("u", "u0", "-", (KlobPrompt("{} likes", "Colosseum", None),), "t")]
+    folder.mkdir()
+    (folder / "examples.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in rows))
+    return folder
+
+
+def test_klob_bench_bar(tmp_path, capsys):
+    from editscope.cli import main
+
+    argv = ["bench", "klob", "--model", "tiny-llama", "--methods", "causal_trace", "kn", "activation",
+            "--samples", "2", "--steps", "2", "--k", "10"]
+    capsys.readouterr()
+    assert main([*argv, "-o", str(_examples(tmp_path / "on"))]) == 0
+    err_on = capsys.readouterr().err
+    assert main([*argv, "-o", str(_examples(tmp_path / "off")), "--no-progress"]) == 0
+    err_off = capsys.readouterr().err
+    assert "KLoB bench" in err_on and "/9 " in err_on  # one bar over 3 examples x 3 methods
+    assert "KLoB bench" not in err_off
+    for name in ("causal trace", "integrated gradients"):  # the methods' own bars stay off under the bench's
+        assert name not in err_on
+    assert (tmp_path / "on" / "metrics.json").read_text() == (tmp_path / "off" / "metrics.json").read_text()
+    files = {d: sorted((tmp_path / d / "scores").rglob("*.npy")) for d in ("on", "off")}
+    assert len(files["on"]) == 9
+    for on, off in zip(files["on"], files["off"], strict=True):
+        assert on.relative_to(tmp_path / "on") == off.relative_to(tmp_path / "off")
+        assert on.read_bytes() == off.read_bytes()
+    # a resumed run counts the finished units as done
+    assert main([*argv, "-o", str(tmp_path / "on")]) == 0
+    assert "9/9" in capsys.readouterr().err
