@@ -10,10 +10,13 @@ also on a crash or SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,10 +66,24 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _holder(fh) -> tuple[str, str]:
+    """(pid, what it builds) written in a lock file by its holder; the holder writes them just after taking the
+    lock, so an empty file is read again for a moment before giving up ("unknown")."""
+    for _ in range(20):
+        fh.seek(0)
+        lines = fh.read().splitlines()
+        if lines and lines[0].strip():
+            return lines[0].strip(), (lines[1].strip() if len(lines) > 1 else "")
+        time.sleep(0.025)
+    return "unknown", ""
+
+
 @contextmanager
 def file_lock(path: str | Path, *, blocking: bool = True, what: str = "") -> Iterator[Path]:
-    """Hold an exclusive lock on ``path`` (created if missing) for the block. Non-blocking: a lock held by
-    another process is an :class:`EditscopeError` naming that process's pid (``what`` says what it guards)."""
+    """Hold an exclusive lock on ``path`` (created if missing) for the block; the holder's pid and ``what`` (what
+    it guards or builds) are written in the file while it is held. Non-blocking: a lock held by another process
+    is an :class:`EditscopeError` naming that process's pid. Blocking: when another process holds it, one line
+    "waiting for process N (building X)" goes to stderr before waiting, so a wait is never silent."""
     path = Path(path)
     _writable_parent(path)
     try:
@@ -75,27 +92,36 @@ def file_lock(path: str | Path, *, blocking: bool = True, what: str = "") -> Ite
         raise EditscopeError(f"{path}: cannot open the lock file: {exc.strerror}") from None
     try:
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
-            raise EditscopeError(f"{what or path}: in use by another editscope process (pid {holder})") from None
+            pid, building = _holder(fh)
+            if not blocking:
+                raise EditscopeError(f"{what or path}: in use by another editscope process (pid {pid})") from None
+            print(f"editscope: waiting for process {pid} (building {building or what or path}); lock {path}",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         fh.seek(0)
         fh.truncate()
-        fh.write(f"{os.getpid()}\n")
+        fh.write(f"{os.getpid()}\n{what or path}\n")
         fh.flush()
-        yield path
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(OSError):  # an empty file: nobody holds it (a crash leaves the last holder)
+                fh.truncate(0)
     finally:
         fh.close()
 
 
-def build_dir(target: str | Path, build: Callable[[Path], None], *, ready: str | None = None) -> Path:
+def build_dir(target: str | Path, build: Callable[[Path], None], *, ready: str | None = None,
+              what: str | None = None) -> Path:
     """The folder ``target``, built once by ``build(tmp_folder)`` if it is missing.
 
     ``ready`` names a file inside the folder that marks it complete (default: the folder itself). The build
     runs under a lock beside the target, into a unique temporary folder renamed into place at the end, so
     concurrent callers build it once and never see it half-written; a folder left without its ``ready``
-    file (an old partial build) is replaced."""
+    file (an old partial build) is replaced. ``what`` (default: the target's path) names the build in the lock
+    file, for the "waiting for process N (building X)" line a second caller prints."""
     target = Path(target)
 
     def complete() -> bool:
@@ -103,7 +129,7 @@ def build_dir(target: str | Path, build: Callable[[Path], None], *, ready: str |
 
     if complete():
         return target
-    with file_lock(target.parent / f".{target.name}.lock"):
+    with file_lock(target.parent / f".{target.name}.lock", what=what or str(target)):
         if complete():  # another process built it while we waited
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))

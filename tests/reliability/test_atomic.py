@@ -3,9 +3,11 @@ no reader sees it half-written; a failed write leaves the old file and no tempor
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -83,3 +85,32 @@ def test_nonblocking_lock_names_the_holder(tmp_path):
         holder.wait()
     with file_lock(tmp_path / "l", blocking=False):  # released by the OS when the holder died
         pass
+
+
+def test_blocking_lock_says_who_it_waits_for(tmp_path, capfd):
+    # The holder writes its pid and what it builds into the lock file; a second process that must wait prints one
+    # line naming both before it waits, then takes the lock once the holder lets go.
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from editscope.atomic import file_lock
+        with file_lock({str(tmp_path / "l")!r}, what="the frobnicator cache"):
+            print("locked", flush=True)
+            sys.stdin.readline()  # held until the test says so
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert (tmp_path / "l").read_text().splitlines() == [str(holder.pid), "the frobnicator cache"]
+        threading.Timer(0.5, lambda: (holder.stdin.write("go\n"), holder.stdin.flush())).start()
+        with file_lock(tmp_path / "l", what="mine") as path:
+            assert holder.wait(timeout=10) == 0  # the holder let go first
+            assert path.read_text().splitlines() == [str(os.getpid()), "mine"]
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capfd.readouterr().err
+    assert f"waiting for process {holder.pid} (building the frobnicator cache)" in err
+    assert err.count("waiting for process") == 1
+    assert (tmp_path / "l").read_text() == ""  # released: nobody is named as holder
+    with file_lock(tmp_path / "l"):  # uncontended: nothing printed
+        pass
+    assert capfd.readouterr().err == ""

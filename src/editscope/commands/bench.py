@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     klob.add_argument("--samples", type=int, default=None, help="causal-tracing noise samples (bench default 5)")
     klob.add_argument("--steps", type=int, default=None, help="integrated-gradient steps (bench default 10)")
     klob.add_argument("-o", "--out", required=True, help="output folder (resumed when it exists)")
+    klob.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     klob.set_defaults(func=run_klob)
     parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
@@ -52,10 +53,11 @@ def run_klob(args: argparse.Namespace) -> int:
         options["causal_trace"] = {"samples": args.samples}
     if args.steps is not None:
         options["kn"] = {"steps": args.steps}
-    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype))
+    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
+                                     progress=lambda msg: print(msg, file=sys.stderr, flush=True)))
     metrics = run_bench(engine, args.out, methods=args.methods, ks=args.k, n=args.n, seed=args.seed,
                         recall=args.recall, recall_r=args.recall_r, shots=args.shots, options=options,
-                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+                        progress=not args.no_progress, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(metrics), end="")
     print(f"(metrics.json, table.md, figure.png in {args.out})")
     return 0

@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--kind", default="mlp", choices=["mlp", "attn", "residual"], help="state for --layer-curve")
     parser.add_argument("--save", metavar="FILE", help="--layer-curve: append each traced fact to this JSON-lines "
                         "file and resume from it (facts already there are not traced again)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (they go to stderr)")
     parser.set_defaults(func=run)
 
 
@@ -70,14 +71,16 @@ def run(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
-    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype))
+    engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
+                                     progress=lambda msg: print(msg, file=sys.stderr, flush=True)))
     if args.layer_curve is not None:
         return _layer_curve(args, engine)
     if not args.prompt or not args.subject:
         raise EditscopeError("locate needs --prompt and --subject (or --layer-curve N)")
     from editscope.locate import locate
 
-    result = locate(engine, args.method, args.prompt, args.subject, args.answer, **_options(args))
+    result = locate(engine, args.method, args.prompt, args.subject, args.answer, progress=not args.no_progress,
+                    **_options(args))
     if args.plot:
         if not result.states:
             raise EditscopeError(f"--plot draws causal-tracing heatmaps; method {args.method!r} has none")
@@ -121,12 +124,10 @@ def _layer_curve(args: argparse.Namespace, engine) -> int:
             facts.append((request.prompt, request.subject, request.target_true))
     done, on_fact = _saved_facts(args, engine) if args.save else ([], None)
     curve = layer_curve(engine, facts, kind=args.kind, window=args.window, samples=args.samples, seed=args.seed,
-                        limit=args.layer_curve, done=done, on_fact=on_fact,
-                        progress=lambda i, n: print(f"\rtraced {i}/{n}", end="", file=sys.stderr))
+                        limit=args.layer_curve, done=done, on_fact=on_fact, progress=not args.no_progress)
     if curve.n_facts == 0:
         raise EditscopeError(f"the model knows none of the {len(facts)} {args.dataset} facts (greedy first "
                              "token = the true answer's): nothing to trace")
-    print(file=sys.stderr)
     if args.json:
         print(json.dumps(_clean({"kind": curve.kind, "window": curve.window, "n_facts": curve.n_facts,
                                  "effect": curve.effect.tolist(), "normalised": curve.normalised.tolist(),

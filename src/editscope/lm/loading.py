@@ -140,7 +140,7 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
             _convert_gguf(gguf_dir, gguf_file, tmp, progress)
 
         # One conversion under a lock; the fingerprint file, written last, marks the folder complete.
-        build_dir(folder, build, ready=FINGERPRINT_FILE)
+        build_dir(folder, build, ready=FINGERPRINT_FILE, what=f"model {name} (converted from GGUF)")
         progress(f"saved {folder}")
     return folder
 

@@ -52,7 +52,8 @@ def gpt2_tokenizer():
         tokenizer.save_pretrained(tmp)
 
     # Built once under a lock into a unique temporary folder: concurrent first loads wait, never see half a folder.
-    folder = build_dir(home() / "tokenizers" / "gpt2", build, ready="tokenizer_config.json")
+    folder = build_dir(home() / "tokenizers" / "gpt2", build, ready="tokenizer_config.json",
+                       what="the GPT-2 tokenizer folder")
     return AutoTokenizer.from_pretrained(folder)
 
 

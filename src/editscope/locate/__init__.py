@@ -19,7 +19,8 @@ from editscope.locate.result import STATE_KINDS, LocateResult
 
 __all__ = ["METHODS", "STATE_KINDS", "LocatePrompt", "LocateResult", "encode_prompt", "locate"]
 
-#: method name -> function(engine, prompt, **options) -> LocateResult
+#: method name -> function(engine, prompt, *, progress: bool, **options) -> LocateResult; ``progress`` (a tqdm bar
+#: on stderr, never a changed number) is taken by every method, a bar drawn by those with a long loop
 METHODS: dict[str, Callable[..., LocateResult]] = {
     "causal_trace": trace,
     "kn": knowledge_neurons,
@@ -31,7 +32,8 @@ METHODS: dict[str, Callable[..., LocateResult]] = {
 
 def locate(engine: ScoringEngine, method: str, template: str, subject: str | None, answer: str | None,
            **options: Any) -> LocateResult:
-    """Run ``method`` on the fact ``template.format(subject)`` -> ``answer`` (None: the model's greedy token)."""
+    """Run ``method`` on the fact ``template.format(subject)`` -> ``answer`` (None: the model's greedy token).
+    ``progress=True/False`` among ``options`` turns the method's progress bar on or off (default: the method's)."""
     fn = METHODS.get(method)
     if fn is None:
         raise EditscopeError(f"unknown locating method {method!r}; choose from {', '.join(METHODS)}")

@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 import torch
+from tqdm import tqdm
 from transformers import DynamicCache
 
 from editscope.errors import EditscopeError
@@ -83,14 +84,19 @@ def _last_token_probs(engine: ScoringEngine, prompt: LocatePrompt, prefix_kv: li
 
 
 def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int = 20, rule: str = "right",
-                      layers: list[int] | None = None, token_budget: int = 1024, suffix: bool = True) -> LocateResult:
+                      layers: list[int] | None = None, token_budget: int = 1024, suffix: bool = True,
+                      progress: bool = False) -> LocateResult:
     """Integrated-gradients attribution of every MLP neuron (Dai et al. 2022 eq. 2-3), batched over steps and
     over as many layers as ``token_budget`` allows in one forward/backward.
 
     ``suffix`` (default): only the last position depends on the scaled keys (causal attention), so the first T−1
     tokens run once with a cache and each (layer, α) is a one-token row — T times fewer token-layers than
     running the whole prompt per row, the same numbers (tested against ``suffix=False``). The whole prompt runs
-    per row when the prompt is longer than the model's sliding window (the cache would be cut)."""
+    per row when the prompt is longer than the model's sliding window (the cache would be cut).
+
+    ``progress``: a tqdm bar on stderr over the layers (each chunk of layers is one forward/backward of all its
+    IG steps); it changes no number. Off by default: the KN editor calls this once per edit, under the runner's
+    own bar; ``editscope locate`` turns it on."""
     keys = _keys(engine, prompt)
     n_layers = keys.shape[0]
     layers = list(range(n_layers)) if layers is None else list(layers)
@@ -102,6 +108,8 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
     row_tokens = 1 if suffix else len(prompt.ids)
     per_forward = max(1, token_budget // (steps * row_tokens))
     position = -1 if suffix else prompt.last
+    bar = tqdm(total=len(layers), desc=f"integrated gradients ({steps} steps)", unit="layer", disable=not progress,
+               leave=False)
     for first in range(0, len(layers), per_forward):
         chunk = layers[first:first + per_forward]
         scaled = {layer: (alphas[:, None] * keys[layer]).requires_grad_(True) for layer in chunk}
@@ -124,11 +132,14 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
         grads = torch.autograd.grad(probs.sum(), [scaled[layer] for layer in chunk])
         for layer, grad in zip(chunk, grads, strict=True):
             attr[layer] = keys[layer] * grad.mean(0)
+        bar.update(len(chunk))
+    bar.close()
     return _result("kn", engine, prompt, attr.double().numpy(), steps=steps, rule=rule, layers=layers)
 
 
-def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt) -> LocateResult:
-    """k_i ∂f/∂k_i at the last prompt token for every layer, from one forward and backward."""
+def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt, *, progress: bool = False) -> LocateResult:
+    """k_i ∂f/∂k_i at the last prompt token for every layer, from one forward and backward (no bar: ``progress``
+    is accepted as every locating method takes it)."""
     names = [f"blocks.{layer}.mlp_key" for layer in range(engine.bundle.n_layers)]
     with capture(engine.model, engine.arch, names, grad=True) as store:
         prob = answer_prob(engine, torch.tensor([prompt.ids], device=engine.bundle.device), prompt.answer_id)
@@ -138,14 +149,15 @@ def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt) -> LocateResu
     return _result("grad_x_act", engine, prompt, scores.double().cpu().numpy(), prob=float(prob[0].detach()))
 
 
-def activation(engine: ScoringEngine, prompt: LocatePrompt) -> LocateResult:
-    """|k_i| at the last prompt token."""
+def activation(engine: ScoringEngine, prompt: LocatePrompt, *, progress: bool = False) -> LocateResult:
+    """|k_i| at the last prompt token (one forward: no bar; ``progress`` is accepted as every method takes it)."""
     return _result("activation", engine, prompt, _keys(engine, prompt).abs().double().cpu().numpy())
 
 
-def random_scores(engine: ScoringEngine, prompt: LocatePrompt, *, seed: int = 0) -> LocateResult:
+def random_scores(engine: ScoringEngine, prompt: LocatePrompt, *, seed: int = 0,
+                  progress: bool = False) -> LocateResult:
     """Standard-normal neuron scores, seeded by ``seed`` and the prompt text (distinct per sentence,
-    reproducible)."""
+    reproducible); no model run, no bar (``progress`` is accepted as every method takes it)."""
     shape = (engine.bundle.n_layers, engine.arch.mlp_size(engine.model.config))
     rng = np.random.default_rng([seed, zlib.crc32(prompt.text.encode())])
     return _result("random", engine, prompt, rng.standard_normal(shape), seed=seed)

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
@@ -88,9 +89,11 @@ class CausalTracer:
         self.corrupted_prob = float(self.restored_probs([[]])[0])
 
     @torch.no_grad()
-    def restored_probs(self, restores: Sequence[Restore]) -> np.ndarray:
-        """Mean P(answer) over the noise rows for each restoration pattern, batched."""
+    def restored_probs(self, restores: Sequence[Restore], *, progress: bool = False) -> np.ndarray:
+        """Mean P(answer) over the noise rows for each restoration pattern, batched; ``progress``: a tqdm bar on
+        stderr over the patterns (it changes no number)."""
         out = np.empty(len(restores))
+        bar = tqdm(total=len(restores), desc="causal trace", unit="restore", disable=not progress, leave=False)
         groups = max(1, self.rows_per_forward // self.samples)
         start, end = self.prompt.subject_span
         for first in range(0, len(restores), groups):
@@ -122,17 +125,20 @@ class CausalTracer:
             with hooks(self.engine.model, self.engine.arch, fns):
                 probs = answer_prob(self.engine, self.ids.expand(n_rows, -1), self.prompt.answer_id)
             out[first:first + len(chunk)] = probs.view(len(chunk), self.samples).mean(1).double().cpu().numpy()
+            bar.update(len(chunk))
+        bar.close()
         return out
 
 
 def trace(engine: ScoringEngine, prompt: LocatePrompt, *, kinds: Sequence[str] = STATE_KINDS,
           tokens: str | Sequence[int] = "all", window: int | None = None, samples: int = 10, noise: float = 3.0,
-          noise_std: float | None = None, seed: int = 0) -> LocateResult:
+          noise_std: float | None = None, seed: int = 0, progress: bool = True) -> LocateResult:
     """Causal tracing of one fact (ROME §2.1): per kind a [layers, tokens] map of P(answer) with that state
     (window) restored; untraced tokens are NaN. ``tokens``: "all", "subject_last", or explicit indices.
 
     Neuron scores (for KLoB) are the MLP indirect effect at the subject's last token, the same value for every
-    neuron of a layer: causal tracing locates layers, not neurons.
+    neuron of a layer: causal tracing locates layers, not neurons. ``progress``: a tqdm bar on stderr over the
+    (state, layer, token) restorations, the long part (it changes no number).
     """
     unknown = [k for k in kinds if k not in POINT_OF_KIND]
     if unknown or not kinds:
@@ -163,7 +169,7 @@ def trace(engine: ScoringEngine, prompt: LocatePrompt, *, kinds: Sequence[str] =
             names = [f"blocks.{lay}.mlp_out" for lay in window_layers(layer, window, n_layers)]
             patterns.append([(name, subject_last) for name in names])
             where.append(("_mlp_last", layer, subject_last))
-    probs = tracer.restored_probs(patterns)
+    probs = tracer.restored_probs(patterns, progress=progress)
     states = {kind: np.full((n_layers, n_tokens), np.nan) for kind in kinds}
     mlp_last = np.full(n_layers, np.nan)
     for (kind, layer, token), p in zip(where, probs, strict=True):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock
 from editscope.data.klob_build import (
@@ -71,15 +72,17 @@ def _example_from_json(row: dict) -> KlobExample:
 
 
 def select_examples(engine: ScoringEngine, n: int, *, seed: int = 0, recall: str = "any", recall_r: str = "all",
-                    shots: int = 0, progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[KlobExample]]:
-    """``n`` examples per subset: a seeded shuffle of each, KLoB-c/-r through the recall filter."""
+                    shots: int = 0, log: Callable[[str], None] = lambda _m: None) -> dict[str, list[KlobExample]]:
+    """``n`` examples per subset: a seeded shuffle of each, KLoB-c/-r through the recall filter; ``log`` gets a
+    line before and after each subset's filter."""
     sets = build_klob(u_limit=max(4 * n, 200))
     pool = sets["c"] + sets["r"]  # demonstrations: the same template about another subject, from either set
     out = {}
     for subset in SUBSETS:
+        log(f"KLoB-{subset}: choosing {n} examples from {len(sets[subset])} built (recall filter)")
         out[subset] = recall_filter(engine, shuffled(sets[subset], seed), mode=recall, mode_r=recall_r,
                                     shots=shots, limit=n, pool=pool)
-        progress(f"KLoB-{subset}: {len(out[subset])} examples kept (of {len(sets[subset])} built)")
+        log(f"KLoB-{subset}: {len(out[subset])} examples kept (of {len(sets[subset])} built)")
     return out
 
 
@@ -98,8 +101,11 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
               n: int = 50, seed: int = 0, recall: str = "any", recall_r: str = "all", shots: int = 0,
               options: dict[str, dict[str, Any]] | None = None,
-              progress: Callable[[str], None] = lambda _m: None) -> dict:
-    """Run (or resume) the benchmark in ``out_dir`` and return the metrics (also written there)."""
+              progress: bool = True, log: Callable[[str], None] = lambda _m: None) -> dict:
+    """Run (or resume) the benchmark in ``out_dir`` and return the metrics (also written there).
+
+    ``progress``: one tqdm bar on stderr over the (example, method) units, those done in an earlier run counted as
+    done (the methods' own bars stay off); it changes no number. ``log`` gets the example selection's lines."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise EditscopeError(f"unknown locating methods {unknown}; choose from {', '.join(METHODS)}")
@@ -127,23 +133,27 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
             examples = {s: [_example_from_json(r) for r in rows if r["subset"] == s] for s in SUBSETS}
         else:
             examples = select_examples(engine, n, seed=seed, recall=recall, recall_r=recall_r, shots=shots,
-                                       progress=progress)
+                                       log=log)
             atomic_write_text(examples_path, "".join(json.dumps(asdict(e)) + "\n"
                                                      for s in SUBSETS for e in examples[s]))
             atomic_write_text(out / "counts.md", counts_text(examples))
-            progress(counts_text(examples))
+            log(counts_text(examples))
         results_path = out / "results.jsonl"
         done = {(r["example_id"], r["method"]) for r in read_records(results_path, repair=True)}
         # round-robin over the subsets (example i of c, r, u, then i + 1): a run stopped early covers all three
         longest = max(len(examples[s]) for s in SUBSETS)
         order = [(s, i) for i in range(longest) for s in SUBSETS if i < len(examples[s])]
+        initial = sum((examples[s][i].example_id, m) in done for m in methods for s, i in order)
+        bar = tqdm(total=len(methods) * len(order), initial=initial, desc="KLoB bench", unit="unit",
+                   disable=not progress, dynamic_ncols=True)
         for method in methods:
             for subset, index in order:
                 example = examples[subset][index]
                 if (example.example_id, method) in done:
                     continue
+                bar.set_postfix_str(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
                 started = time.perf_counter()
-                results = [locate(engine, method, p.template, p.subject, p.answer, **opts[method])
+                results = [locate(engine, method, p.template, p.subject, p.answer, progress=False, **opts[method])
                            for p in example.prompts]
                 seconds = time.perf_counter() - started
                 scores = np.stack([r.neurons for r in results]).astype(np.float32)
@@ -156,7 +166,8 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
                     "sha256": hashlib.sha256(data).hexdigest(),
                     "prompts": [{"text": r.prompt, "answer": r.answer, "answer_token": r.answer_token,
                                  "meta": {k: v for k, v in r.meta.items() if k != "tokens"}} for r in results]})
-                progress(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
+                bar.update(1)
+        bar.close()
         metrics = compute_metrics(out, ks)
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
         atomic_write_text(out / "table.md", format_table(metrics))

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from editscope.lm.engine import ScoringEngine
 from editscope.locate.causal_trace import trace
@@ -34,17 +35,21 @@ class LayerCurve:
 
 def layer_curve(engine: ScoringEngine, facts: Sequence[tuple[str, str, str]], *, kind: str = "mlp",
                 window: int | None = None, samples: int = 10, seed: int = 0, known_only: bool = True,
-                limit: int | None = None, progress: Callable[[int, int], None] | None = None,
+                limit: int | None = None, progress: bool = True,
                 done: Sequence[dict] = (), on_fact: Callable[[dict], None] | None = None) -> LayerCurve:
     """Trace ``kind`` states at the subject's last token for each (template, subject, answer) fact and average.
 
     ``known_only`` keeps facts whose answer's first token is the model's greedy next token (ROME traced only
     facts the model knows); ``limit`` stops after that many traced facts. ``done``: rows of facts traced before
     (as in :attr:`LayerCurve.facts`, e.g. read back from a file ``on_fact`` appended to): they count, enter the
-    means and are not traced again, so a stopped curve resumes with the same numbers."""
+    means and are not traced again, so a stopped curve resumes with the same numbers. ``progress``: one tqdm bar
+    on stderr over the facts counted (traced or resumed), unknown facts skipped shown beside it; it changes no
+    number."""
     effects, normalised, rows, skipped = [], [], [], []
     used_window = None
     previous = {row["prompt"]: row for row in done}
+    bar = tqdm(total=limit if limit is not None else len(facts), desc=f"layer curve ({kind})", unit="fact",
+               disable=not progress)
     for template, subject, answer in facts:
         if limit is not None and len(effects) >= limit:
             break
@@ -56,13 +61,15 @@ def layer_curve(engine: ScoringEngine, facts: Sequence[tuple[str, str, str]], *,
             if row["clean_prob"] > row["corrupted_prob"]:
                 normalised.append(effect / (row["clean_prob"] - row["corrupted_prob"]))
             rows.append(row)
+            bar.update(1)
             continue
         prompt = encode_prompt(engine, template, subject, answer)
         if known_only and int(engine.next_token_logprobs([prompt.text])[0].argmax()) != prompt.answer_id:
             skipped.append(prompt.text)
+            bar.set_postfix(unknown_skipped=len(skipped))
             continue
         result = trace(engine, prompt, kinds=(kind,), tokens="subject_last", window=window, samples=samples,
-                       seed=seed)
+                       seed=seed, progress=False)
         used_window = result.meta["window"]
         last = prompt.subject_span[1] - 1
         effect = result.states[kind][:, last] - result.meta["corrupted_prob"]
@@ -75,8 +82,8 @@ def layer_curve(engine: ScoringEngine, facts: Sequence[tuple[str, str, str]], *,
                      "window": used_window, "samples": samples, "seed": seed, "kind": kind})
         if on_fact:
             on_fact(rows[-1])
-        if progress:
-            progress(len(effects), limit or len(facts))
+        bar.update(1)
+    bar.close()
     n_layers = engine.bundle.n_layers
     mean = np.mean(effects, axis=0) if effects else np.full(n_layers, np.nan)
     norm = np.mean(normalised, axis=0) if normalised else np.full(n_layers, np.nan)

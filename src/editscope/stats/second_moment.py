@@ -271,7 +271,9 @@ def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | No
     if missing:
         # One builder per cache folder: a second process waits here, then reads what the first one wrote.
         lock = cache_file(bundle.fingerprint, 0, corpus.digest, token_budget, seq_len).parent / ".build.lock"
-        with file_lock(lock):
+        what = (f"layer statistics of {bundle.name}, layers {','.join(map(str, missing))}, "
+                f"{token_budget} tokens of corpus {corpus.digest[:12]}")
+        with file_lock(lock, what=what):
             found, missing = _read_layers(bundle, missing, corpus, token_budget, seq_len, checksums, warn=False)
             out.update(found)
             if missing:
