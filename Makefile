@@ -45,7 +45,7 @@ demo: setup
 	$(VENV)/bin/editscope demo
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 bench: setup
 	$(PY) benchmarks/bench_scoring.py
