@@ -42,3 +42,12 @@ def test_bench_run_runs_on_two_records():
     out = _run("bench_run.py", "--cases", "1", "--model", "tiny-llama", "--threads", "1")
     assert "fast: 6 edits" in out  # 3 methods x (1 CounterFact + 1 zsRE case), one result row each
     assert "edits per minute" in out
+
+
+@pytest.mark.slow
+def test_bench_lifelong_runs_on_tiny_batches():
+    out = _run("bench_lifelong.py", "--model", "tiny-llama", "--batch", "3", "--rounds", "2", "--z-batch", "3",
+               "--threads", "1")
+    assert "(b) ratio " in out and "relative ΔW difference" in out
+    assert "(a) alphaedit: 6 edits in 2 batches of 3" in out and "edits/min" in out
+    assert "(c) peak RSS after 3 edits" in out and "(c) peak RSS after 6 edits" in out

@@ -50,7 +50,12 @@ def run(tmp_path_factory, tiny_llama):
         out = tmp_path_factory.mktemp("extension")
         Runner(cfg, out_dir=out, bundle=tiny_llama, progress=False, log=lambda _m: None).run()
         rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-        yield {"out": out, "rows": rows, "rome_hparams": rome_hparams}
+        try:
+            yield {"out": out, "rows": rows, "rome_hparams": rome_hparams}
+        finally:  # what the module registered goes too: later tests see the shipped registries only
+            for registry, name in ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new")):
+                registry.pop(name, None)
+            sys.modules.pop(MODULE, None)
 
 
 def saved_patch(run, row) -> Patch:

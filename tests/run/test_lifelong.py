@@ -4,11 +4,13 @@ checkpoint), and the report draws the curves against the number of edits."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from editscope.paths import configs_dir
 from editscope.report import build_report
 from editscope.run import Runner, parse_config, read_results
+from editscope.run.summary import retention
 
 BATCH, ROUNDS = 4, 3
 
@@ -43,6 +45,18 @@ def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tm
         assert ppl[0] != by_edits[4][0]["metrics"]["general"]["PPL_pre"] or method == "ft", method  # edits act
         assert {"ES_post", "PS_post", "NS_post"} <= set(by_edits[12][0]["metrics"]["counterfact"])
         assert {"EVK_ES", "EVK_TS"} <= set(by_edits[12][0]["metrics"]["evk"])  # post-only cosines
+    # retention matrix: batch i (the cases first probed at 4·i edits) measured at every later checkpoint, against
+    # the rows grouped by hand (a case's batch is its index // 4: rows are in case order)
+    matrix = retention(rows, "counterfact", "ES_post")
+    for method in methods:
+        cells = matrix[("counterfact", "counterfact", method)]
+        assert sorted(cells) == [(4, 4), (4, 8), (4, 12), (8, 8), (8, 12), (12, 12)]
+        for (i, j), value in cells.items():
+            want = [r["metrics"]["counterfact"]["ES_post"] for r in rows if r["method"] == method
+                    and r["edits_applied"] == j and r["index"] // BATCH == i // BATCH - 1]
+            assert value == pytest.approx(sum(want) / len(want)) and len(want) == BATCH
     html, _md = build_report([tmp_path / "run"])
     text = html.read_text()
     assert "PPL" in text and "number of edits" in text  # the general suite's columns and the curves
+    assert "retention-counterfact-counterfact.png" in text or "retention of each batch" in text or \
+        (tmp_path / "run" / "figures" / "retention-counterfact-counterfact.png").is_file()

@@ -29,6 +29,7 @@ from editscope.run.summary import (
     curve_markdown,
     metric_label,
     protocol_notes,
+    retention,
     spec_of,
     summarize,
     summarize_by_edits,
@@ -205,6 +206,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                                                                            for r in rs)],
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
+    figs += _retention_figures(rows, curves, specs, methods)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for f in figs:
         (out / "figures" / f"{f.slug}.png").write_bytes(f.png)
@@ -250,7 +252,9 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
             md += ["After each number of edits (sequential batches):", ""] + curve + [""]
             h.append(f"<h3>{html.escape(suite)} on {html.escape(dataset)} vs number of edits</h3>")
             add_figure(bars[f"curve-{dataset}-{suite}"])
-    extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-"))]
+            if f"retention-{dataset}-{suite}" in bars:
+                add_figure(bars[f"retention-{dataset}-{suite}"])
+    extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-", "retention-"))]
     if extra:
         md += ["## Case studies", ""]
         h.append("<h2>Case studies</h2>")
@@ -264,3 +268,23 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     html_path = atomic_write_text(out / "report.html", "\n".join(h) + "\n")
     md_path = atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     return html_path, md_path
+
+
+def _retention_figures(rows, curves, specs, methods) -> list[Figure]:
+    """The retention heatmap of each (dataset, suite) with curves: its first headline metric that is measured
+    per case after the edit and has a direction (ES for counterfact, Efficacy for zsRE)."""
+    out = []
+    for dataset, suite in curves:
+        spec = next((s for s in specs.get((dataset, suite), ()) if s.headline and s.aggregate is None
+                     and s.higher_is_better is not None), None)
+        if spec is None:
+            continue
+        matrices = {key[2]: cells for key, cells in retention(rows, suite, spec.post).items() if key[0] == dataset}
+        ordered = {m: matrices[m] for m in methods if m in matrices}
+        if ordered:
+            out.append(Figure(f"retention-{dataset}-{suite}", f"{suite} on {dataset}: retention",
+                              "Sequential batches: cell (i, j) is the mean of the metric over the cases first probed "
+                              "when the model held i edits (one batch), measured when it held j edits; a row read "
+                              "left to right is how that batch's edits hold up as later batches are written.",
+                              figures.retention_heatmap(ordered, spec, f"{suite} on {dataset}")))
+    return out

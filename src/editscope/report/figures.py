@@ -138,3 +138,33 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.32 / height))
     return png(fig)
+
+
+def retention_heatmap(matrices: Mapping[str, Mapping[tuple[int, int], float]], spec: MetricSpec, title: str) -> bytes:
+    """One heatmap per method: rows = the batch (edits on the model when its cases were first probed), columns =
+    the checkpoint (edits on the model at the probe), colour and text = the mean of ``spec``'s post-edit value."""
+    methods = list(matrices)
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods) + 0.8, 3.2), squeeze=False)
+    low, high = spec.range if spec.range is not None and all(map(math.isfinite, spec.range)) else (None, None)
+    for ax, m in zip(axes.flat, methods, strict=True):
+        cells = matrices[m]
+        batches, checks = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
+        grid = np.full((len(batches), len(checks)), np.nan)
+        for (i, j), v in cells.items():
+            grid[batches.index(i), checks.index(j)] = v * spec.paper_scale
+        vmin = None if low is None else low * spec.paper_scale
+        vmax = None if high is None else high * spec.paper_scale
+        image = ax.imshow(grid, cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
+        for (r, c), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(c, r, f"{v:.0f}" if abs(v) >= 10 else f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if vmax is None or v < 0.6 * vmax else "black")
+        ax.set_xticks(range(len(checks)), [str(c) for c in checks], fontsize=7, rotation=45)
+        ax.set_yticks(range(len(batches)), [str(b) for b in batches], fontsize=7)
+        ax.set_xlabel("edits on the model at the probe")
+        ax.set_ylabel("batch (edits when first probed)")
+        ax.set_title(m, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=f"{spec.name} ({spec.unit})")
+    fig.suptitle(f"{title}: retention of each batch's {spec.name}", fontsize=10)
+    fig.tight_layout()
+    return png(fig)

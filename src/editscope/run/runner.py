@@ -151,10 +151,12 @@ def load_blocks(config: RunConfig, *, limit: int | None = None,
 
 def edit_requests(label: str, suites: Mapping[str, Suite], case: Case) -> tuple[EditRequest, ...]:
     """What to edit for ``case``: every suite's ``edit_requests(case)`` (by default the case's requests; the
-    one_to_n suite edits every valid answer). Suites of one block must agree."""
+    one_to_n suite edits every valid answer). Suites of one block that choose edits must agree."""
     chosen: tuple[EditRequest, ...] | None = None
     chooser = None
     for name, suite in suites.items():
+        if not suite.chooses_edits:  # declared: measures the model whatever is edited
+            continue
         reqs = tuple(suite.edit_requests(case))
         if chosen is not None and reqs != chosen:
             raise EditscopeError(f"dataset {label}: suites {chooser} and {name} edit different things for case "

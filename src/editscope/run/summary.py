@@ -137,6 +137,31 @@ def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None 
     return {key: points for key, points in out.items() if len(points) >= 2}
 
 
+RetentionMap = dict[tuple[str, str, str], dict[tuple[int, int], float]]
+"""(dataset, suite, method) -> {(edits when the cases were first probed, edits at the probe): mean of the metric}."""
+
+
+def retention(rows: Iterable[dict[str, Any]], suite: str, column: str) -> RetentionMap:
+    """The retention matrix of ``sequential_batches`` runs: each case labelled by the number of edits on the model
+    when it was first probed (the checkpoint right after its own batch: it names the batch), its ``column`` (a
+    post-edit metric of ``suite``) averaged per (batch label, edits at the probe). A row i read across the
+    checkpoints is how the edits of batch i hold up while later batches are written (AlphaEdit Fig. 1, paper 004)."""
+    rows = [r for r in rows if r.get("edits_applied") is not None
+            and (r.get("metrics") or {}).get(suite, {}).get(column) is not None]
+    first: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        key = (r["dataset"], r["method"], str(r["case_id"]))
+        first[key] = min(first.get(key, int(r["edits_applied"])), int(r["edits_applied"]))
+    cells: dict[tuple[str, str, str], dict[tuple[int, int], list[float]]] = {}
+    for r in rows:
+        batch = first[(r["dataset"], r["method"], str(r["case_id"]))]
+        cell = cells.setdefault((r["dataset"], suite, r["method"]), {}).setdefault(
+            (batch, int(r["edits_applied"])), [])
+        cell.append(float(r["metrics"][suite][column]))
+    return {key: {ij: sum(v) / len(v) for ij, v in sorted(c.items())} for key, c in cells.items()
+            if len({j for _, j in c}) >= 2}
+
+
 def _value(v: Any) -> float:
     return math.nan if v is None else float(v)
 

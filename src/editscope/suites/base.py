@@ -75,6 +75,9 @@ class Suite(ABC):
     """One evaluation family (see the module docstring)."""
 
     name: ClassVar[str]
+    #: whether the suite has a say in what is edited (:meth:`edit_requests`); False for a suite that measures the
+    #: model whatever was edited (``general``), so it can share a block with any other suite
+    chooses_edits: ClassVar[bool] = True
 
     @property
     @abstractmethod

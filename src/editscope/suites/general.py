@@ -56,6 +56,7 @@ class GeneralAbilitySuite(Suite):
     """General ability and known-fact locality (see the module docstring)."""
 
     name = "general"
+    chooses_edits = False  # the model as a whole: any block's edits
 
     def __init__(self, *, text_tokens: int = 2048, row_tokens: int = 256, facts: int = 200, fact_pool: int = 3000,
                  fact_dataset: str = "counterfact", generation_prompts: int = 8, generation_tokens: int = 30) -> None:

@@ -1,0 +1,141 @@
+"""Lifelong-editing benchmark: sequential batches through the runner, and one batch's z against the reference cost.
+
+(a) A lifelong run of ``--rounds`` batches of ``--batch`` CounterFact edits with one editor (default AlphaEdit, its
+    shipped hparams), an evaluation checkpoint after every round (counterfact + general suites), through
+    ``editscope.run.Runner`` as ``editscope run`` does. Prints the wall time per phase — z (the v*/z optimisation),
+    the rest of the edit (keys, solves, state), evaluation — and edits per minute.
+(b) One batch of ``--z-batch`` requests: the ΔW of one batch edit computed as editscope does (the one optimiser,
+    requests batched, the suffix-only forward) and with the reference code's cost structure (memit / AlphaEdit
+    ``compute_z``: one request at a time, a full forward from the embeddings, a full-vocabulary log-softmax at every
+    position: ``EditRuntime(forward="plain", vstar_batch=1)``), same hparams, same process. Prints
+    ``ratio X.XX`` = time(reference) / time(editscope) and the relative ΔW difference (must be <= 1e-4).
+(c) Peak resident memory (VmHWM) after every round of (a): flat memory means the last is within ~10% of the first.
+
+Usage: .venv/bin/python benchmarks/bench_lifelong.py [--model smollm2-135m] [--method alphaedit] [--batch 100]
+       [--rounds 10] [--z-batch 100] [--threads 2] [--parts ab]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from editscope.data.counterfact import load_counterfact
+from editscope.edit import EditRuntime, get_editor
+from editscope.edit import registry as registry_module
+from editscope.edit.objective import solve as solve_module
+from editscope.lm import load
+from editscope.paths import data_file
+from editscope.run import Runner, parse_config
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far (VmHWM), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class PhaseTimer:
+    """Wall time inside the v*/z optimiser and inside whole edits, by wrapping the two functions the runner calls;
+    the peak RSS after each edit (one edit = one round in sequential batches)."""
+
+    def __init__(self) -> None:
+        self.z = self.edit = 0.0
+        self.rss: list[tuple[int, float]] = []
+        self.edits = 0
+
+    def install(self) -> None:
+        optimise, apply = solve_module.optimise, registry_module.Editor.apply
+
+        def timed_optimise(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return optimise(*args, **kwargs)
+            finally:
+                self.z += time.perf_counter() - t0
+
+        def timed_apply(editor, bundle, requests, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return apply(editor, bundle, requests, *args, **kwargs)
+            finally:
+                self.edit += time.perf_counter() - t0
+                self.edits += len(requests) if isinstance(requests, list | tuple) else 1
+                self.rss.append((self.edits, peak_rss_mb()))
+
+        solve_module.optimise = timed_optimise
+        registry_module.Editor.apply = timed_apply
+
+
+def part_a(bundle, args, timer: PhaseTimer) -> None:
+    config = parse_config({
+        "model": args.model, "seed": 0, "output": "unused",
+        "mode": {"sequential_batches": {"batch": args.batch, "rounds": args.rounds, "checkpoints": 1}},
+        "methods": [args.method], "dataset": "counterfact", "slice": {"offset": 0, "limit": args.batch * args.rounds},
+        "suites": ["counterfact", "general"]})
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        Runner(config, out_dir=out, bundle=bundle, progress=False, log=lambda _m: None).run()
+        wall = time.perf_counter() - t0
+    n = args.batch * args.rounds
+    print(f"(a) {args.method}: {n} edits in {args.rounds} batches of {args.batch}, checkpoint every round: "
+          f"wall {wall:.1f} s = z {timer.z:.1f} s + rest of edit {timer.edit - timer.z:.1f} s + evaluation "
+          f"{wall - timer.edit:.1f} s; {n / wall * 60:.1f} edits/min overall, {n / timer.edit * 60:.1f} edits/min "
+          "editing")
+    for edits, rss in timer.rss:
+        print(f"(c) peak RSS after {edits} edits: {rss:.0f} MiB")
+    if len(timer.rss) >= 2:
+        print(f"(c) peak RSS last / first round: {timer.rss[-1][1] / timer.rss[0][1]:.3f}")
+
+
+def part_b(bundle, args) -> None:
+    editor = get_editor(args.method)
+    hp = editor.load_hparams(bundle)
+    cases = load_counterfact(data_file("counterfact/counterfact-edit.json"))
+    reqs = [c.requests[0] for c in cases[: args.z_batch]]
+    editor.compute_patch(bundle, reqs[:1], hp.replace(v_steps=1))  # warm-up: statistics, first-call costs
+    times, deltas = {}, {}
+    for name, runtime in (("editscope", EditRuntime()), ("reference", EditRuntime(forward="plain", vstar_batch=1))):
+        t0 = time.perf_counter()
+        deltas[name] = editor.compute_patch(bundle, reqs, hp, runtime=runtime).deltas
+        times[name] = time.perf_counter() - t0
+    num = sum(float((deltas["editscope"][k].double() - deltas["reference"][k].double()).pow(2).sum())
+              for k in deltas["reference"]) ** 0.5
+    den = sum(float(d.double().pow(2).sum()) for d in deltas["reference"].values()) ** 0.5
+    diff = num / den
+    print(f"(b) {args.method}, one batch of {len(reqs)}: editscope {times['editscope']:.1f} s, reference cost "
+          f"structure {times['reference']:.1f} s; relative ΔW difference {diff:.1e}")
+    print(f"(b) ratio {times['reference'] / times['editscope']:.2f}")
+    if not diff <= 1e-4:
+        raise SystemExit(f"(b) the two ΔW disagree: {diff:.2e} > 1e-4")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--method", default="alphaedit")
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--z-batch", type=int, default=100, help="requests in the one batch of part (b)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parts", default="ab", help="which parts to run: a (with c), b")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bundle = load(args.model)
+    print(f"model {args.model}, {args.threads} thread(s)", flush=True)
+    if "b" in args.parts:
+        part_b(bundle, args)
+    if "a" in args.parts:
+        timer = PhaseTimer()
+        timer.install()
+        part_a(bundle, args, timer)
+
+
+if __name__ == "__main__":
+    main()
