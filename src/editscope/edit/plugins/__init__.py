@@ -3,7 +3,7 @@
 A plug-in is a :class:`PluginSpec` — a name, a display label, a hyperparameter dataclass (validated like an
 editor's: an unknown key or a wrong type is an :class:`EditscopeError` naming the key) and a factory
 ``make(hp) -> ObjectiveTerm`` — registered in :data:`PLUGINS` with :func:`register_plugin`. APP and EVK-Align
-will be the first shipped ones; tests and users register their own (``editscope edit --plugin-module MODULE``
+are the shipped ones; tests and users register their own (``editscope edit --plugin-module MODULE``
 imports a module that calls :func:`register_plugin`).
 
 Attach plug-ins with ``editor.apply(..., plugins=[("name", {key: value}), spec, ...])``, with ``plugins:`` in a
