@@ -184,3 +184,27 @@ def test_lm_package_imports_are_acyclic():
     assert {"editscope.lm.loading", "editscope.lm.tiny", "editscope.lm.bundle"} <= set(graph)
     assert "editscope.lm.loading" not in graph["editscope.lm.tiny"]
     assert find_cycle(graph) is None, f"import cycle in editscope.lm: {' -> '.join(find_cycle(graph))}"
+
+
+@pytest.mark.slow
+def test_a_local_copy_of_a_registry_model_gets_its_shipped_hparams(smollm2, tmp_path):
+    """A plain HF folder holding SmolLM2's weights (no editscope stamp: its fingerprint is computed from the
+    weights) is recognised by fingerprint and gets SmolLM2's shipped hparams, not derived ones."""
+    import shutil
+    import warnings
+
+    from editscope.edit import get_editor
+    from editscope.edit.hparams import load_yaml, shipped_hparams_path
+    from editscope.lm.loading import FINGERPRINT_FILE, prepare, registry_name_of
+
+    copy = tmp_path / "my-model"
+    shutil.copytree(prepare("smollm2-135m"), copy)
+    (copy / FINGERPRINT_FILE).unlink()
+    local = load(str(copy))
+    assert local.name == "my-model" and local.base_fingerprint == smollm2.base_fingerprint
+    assert registry_name_of(local.base_fingerprint) == "smollm2-135m" and registry_name_of("0" * 32) is None
+    editor = get_editor("rome")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # derived hparams would warn
+        hp = editor.load_hparams(local)
+    assert hp == load_yaml(shipped_hparams_path("rome", "smollm2-135m"), editor.hparams_class)

@@ -26,7 +26,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
-from editscope.edit.hparams import HParams, load_yaml, resolve_hparams
+from editscope.edit.hparams import HParams, load_yaml, resolve_hparams, shipped_hparams_path
 from editscope.edit.mend import core as mend
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
@@ -36,7 +36,7 @@ from editscope.edit.state import EditState, NoState
 from editscope.errors import EditscopeError
 from editscope.lm.archs import ARCHS
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.loading import Bundle
+from editscope.lm.loading import Bundle, registry_name_of
 from editscope.registry import Registry
 
 
@@ -134,6 +134,9 @@ class Editor:
             self.check_model(model)
         if path is None:  # shipped file, else derived from the architecture (warns), else an error naming --hparams
             arch = (model.arch.family, model.n_layers) if isinstance(model, Bundle) else None
+            if isinstance(model, Bundle) and shipped_hparams_path(self.name, model_name) is None:
+                # a local folder holding a registry model's weights (same fingerprint) gets that model's hparams
+                model_name = registry_name_of(model.base_fingerprint) or model_name
             return resolve_hparams(self.name, self.hparams_class, model_name, arch, overrides, overrides_label)
         return load_yaml(path, self.hparams_class, overrides, n_layers, overrides_label)
 

@@ -127,6 +127,16 @@ def is_prepared(name: str) -> bool:
     return (entry.folder(name) / FINGERPRINT_FILE).is_file()
 
 
+def registry_name_of(fingerprint: str) -> str | None:
+    """The registry model whose prepared (converted, cached) weights have ``fingerprint``, if any: a local copy of a
+    registry model's weights (an exported folder, a hub download of the same checkpoint) is that model."""
+    for name, entry in GGUF_MODELS.items():
+        stamp = entry.folder(name) / FINGERPRINT_FILE
+        if stamp.is_file() and stamp.read_text().strip() == fingerprint:
+            return name
+    return None
+
+
 def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> Path:
     """Convert a registry model once; returns its cached folder. A second call is instant."""
     entry = GGUF_MODELS.get(name)
