@@ -106,3 +106,16 @@ def test_probe_set_is_chosen_on_the_unedited_model_only(tiny_bundles, fact_file)
         patch.revert(bundle)
     with pytest.raises(EditscopeError, match="text_tokens must be an integer >= 1"):
         GeneralAbilitySuite(text_tokens=0)
+
+
+def test_a_fact_the_file_repeats_is_never_in_the_probe_set(tiny_bundles, fact_file, tmp_path):
+    """CounterFact repeats some facts verbatim: a repeated prompt could be edited by a run of other records, so the
+    probe set leaves it out."""
+    records = json.loads(fact_file.read_text())
+    engine = ScoringEngine(tiny_bundles["llama"])
+    known = GeneralAbilitySuite(fact_dataset=str(fact_file), fact_pool=len(records), facts=50).known_facts(engine)
+    first = next(r for r in records if (r["prompt"], r["ground_truth"]) in known)  # a fact the model knows
+    path = tmp_path / "facts-dup.json"
+    path.write_text(json.dumps(records + [dict(first, case_id=len(records))]))  # repeated at the end (the pool)
+    chosen = GeneralAbilitySuite(fact_dataset=str(path), fact_pool=len(records) + 1, facts=50).known_facts(engine)
+    assert chosen == [f for f in known if f[0] != first["prompt"]]

@@ -8,8 +8,9 @@ on fixed inputs chosen once:
   start token, up to ``text_tokens`` tokens): exp of the mean token NLL;
 * ``NTA``: next-token accuracy on the same tokens (share whose argmax is the next token);
 * ``KnownFacts``: the share of a fixed probe set of facts the *unedited* model knows that the model still answers:
-  CounterFact records from the last ``fact_pool`` of the edit split (never in a run that slices from the start),
-  kept when every token of ``target_true`` is the argmax after the prompt (zsRE's top-1 rule), the first ``facts``
+  CounterFact records from the last ``fact_pool`` of the edit split whose prompt occurs nowhere else in the file
+  (CounterFact repeats some facts verbatim: so no run of other records edits them), kept when every token of
+  ``target_true`` is the argmax after the prompt (zsRE's top-1 rule), the first ``facts``
   of them in file order; chosen on the first probe, which must be of the unedited model (absent when it knows
   none of them, as a random-init test model);
 * ``GE``: generation entropy (paper 002, eq 27, paper convention) of greedy continuations of fixed prompts (the
@@ -26,6 +27,7 @@ import hashlib
 import json
 import math
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,13 +113,14 @@ class GeneralAbilitySuite(Suite):
         if bundle.applied:
             raise EditscopeError("general suite: the known-fact probe set must be chosen on the unedited model, but "
                                  f"{len(bundle.applied)} patch(es) are applied")
-        rule = json.dumps([self.fact_dataset, self.fact_pool, self.facts, "top1-true"])
+        rule = json.dumps([self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"])
         key = hashlib.blake2b(f"{bundle.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
         path = home() / "general" / f"known-facts-{key}.json"
         cached = read_json(path)
         if cached is None:
             cases = load_cases(self.fact_dataset)
-            pool = [c.request for c in cases[-self.fact_pool:] if c.request.target_true]
+            seen = Counter(r.text for c in cases for r in c.requests)  # CounterFact repeats some facts verbatim
+            pool = [c.request for c in cases[-self.fact_pool:] if c.request.target_true and seen[c.request.text] == 1]
             scores = engine.score([(r.text, r.target_true) for r in pool])
             known = [[r.text, r.target_true] for r, s in zip(pool, scores, strict=True) if all(s.token_is_argmax)]
             cached = {"rule": rule, "facts": known[: self.facts], "pool": len(pool), "known_in_pool": len(known)}
