@@ -234,3 +234,13 @@ def test_a_bad_record_after_the_slice_still_fails(write_json, twenty):
         DataError, match=re.escape("record 19: field rephrase_prompt: expected a non-empty string, got null")
     ):
         load_cases(path, limit=2)
+
+
+def test_a_users_file_without_case_ids_is_numbered_by_position(tmp_path):
+    records = [{"prompt": f"{s} is a citizen of", "subject": s, "target_new": "Japan", "ground_truth": "France",
+                "rephrase_prompt": f"{s} holds a passport of", "locality_prompt": "Paris is in",
+                "locality_ground_truth": "France"} for s in ("Ann Lee", "Bo Chen", "Cy Young")]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(records))
+    cases = load_cases(path)
+    assert [c.case_id for c in cases] == ["0", "1", "2"] and cases[1].request.subject == "Bo Chen"

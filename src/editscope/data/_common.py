@@ -215,8 +215,11 @@ class Fields:
             raise self.error(self.path(key), f"already holds '{{}}', cannot make a template of {sentence!r}")
         return sentence[:start] + "{}" + sentence[start + len(subject) :]
 
-    def case_id(self, key: str = "case_id") -> str:
-        """A required case id: an int or a non-empty string, returned as a string."""
+    def case_id(self, key: str = "case_id", *, default_to_index: bool = False) -> str:
+        """A case id: an int or a non-empty string, returned as a string. Required, unless ``default_to_index``:
+        then a record without the key is numbered by its position in the file (a user's own file)."""
+        if default_to_index and not self.has(key):
+            return str(self.record)
         value = self.raw(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)

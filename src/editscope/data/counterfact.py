@@ -5,7 +5,8 @@ the EasyEdit keys are expected. All records of a file must be in the same format
 
 **EasyEdit** (``counterfact-edit.json``, ``counterfact-train.json``): one object per case with
 ``case_id, prompt, subject, target_new, ground_truth, rephrase_prompt, locality_prompt,
-locality_ground_truth`` (all strings but ``case_id``). Mapping to :class:`Case`:
+locality_ground_truth`` (all strings but ``case_id``, which is optional: the record's position by default).
+Mapping to :class:`Case`:
 
 - ``requests = (EditRequest(template, subject, target_new, ground_truth),)`` where the template is the
   ``prompt`` sentence with the subject's first occurrence replaced by ``{}`` (exact, case-sensitive; a
@@ -62,8 +63,9 @@ def detect(record: Mapping[str, Any]) -> bool:
 
 
 def parse_easyedit_record(f: Fields, source: str) -> Case:
-    """One EasyEdit CounterFact record as a Case (see the module docstring for the mapping)."""
-    case_id = f.case_id()
+    """One EasyEdit CounterFact record as a Case (see the module docstring for the mapping); a record without
+    ``case_id`` (a user's own file) is numbered by its position."""
+    case_id = f.case_id(default_to_index=True)
     subject = f.string("subject")
     template = f.template_from_sentence("prompt", subject)
     target_new = f.answer("target_new")
