@@ -22,6 +22,7 @@ import yaml
 from editscope import yamlio
 from editscope.errors import EditscopeError
 from editscope.paths import configs_dir
+from editscope.ranges import Range
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
 
 
@@ -62,39 +63,6 @@ def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-_RANGE = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
-
-
-@dataclass(frozen=True)
-class Range:
-    """An interval a number must lie in, written as in mathematics: ``"(0, 10]"`` (0 excluded, 10 included),
-    ``"[0, inf)"`` (no upper bound). :attr:`Params.RANGES` declares one per numeric key."""
-
-    text: str
-    lo: float
-    hi: float
-    lo_open: bool
-    hi_open: bool
-
-    @classmethod
-    def parse(cls, text: str) -> Range:
-        m = _RANGE.match(text)
-        if not m:
-            raise ValueError(f"range {text!r}: write it as [lo, hi], (lo, hi], [lo, hi) or (lo, hi); inf allowed")
-        lo, hi = float(m.group(2)), float(m.group(3))
-        if not lo <= hi:
-            raise ValueError(f"range {text!r}: lower bound above upper bound")
-        return cls(f"{m.group(1)}{m.group(2)}, {m.group(3)}{m.group(4)}", lo, hi, m.group(1) == "(", m.group(4) == ")")
-
-    def __contains__(self, value: float) -> bool:
-        above = value > self.lo if self.lo_open else value >= self.lo
-        below = value < self.hi if self.hi_open else value <= self.hi
-        return above and below
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @dataclass
