@@ -140,3 +140,22 @@ def test_old_format_patch_without_delta_checksums_still_applies(bundle, patch, t
     out = tmp_path / "edited"  # and through the CLI, which writes the folder atomically
     assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 0
     assert (out / "editscope-patch.json").is_file() and not list(tmp_path.glob(".edited.*"))
+
+
+def test_patch_apply_writes_its_output_folder_atomically(patch, tmp_path, monkeypatch):
+    import transformers
+
+    path = patch.save(tmp_path / "p.safetensors")
+    real = transformers.PreTrainedModel.save_pretrained
+
+    def half_then_fail(self, folder, *args, **kwargs):
+        real(self, folder, *args, **kwargs)  # the weights land in the temporary folder...
+        raise OSError(28, "No space left on device")  # ...then the disk fills up
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", half_then_fail)
+    out = tmp_path / "edited"
+    assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 1
+    assert not out.exists() and not list(tmp_path.glob(".edited.*"))  # no partial folder, no leftover temp folder
+    monkeypatch.undo()
+    assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 0
+    assert Patch.load(path).names == patch.names and (out / "config.json").is_file()
