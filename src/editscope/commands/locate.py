@@ -9,6 +9,7 @@ import math
 import sys
 
 from editscope.commands._device import add_device_arguments
+from editscope.ranges import option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,13 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", default="causal_trace", choices=list(METHODS))
     parser.add_argument("--plot", help="write the causal-tracing heatmaps to this image file")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--samples", type=int, default=10, help="noise samples (causal_trace)")
-    parser.add_argument("--noise", type=float, default=3.0, help="noise level in embedding stds (causal_trace)")
-    parser.add_argument("--window", type=int, default=None, help="MLP/attn window (default: 10 scaled to depth)")
-    parser.add_argument("--steps", type=int, default=20, help="integrated-gradient steps (kn)")
+    parser.add_argument("--samples", type=option(int, "[1, inf)"), default=10, help="noise samples (causal_trace)")
+    parser.add_argument("--noise", type=option(float, "(0, inf)"), default=3.0,
+                        help="noise level in embedding stds, finite and > 0 (causal_trace)")
+    parser.add_argument("--window", type=option(int, "[1, inf)"), default=None,
+                        help="MLP/attn window (default: 10 scaled to depth)")
+    parser.add_argument("--steps", type=option(int, "[1, 10000]"), default=20, help="integrated-gradient steps (kn)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top", type=int, default=10, help="how many top layers / neurons to print")
-    parser.add_argument("--layer-curve", type=int, metavar="N", default=None,
+    parser.add_argument("--top", type=option(int, "[1, inf)"), default=10,
+                        help="how many top layers / neurons to print")
+    parser.add_argument("--layer-curve", type=option(int, "[1, inf)"), metavar="N", default=None,
                         help="average the MLP indirect effect per layer over N CounterFact facts instead")
     parser.add_argument("--dataset", default="counterfact-1k", help="facts for --layer-curve")
     parser.add_argument("--kind", default="mlp", choices=["mlp", "attn", "residual"], help="state for --layer-curve")

@@ -24,7 +24,6 @@ from editscope.edit.memit import spread_over_layers
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState
-from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
@@ -36,10 +35,9 @@ class AlphaEditHParams(VStarHParams):
     nullspace_threshold: float = 2e-2
     L2: float = 10.0
 
-    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
-        super().check(where, n_layers)
-        if self.L2 <= 0:
-            raise EditscopeError(f"{where}: key 'L2': must be positive")
+    #: nullspace_threshold: P keeps C's singular directions with singular value below it (eq. 10), so at or below
+    #: 0 it keeps none and the edit changes nothing; L2: the ridge term of the solve (> 0 keeps it invertible).
+    RANGES = {"nullspace_threshold": "(0, inf)", "L2": "(0, 1e12]"}
 
 
 @dataclass

@@ -21,7 +21,6 @@ from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
 from editscope.edit.runtime import EditRuntime
-from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
 
@@ -33,11 +32,8 @@ class FTHParams(HParams):
     norm_constraint: float = 5e-4
     stop_loss: float = 1e-2
 
-    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
-        super().check(where, n_layers)
-        for key in ("lr", "steps", "norm_constraint"):
-            if getattr(self, key) <= 0:
-                raise EditscopeError(f"{where}: key {key!r}: must be positive, got {getattr(self, key)}")
+    #: norm_constraint: the L∞ bound on each weight's change (a shipped config uses 1e9 for "unconstrained").
+    RANGES = {"lr": "(0, 10]", "steps": "[1, 10000]", "norm_constraint": "(0, inf)", "stop_loss": "[0, 1e6]"}
 
 
 def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Hyperparameters per editor: dataclasses validated on load from ``configs/hparams/{method}/{model}.yaml``.
 
 Every field has a type; a YAML file (or ``--set key=value`` override) with an unknown key, a value of the
-wrong type, or an edit layer outside the model is an :class:`EditscopeError` naming the file and the key.
+wrong type, a number outside the key's declared range (:attr:`Params.RANGES`) or an edit layer outside the model
+is an :class:`EditscopeError` naming the file, the key and, for a range, the range.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from editscope import yamlio
 from editscope.errors import EditscopeError
 from editscope.paths import configs_dir
+from editscope.ranges import Range
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
 
 
@@ -66,7 +68,29 @@ def _type_name(tp: Any) -> str:
 @dataclass
 class Params:
     """Typed, validated parameters (of an editor or a plug-in): ``from_dict`` rejects an unknown key or a value
-    of the wrong type with an :class:`EditscopeError` naming the key; subclasses add value checks in ``check``."""
+    of the wrong type with an :class:`EditscopeError` naming the key; ``check`` rejects a number outside its
+    declared range; subclasses add other value checks in ``check``.
+
+    ``RANGES`` declares, per numeric key, the interval its value must lie in (:class:`Range` notation: ``"(0, 10]"``,
+    ``"[1, 10000]"``, ``"[0, inf)"``). A subclass's ``RANGES`` adds to (and for a key it names, replaces) those of
+    its bases; a key whose value is None (an optional setting left unset) is not checked. The bounds reject values
+    that cannot mean anything (a negative threshold, a zero step count) or that overflow or run for hours (a
+    learning rate of 1e38, a billion steps), never values a published or shipped configuration uses."""
+
+    RANGES: typing.ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for text in cls.__dict__.get("RANGES", {}).values():
+            Range.parse(text)  # a malformed declaration fails at import, not at the first check
+
+    @classmethod
+    def ranges(cls) -> dict[str, Range]:
+        """Every declared range in force for this class (its own over its bases')."""
+        merged: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(klass.__dict__.get("RANGES", {}))
+        return {key: Range.parse(text) for key, text in merged.items()}
 
     @classmethod
     def owner(cls) -> str:
@@ -93,7 +117,11 @@ class Params:
         return hp
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
-        """Value checks (none by default)."""
+        """Value checks: every key with a declared range (:attr:`RANGES`) lies in it."""
+        for key, rng in self.ranges().items():
+            value = getattr(self, key)
+            if value is not None and value not in rng:
+                raise EditscopeError(f"{where}: key {key!r}: must be in {rng}, got {value}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -118,6 +146,7 @@ class HParams(Params):
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         """Value checks; with ``n_layers`` also that every edit layer exists in the model."""
+        super().check(where, n_layers)
         if not self.layers:
             raise EditscopeError(f"{where}: key 'layers': at least one layer is required")
         if len(set(self.layers)) != len(self.layers) or sorted(self.layers) != list(self.layers):
@@ -187,6 +216,13 @@ class VStarHParams(HParams):
     update_key: str | None = None
     key_average: str | None = None
 
+    #: v_lr/v_steps: Adam on v* (shipped 0.1-0.5, 5-25 steps); clamp_norm_factor: ‖δ‖ ≤ c·‖v₀‖ (0.75-4; large =
+    #: no clamp); kl_factor/v_weight_decay: loss-term weights (0 = term off); stop_loss: the early-stop loss (0 =
+    #: never stop early); mom2_tokens: the statistics' token budget.
+    RANGES = {"v_lr": "(0, 10]", "v_steps": "[1, 10000]", "v_weight_decay": "[0, 1e6]",
+              "clamp_norm_factor": "(0, 1e6]", "kl_factor": "[0, 1e6]", "stop_loss": "[0, 1e6]",
+              "template_seed": "[0, 1e18]", "mom2_tokens": "[1, 1e12]"}
+
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
         if self.convention not in CONVENTIONS:
@@ -196,9 +232,6 @@ class VStarHParams(HParams):
             value = getattr(self, key)
             if value is not None and value not in allowed:
                 raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(allowed)}, got {value!r}")
-        for key in ("v_lr", "clamp_norm_factor", "mom2_tokens", "v_steps"):
-            if getattr(self, key) <= 0:
-                raise EditscopeError(f"{where}: key {key!r}: must be positive, got {getattr(self, key)}")
         for spec in self.context_templates:
             if len(spec) != 2 or min(spec) < 1:
                 raise EditscopeError(f"{where}: key 'context_templates': entries are [n_tokens, n_prefixes] >= 1, "

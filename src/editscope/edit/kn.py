@@ -71,22 +71,19 @@ class KNHParams(HParams):
     max_neurons: int | None = None
     activation_sign: bool = True
 
+    #: adaptive_threshold: t as a share of the largest attribution; share: p; lambda_old/lambda_new: the multiples
+    #: of the answer embeddings subtracted/added (a negative one reverses the edit).
+    RANGES = {"steps": "[1, 10000]", "adaptive_threshold": "[0, 1]", "share": "[0, 1)", "lambda_old": "[0, 1e3]",
+              "lambda_new": "[0, 1e3]", "max_neurons": "[1, inf)"}
+
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
-        if self.steps < 1:
-            raise EditscopeError(f"{where}: key 'steps': must be >= 1, got {self.steps}")
-        if not 0.0 <= self.adaptive_threshold <= 1.0:
-            raise EditscopeError(f"{where}: key 'adaptive_threshold': must be in [0, 1], got {self.adaptive_threshold}")
-        if not 0.0 <= self.share < 1.0:
-            raise EditscopeError(f"{where}: key 'share': must be in [0, 1), got {self.share}")
         if not self.prefixes:
             raise EditscopeError(f"{where}: key 'prefixes': at least one prefix ('' = the bare prompt)")
         if self.old_answer not in OLD_ANSWERS:
             raise EditscopeError(f"{where}: key 'old_answer': one of {', '.join(OLD_ANSWERS)}, got {self.old_answer!r}")
         if self.embedding not in EMBEDDINGS:
             raise EditscopeError(f"{where}: key 'embedding': one of {', '.join(EMBEDDINGS)}, got {self.embedding!r}")
-        if self.max_neurons is not None and self.max_neurons < 1:
-            raise EditscopeError(f"{where}: key 'max_neurons': must be >= 1 or null, got {self.max_neurons}")
 
 
 def coarse_neurons(attr: np.ndarray, threshold: float) -> np.ndarray:

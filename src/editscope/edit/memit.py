@@ -31,7 +31,6 @@ from editscope.edit.context import context_templates, subject_keys, subject_stat
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.objective import ObjectiveTerm, VSpec, solve_requests
 from editscope.edit.runtime import EditRuntime
-from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
@@ -45,10 +44,8 @@ class MemitHParams(VStarHParams):
     clamp_norm_factor: float = 0.75
     mom2_update_weight: float = 15000.0
 
-    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
-        super().check(where, n_layers)
-        if self.mom2_update_weight < 0:
-            raise EditscopeError(f"{where}: key 'mom2_update_weight': must be >= 0")
+    #: mom2_update_weight: λ of (λ·C + K Kᵀ) (1.5e4-2e4 in the originals; 0 = no statistics term).
+    RANGES = {"mom2_update_weight": "[0, 1e12]"}
 
 
 def memit_update(keys: torch.Tensor, resid: torch.Tensor, cov: torch.Tensor, lam: float) -> torch.Tensor:

@@ -12,6 +12,11 @@ fingerprint of the model it was computed on and a checksum of each edited parame
 applying it onto a model with another fingerprint (or with those parameters in another state, e.g. before
 the earlier patches of a sequence were applied) is an :class:`~editscope.errors.EditscopeError`.
 
+A saved patch also records a checksum of each ΔW's own bytes (metadata ``delta_checksums``) and of each base
+tensor's (the pre-edit ``checksums``): :meth:`Patch.load` refuses a file whose tensors do not match them (altered or
+corrupted bytes) or whose ΔW holds NaN/inf, naming the file and the tensor, before anything can be applied. Files
+saved before ``delta_checksums`` existed still load (their ΔW is checked for NaN/inf only).
+
 Applied to a :class:`Bundle`, a patch is recorded on it (:meth:`Bundle.record_apply` / ``record_revert``) so
 ``bundle.fingerprint`` names the edited weights; a patch computed on an edited bundle (sequential editing)
 records that edited fingerprint and applies only on top of the same earlier patches.
@@ -44,6 +49,13 @@ def tensor_checksum(tensor: torch.Tensor) -> str:
     h.update(f"{t.dtype}{tuple(t.shape)}".encode())
     h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def _non_finite(tensor: torch.Tensor) -> int:
+    """How many entries of a floating-point tensor are NaN or ±inf (0 for other dtypes)."""
+    if not tensor.is_floating_point():
+        return 0
+    return int((~torch.isfinite(tensor)).sum())
 
 
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -201,6 +213,9 @@ class Patch:
         model = self._model(target, check)
         params = _params(model)
         for name, delta in self.deltas.items():
+            bad = _non_finite(delta)
+            if bad:  # checked before any weight is written
+                raise EditscopeError(f"patch parameter {name!r}: ΔW holds {bad} NaN/inf value(s); not applying")
             if name not in params:
                 raise EditscopeError(f"patch parameter {name!r} does not exist in this model")
             if params[name].shape != delta.shape:
@@ -265,6 +280,8 @@ class Patch:
             "fingerprint": self.fingerprint,
             "model_name": self.model_name,
             "checksums": json.dumps(self.checksums, sort_keys=True),
+            "delta_checksums": json.dumps({name: tensor_checksum(d) for name, d in self.deltas.items()},
+                                          sort_keys=True),
             "requests": json.dumps(self.requests),
             "info": json.dumps({k: v for k, v in self.info.items() if k != "vectors"}, default=str),
         }
@@ -320,7 +337,7 @@ class Patch:
                     got = "missing" if name not in bases else f"shape {tuple(bases[name].shape)}"
                     raise EditscopeError(f"{path}: base tensor {BASE_PREFIX}{name}: {got}, expected shape "
                                          f"{tuple(delta.shape)} as its delta")
-        return cls(
+        patch = cls(
             deltas=deltas,
             bases=bases,
             method=field("method"),
@@ -331,3 +348,28 @@ class Patch:
             requests=field("requests", "[]", list),
             info=field("info", "{}", dict),
         )
+        # files saved before delta checksums existed have none: their ΔW is still checked for NaN/inf
+        delta_checksums = field("delta_checksums", kind=dict) if "delta_checksums" in meta else None
+        _verify_tensors(path, deltas, bases, checksums, delta_checksums)
+        return patch
+
+
+def _verify_tensors(path: Path, deltas: dict[str, torch.Tensor], bases: dict[str, torch.Tensor] | None,
+                    checksums: dict[str, str], delta_checksums: dict[str, str] | None) -> None:
+    """Refuse a patch file whose tensors are not the ones it was saved with: each ΔW against its recorded checksum
+    (``delta_checksums``; absent in files saved before it existed) and finite, each base tensor against the
+    pre-edit checksum of its parameter. One line naming the file and the tensor."""
+    if delta_checksums is not None and set(delta_checksums) != set(deltas):
+        raise EditscopeError(f"{path}: patch metadata: key 'delta_checksums' names {sorted(delta_checksums)}, the file "
+                             f"holds deltas for {sorted(deltas)}")
+    for name, delta in sorted(deltas.items()):
+        if delta_checksums is not None and tensor_checksum(delta) != delta_checksums[name]:
+            raise EditscopeError(f"{path}: tensor {name!r}: content does not match the checksum recorded when the "
+                                 "patch was saved (the file was altered or corrupted); not using it")
+        bad = _non_finite(delta)
+        if bad:
+            raise EditscopeError(f"{path}: tensor {name!r}: ΔW holds {bad} NaN/inf value(s); not using it")
+    for name, base in sorted((bases or {}).items()):
+        if name in checksums and tensor_checksum(base) != checksums[name]:
+            raise EditscopeError(f"{path}: tensor {BASE_PREFIX + name!r}: content does not match the pre-edit "
+                                 "checksum of its parameter (the file was altered or corrupted); not using it")

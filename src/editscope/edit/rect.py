@@ -17,7 +17,6 @@ from editscope.data.records import EditRequest
 from editscope.edit.memit import MemitHParams, memit_update, spread_over_layers
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
-from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
@@ -27,10 +26,7 @@ class RectHParams(MemitHParams):
     method = "rect"
     rect_share: float = 0.4
 
-    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
-        super().check(where, n_layers)
-        if not 0 < self.rect_share <= 1:
-            raise EditscopeError(f"{where}: key 'rect_share': must be in (0, 1], got {self.rect_share}")
+    RANGES = {"rect_share": "(0, 1]"}  # the share of ΔW's entries kept: none kept would be no edit
 
 
 def keep_top_relative(delta: torch.Tensor, weight: torch.Tensor, share: float) -> torch.Tensor:

@@ -69,14 +69,10 @@ class MendHParams(HParams):
     seed: int = 0
     allow_untrained: bool = False
 
-    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
-        super().check(where, n_layers)
-        for key in ("rank", "edit_lr", "lr", "lr_lr", "steps", "train_records", "checkpoint_every", "grad_clip"):
-            if getattr(self, key) <= 0:
-                raise EditscopeError(f"{where}: key {key!r}: must be positive, got {getattr(self, key)}")
-        for key in ("c_edit", "c_loc"):
-            if getattr(self, key) < 0:
-                raise EditscopeError(f"{where}: key {key!r}: must be >= 0, got {getattr(self, key)}")
+    #: steps here are training edits (one per step; MEND trains on the order of 1e5), not Adam steps on one edit.
+    RANGES = {"rank": "[1, 100000]", "edit_lr": "(0, 10]", "lr": "(0, 10]", "lr_lr": "(0, 10]", "c_edit": "[0, 1e6]",
+              "c_loc": "[0, 1e6]", "grad_clip": "(0, inf)", "steps": "[1, 1e7]", "train_records": "[1, inf)",
+              "checkpoint_every": "[1, 1e7]", "seed": "[0, 1e18]"}
 
     def training_digest(self) -> str:
         data = {k: v for k, v in self.to_dict().items() if k in TRAINING_KEYS}

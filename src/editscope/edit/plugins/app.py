@@ -91,6 +91,10 @@ class AppHParams(PluginHParams):
     filter_prob: str = "mean"
     max_share_below: float = 0.2
 
+    #: alpha/beta/gamma: loss weights; margin: M in log-prob units; k*: answers used (0 allowed: that part off).
+    RANGES = {"alpha": "[0, 1e6]", "beta": "[0, 1e6]", "gamma": "[0, 1e6]", "margin": "[0, 1e6]", "k": "[0, inf)",
+              "k_correct": "[0, inf)", "k_false": "[0, inf)", "max_share_below": "[0, 1]"}
+
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         for key in ("alpha", "beta", "gamma", "margin"):
             value = getattr(self, key)
@@ -104,8 +108,7 @@ class AppHParams(PluginHParams):
             if getattr(self, key) not in LOGPROB_MODES:
                 raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(LOGPROB_MODES)}, "
                                      f"got {getattr(self, key)!r}")
-        if not 0.0 <= self.max_share_below <= 1.0:
-            raise EditscopeError(f"{where}: key 'max_share_below': must be in [0, 1], got {self.max_share_below}")
+        super().check(where, n_layers)  # the declared ranges (after the checks above, whose messages callers know)
 
     def limits(self) -> tuple[int | None, int | None]:
         """(k for O, k for O_h): ``k_correct``/``k_false`` where given, else ``k``."""

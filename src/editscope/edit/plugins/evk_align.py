@@ -66,16 +66,13 @@ class EvkAlignHParams(PluginHParams):
     drifts: list[str] = field(default_factory=lambda: list(DRIFTS))
     seed: int = 0
 
+    #: sigma: the drift noise's standard deviation; lam: the loss weight; n: perturbed copies per step (each is a
+    #: forward); k1/k2: top-k of the KL before/after switch_step.
+    RANGES = {"sigma": "[0, 1e3]", "lam": "[0, 1e6]", "n": "[1, 1000]", "k1": "[1, 1e7]", "k2": "[1, 1e7]",
+              "switch_step": "[0, 10000]", "seed": "[0, 1e18]"}
+
     def check(self, where: str = "<evk_align>", n_layers: int | None = None) -> None:
-        if self.sigma < 0:
-            raise EditscopeError(f"{where}: key 'sigma': must be >= 0, got {self.sigma}")
-        if self.lam < 0:
-            raise EditscopeError(f"{where}: key 'lam': must be >= 0, got {self.lam}")
-        for key in ("n", "k1", "k2"):
-            if getattr(self, key) < 1:
-                raise EditscopeError(f"{where}: key {key!r}: must be >= 1, got {getattr(self, key)}")
-        if self.switch_step < 0:
-            raise EditscopeError(f"{where}: key 'switch_step': must be >= 0, got {self.switch_step}")
+        super().check(where, n_layers)
         bad = [d for d in self.drifts if d not in DRIFTS]
         if bad or not self.drifts:
             raise EditscopeError(f"{where}: key 'drifts': a non-empty subset of {', '.join(DRIFTS)}, got {self.drifts}")

@@ -1,0 +1,64 @@
+"""Declared intervals for numbers a user gives: hyperparameters (:attr:`editscope.edit.hparams.Params.RANGES`)
+and command-line options (:func:`option`, an argparse ``type=``). A value outside its range is refused where it is
+read, with one line naming the key or option and the range, instead of overflowing or running for hours later."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_RANGE = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval a number must lie in, written as in mathematics: ``"(0, 10]"`` (0 excluded, 10 included),
+    ``"[0, inf)"`` (no upper bound). ``Params.RANGES`` declares one per numeric hyperparameter, :func:`option` one
+    per numeric command-line option."""
+
+    text: str
+    lo: float
+    hi: float
+    lo_open: bool
+    hi_open: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Range:
+        m = _RANGE.match(text)
+        if not m:
+            raise ValueError(f"range {text!r}: write it as [lo, hi], (lo, hi], [lo, hi) or (lo, hi); inf allowed")
+        lo, hi = float(m.group(2)), float(m.group(3))
+        if not lo <= hi:
+            raise ValueError(f"range {text!r}: lower bound above upper bound")
+        return cls(f"{m.group(1)}{m.group(2)}, {m.group(3)}{m.group(4)}", lo, hi, m.group(1) == "(", m.group(4) == ")")
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def option(kind: type[int] | type[float], text: str) -> Callable[[str], int | float]:
+    """An argparse ``type=`` that reads an int or a finite float in the range ``text`` (:class:`Range` notation).
+    A bad value is argparse's one-line usage error (exit code 2) naming the option:
+    ``argument --k: must be a number in (0, 100], got 'nan'``."""
+    rng = Range.parse(text)
+    what = "an integer" if kind is int else "a number"
+
+    def parse(raw: str) -> int | float:
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} in {rng}, got {raw!r}") from None
+        if not math.isfinite(value) or value not in rng:
+            raise argparse.ArgumentTypeError(f"must be {what} in {rng}, got {raw!r}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} in {rng}"
+    return parse

@@ -1,0 +1,111 @@
+"""Declared hparams ranges (Params.RANGES): an absurd value is refused on load, naming the file, key and range."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from editscope.edit import EDITORS, get_editor
+from editscope.edit.hparams import Params, Range, config_root, load_yaml
+from editscope.edit.plugins import PLUGINS
+from editscope.errors import EditscopeError
+
+
+def _yaml(tmp_path, method: str, text: str):
+    path = tmp_path / f"{method}.yaml"
+    path.write_text(text)
+    return path
+
+
+# one case per class of absurd value: (method, YAML, key, the range the message must name)
+ABSURD = [
+    ("rome", "layers: [1]\nv_lr: 1e38\n", "v_lr", "(0, 10]"),  # a learning rate that overflows inside Adam
+    ("rome", "layers: [1]\nv_lr: 0\n", "v_lr", "(0, 10]"),
+    ("memit", "layers: [1]\nv_steps: 1000000000000\n", "v_steps", "[1, 10000]"),  # runs for hours
+    ("ft", "layers: [1]\nsteps: 0\n", "steps", "[1, 10000]"),
+    ("ft", "layers: [1]\nlr: 100.0\n", "lr", "(0, 10]"),
+    ("alphaedit", "layers: [1]\nnullspace_threshold: -1\n", "nullspace_threshold", "(0, inf)"),  # edits nothing
+    ("alphaedit", "layers: [1]\nL2: 0\n", "L2", "(0, 1e12]"),
+    ("memit", "layers: [1]\nmom2_update_weight: -5\n", "mom2_update_weight", "[0, 1e12]"),
+    ("rome", "layers: [1]\nclamp_norm_factor: 0\n", "clamp_norm_factor", "(0, 1e6]"),  # norm / factor > 0
+    ("rome", "layers: [1]\nkl_factor: -0.5\n", "kl_factor", "[0, 1e6]"),  # a loss weight below 0
+    ("rome", "layers: [1]\nstop_loss: -1\n", "stop_loss", "[0, 1e6]"),
+    ("rect", "layers: [1]\nrect_share: 1.5\n", "rect_share", "(0, 1]"),  # a share above 1
+    ("kn", "layers: [1]\nshare: -0.1\n", "share", "[0, 1)"),
+    ("kn", "layers: [1]\nadaptive_threshold: 2\n", "adaptive_threshold", "[0, 1]"),
+    ("mend", "layers: [1]\nedit_lr: 1e20\n", "edit_lr", "(0, 10]"),
+    ("mend", "layers: [1]\nrank: 0\n", "rank", "[1, 100000]"),
+    ("evk_edit", "layers: [1]\nevk_n: 100000\n", "n", "[1, 1000]"),  # checked through its EVK-Align settings
+]
+
+
+@pytest.mark.parametrize(("method", "text", "key", "rng"), ABSURD, ids=[f"{c[0]}-{c[2]}" for c in ABSURD])
+def test_absurd_value_is_refused_naming_file_key_and_range(tmp_path, method, text, key, rng):
+    path = _yaml(tmp_path, method, text)
+    with pytest.raises(EditscopeError, match=rf"key '{key}': must be in {re.escape(rng)}, got ") as err:
+        load_yaml(path, get_editor(method).hparams_class)
+    assert "\n" not in str(err.value)
+    if method != "evk_edit":  # evk_* keys are validated as EVK-Align's, under their own label
+        assert str(err.value).startswith(f"{path}: key '{key}'")
+
+
+def test_an_override_out_of_range_names_the_override(tmp_path):
+    path = _yaml(tmp_path, "rome", "layers: [1]\n")
+    with pytest.raises(EditscopeError, match=r"^--set v_lr=1\.0e\+38 \(over .*rome\.yaml\): key 'v_lr': must be in "
+                                             r"\(0, 10\], got 1e\+38$"):
+        load_yaml(path, get_editor("rome").hparams_class, {"v_lr": 1e38})
+
+
+def test_plugin_values_out_of_range_are_refused():
+    with pytest.raises(EditscopeError, match=r"key 'max_share_below': must be in \[0, 1\], got 2"):
+        PLUGINS["app"].attach({"max_share_below": 2.0})
+    with pytest.raises(EditscopeError, match=r"key 'n': must be in \[1, 1000\], got 5000"):
+        PLUGINS["evk_align"].attach({"n": 5000})
+    with pytest.raises(EditscopeError, match="key 'alpha': must be a finite number >= 0"):  # the older message stays
+        PLUGINS["app"].attach({"alpha": -1.0})
+
+
+def test_bounds_are_inclusive_or_exclusive_as_written(tmp_path):
+    cls = get_editor("rome").hparams_class
+    assert load_yaml(_yaml(tmp_path, "rome", "layers: [1]\nv_lr: 10\nv_steps: 10000\n"), cls).v_lr == 10.0
+    assert load_yaml(_yaml(tmp_path, "rome", "layers: [1]\nv_steps: 1\nstop_loss: 0\n"), cls).v_steps == 1
+    rng = Range.parse("(0, 1]")
+    assert 1 in rng and 0.5 in rng and 0 not in rng and 1.0001 not in rng
+    assert 1e300 in Range.parse("[0, inf)") and -1e-9 not in Range.parse("[0, inf)")
+    with pytest.raises(ValueError, match="range"):
+        Range.parse("0..1")
+    with pytest.raises(ValueError, match="lower bound above"):
+        Range.parse("[2, 1]")
+
+
+def _param_classes() -> list[type[Params]]:
+    return [e.hparams_class for e in EDITORS.values()] + [p.hparams_class for p in PLUGINS.values()]
+
+
+def test_every_declared_range_names_a_field_and_every_default_lies_in_it():
+    classes = _param_classes()
+    assert len(classes) >= 10
+    for cls in classes:
+        names = {f.name for f in dataclasses.fields(cls)}
+        ranges = cls.ranges()
+        assert set(ranges) <= names, (cls, set(ranges) - names)
+        cls().check(f"<{cls.__name__} defaults>")  # the defaults are in range
+
+
+def test_learning_rates_and_step_counts_are_bounded_everywhere():
+    # every editor that optimises declares its rate and step count: none is left unbounded
+    for cls in _param_classes():
+        for name in (f.name for f in dataclasses.fields(cls)):
+            if name in ("v_lr", "lr", "edit_lr", "lr_lr"):
+                assert str(cls.ranges()[name]) == "(0, 10]", (cls, name)
+            if name in ("v_steps",) or (name == "steps" and cls.owner() in ("ft", "kn")):
+                assert str(cls.ranges()[name]) == "[1, 10000]", (cls, name)
+
+
+def test_every_shipped_config_lies_in_the_ranges():
+    files = sorted(config_root().glob("*/*.yaml"))
+    assert len(files) >= 40
+    for path in files:
+        load_yaml(path, get_editor(path.parent.name).hparams_class)  # no depth: the ranges and the other checks
