@@ -272,9 +272,15 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
 
 def _retention_figures(rows, curves, specs, methods) -> list[Figure]:
     """The retention heatmap of each (dataset, suite) with curves: its first headline metric that is measured
-    per case after the edit and has a direction (ES for counterfact, Efficacy for zsRE)."""
+    per case after the edit and has a direction (ES for counterfact, Efficacy for zsRE); none for suites that
+    measure the model as a whole (``chooses_edits = False``)."""
+    from editscope.suites import SUITES
+
     out = []
     for dataset, suite in curves:
+        factory = SUITES.get(suite, None)
+        if isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits:
+            continue  # a model-level suite (general): every batch carries the same value, nothing to retain
         spec = next((s for s in specs.get((dataset, suite), ()) if s.headline and s.aggregate is None
                      and s.higher_is_better is not None), None)
         if spec is None:
