@@ -507,6 +507,19 @@ def _slice(c: _Checker, raw: Any, key: str) -> tuple[int, int | None]:
     return offset, limit
 
 
+def _named(c: _Checker, entry: Any, key: str, what: str, keys: set[str] | None = None) -> tuple[dict, str]:
+    """A list entry given as a name or as a mapping with ``name`` (suites, plug-ins): the mapping and its name,
+    checked in that order (a mapping, its ``keys`` when given, then the name)."""
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    c.typed(entry, dict, key, what)
+    if keys is not None:
+        c.keys(entry, keys, f"{key}.")
+    if "name" not in entry:
+        raise c.fail(f"{key}.name", "required")
+    return entry, c.text(entry["name"], f"{key}.name")
+
+
 def _suites(c: _Checker, raw: Any, key: str, known: list[str]) -> tuple[SuiteSpec, ...]:
     """A block's ``suites``: names or {name, options}, each suite once, options checked by the suite."""
     from editscope.run.suites import option_problem
@@ -517,13 +530,7 @@ def _suites(c: _Checker, raw: Any, key: str, known: list[str]) -> tuple[SuiteSpe
     specs = []
     for j, s in enumerate(raw_suites):
         skey = f"{key}[{j}]"
-        if isinstance(s, str):
-            s = {"name": s}
-        c.typed(s, dict, skey, "a suite name or a mapping {name, options}")
-        c.keys(s, SUITE_KEYS, f"{skey}.")
-        name = c.text(s.get("name"), f"{skey}.name") if "name" in s else None
-        if name is None:
-            raise c.fail(f"{skey}.name", "required")
+        s, name = _named(c, s, skey, "a suite name or a mapping {name, options}", SUITE_KEYS)
         if name not in known:
             raise c.fail(f"{skey}.name", f"unknown suite {name!r}; available: {', '.join(known) or 'none'}")
         options = c.typed(s.get("options", {}) or {}, dict, f"{skey}.options", "a mapping")
@@ -547,12 +554,7 @@ def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, An
     out = []
     for i, entry in enumerate(raw):
         ekey = f"{key}[{i}]"
-        if isinstance(entry, str):
-            entry = {"name": entry}
-        c.typed(entry, dict, ekey, "a plug-in name or a mapping {name: X, hparam: value, ...}")
-        if "name" not in entry:
-            raise c.fail(f"{ekey}.name", "required")
-        name = c.text(entry["name"], f"{ekey}.name")
+        entry, name = _named(c, entry, ekey, "a plug-in name or a mapping {name: X, hparam: value, ...}")
         try:
             spec = get_plugin(name)
             plugin = spec.attach({k: v for k, v in entry.items() if k != "name"}, f"{c.where}: key {ekey!r}")
