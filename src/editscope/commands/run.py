@@ -56,9 +56,12 @@ def _run(args: argparse.Namespace) -> int:
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
                   progress=not args.no_progress, repair=args.repair)
     if args.executor == "ray":
+        import shlex
+
         from editscope.run.ray_executor import RayRunner
 
-        result = RayRunner(config, workers=args.workers, address=args.address, **kwargs).run()
+        rerun = shlex.join(["editscope", *args.argv])  # the same command resumes (see cli.main)
+        result = RayRunner(config, workers=args.workers, address=args.address, rerun=rerun, **kwargs).run()
     else:
         result = Runner(config, **kwargs).run()
     print(f"{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
