@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from editscope.errors import EditscopeError
 from editscope.run import parse_config
 from editscope.run.ray_executor import MAX_ATTEMPTS, RayRunner, WorkersLostError
 from editscope.run.runner import load_blocks
@@ -19,12 +20,14 @@ class ActorDied(Exception):
 
 
 class TaskFailed(Exception):
-    cause = None
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"Traceback (most recent call last):\n  ...\n{cause}")
+        self.cause = cause
 
 
 class Ref:
-    def __init__(self, done_at: float, rows=None, dies: bool = False) -> None:
-        self.done_at, self.rows, self.dies = done_at, rows, dies
+    def __init__(self, done_at: float, rows=None, dies: bool = False, raises: Exception | None = None) -> None:
+        self.done_at, self.rows, self.dies, self.raises = done_at, rows, dies, raises
 
 
 class FakeRay:
@@ -33,8 +36,9 @@ class FakeRay:
 
     exceptions = types.SimpleNamespace(RayActorError=ActorDied, RayTaskError=TaskFailed)
 
-    def __init__(self, seconds: list[float], deaths: set[tuple[int, int]], fingerprint: str) -> None:
-        self.seconds, self.deaths, self.fingerprint = seconds, deaths, fingerprint
+    def __init__(self, seconds: list[float], deaths: set[tuple[int, int]], fingerprint: str,
+                 raises: dict[int, Exception] | None = None) -> None:
+        self.seconds, self.deaths, self.fingerprint, self.raises = seconds, deaths, fingerprint, raises or {}
         self.clock, self.tries, self.killed = 0.0, [0] * len(seconds), set()
 
     def actor(self, k: int):
@@ -47,7 +51,8 @@ class FakeRay:
         def run_group(b, g, members, todo):
             fake.tries[g] += 1
             dies = k in fake.killed or (g, fake.tries[g]) in fake.deaths
-            return Ref(fake.clock + fake.seconds[g], [{"group": g, "case": i} for i in members], dies)
+            return Ref(fake.clock + fake.seconds[g], [{"group": g, "case": i} for i in members], dies,
+                       fake.raises.get(g))
 
         return types.SimpleNamespace(k=k, fingerprint=Method(lambda: Ref(0.0, fake.fingerprint)),
                                      run_group=Method(run_group))
@@ -60,6 +65,8 @@ class FakeRay:
     def get(self, ref):
         if ref.dies:
             raise ActorDied("The actor died unexpectedly before finishing this task.")
+        if ref.raises is not None:
+            raise TaskFailed(ref.raises)
         return ref.rows
 
     def kill(self, actor) -> None:
@@ -85,13 +92,14 @@ def setting(tmp_path, tiny_llama, blocks):
     return runner, blocks, tasks, messages
 
 
-def _drive(runner, fake, blocks, tasks, n_workers):
+def _drive(runner, fake, blocks, tasks, n_workers, expect=WorkersLostError):
     rows, error = [], None
     actors = [fake.actor(k) for k in range(n_workers)]
     try:
         for row in runner._schedule(fake, blocks, tasks, actors):
             rows.append(row["group"])
-    except WorkersLostError as exc:
+    except expect as exc:
+        assert type(exc) is expect
         error = str(exc)
     return rows, error
 
@@ -128,3 +136,13 @@ def test_a_group_that_kills_every_worker_it_gets_stops_the_run_after_the_bound(s
     assert error.startswith(f"dataset counterfact group 2 (cases {blocks[0].cases[2].case_id}.."
                             f"{blocks[0].cases[2].case_id}) lost its Ray worker {MAX_ATTEMPTS} times "
                             f"({MAX_ATTEMPTS} of 5 died); ")
+
+
+def test_a_group_that_fails_stops_the_run_with_its_own_one_line_error(setting):
+    runner, blocks, tasks, messages = setting
+    # the editor's error in group 1 (as in-process: no retry, its message as is); groups 2-5 finished before it
+    failure = EditscopeError("dataset counterfact: case 1, method rome: the update is not finite")
+    fake = FakeRay([1, 10, 1, 1, 1, 1], set(), runner.bundle.fingerprint, raises={1: failure})
+    rows, error = _drive(runner, fake, blocks, tasks, 2, expect=EditscopeError)
+    assert error == str(failure) and fake.tries[1] == 1 and not fake.killed
+    assert rows == [0, 2, 3, 4, 5]

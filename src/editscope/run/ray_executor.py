@@ -171,6 +171,8 @@ class RayRunner(Runner):
                     queue.appendleft(t)
                 continue
             except ray.exceptions.RayTaskError as exc:  # the group itself failed: as in-process, one line if ours
+                for f in sorted(finished):  # groups that finished after the failing one are kept all the same
+                    yield from finished[f]
                 if isinstance(exc.cause, EditscopeError):
                     raise exc.cause from None
                 raise
@@ -181,8 +183,8 @@ class RayRunner(Runner):
                 next_out += 1
         if fatal is None:
             return
-        for t in sorted(finished):  # finished out of order: written now, so a rerun does not redo them
-            yield from finished[t]
+        for f in sorted(finished):  # finished out of order: written now, so a rerun does not redo them
+            yield from finished[f]
         done = next_out + len(finished)
         raise WorkersLostError(f"{fatal} ({len(started) - len(idle)} of {len(started)} died); {done} of "
                                f"{len(tasks)} groups finished, their rows are in {self.out_dir / RESULTS}; "
