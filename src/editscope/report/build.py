@@ -192,7 +192,7 @@ def _html_pivot(pivot: Pivot) -> str:
     for chunk in pivot.chunks():
         groups: list[list[Any]] = []
         for j in chunk:
-            label = f"{pivot.columns[j].suite} on {pivot.columns[j].dataset}"
+            label = pivot.columns[j].group
             if groups and groups[-1][0] == label:
                 groups[-1][1] += 1
             else:
@@ -219,7 +219,7 @@ def _html_pivot(pivot: Pivot) -> str:
 def _md_pivot(pivot: Pivot) -> list[str]:
     lines: list[str] = []
     for chunk in pivot.chunks():
-        headers = [f"{pivot.columns[j].dataset}: {pivot.columns[j].header}" for j in chunk]
+        headers = [f"{pivot.columns[j].group}: {pivot.columns[j].header}" for j in chunk]
         lines += ["| method | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(chunk)]
         for row in pivot.rows:
             cells = []

@@ -59,7 +59,7 @@ def pivot_tabulars(pivot: Pivot) -> list[str]:
     for chunk in pivot.chunks():
         groups: list[tuple[str, int]] = []
         for j in chunk:
-            label = f"{pivot.columns[j].suite} on {pivot.columns[j].dataset}"
+            label = pivot.columns[j].group
             if groups and groups[-1][0] == label:
                 groups[-1] = (label, groups[-1][1] + 1)
             else:

@@ -12,7 +12,8 @@ its interval excludes 1.
 The baseline is the unedited model (each metric's ``_pre`` value of the same case; metrics without one get no
 difference) unless a method is named, whose ``_post`` values are then paired with each other method's by case.
 A suite that measures the model as a whole (``model_level``: every case of a run carries the same value) gets
-the difference without interval or †: its cases are not independent samples."""
+the difference without interval or †: its cases are not independent samples; so does a difference over fewer than
+``MIN_CI_N`` cases, as the compact tables print no interval for such anecdotal numbers."""
 
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ import numpy as np
 from editscope.errors import EditscopeError
 from editscope.metrics.intervals import clip_interval, paired_bootstrap_aggregate, paired_mean_ci
 from editscope.metrics.registry import MetricSpec
-from editscope.run.summary import LOG_UNITS, UNEDITED, SpecMap, SummaryRow, _paper_num, paper_cell, paper_header
+from editscope.run.summary import (
+    LOG_UNITS,
+    MIN_CI_N,
+    UNEDITED,
+    SpecMap,
+    SummaryRow,
+    paper_cell,
+    paper_header,
+    paper_num,
+)
 
 MAX_COLUMNS = 6
 """Metric columns per pivot table: wider pivots are split (between suites where possible) so that none needs
@@ -38,6 +48,11 @@ class Column:
     dataset: str
     suite: str
     spec: MetricSpec
+
+    @property
+    def group(self) -> str:
+        """``counterfact`` (suite and dataset of one name) or ``general on counterfact``."""
+        return self.suite if self.suite == self.dataset else f"{self.suite} on {self.dataset}"
 
     @property
     def header(self) -> str:
@@ -73,6 +88,7 @@ class Pivot:
     cells: dict[tuple[str, int], SummaryRow] = field(default_factory=dict)
     diffs: dict[tuple[str, int], Diff] = field(default_factory=dict)
     best: set[tuple[str, int]] = field(default_factory=set)
+    model_level: set[tuple[str, str]] = field(default_factory=set)  # (dataset, suite) measured on the whole model
 
     @property
     def baseline_note(self) -> str:
@@ -83,7 +99,10 @@ class Pivot:
                 "per-case differences; bootstrap over a shared resample of the cases for aggregates such as Score; "
                 "PPL: ratio × of geometric means, t interval on the log differences); † the interval excludes no "
                 "change. Bold: the best method per column (direction ↑/↓ from the metric's declaration; the "
-                "unedited row does not compete).")
+                f"unedited row does not compete). Fewer than {MIN_CI_N} cases: no interval."
+                + ("".join(f" {g}: one measurement of the whole model, repeated on every case, so its difference has "
+                           "no interval." for g in dict.fromkeys(c.group for c in self.columns
+                                                                 if (c.dataset, c.suite) in self.model_level))))
 
     def cell_text(self, row: str, j: int) -> str:
         r = self.cells.get((row, j))
@@ -99,8 +118,8 @@ class Pivot:
             text = f"×{d.value:.3g}"
             num = lambda x: f"{x:.3g}"  # noqa: E731
         else:
-            text = f"{'+' if d.value >= 0 else '−'}{_paper_num(abs(d.value), scale)}"
-            num = lambda x: ("−" if x < 0 else "") + _paper_num(abs(x), scale)  # noqa: E731
+            text = f"{'+' if d.value >= 0 else '−'}{paper_num(abs(d.value), scale)}"
+            num = lambda x: ("−" if x < 0 else "") + paper_num(abs(x), scale)  # noqa: E731
         if d.interval and math.isfinite(d.low) and math.isfinite(d.high):
             text += f" [{num(d.low)}, {num(d.high)}]"
         return text + ("†" if d.significant else "")
@@ -174,7 +193,7 @@ def paired_diff(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], 
     if not d.ratio and spec.range is not None:  # a difference of two values in [a, b] lies in [a − b, b − a]
         span = spec.range[1] - spec.range[0]
         d = Diff(d.value, *clip_interval(d.low, d.high, (-span, span)), d.n, d.ratio)
-    if model_level:
+    if model_level or d.n < MIN_CI_N:  # as the compact tables: no interval for anecdotal numbers
         d = Diff(d.value, math.nan, math.nan, d.n, d.ratio, interval=False)
     return d
 
@@ -194,7 +213,7 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
         return None
     present = [m for m in methods if any(r.method == m for r in summary)]
     cell = {(r.dataset, r.suite, r.method, r.metric): r for r in summary}
-    pivot = Pivot(baseline or UNEDITED, columns, [])
+    pivot = Pivot(baseline or UNEDITED, columns, [], model_level=model_level & set(keys))
     has_pre = any(c.spec.pre is not None for c in columns)
     if has_pre:
         pivot.rows.append(UNEDITED)
@@ -226,7 +245,7 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
             if d is not None:
                 pivot.diffs[(m, j)] = d
         # best: the methods' means as printed, in the declared direction; ties are all bold
-        shown = {m: float(_paper_num(pivot.cells[(m, j)].mean, c.spec.paper_scale))
+        shown = {m: float(paper_num(pivot.cells[(m, j)].mean, c.spec.paper_scale))
                  for m in with_values if math.isfinite(pivot.cells[(m, j)].mean)}
         if len(shown) > 1:
             top = (max if c.spec.higher_is_better else min)(shown.values())
@@ -241,7 +260,7 @@ def best_in_compact(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Seq
     cell = {(r.method, r.metric): r for r in rs}
     out: set[tuple[str, int]] = set()
     for k, s in enumerate(_headline(specs)):
-        shown = {m: float(_paper_num(cell[(m, s.post)].mean, s.paper_scale)) for m in methods
+        shown = {m: float(paper_num(cell[(m, s.post)].mean, s.paper_scale)) for m in methods
                  if m != no_edit and (m, s.post) in cell and math.isfinite(cell[(m, s.post)].mean)}
         if len(shown) > 1:
             top = (max if s.higher_is_better else min)(shown.values())

@@ -230,7 +230,9 @@ MIN_CI_N = 5
 UNEDITED = "unedited"
 
 
-def _paper_num(x: float, scale: float) -> str:
+def paper_num(x: float, scale: float) -> str:
+    """``x`` as the compact tables print it: ×``scale`` with one decimal, else 2 decimals (1 from 100, scientific
+    from 1e4)."""
     if scale != 1:
         return f"{x * scale:.1f}"
     return _fmt(x, 2) if abs(x) < 100 else _fmt(x, 1) if abs(x) < 1e4 else f"{x:.2e}"
@@ -241,13 +243,13 @@ def paper_cell(r: SummaryRow, spec: MetricSpec) -> str:
     interval clipped to the metric's declared range (``± half`` when symmetric and unclipped, else ``[lo, hi]``)."""
     if not math.isfinite(r.mean):
         return "–"
-    text = _paper_num(r.mean, spec.paper_scale)
+    text = paper_num(r.mean, spec.paper_scale)
     if r.n < MIN_CI_N or not (math.isfinite(r.ci95_low) and math.isfinite(r.ci95_high)):
         return text
     lo, hi = clip_interval(r.ci95_low, r.ci95_high, spec.range)
     if r.ci == "t" and (lo, hi) == (r.ci95_low, r.ci95_high) and symmetric(r):
-        return f"{text} ± {_paper_num(r.half_width, spec.paper_scale)}"
-    return f"{text} [{_paper_num(lo, spec.paper_scale)}, {_paper_num(hi, spec.paper_scale)}]"
+        return f"{text} ± {paper_num(r.half_width, spec.paper_scale)}"
+    return f"{text} [{paper_num(lo, spec.paper_scale)}, {paper_num(hi, spec.paper_scale)}]"
 
 
 def paper_header(spec: MetricSpec) -> str:
