@@ -138,3 +138,18 @@ def test_curve_and_heatmap_panels_name_their_axes_with_units():
     assert axes[0]["xticks"] == ["100", "200", "300"]  # ticks at the checkpoints
     heat = png_axes(figures.retention_heatmap({"m": {(100, 100): 0.9, (100, 200): 0.8, (200, 200): 0.95}}, es, "t"))
     assert heat[0]["y"] and heat[0]["x"] and heat[-1]["colorbar"] and heat[-1]["y"] == "ES (%)"
+
+
+def test_cli_baseline_is_printed_and_a_wrong_one_exits_2(two_method_run, tmp_path, capsys):
+    from editscope.cli import main
+
+    run, _ = two_method_run
+    assert main(["report", str(run), "--out", str(tmp_path / "r"), "--baseline", "memit"]) == 0
+    out = capsys.readouterr().out
+    assert "baseline of the paired differences: memit" in out and (tmp_path / "r" / TABLES_TEX).is_file()
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Baseline of the differences: memit." in md and "(Δ " in md.split("| rome |", 1)[1].splitlines()[0]
+    assert "(Δ " not in md.split("| memit |", 1)[1].splitlines()[0]  # the baseline has no difference to itself
+    assert main(["report", str(run), "--out", str(tmp_path / "x"), "--baseline", "rmoe"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "editscope report: error: --baseline: no method 'rmoe' in these runs; methods: rome, memit"

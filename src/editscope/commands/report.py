@@ -26,10 +26,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import sys
+
     from editscope.report import build_report
     from editscope.report.build import TABLES_TEX
+    from editscope.report.pivot import BaselineError
 
-    html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline)
+    try:
+        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline)
+    except BaselineError as exc:  # a bad argument, as argparse's own errors: status 2
+        print(f"editscope report: error: {exc}", file=sys.stderr)
+        return 2
     print(f"report: {html_path}")
     print(f"markdown: {md_path}")
     print(f"latex: {html_path.parent / TABLES_TEX}")

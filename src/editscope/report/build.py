@@ -1,5 +1,10 @@
-"""``report``: one self-contained ``report.html`` (figures embedded as base64 PNG) and a ``report.md`` (figures
-written next to it under ``figures/``) from one or more run directories.
+"""``report``: one self-contained ``report.html`` (figures embedded as base64 PNG), a ``report.md`` (figures
+written next to it under ``figures/``) and ``tables.tex`` (booktabs) from one or more run directories.
+
+It opens with the pivot of every method against every headline metric (:mod:`editscope.report.pivot`: best bold,
+paired differences against a named baseline, † where significant); every table sits in its own scroll box and is
+kept narrow enough (pivot split by columns, "All metrics" transposed and split by methods) that none scrolls on a
+1,400 px screen.
 
 Everything suite-specific comes from declarations: the metric declarations stored in each run's
 ``run.json`` (directions, units, ranges, pre/post pairing, aggregates) and each suite's ``figures`` hook

@@ -43,6 +43,10 @@ MAX_COLUMNS = 6
 horizontal scrolling on a 1,400 px screen."""
 
 
+class BaselineError(EditscopeError):
+    """``--baseline`` names no method of the runs (a bad command-line argument: exit status 2)."""
+
+
 @dataclass(frozen=True)
 class Column:
     dataset: str
@@ -205,7 +209,7 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
     ``baseline``: a method label, or None for the unedited model; a label not among ``methods`` is an error
     naming the ones there are."""
     if baseline is not None and baseline not in methods:
-        raise EditscopeError(f"--baseline: no method {baseline!r} in these runs; methods: {', '.join(methods)}")
+        raise BaselineError(f"--baseline: no method {baseline!r} in these runs; methods: {', '.join(methods)}")
     model_level = set(model_level)
     keys = list(dict.fromkeys((r.dataset, r.suite) for r in summary))
     columns = [Column(d, s, spec) for d, s in keys for spec in _headline(specs.get((d, s), ()))]
