@@ -123,3 +123,15 @@ def test_all_metrics_cell_is_cut_to_range():
     _, lo, hi = t_interval(POST["a"]["NS"])
     assert hi > 1 and es.ci95_high == 1.0 and es.ci95_low == pytest.approx(lo)
     assert fmt_mean_ci(es) == f"0.750 [{lo:.3f}, 1.000]"  # cut: no longer mean ± half
+
+
+def test_difference_text_never_prints_a_bound_that_excludes_zero_as_zero():
+    from editscope.report.pivot import Column, Diff, Pivot
+
+    p = Pivot(UNEDITED, [Column("d", "s", SPECS[0]), Column("d", "s", SPECS[3])], ["a"])
+    p.diffs[("a", 0)] = Diff(0.03, 0.0003, 0.0597, 300)  # ES share: 3.0 points, low bound 0.03 points
+    p.diffs[("a", 1)] = Diff(1.004, 1.0001, 1.0079, 300, ratio=True)
+    assert p.diff_text("a", 0) == "+3.0 [0.03, 6.0]†"
+    assert p.diff_text("a", 1) == "×1.004 [1.0001, 1.008]†"
+    p.diffs[("a", 0)] = Diff(-0.02, -0.05, 0.01, 300)
+    assert p.diff_text("a", 0) == "−2.0 [−5.0, 1.0]"

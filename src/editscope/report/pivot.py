@@ -113,17 +113,17 @@ class Pivot:
         return "–" if r is None else paper_cell(r, self.columns[j].spec)
 
     def diff_text(self, row: str, j: int) -> str:
-        """``+64.7 [59.1, 70.2]†``, ``×1.07 [1.06, 1.08]†``, ``+0.2`` (model level) or ``""`` (no difference)."""
+        """``+64.7 [59.1, 70.2]†``, ``×1.070 [1.060, 1.080]†``, ``+0.2`` (model level) or ``""`` (no difference)."""
         d = self.diffs.get((row, j))
         if d is None or not math.isfinite(d.value):
             return ""
         scale = self.columns[j].spec.paper_scale
         if d.ratio:
-            text = f"×{d.value:.3g}"
-            num = lambda x: f"{x:.3g}"  # noqa: E731
+            num = _ratio
+            text = f"×{num(d.value)}"
         else:
-            text = f"{'+' if d.value >= 0 else '−'}{paper_num(abs(d.value), scale)}"
-            num = lambda x: ("−" if x < 0 else "") + paper_num(abs(x), scale)  # noqa: E731
+            num = lambda x: ("−" if x < 0 else "") + _nonzero(abs(x), scale)  # noqa: E731
+            text = ("+" if d.value >= 0 else "") + num(d.value)
         if d.interval and math.isfinite(d.low) and math.isfinite(d.high):
             text += f" [{num(d.low)}, {num(d.high)}]"
         return text + ("†" if d.significant else "")
@@ -146,6 +146,26 @@ class Pivot:
             else:
                 out.append(list(p))
         return out
+
+
+def _nonzero(x: float, scale: float) -> str:
+    """:func:`paper_num` of ``x`` >= 0, with more digits where it would print a non-zero value as 0 (an interval
+    bound of 0.03 that excludes 0 should not read 0.0)."""
+    text = paper_num(x, scale)
+    if x > 0 and float(text) == 0:
+        return f"{x * scale:.2g}"
+    return text
+
+
+def _ratio(x: float) -> str:
+    """A ratio with 3 decimals, more where a ratio other than 1 would print as 1.000."""
+    if not 1e-3 <= x < 1e3:
+        return f"{x:.3g}"
+    for digits in (3, 4, 5, 6):
+        text = f"{x:.{digits}f}"
+        if x == 1 or float(text) != 1:
+            break
+    return text
 
 
 def _headline(specs: Sequence[MetricSpec]) -> list[MetricSpec]:
