@@ -16,13 +16,14 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
+from editscope.metrics.registry import MetricSpec
 from editscope.plotting import png_axes
 from editscope.report import figures, latex
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
@@ -368,7 +369,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
 TABLES_TEX = "tables.tex"
 
 
-def _tex_compact(rs: list[SummaryRow], methods: list[str], specs, caption: str) -> str:
+def _tex_compact(rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec], caption: str) -> str:
     table = compact_table(rs, methods, specs)
     if table is None:
         return ""
@@ -378,7 +379,7 @@ def _tex_compact(rs: list[SummaryRow], methods: list[str], specs, caption: str) 
     return latex.tabular(headers, body, bold=bold, caption=" ".join([caption + ".", *notes]))
 
 
-def _model_level(keys) -> set[tuple[str, str]]:
+def _model_level(keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
     """The (dataset, suite) pairs whose suite measures the model as a whole (``chooses_edits = False``)."""
     from editscope.suites import SUITES
 

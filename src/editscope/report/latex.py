@@ -24,14 +24,17 @@ def escape(text: str) -> str:
 
 
 def tabular(headers: Sequence[str], body: Sequence[Sequence[str]], *, bold: Set[tuple[int, int]] = frozenset(),
-            caption: str = "", groups: Sequence[tuple[str, int]] = (), midrules: Set[int] = frozenset()) -> str:
+            caption: str = "", groups: Sequence[tuple[str, int]] = (), midrules: Set[int] = frozenset(),
+            size: str = r"\small", colsep: str | None = None) -> str:
     """A ``table`` with a booktabs ``tabular``: first column left, the rest right; ``bold`` = (row, column)
     indices into ``body``; ``groups`` = (label, columns spanned) over the data columns (after the first column),
     drawn as a ``\\multicolumn`` header row with ``\\cmidrule``s; ``midrules``: body row indices preceded by a
-    ``\\midrule``."""
+    ``\\midrule``; ``size`` a font size command, ``colsep`` a ``\\tabcolsep`` (local to the table)."""
     width = len(headers)
-    lines = [r"\begin{table}[t]", r"\centering", r"\small", r"\begin{tabular}{l" + "r" * (width - 1) + "}",
-             r"\toprule"]
+    lines = [r"\begin{table}[t]", r"\centering", size]
+    if colsep is not None:
+        lines.append(rf"\setlength{{\tabcolsep}}{{{colsep}}}")
+    lines += [r"\begin{tabular}{l" + "r" * (width - 1) + "}", r"\toprule"]
     if groups:
         cells, rules, start = [""], [], 2
         for label, span in groups:
@@ -52,11 +55,16 @@ def tabular(headers: Sequence[str], body: Sequence[Sequence[str]], *, bold: Set[
     return "\n".join(lines)
 
 
+LATEX_COLUMNS = 4
+"""Metric columns per pivot tabular: four columns of ``mean [lo, hi]`` fit an article's text width (checked with
+pdflatex on the SmolLM2 report: no overfull box)."""
+
+
 def pivot_tabulars(pivot: Pivot) -> list[str]:
     """One ``table`` per column chunk of ``pivot`` (:meth:`Pivot.chunks`): a row per method with its mean (and
     interval), then a ``Δ`` row with its difference against the baseline."""
     out = []
-    for chunk in pivot.chunks():
+    for chunk in pivot.chunks(LATEX_COLUMNS):
         groups: list[tuple[str, int]] = []
         for j in chunk:
             label = pivot.columns[j].group
@@ -73,6 +81,9 @@ def pivot_tabulars(pivot: Pivot) -> list[str]:
             bold |= {(i, k + 1) for k, j in enumerate(chunk) if (row, j) in pivot.best}
             diffs = [pivot.diff_text(row, j) for j in chunk]
             if any(diffs):
-                body.append([f"Δ vs {pivot.baseline}"] + diffs)
-        out.append(tabular(headers, body, bold=bold, groups=groups, caption=pivot.baseline_note))
+                body.append(["Δ"] + diffs)  # against what: the caption says
+        # footnotesize, narrow column gaps: a 4-column pivot with intervals fits an article's text width
+        caption = f"{', '.join(g for g, _ in groups)}: every method. {pivot.note(chunk)}"
+        out.append(tabular(headers, body, bold=bold, groups=groups, caption=caption,
+                           size=r"\footnotesize", colsep="3pt"))
     return out

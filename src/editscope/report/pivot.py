@@ -97,16 +97,22 @@ class Pivot:
     @property
     def baseline_note(self) -> str:
         """The sentence printed with the table: what the differences are taken against, and how."""
+        return self.note()
+
+    def note(self, chunk: Sequence[int] | None = None) -> str:
+        """:attr:`baseline_note` for the columns ``chunk`` (default: all): the model-level remark only where one of
+        them is model-level."""
         what = (f"{self.baseline} (its value on the same case)" if self.baseline != UNEDITED
                 else "the unedited model (each metric's value before the edit, on the same case)")
+        columns = [self.columns[j] for j in (range(len(self.columns)) if chunk is None else chunk)]
+        level = dict.fromkeys(c.group for c in columns if (c.dataset, c.suite) in self.model_level)
         return (f"Δ: paired difference against {what}, in the column's units, with its 95% interval (t over the "
                 "per-case differences; bootstrap over a shared resample of the cases for aggregates such as Score; "
                 "PPL: ratio × of geometric means, t interval on the log differences); † the interval excludes no "
                 "change. Bold: the best method per column (direction ↑/↓ from the metric's declaration; the "
                 f"unedited row does not compete). Fewer than {MIN_CI_N} cases: no interval."
-                + ("".join(f" {g}: one measurement of the whole model, repeated on every case, so its difference has "
-                           "no interval." for g in dict.fromkeys(c.group for c in self.columns
-                                                                 if (c.dataset, c.suite) in self.model_level))))
+                + "".join(f" {g}: one measurement of the whole model, repeated on every case, so its difference has "
+                          "no interval." for g in level))
 
     def cell_text(self, row: str, j: int) -> str:
         r = self.cells.get((row, j))
