@@ -1,4 +1,5 @@
-"""``editscope report RUN_DIR [RUN_DIR ...] [--out DIR]``: HTML + Markdown report of one or more runs."""
+"""``editscope report RUN_DIR [RUN_DIR ...] [--out DIR] [--baseline METHOD]``: HTML + Markdown report of one or
+more runs, with ``tables.tex`` (booktabs tabulars of the pivot and every compact table) beside it."""
 
 from __future__ import annotations
 
@@ -8,21 +9,36 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "report",
-        help="write report.html (self-contained) and report.md for one or more run directories",
-        description="Summaries per suite and method (mean with 95%% CI), a bar chart per metric, the 1-to-N answer "
-        "distribution of a sampled case against its gold distribution, and the probability shift of correct vs "
+        help="write report.html (self-contained), report.md and tables.tex for one or more run directories",
+        description="A pivot of every method against every headline metric (best bold; paired differences against a "
+        "baseline with 95%% intervals, † where the interval excludes 0), summaries per suite and method (mean with "
+        "95%% CI), a bar chart per metric, the 1-to-N answer distribution of a sampled case against its gold "
+        "distribution, and the probability shift of correct vs "
         "false answers (PEAK).",
     )
     parser.add_argument("runs", metavar="RUN_DIR", nargs="+", help="run output directories")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default: the first RUN_DIR)")
+    parser.add_argument("--baseline", metavar="METHOD",
+                        help="method the pivot table's paired differences are taken against (default: the unedited "
+                        "model, i.e. each metric's value before the edit)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled case study (default: 0)")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from editscope.report import build_report
+    import sys
 
-    html_path, md_path = build_report(args.runs, args.out, seed=args.seed)
+    from editscope.report import build_report
+    from editscope.report.build import TABLES_TEX
+    from editscope.report.pivot import BaselineError
+
+    try:
+        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline)
+    except BaselineError as exc:  # a bad argument, as argparse's own errors: status 2
+        print(f"editscope report: error: {exc}", file=sys.stderr)
+        return 2
     print(f"report: {html_path}")
     print(f"markdown: {md_path}")
+    print(f"latex: {html_path.parent / TABLES_TEX}")
+    print(f"baseline of the paired differences: {args.baseline or 'unedited (each metric before the edit)'}")
     return 0
