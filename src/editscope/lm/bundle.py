@@ -181,6 +181,13 @@ class Bundle:
         patch.release()  # memoises its digest first
         self._folded += 1
 
+    def folded_originals(self) -> dict[str, torch.Tensor]:
+        """The pre-edit value of every parameter a folded patch edited (the loaded weights; read-only: a
+        checkpoint of a chain saves the current value minus these as the chain's folded ΔW)."""
+        if self._originals is None:
+            raise EditscopeError("folded_originals() is only valid inside Bundle.folding()")
+        return dict(self._originals)
+
     def _unfold(self) -> None:
         originals, self._originals = self._originals or {}, None
         try:
