@@ -32,6 +32,7 @@ def test_checkpoint_restores_a_folded_chain_bit_exact(tmp_path):
     params = dict(bundle.model.named_parameters())
     loaded = {n: bits(params[n]) for n in params}
     gen = torch.Generator().manual_seed(5)
+    digests = []
     state = PruneState({"x": torch.randn(3, 4, dtype=torch.float64, generator=gen)},
                        {"x": torch.randn(3, 4, dtype=torch.float64, generator=gen)}, {"x": 1.25})
     with bundle.folding():
@@ -41,8 +42,11 @@ def test_checkpoint_restores_a_folded_chain_bit_exact(tmp_path):
             delta = torch.randn(params[name].shape, generator=gen) * scale
             patch = patch_on(bundle, {name: delta})
             patch.apply(bundle)
+            digests.append(patch.digest)
             bundle.fold(patch)
         chained = {n: bits(params[n]) for n in params}
+        assert len(bundle.applied) == 1  # the folded patches are one entry, not one per patch
+        fingerprint = bundle.fingerprint
         ckpt = ChainCheckpoint.capture(bundle, state, {"round": 8, "edits_applied": 8})
     # the naive rebuild W₀ + ΔW misses some entries by an ulp: the file keeps those exactly
     assert sum(index.numel() for index, _ in ckpt.exact.values()) > 0
@@ -50,8 +54,9 @@ def test_checkpoint_restores_a_folded_chain_bit_exact(tmp_path):
     assert all(torch.equal(bits(params[n]), loaded[n]) for n in params)
     back = ChainCheckpoint.load(path)
     with bundle.folding():
-        back.restore(bundle, str(path))
+        back.restore(bundle, str(path), digests)
         assert all(torch.equal(bits(params[n]), chained[n]) for n in params)
+        assert bundle.fingerprint == fingerprint  # the restored weights keep the chain's name
     assert all(torch.equal(bits(params[n]), loaded[n]) for n in params)
     restored = PruneState.from_state_dict(back.state_tensors, back.state_meta, "c")
     assert restored.sigma_max == {"x": 1.25}

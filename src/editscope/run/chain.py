@@ -159,12 +159,13 @@ class ChainCheckpoint:
                      checksums=dict(self.meta["base_checksums"]), model_name=bundle.name,
                      info={"round": self.round, "edits_applied": self.edits_applied})
 
-    def restore(self, bundle: Bundle, where: str) -> Patch:
+    def restore(self, bundle: Bundle, where: str, digests: list[str] | None = None) -> Patch:
         """Put the chain's weights on a folding bundle holding the loaded weights: apply the folded ΔW (checked
-        against the pre-edit checksums), fold it, write the ``exact`` entries, check the edited checksums."""
+        against the pre-edit checksums), fold it, write the ``exact`` entries, check the edited checksums.
+        ``digests``: the chain's patches' digests, so the bundle's fingerprint is the uninterrupted chain's."""
         patch = self.patch(bundle)
         patch.apply(bundle)
-        bundle.fold(patch)
+        bundle.fold(patch, digests)
         params = dict(bundle.model.named_parameters())
         with torch.no_grad():
             for name, (index, values) in self.exact.items():
@@ -237,7 +238,8 @@ class LifelongChain:
         device = bundle.device
         self.state = self.editor.state_class.from_state_dict(
             {k: v.to(device) for k, v in ckpt.state_tensors.items()}, ckpt.state_meta, str(self.path))
-        self.log.restored(ckpt.restore(bundle, str(self.path)), ckpt.meta["rounds"])
+        records = ckpt.meta["rounds"]
+        self.log.restored(ckpt.restore(bundle, str(self.path), [r["digest"] for r in records]), records)
         for key, texts in templates_from_json(ckpt.meta.get("templates", [])).items():
             self.runner.runtime.templates.setdefault(key, texts)  # generated on the loaded weights, as before
         self.runner.log(f"resuming chain {self.block.label} group {self.g} method {self.label} after round {r} "

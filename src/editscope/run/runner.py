@@ -216,7 +216,8 @@ class _GroupEdits:
         for name, checksum in patch.checksums.items():
             self.checksums.setdefault(name, checksum)
         self.patch_of += [len(self.records)] * n_cases
-        self.records.append({"cases": n_cases, "seconds": patch.info["seconds"], "info": _scalars(patch.info)})
+        self.records.append({"cases": n_cases, "seconds": patch.info["seconds"], "info": _scalars(patch.info),
+                             "digest": patch.digest})
         if self.save_to is not None:
             patch.save(self.save_to / f"{self.stem}-{len(self.records) - 1}.safetensors")
         if self.chained:
@@ -231,7 +232,7 @@ class _GroupEdits:
         for record in records:
             self.patch_of += [len(self.records)] * int(record["cases"])
             self.records.append({"cases": int(record["cases"]), "seconds": float(record["seconds"]),
-                                 "info": dict(record["info"])})
+                                 "info": dict(record["info"]), "digest": str(record["digest"])})
 
 
 class Runner:
