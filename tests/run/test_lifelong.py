@@ -114,7 +114,9 @@ def test_lifelong_chains_resume_at_their_last_checkpoint(tiny_bundles, tmp_path)
 
         def kill(row, method=method):
             if row["method"] == method and not row["checkpoint"]:
-                ckpt = ChainCheckpoint.load(chain_path(out, "counterfact", 0, method))
+                path = chain_path(out, "counterfact", 0, method)
+                assert sorted((out / CHAINS_DIR).iterdir()) == [path]  # one file: the latest state of this chain
+                ckpt = ChainCheckpoint.load(path)
                 assert (ckpt.round, ckpt.edits_applied, len(ckpt.meta["rounds"])) == (2, 8, 2)
                 assert ckpt.meta["state_class"] == {"memit": "NoState", "alphaedit": "AlphaEditState",
                                                     "prune": "PruneState"}[method]
