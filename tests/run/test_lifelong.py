@@ -6,6 +6,7 @@ checkpoint resumes there and gives the rows of an uninterrupted run."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,3 +164,45 @@ def test_a_chain_checkpoint_of_another_config_is_refused(tiny_bundles, tmp_path)
     other = parse_config(lifelong_data(["memit"], seed=1))
     with pytest.raises(EditscopeError, match="another config.*config_digest"):
         Runner(other, out_dir=tmp_path / "b", bundle=bundle, progress=False, log=lambda _m: None).run()
+
+
+KILLER = """
+import os, signal, sys
+from editscope.run import Runner, parse_config
+data = {data!r}
+
+def kill(row):
+    if not row["checkpoint"]:  # the round-2 checkpoint is on disk, round 3 edited: SIGKILL, no clean-up
+        os.kill(os.getpid(), signal.SIGKILL)
+
+Runner(parse_config(data), out_dir=sys.argv[1], progress=False, on_row=kill, log=lambda _m: None).run()
+"""
+
+
+def test_a_sigkilled_chain_resumes_at_its_last_checkpoint(tiny_bundles, tmp_path):
+    """A real SIGKILL (in a subprocess) after the round-2 checkpoint: the rerun resumes there, and the rows equal an
+    uninterrupted run's; the finished run leaves no chain file behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = lifelong_data(["alphaedit"])
+    data["datasets"][0]["suites"] = ["counterfact"]
+    src = str(Path(__file__).resolve().parents[2] / "src")  # this checkout's package
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", KILLER.format(data=data), str(tmp_path / "killed")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert ChainCheckpoint.load(chain_path(tmp_path / "killed", "counterfact", 0, "alphaedit")).round == 2
+    config, bundle = parse_config(data), tiny_bundles["llama"]
+    logs: list[str] = []
+    result = Runner(config, out_dir=tmp_path / "killed", bundle=bundle, progress=False, log=logs.append).run()
+    assert any("method alphaedit after round 2 (8 edits)" in m for m in logs), logs
+    assert (result.skipped, result.written) == (4 + 8 + 1, 11)  # the row on_row saw was written before the kill
+    want = read_results(Runner(config, out_dir=tmp_path / "whole", bundle=bundle, progress=False,
+                               log=lambda _m: None).run().out_dir / "results.jsonl")
+    got = read_results(tmp_path / "killed" / "results.jsonl")
+    assert len(got) == len(want) == 4 + 8 + 12
+    assert all(close(timing_free(a), timing_free(b)) for a, b in zip(got, want, strict=True))
+    assert not (tmp_path / "killed" / CHAINS_DIR).exists()

@@ -287,10 +287,10 @@ class LifelongChain:
 
 def remove_chain_files(out_dir: str | Path) -> None:
     """Delete the checkpoint files of a run whose rows are all written (a kill between a chain's last row and the
-    removal of its file leaves one behind)."""
+    removal of its file leaves one behind, a kill while one was written its temporary file)."""
     folder = Path(out_dir) / CHAINS_DIR
     if folder.is_dir():
-        for path in folder.glob("*.safetensors"):
+        for path in [*folder.glob("*.safetensors"), *folder.glob(".*.tmp")]:
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()
