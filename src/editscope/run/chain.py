@@ -15,7 +15,8 @@ context templates generated so far are loaded, and the chain continues with the 
 seeded by its identity (config seed, dataset, method, group, round), so the rows equal an uninterrupted run's.
 A file written under another config digest (which covers the runtime settings) or model is refused; a file
 older than the rows already written (rows of a checkpoint after it are missing, e.g. deleted by hand) is ignored
-and the chain starts again from its first round.
+and the chain starts again from its first round. (Under the Ray executor an actor's rows reach the results file
+only when its whole group ends, so there a killed chain finds its checkpoint rows missing and starts again.)
 
 Memory stays flat in the number of edits: the bundle folds every round's patch (one pre-edit copy per edited
 parameter, :meth:`~editscope.lm.bundle.Bundle.fold`), the state holds what the method needs (AlphaEdit's
