@@ -240,7 +240,7 @@ class LifelongChain:
         self.state = self.editor.state_class.from_state_dict(
             {k: v.to(device) for k, v in ckpt.state_tensors.items()}, ckpt.state_meta, str(self.path))
         records = ckpt.meta["rounds"]
-        self.log.restored(ckpt.restore(bundle, str(self.path), [r["digest"] for r in records]), records)
+        self.log.restored(ckpt.restore(bundle, str(self.path), [rec["digest"] for rec in records]), records)
         for key, texts in templates_from_json(ckpt.meta.get("templates", [])).items():
             self.runner.runtime.templates.setdefault(key, texts)  # generated on the loaded weights, as before
         self.runner.log(f"resuming chain {self.block.label} group {self.g} method {self.label} after round {r} "
