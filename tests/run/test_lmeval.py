@@ -191,3 +191,12 @@ def test_run_package_does_not_import_lm_eval():
             "print('lm_eval' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_checkpoint_schedule(tmp_path):
+    from editscope.run.lmeval import LmEvalHook, LmEvalSpec
+
+    default = LmEvalHook(LmEvalSpec((TASK,)), tmp_path, every=2)  # every 2nd round and the last one
+    assert [r for r in range(1, 6) if default.due(r, 2 * (r - 1), 2 * r, last=r == 5)] == [2, 4, 5]
+    listed = LmEvalHook(LmEvalSpec((TASK,), checkpoints=(0, 3, 7)), tmp_path, every=0)  # 2 edits per round
+    assert [r for r in range(1, 5) if listed.due(r, 2 * (r - 1), 2 * r, last=r == 4)] == [2, 4]

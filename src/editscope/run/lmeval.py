@@ -179,14 +179,14 @@ def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: P
 class LmEvalHook:
     """Runs a run's ``lm_eval`` tasks on the model at the chain checkpoints it names; see the module docstring.
 
-    ``every`` and ``rounds`` are the run's sequential_batches ``checkpoints`` and ``rounds`` (the default
-    schedule when the spec lists no edit counts)."""
+    ``every`` is the run's sequential_batches ``checkpoints`` (with the last round, the default schedule when the
+    spec lists no edit counts)."""
 
-    def __init__(self, spec: LmEvalSpec, out_dir: str | Path, *, every: int, rounds: int,
-                 chat_template: bool = False, log: Callable[[str], None] = print) -> None:
+    def __init__(self, spec: LmEvalSpec, out_dir: str | Path, *, every: int, chat_template: bool = False,
+                 log: Callable[[str], None] = print) -> None:
         self.spec = spec
         self.path = Path(out_dir) / LM_EVAL_FILE
-        self.every, self.rounds = every, rounds
+        self.every = every
         self.chat_template = chat_template
         self.log = log
         self._manager = None
@@ -196,11 +196,12 @@ class LmEvalHook:
     def _key(row: dict[str, Any]) -> tuple:
         return (row.get("dataset"), row.get("group"), row.get("method"), row.get("edits_applied"), row.get("task"))
 
-    def due(self, round_: int, before: int, applied: int) -> bool:
-        """Whether the tasks run after round ``round_`` (edits on the model: ``before`` -> ``applied``)."""
+    def due(self, round_: int, before: int, applied: int, last: bool) -> bool:
+        """Whether the tasks run after round ``round_`` (edits on the model: ``before`` -> ``applied``; ``last``:
+        the chain's last round)."""
         if self.spec.checkpoints is not None:
             return any(before < c <= applied for c in self.spec.checkpoints)
-        return round_ == self.rounds or bool(self.every and round_ % self.every == 0)
+        return last or bool(self.every and round_ % self.every == 0)
 
     def baseline(self, bundle) -> None:
         """The unedited model's rows (``edits_applied: 0``, method ``none``), once per run."""
@@ -208,9 +209,9 @@ class LmEvalHook:
             self._run(bundle, {"dataset": None, "group": None, "method": "none", "round": 0, "edits_applied": 0})
 
     def checkpoint(self, bundle, *, dataset: str, group: int, method: str, round_: int, before: int,
-                   applied: int) -> None:
+                   applied: int, last: bool) -> None:
         """Called after every round of a chain; evaluates when :meth:`due`."""
-        if self.due(round_, before, applied):
+        if self.due(round_, before, applied, last):
             self._run(bundle, {"dataset": dataset, "group": group, "method": method, "round": round_,
                                "edits_applied": applied})
 

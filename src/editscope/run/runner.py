@@ -364,7 +364,7 @@ class Runner:
             from editscope.run.lmeval import LmEvalHook
 
             self._lm_eval = LmEvalHook(self.config.lm_eval, self.out_dir, every=self.config.checkpoints,
-                                       rounds=self.config.rounds, chat_template=self.config.chat_template, log=self.log)
+                                       chat_template=self.config.chat_template, log=self.log)
             self._lm_eval.baseline(bundle)
         written, status = 0, "interrupted"
         from tqdm import tqdm
@@ -564,7 +564,7 @@ class Runner:
                 applied += len(requests)
                 if self._lm_eval is not None:  # lm-eval tasks when this many edits is a chosen checkpoint
                     self._lm_eval.checkpoint(bundle, dataset=block.label, group=g, method=label, round_=r,
-                                             before=applied - len(requests), applied=applied)
+                                             before=applied - len(requests), applied=applied, last=r == len(rounds))
                 n_done = len(log.seconds)
                 wanted = any((i, applied) in todo for i in members[:n_done])
                 if every and r % every == 0 and r < len(rounds) and wanted:
