@@ -100,3 +100,14 @@ def test_tokenizer_without_template_is_one_line_error(tiny_bundles):
     with pytest.raises(EditscopeError, match="has no chat template") as err:
         ScoringEngine(tiny_bundles["gpt2"], chat_template=True)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_smollm2_template_scores_equal_naive(smollm2):
+    """The real instruct template: its <|im_start|>/<|im_end|> are special tokens, its system turn is implicit."""
+    engine = ScoringEngine(smollm2, chat_template=True)
+    ids = engine.context_ids("The capital of France is")
+    assert ids[0] == smollm2.tokenizer.convert_tokens_to_ids("<|im_start|>")  # one special token, not text
+    pairs = [("The capital of France is", "Paris"), ("The mother tongue of Danielle Darrieux is", "French")]
+    for (prompt, answer), score in zip(pairs, engine.score(pairs), strict=True):
+        np.testing.assert_allclose(score.token_logprobs, naive(smollm2, prompt, answer), atol=1e-4)
