@@ -67,8 +67,12 @@ class ChatFormat:
         if not getattr(tokenizer, "chat_template", None):
             raise EditscopeError(f"chat template: the tokenizer of {model_name} has no chat template "
                                  "(leave out --chat-template / chat_template: true)")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
-                                             add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as exc:  # a template may refuse a lone user turn (jinja's raise_exception)
+            raise EditscopeError(f"chat template: the template of {model_name} cannot show one user turn: "
+                                 f"{exc}".replace("\n", " ")) from None
         if not isinstance(text, str) or text.count(_SLOT) != 1:
             raise EditscopeError(f"chat template: the template of {model_name} does not show a user message once")
         head, tail = text.split(_SLOT)
