@@ -111,3 +111,11 @@ def test_smollm2_template_scores_equal_naive(smollm2):
     pairs = [("The capital of France is", "Paris"), ("The mother tongue of Danielle Darrieux is", "French")]
     for (prompt, answer), score in zip(pairs, engine.score(pairs), strict=True):
         np.testing.assert_allclose(score.token_logprobs, naive(smollm2, prompt, answer), atol=1e-4)
+
+
+def test_cli_chat_template_without_template_is_one_line_error(capsys):
+    from editscope.cli import main
+
+    code = main(["score", "--model", "tiny-gpt2", "--chat-template", "--prompt", "x is", "--candidates", "y"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and "has no chat template" in err and "\n" not in err
