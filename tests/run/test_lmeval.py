@@ -92,8 +92,12 @@ def test_in_process_accuracy_equals_engine_and_follows_the_edit(tiny_bundles, tm
         return evaluate(bundle.model, bundle.tokenizer, [TASK], include_path=str(tasks), log_samples=True)
 
     training = bundle.model.training
+    torch.manual_seed(7)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(7)
     out = run()
     assert bundle.model.training == training and torch.is_grad_enabled()  # lm-eval left the model as it was
+    assert torch.equal(torch.rand(3), expected_draw)  # and torch's random stream where it was
     pre = engine_choice_sums(bundle)
     assert_close(lm_eval_choice_sums(out), pre)
     assert task_metrics(out, TASK)["acc,none"] == pytest.approx(accuracy(pre))
@@ -124,8 +128,9 @@ def test_exported_folder_loads_in_lm_eval_with_the_edited_scores(tiny_bundles, t
     out_dir = tmp_path / "edited-model"
     assert main(["patch", "apply", str(patch_file), "--model", "tiny-llama", "--out", str(out_dir)]) == 0
     # what the docs show: lm_eval --model hf --model_args pretrained=DIR --tasks ... --include_path ...
+    manager = TaskManager(include_path=str(tasks), include_defaults=False)
     out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out_dir},dtype=float32", tasks=[TASK],
-                                  task_manager=TaskManager(include_path=str(tasks)), device="cpu", batch_size=8)
+                                  task_manager=manager, device="cpu", batch_size=8)
     assert_close(lm_eval_choice_sums(out), post)
 
 
