@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'editscope[ray]')")
     parser.add_argument("--workers", type=int, default=2, help="Ray actors (--executor ray)")
     parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
+    parser.add_argument("--chat-template", action="store_true",
+                        help="wrap prompts in the tokenizer's chat template (instruct models; as the config's "
+                        "chat_template: true, part of the config digest)")
     parser.set_defaults(func=_run)
 
 
@@ -46,6 +49,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.device is not None or args.dtype is not None:  # the flags win over the config's keys (Ray actors too)
         config = dataclasses.replace(config, device=args.device or config.device, dtype=args.dtype or config.dtype)
+    if args.chat_template:
+        config = dataclasses.replace(config, chat_template=True)
     given = {k: v for k, v in runtime_settings(args).items() if v is not None}
     if given:  # the flags win over the config's runtime settings
         from editscope.edit.runtime import EditRuntime

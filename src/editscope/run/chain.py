@@ -272,6 +272,10 @@ class LifelongChain:
                                                 runtime=runner.runtime, plugins=runner.plugins_of(self.label)),
                               len(chunk))
             applied += len(requests)
+            if runner.lm_eval_hook is not None:  # lm-eval tasks when this many edits is a chosen checkpoint
+                runner.lm_eval_hook.checkpoint(runner.bundle, dataset=block.label, group=self.g, method=self.label,
+                                               round_=r, before=applied - len(requests), applied=applied,
+                                               last=r == len(self.chunks))
             if not (self.every and r % self.every == 0 and r < len(self.chunks)):
                 continue
             # the checkpoint-evaluation point: every suite probes the cases edited so far on the chained model

@@ -68,7 +68,8 @@ class _GroupWorker:
         self.runner = Runner(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
                              suite_factories=suite_factories)
         self.blocks, self.editors, self.hparams = self.runner._prepare()
-        self.engine = ScoringEngine(self.runner.bundle)
+        self.engine = ScoringEngine(self.runner.bundle, chat_template=config.chat_template)
+        self.runner._prompt_format = self.engine.prompt_format  # rows record it, as the driver's run.json
 
     def fingerprint(self) -> str:
         return self.runner.bundle.fingerprint
@@ -94,6 +95,9 @@ class RayRunner(Runner):
                  **kwargs: Any) -> None:
         if workers < 1:
             raise EditscopeError("--workers must be >= 1")
+        if config.lm_eval is not None:
+            raise EditscopeError("lm_eval: the config's lm_eval checkpoints run in-process only; leave out "
+                                 "--executor ray")
         super().__init__(config, **kwargs)
         self.workers, self.address, self.threads, self.rerun = workers, address, threads_per_worker, rerun
         if on_dispatch is not None:

@@ -49,7 +49,7 @@ from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.run.chain import LifelongChain, naming, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
@@ -266,6 +266,8 @@ class Runner:
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
         self._editors: dict[str, Any] = {}  # label -> Editor (set by _prepare)
         self._plugins: dict[str, list] = {}  # label -> attached plug-ins
+        self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
+        self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
 
     # -- what a lifelong chain (editscope.run.chain) asks of the runner ------------------------------------
     def seed_of(self, *identity: object) -> int:
@@ -291,6 +293,8 @@ class Runner:
             self.bundle = load(self.config.model, progress=self.log, device=self.config.device,
                                dtype=self.config.dtype)
         bundle = self.bundle
+        if self.config.chat_template:  # a tokenizer without one fails here, before any work
+            ChatFormat.of(bundle.tokenizer, bundle.name)
         for block, spec in zip(blocks, self.config.blocks, strict=True):  # before any edit: every text fits
             check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
                           block.cases)
@@ -325,7 +329,8 @@ class Runner:
             "rows": rows,
             "argv": sys.argv,
             "metrics": declarations_to_json(self._declared),
-        }
+        } | ({"prompt_format": self._prompt_format} if self._prompt_format else {}) | (
+            {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {})
 
     def _check_existing(self) -> str | None:
         """The start time of the run already in the output directory (resume), after checking it is ours."""
@@ -392,7 +397,14 @@ class Runner:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
         if pending:
             self._warm_stats(hparams)
-        engine = ScoringEngine(bundle)
+        engine = ScoringEngine(bundle, chat_template=self.config.chat_template)
+        self._prompt_format = engine.prompt_format
+        if self.config.lm_eval is not None:  # lm-evaluation-harness at chain checkpoints (editscope.run.lmeval)
+            from editscope.run.lmeval import LmEvalHook
+
+            self.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=self.config.checkpoints,
+                                       chat_template=self.config.chat_template, log=self.log)
+            self.lm_eval_hook.baseline(bundle)
         written, status = 0, "interrupted"
         from tqdm import tqdm
 
@@ -475,10 +487,19 @@ class Runner:
                 "method_display": "unedited", "plugins": [], "mode": self.config.mode_label, "group": g,
                 "group_size": len(cases), "edit_seconds": 0.0, "eval_seconds": pre_seconds, "edit_info": {},
                 "requests": _requests(block.requests[i]), "hparams": {},
-                "protocol": {name: s.protocol for name, s in block.suites.items()},
+                "protocol": self._protocol(block),
                 "metrics": metrics, "pre": {name: pre[name][k] for name in block.suites}, "post": {},
             })
         return rows
+
+    def _protocol(self, block: Block) -> dict[str, dict[str, Any]]:
+        """Each suite's protocol (DESIGN rule 10), with the chat template's when prompts are wrapped in it."""
+        fmt = self._prompt_format
+        if not fmt:
+            return {name: s.protocol for name, s in block.suites.items()}
+        return {name: {**s.protocol, "chat_template": fmt["chat_template"],
+                       "note": f"{s.protocol.get('note', '')}; {fmt['note']}".lstrip("; ")}
+                for name, s in block.suites.items()}
 
     def _new_state(self, label: str, editor) -> Any:
         """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;
@@ -568,7 +589,7 @@ class Runner:
                 "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
                 "conventions": hp.protocol(),  # the convention switches in force (DESIGN rule 10)
                 "runtime": self.runtime.settings(),
-                "protocol": {name: s.protocol for name, s in block.suites.items()},  # DESIGN rule 10
+                "protocol": self._protocol(block),  # DESIGN rule 10
                 "metrics": metrics,
                 "pre": {name: pre[name][k] for name in block.suites},
                 "post": {name: post[name][k] for name in block.suites},
@@ -602,6 +623,12 @@ class Runner:
         torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "post", *tag))
         post = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
         return post, (time.perf_counter() - t0) / len(cases)
+
+
+def _lm_eval_version() -> str | None:
+    from editscope.run.lmeval import lm_eval_version
+
+    return lm_eval_version()
 
 
 def _requests(requests: Sequence[EditRequest]) -> list[dict[str, str]]:

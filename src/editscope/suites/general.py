@@ -89,7 +89,7 @@ class GeneralAbilitySuite(Suite):
         if self._text is None:
             rows, total = [], 0
             for paragraph in Corpus.default().paragraphs():
-                n = len(engine.encode(paragraph))
+                n = len(engine.encode_text(paragraph))  # a document, not a prompt
                 if n > self.row_tokens:
                     continue
                 rows.append(paragraph)
@@ -113,7 +113,9 @@ class GeneralAbilitySuite(Suite):
         if bundle.applied:
             raise EditscopeError("general suite: the known-fact probe set must be chosen on the unedited model, but "
                                  f"{len(bundle.applied)} patch(es) are applied")
-        rule = json.dumps([self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"])
+        parts: list = [self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"]
+        fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
+        rule = json.dumps(parts + [fmt] if fmt else parts)
         key = hashlib.blake2b(f"{bundle.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
         path = home() / "general" / f"known-facts-{key}.json"
         cached = read_json(path)
