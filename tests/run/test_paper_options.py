@@ -1,5 +1,6 @@
-"""Options that reproduce single tables of the papers, run end to end on tiny-llama: PEAK's Table 5 "fairer
-baselines" (paper 003: every correct answer O ∪ {o*} is an editing target)."""
+"""Options that reproduce single tables of the papers: PEAK's Table 5 "fairer baselines" (paper 003: every correct
+answer O ∪ {o*} is an editing target; run on tiny-llama) and paper 004 Table 1's fluency and consistency (GE, RS)
+in evk-table1."""
 
 from __future__ import annotations
 
@@ -60,3 +61,16 @@ def test_peak_table5_config():
     assert (block.dataset, suite.name, suite.options) == ("peak-cf", "peak", {"targets": "all_correct"})
     assert [m.name for m in config.methods] == ["ft", "mend", "memit", "rome"]  # Table 5's rows
     assert all(not m.plugins for m in config.methods)  # baselines: no APP
+
+
+def test_evk_table1_measures_fluency_and_consistency():
+    """Paper 004 Table 1's Flu./Consis. columns are paper 002's GE and RS: the counterfact suite of evk-table1
+    generates, so it declares and (on tiny-llama, one case) emits both."""
+    from editscope.run.suites import make_suite
+
+    config = load_config(configs_dir() / "experiments" / "evk-table1.yaml")
+    block = next(b for b in config.blocks if b.dataset == "counterfact")
+    spec = next(s for s in block.suites if s.name == "counterfact")
+    suite = make_suite(spec.name, spec.options)
+    assert {"GE", "RS"} <= {m.name for m in suite.metrics_declared}
+    assert "GE: paper convention, RS: TF-IDF cosine" in suite.protocol["note"]
