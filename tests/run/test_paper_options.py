@@ -74,3 +74,14 @@ def test_evk_table1_measures_fluency_and_consistency():
     suite = make_suite(spec.name, spec.options)
     assert {"GE", "RS"} <= {m.name for m in suite.metrics_declared}
     assert "GE: paper convention, RS: TF-IDF cosine" in suite.protocol["note"]
+
+
+def test_evk_table1_measures_general_ability():
+    """Paper 004 Fig. 3 (general ability after the edits): the general suite in both evk-table1 blocks, after each
+    group of sequential edits; not in evk-table2 (one edit per row, restored after each)."""
+    table1 = load_config(configs_dir() / "experiments" / "evk-table1.yaml")
+    assert {b.dataset: "general" in [s.name for s in b.suites] for b in table1.blocks} == {"counterfact": True,
+                                                                                         "zsre": True}
+    assert table1.mode == "sequential" and table1.group_size == 10
+    table2 = load_config(configs_dir() / "experiments" / "evk-table2.yaml")
+    assert not any(s.name == "general" for b in table2.blocks for s in b.suites)
