@@ -152,9 +152,11 @@ def test_tunable_declarations_are_checked_at_import():
     from editscope.edit.registry import EDITORS
     from editscope.edit.plugins import PLUGINS
 
-    for editor in EDITORS.values():  # every shipped editor and plug-in declares knobs, each grid within its range
-        assert editor.hparams_class.tunable(), editor.name
-    for spec in PLUGINS.values():
-        assert spec.hparams_class.tunable(), spec.name
+    import dataclasses
+
+    classes = [e.hparams_class for e in EDITORS.values()] + [s.hparams_class for s in PLUGINS.values()]
+    for cls in classes:  # every shipped editor and plug-in declares knobs, each naming a field
+        assert cls.tunable(), cls
+        assert set(cls.tunable()) <= {f.name for f in dataclasses.fields(cls)}, cls
     assert np.all([v in EDITORS["kn"].hparams_class.ranges()["lambda_new"]
                    for v in EDITORS["kn"].hparams_class.tunable()["lambda_new"]])
