@@ -149,10 +149,10 @@ def test_tunable_declarations_are_checked_at_import():
         class Bad(Params):  # noqa: F841
             RANGES = {"x": "(0, 1]"}
             TUNABLE = {"x": (0.5, 2.0)}
-    from editscope.edit.registry import EDITORS
-    from editscope.edit.plugins import PLUGINS
-
     import dataclasses
+
+    from editscope.edit.plugins import PLUGINS
+    from editscope.edit.registry import EDITORS
 
     classes = [e.hparams_class for e in EDITORS.values()] + [s.hparams_class for s in PLUGINS.values()]
     for cls in classes:  # every shipped editor and plug-in declares knobs, each naming a field

@@ -118,3 +118,14 @@ def test_provenance_block_is_set_aside_and_checked(tmp_path):
     path.write_text("layers: [1]\nprovenance: 3\n")
     with pytest.raises(EditscopeError, match=r"hp.yaml: key 'provenance': expected a mapping"):
         load_yaml(path, RomeHParams)
+
+
+def test_cli_bad_knob_is_one_line_error(tmp_path, capsys):
+    from editscope.cli import main
+
+    assert main(["tune", "--model", "tiny-llama", "--method", "rome", "--budget", "1", "--knobs", "v_lr,nope",
+                 "-o", str(tmp_path / "t"), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("editscope: error: --knobs/--grid: 'nope' is not a declared knob (declared: layers, "
+                              "v_lr,")
+    assert not (tmp_path / "t" / "candidates").exists()

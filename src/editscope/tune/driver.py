@@ -166,6 +166,8 @@ class Tuner:
         plugin_tunable = {p.name: p.hparams.tunable() for p in self.plugins}
         needs_layers = ("layers" in hp_tunable and "layers" not in self.s.grid
                         and (self.s.knobs is None and not self.plugins or "layers" in (self.s.knobs or [])))
+        knob_grids(hp_tunable, plugin_tunable, knobs=self.s.knobs, grid=self.s.grid, layers=[list(self.base.layers)],
+                   tune_editor=not self.plugins)  # an unknown knob fails here, before the layer curve is traced
         layers, why = None, {}
         if needs_layers:
             curve, info = self._layer_curve()
