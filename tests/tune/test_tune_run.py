@@ -129,3 +129,13 @@ def test_cli_bad_knob_is_one_line_error(tmp_path, capsys):
     assert err[-1].startswith("editscope: error: --knobs/--grid: 'nope' is not a declared knob (declared: layers, "
                               "v_lr,")
     assert not (tmp_path / "t" / "candidates").exists()
+
+
+def test_cli_method_without_knobs_is_one_line_error(tmp_path, capsys):
+    from editscope.cli import main
+
+    assert main(["tune", "--model", "tiny-llama", "--method", "mend", "--budget", "1", "-o", str(tmp_path / "t"),
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("editscope: error: MEND: nothing to search (declared knobs: none; name editor knobs with "
+                       "--knobs)")

@@ -166,8 +166,12 @@ class Tuner:
         plugin_tunable = {p.name: p.hparams.tunable() for p in self.plugins}
         needs_layers = ("layers" in hp_tunable and "layers" not in self.s.grid
                         and (self.s.knobs is None and not self.plugins or "layers" in (self.s.knobs or [])))
-        knob_grids(hp_tunable, plugin_tunable, knobs=self.s.knobs, grid=self.s.grid, layers=[list(self.base.layers)],
-                   tune_editor=not self.plugins)  # an unknown knob fails here, before the layer curve is traced
+        # an unknown knob, or nothing to search, fails here, before the layer curve is traced
+        if not knob_grids(hp_tunable, plugin_tunable, knobs=self.s.knobs, grid=self.s.grid,
+                          layers=[list(self.base.layers)], tune_editor=not self.plugins):
+            declared = [*hp_tunable, *(f"{n}.{k}" for n, t in plugin_tunable.items() for k in t)]
+            raise EditscopeError(f"{self.editor.display(self.plugins)}: nothing to search (declared knobs: "
+                                 f"{', '.join(declared) or 'none'}; name editor knobs with --knobs)")
         layers, why = None, {}
         if needs_layers:
             curve, info = self._layer_curve()
@@ -176,9 +180,6 @@ class Tuner:
             why["curve"] = info
         grids = knob_grids(hp_tunable, plugin_tunable, knobs=self.s.knobs, grid=self.s.grid, layers=layers,
                            tune_editor=not self.plugins)
-        if not grids:
-            raise EditscopeError(f"{self.s.method}: no knobs to search (declared: "
-                                 f"{', '.join(hp_tunable) or 'none'}); give --knobs or --grid")
         return grids, candidates(grids), why
 
     def _check_settings(self, grids: dict[str, tuple], cands: list[Candidate], slice_: dict) -> None:
