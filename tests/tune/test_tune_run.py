@@ -139,3 +139,27 @@ def test_cli_method_without_knobs_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("editscope: error: MEND: nothing to search (declared knobs: none; name editor knobs with "
                        "--knobs)")
+
+
+def test_plugin_knobs_are_searched_and_recorded(tmp_path, tiny_llama):
+    out = tmp_path / "p"
+    # layer 1 with v_lr 0.5 keeps NS on these two cases (seen in a search), so a choice is made
+    s = TuneSettings(model="tiny-llama", method="rome", out=str(out), budget_minutes=30,
+                     overrides={"layers": [1], "v_lr": 0.5},
+                     plugins=[("evk_align", {"n": 1})], grid={"evk_align.lam": (0.03, 0.3)}, knobs=["evk_align.lam"],
+                     first=2, eta=2, max_cases=2)
+    result = Tuner(s, bundle=tiny_llama, progress=False, log=lambda m: None).run()
+    assert [n for n, _ in result.halving.rungs] == [2] and len(result.halving.rungs[0][1]) == 2
+    lams = set()
+    for cid in result.halving.rungs[0][1]:
+        rows = read_results(out / "candidates" / cid / "results.jsonl")
+        assert len(rows) == 2 and all(r["hparams"]["layers"] == [1] and r["hparams"]["v_lr"] == 0.5 for r in rows)
+        (plugin,) = {json.dumps(r["plugins"], sort_keys=True) for r in rows}  # every row records its plug-in
+        lams.add(json.loads(plugin)[0]["lam"])
+    assert lams == {0.03, 0.3}
+    prov = read_provenance(result.yaml_path)
+    (chosen_plugin,) = prov["plugins"]
+    assert chosen_plugin["name"] == "evk_align" and chosen_plugin["n"] == 1
+    assert chosen_plugin["lam"] == result.chosen.to_dict()["plugins"]["evk_align"]["lam"]
+    assert prov["search"]["grids"] == {"evk_align.lam": [0.03, 0.3]}
+    assert prov["layers"] is None  # the editor's knobs (layers) are not searched with a plug-in attached
