@@ -276,12 +276,8 @@ class Tuner:
                  f" (no shipped config reports on them); rungs of {sizes} cases, keep 1/{self.s.eta}")
         self.log(f"objective: {self.objective.describe()}")
         rung_no = {n: i for i, n in enumerate(sizes)}
-        counter = {"k": 0, "n": -1}
 
         def evaluate(cid: str, n: int) -> CandidateScore:
-            if counter["n"] != n:
-                counter.update(k=0, n=n)
-            counter["k"] += 1
             score = self._evaluate(by_id[cid], n, slice_, spent)
             g = self.objective.guard
             self.log(f"[rung {rung_no[n] + 1}/{len(sizes)}, {n} cases] {cid} {by_id[cid].label()}: "
