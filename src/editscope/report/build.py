@@ -43,6 +43,7 @@ from editscope.run.summary import (
     summarize_by_edits,
     table_rows,
 )
+from editscope.suites import measures_whole_model
 from editscope.suites.base import Suite, SuiteFigure
 
 
@@ -380,27 +381,17 @@ def _tex_compact(rs: list[SummaryRow], methods: list[str], specs: Sequence[Metri
 
 
 def _model_level(keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """The (dataset, suite) pairs whose suite measures the model as a whole (``chooses_edits = False``)."""
-    from editscope.suites import SUITES
-
-    out = set()
-    for dataset, suite in keys:
-        factory = SUITES.get(suite, None)
-        if isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits:
-            out.add((dataset, suite))
-    return out
+    """The (dataset, suite) pairs whose suite measures the model as a whole."""
+    return {(dataset, suite) for dataset, suite in keys if measures_whole_model(suite)}
 
 
 def _retention_figures(rows, curves, specs, methods) -> list[Figure]:
     """The retention heatmap of each (dataset, suite) with curves: its first headline metric that is measured
     per case after the edit and has a direction (ES for counterfact, Efficacy for zsRE); none for suites that
     measure the model as a whole (``chooses_edits = False``)."""
-    from editscope.suites import SUITES
-
     out = []
     for dataset, suite in curves:
-        factory = SUITES.get(suite, None)
-        if isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits:
+        if measures_whole_model(suite):
             continue  # a model-level suite (general): every batch carries the same value, nothing to retain
         spec = next((s for s in specs.get((dataset, suite), ()) if s.headline and s.aggregate is None
                      and s.higher_is_better is not None), None)
