@@ -75,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
+    if args.plot:  # an unwritable --plot fails before the model loads and the trace runs
+        from pathlib import Path
+
+        from editscope.atomic import make_dirs
+
+        make_dirs(Path(args.plot).parent, "folder of --plot")
     engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
                                      progress=lambda msg: print(msg, file=sys.stderr, flush=True)))
     if args.layer_curve is not None:

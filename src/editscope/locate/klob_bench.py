@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock
+from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock, make_dirs
 from editscope.data.klob_build import (
     KlobExample,
     KlobPrompt,
@@ -109,8 +109,7 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise EditscopeError(f"unknown locating methods {unknown}; choose from {', '.join(METHODS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dirs(out_dir, "bench output folder")
     opts = {m: {**BENCH_OPTIONS.get(m, {}), **(options or {}).get(m, {})} for m in methods}
     with file_lock(out / ".lock", blocking=False, what="klob bench"):
         config_path = out / "config.json"
