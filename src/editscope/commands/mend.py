@@ -4,7 +4,6 @@ cache them under EDITSCOPE_HOME, keyed by the model's fingerprint; ``--method me
 from __future__ import annotations
 
 import argparse
-import json
 
 from editscope.commands._device import add_device_arguments
 
@@ -45,7 +44,9 @@ def _train(args: argparse.Namespace) -> int:
            "seconds": result.seconds, "final_mean_of_last_25": mean,
            "loss_curve": str(result.curve) if result.curve else None}
     if args.json:
-        print(json.dumps(out, indent=1))
+        from editscope.finite import strict_dumps
+
+        print(strict_dumps(out, "mend train --json", indent=1))
     else:
         print(f"MEND editor for {bundle.name}: {result.steps} steps, {result.seconds:.1f} s of training")
         if mean:

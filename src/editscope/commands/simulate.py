@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from typing import Any
+
+from editscope.finite import cell, strict_dumps, with_reasons
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,16 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def _fmt(x: float) -> str:
-    return f"{x:.3f}" if math.isfinite(x) else "nan"
+    return cell(x, ".3f", "undefined")
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -63,6 +55,8 @@ def format_table(result: dict[str, Any]) -> str:
         c1 = " ".join(f"{_fmt(per['criterion1'][m]):>11}" for m in METRICS)
         c2 = " ".join(f"{_fmt(per['criterion2'][m]):>11}" for m in METRICS)
         lines.append(f"{n:>7}  {c1}  | {c2}")
+    if "undefined" in "\n".join(lines):
+        lines += ["", "undefined: a correlation over values that do not vary (e.g. one valid answer)"]
     return "\n".join(lines)
 
 
@@ -79,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
             raise EditscopeError(f"{args.plot}: cannot write the plot: {getattr(exc, 'strerror', None) or exc}"
                                  ) from None
     if args.json:
-        print(json.dumps(_jsonable(result), allow_nan=False))
+        # an undefined correlation is null, with the reason under "non_finite"
+        print(strict_dumps(with_reasons(result), "simulate --json"))
     else:
         print(format_table(result))
         print(f"\n{args.trials} queries per answer count, seed {args.seed}.")

@@ -12,6 +12,7 @@ from typing import Any
 
 from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
+from editscope.finite import with_reasons
 from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
@@ -55,8 +56,9 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
 
 
 def dumps_row(row: dict[str, Any]) -> str:
-    """One JSON line (no newline inside). Raw probes keep non-finite floats as Python's NaN/Infinity tokens."""
-    return json.dumps(row, default=_default, separators=(",", ":"))
+    """One strict JSON line (no newline inside). A non-finite float (a raw probe that underflowed, a metric over
+    nothing) is written as ``null`` with the reason in the row's ``non_finite`` field (:mod:`editscope.finite`)."""
+    return json.dumps(with_reasons(row), default=_default, separators=(",", ":"), allow_nan=False)
 
 
 def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:
