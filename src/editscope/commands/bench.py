@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from editscope.locate.klob_bench import RANGES
 
     parser = sub.add_parser("bench", help="benchmarks of the unedited model (klob: locating methods)")
-    benches = parser.add_subparsers(dest="bench", metavar="BENCH")
+    benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     klob = benches.add_parser(
         "klob",
         help="score locating methods on KLoB (RSim consistency/relevance, RSD)",
@@ -46,7 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     klob.add_argument("-o", "--out", required=True, help="output folder (resumed when it exists)")
     klob.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     klob.set_defaults(func=run_klob)
-    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
 
 def run_klob(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from editscope.commands._device import add_device_arguments
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("mend", help="train MEND's editor networks (Mitchell et al. 2022)",
                             description="Train MEND's editor networks for a model (see 'editscope mend train -h').")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser(
         "train", help="train (or resume training) the editor for a model",
         description="Train MEND on the shared zsRE sample (rephrase: generalisation loss, loc: locality KL) on CPU, "
@@ -25,7 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
     train.set_defaults(func=_train)
-    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
 
 def _train(args: argparse.Namespace) -> int:

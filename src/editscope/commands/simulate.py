@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from editscope.finite import cell, strict_dumps, with_reasons
+from editscope.ranges import option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,11 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Gaussian-score distributions, and print the Pearson correlation of each metric with each "
         "criterion (signed so that higher = follows the criterion) beside the paper's Table 2.",
     )
-    parser.add_argument("--answers", type=int, nargs="+", default=[2, 4, 8, 16], metavar="N",
+    parser.add_argument("--answers", type=option(int, "[1, 10000]"), nargs="+", default=[2, 4, 8, 16], metavar="N",
                         help="numbers of valid answers per query (default: 2 4 8 16)")
-    parser.add_argument("--trials", type=int, default=200,
-                        help="simulated queries per answer count (default: 200)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--trials", type=option(int, "[1, 1000000]"), default=200,
+                        help="simulated queries per answer count, 1 to 10^6 (default: 200)")
+    parser.add_argument("--seed", type=option(int, "[0, inf)"), default=0, help="random seed (default: 0)")
     parser.add_argument("--json", action="store_true",
                         help="print only the result as one JSON object (NaN as null)")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the Figure-3-shaped curves to a PNG")
