@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from editscope.atomic import atomic_write_text
+from editscope.atomic import atomic_write_bytes, atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
 from editscope.metrics.registry import MetricSpec
 from editscope.plotting import png_axes
@@ -271,7 +271,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
-    out = Path(out_dir) if out_dir is not None else runs[0].path
+    out = make_dirs(Path(out_dir) if out_dir is not None else runs[0].path, "report folder")
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
@@ -291,9 +291,8 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
     for f in figs:
-        (out / "figures" / f"{f.slug}.png").write_bytes(f.png)
+        atomic_write_bytes(out / "figures" / f"{f.slug}.png", f.png)
 
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
     for r in summary:
