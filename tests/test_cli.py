@@ -19,7 +19,7 @@ def test_every_command_has_help(capsys):
 
 
 def test_unknown_model_is_one_line_error(capsys):
-    assert main(["score", "--model", "nope", "--prompt", "x", "--candidates", "y"]) == 1
+    assert main(["score", "--model", "nope", "--prompt", "x", "--candidates", "y"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("editscope: error: unknown model 'nope'") and "\n" not in err
 

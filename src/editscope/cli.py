@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the environment (disk full, permissions, a file in the way) where no check named it
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"editscope: error: {where}{_one_line(exc.strerror or str(exc))}", file=sys.stderr)
-        return 1
+        return 2
     except KeyboardInterrupt:
         print("editscope: interrupted", file=sys.stderr)
         return 130

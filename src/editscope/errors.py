@@ -4,8 +4,8 @@
 class EditscopeError(Exception):
     """An error caused by the user's input or environment; the CLI prints it as one line, no traceback."""
 
-    #: the CLI's exit status when this error ends a command
-    exit_code: int = 1
+    #: the CLI's exit status when this error ends a command (2, as argparse gives a bad argument)
+    exit_code: int = 2
 
 
 class DataError(EditscopeError, ValueError):

@@ -20,7 +20,7 @@ def test_edit_json_and_patch_round_trip(tiny_bundles, tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["method"] == "rome" and set(out["pre"]) == {"target", "target_true"}
-    assert out["post"]["target"] != out["pre"]["target"] and len(out["checks"]) == 1
+    assert out["post"]["target"] != out["pre"]["target"] and len(out["checks"]) == 2
     assert out["checks"][0]["prompt"] == "Danielle Darrieux was born in"
     patch = Patch.load(patch_file)
     assert patch.hparams["v_steps"] == 3
@@ -43,12 +43,12 @@ def test_edit_json_and_patch_round_trip(tiny_bundles, tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert main(["edit", "--model", "tiny-llama", "--prompt", "no slot", "--subject", "X", "--target", "Y"]) == 1
+    assert main(["edit", "--model", "tiny-llama", "--prompt", "no slot", "--subject", "X", "--target", "Y"]) == 2
     assert "exactly one" in capsys.readouterr().err
     assert main(["edit", "--model", "tiny-llama", "--prompt", "{} is", "--subject", "X", "--target", "Y",
-                 "--set", "bogus=1"]) == 1
+                 "--set", "bogus=1"]) == 2
     assert "key 'bogus'" in capsys.readouterr().err
-    assert main(["patch", "info", str(tmp_path / "missing.safetensors")]) == 1
+    assert main(["patch", "info", str(tmp_path / "missing.safetensors")]) == 2
     assert "not found" in capsys.readouterr().err
 
 
@@ -75,7 +75,7 @@ def test_edit_generate_prints_greedy_text_before_and_after(tiny_bundles, tmp_pat
     finally:
         patch.revert(bundle)
     assert main(["edit", "--model", "tiny-llama", "--prompt", "{} x", "--subject", "A", "--target", "B",
-                 "--generate", "-1"]) == 1
+                 "--generate", "-1"]) == 2
     assert "--generate must be >= 0" in capsys.readouterr().err
 
 

@@ -134,5 +134,5 @@ def test_kn_through_the_cli(tiny_bundles, capsys):
     assert out["post"]["target"] != out["pre"]["target"]
     assert main(["edit", "--model", "tiny-llama", "--method", "kn", "--prompt", "{} is a citizen of",
                  "--subject", "Danielle Darrieux", "--target", " Japan", "--target-true", " France",
-                 "--plugin", "app"]) == 1
+                 "--plugin", "app"]) == 2
     assert "does not optimise a loss" in capsys.readouterr().err

@@ -143,7 +143,7 @@ def test_cli_plugin_matches_the_hand_computation(tiny_bundles, tmp_path, capsys,
     want = hand_delta_w(reference, w, 1.0)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
     assert main(["edit", "--model", "tiny-llama", "--prompt", "{} is", "--subject", "X", "--target", "Y",
-                 "--plugin", "nope:weight=1"]) == 1
+                 "--plugin", "nope:weight=1"]) == 2
     assert "unknown plug-in 'nope'" in capsys.readouterr().err
 
 

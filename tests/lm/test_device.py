@@ -36,7 +36,7 @@ def test_score_command_with_dtype(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
 def test_cuda_without_cuda_is_one_line(capsys):
-    assert main(["score", "--model", "tiny-llama", "--prompt", "x", "--candidates", " y", "--device", "cuda:0"]) == 1
+    assert main(["score", "--model", "tiny-llama", "--prompt", "x", "--candidates", " y", "--device", "cuda:0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "CUDA is not available" in err and "\n" not in err
 

@@ -26,7 +26,7 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("editscope: error:")]
     assert len(errors) == 1, proc.stderr[-3000:]

@@ -205,7 +205,7 @@ def _problem(argv: list[str], outcome: str, code: int | None, out: str, err: str
             if m.group(0) not in echoed:
                 return f"printed {m.group(0)!r}: {line[:200]}"
         return None
-    if code not in (1, 2):
+    if code != 2:
         return f"exit code {code}"
     lines = [line for line in err.splitlines() if line.strip()]
     errors = [line for line in lines if "error:" in line]

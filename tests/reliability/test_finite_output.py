@@ -117,7 +117,7 @@ def test_score_on_a_model_with_non_finite_weights_is_refused(capsys, tmp_path, t
         code = main(["score", "--model", str(tmp_path / "nan-model"), "--prompt", "Paris is in", "--candidates",
                      " France", " Italy", *extra])
         captured = capsys.readouterr()
-        assert code == 1 and captured.out == ""
+        assert code == 2 and captured.out == ""
         assert captured.err.strip().splitlines() == [
             "editscope: error: score: field [0].logprob_sum: nan is not a finite number; refused (the model's outputs "
             "or an input are not finite)"]

@@ -73,7 +73,7 @@ def test_altered_delta_bytes_are_refused_before_any_weight_changes(bundle, patch
         Patch.load(path).apply(bundle)
     assert "\n" not in str(err.value)
     out = tmp_path / "edited"
-    assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 1
+    assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 2
     assert not out.exists() and not list(tmp_path.glob(".edited.*"))
     assert _same(bundle.model, before) and not bundle.applied
 
@@ -154,7 +154,7 @@ def test_patch_apply_writes_its_output_folder_atomically(patch, tmp_path, monkey
 
     monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", half_then_fail)
     out = tmp_path / "edited"
-    assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 1
+    assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 2
     assert not out.exists() and not list(tmp_path.glob(".edited.*"))  # no partial folder, no leftover temp folder
     monkeypatch.undo()
     assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(out)]) == 0

@@ -98,7 +98,7 @@ def test_yaml_file_paths_are_relative_to_it(tmp_path):
 def test_cli_prints_one_line(tmp_path, capsys):
     (tmp_path / "exp.yaml").write_text("model: tiny-llama\nmethods: [romee]\ndataset: counterfact\n"
                                        "suites: [counterfact]\n")
-    assert main(["run", str(tmp_path / "exp.yaml")]) == 1
+    assert main(["run", str(tmp_path / "exp.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "key 'methods[0].name': unknown edit method 'romee'" in err[0]
 

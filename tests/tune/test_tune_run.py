@@ -124,7 +124,7 @@ def test_cli_bad_knob_is_one_line_error(tmp_path, capsys):
     from editscope.cli import main
 
     assert main(["tune", "--model", "tiny-llama", "--method", "rome", "--budget", "1", "--knobs", "v_lr,nope",
-                 "-o", str(tmp_path / "t"), "--no-progress"]) == 1
+                 "-o", str(tmp_path / "t"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("editscope: error: --knobs/--grid: 'nope' is not a declared knob (declared: layers, "
                               "v_lr,")
@@ -135,7 +135,7 @@ def test_cli_method_without_knobs_is_one_line_error(tmp_path, capsys):
     from editscope.cli import main
 
     assert main(["tune", "--model", "tiny-llama", "--method", "mend", "--budget", "1", "-o", str(tmp_path / "t"),
-                 "--no-progress"]) == 1
+                 "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("editscope: error: MEND: nothing to search (declared knobs: none; name editor knobs with "
                        "--knobs)")

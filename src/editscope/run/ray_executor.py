@@ -43,7 +43,6 @@ class WorkersLostError(EditscopeError):
     """The Ray run cannot go on: no worker is left (or one group lost its worker :data:`MAX_ATTEMPTS` times). The
     rows of every finished group are written; the message holds the command that resumes."""
 
-    exit_code = 2
 
 
 def _ray():
