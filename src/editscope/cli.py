@@ -29,6 +29,7 @@ for _module in (
     "editscope.commands.mend",
     "editscope.commands.stats",
     "editscope.commands.configs",
+    "editscope.commands.inspect",
 ):
     COMMANDS.register(_module, _module.rpartition(".")[2])
 
