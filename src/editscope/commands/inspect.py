@@ -54,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="greedy tokens generated before and after (0: none)")
     parser.add_argument("--facts", type=option(int, "[1, inf)"), default=500,
                         help="size of the collateral probe set (known facts)")
+    parser.add_argument("--facts-from", nargs="+", default=None, metavar="DATASET",
+                        help="datasets (names or files) the collateral probe set is drawn from, in order (default: "
+                        "counterfact-train zsre peak-cf counterfact); a run whose suites include collateral uses "
+                        "its own")
     parser.add_argument("--top", type=option(int, "[1, inf)"), default=25, help="largest log-prob drops listed")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines (they go to stderr)")
     add_device_arguments(parser)
@@ -72,7 +76,7 @@ def _job(args: argparse.Namespace, log):
             if getattr(args, flag):
                 raise EditscopeError(f"inspect: --{flag} describes an edit of its own; with RUN_DIR give --case only")
         return job_from_run(args.run, args.case, method=args.method, dataset=args.dataset,
-                            collateral_facts=args.facts, log=log)
+                            collateral_facts=args.facts, collateral_sources=args.facts_from, log=log)
     missing = [f"--{f.replace('_', '-')}" for f in ("prompt", "subject", "target") if not getattr(args, f)]
     if missing:
         raise EditscopeError(f"inspect needs RUN_DIR --case ID, or {', '.join(missing)} (an edit as on "
@@ -98,7 +102,7 @@ def _job(args: argparse.Namespace, log):
     return job_from_request(bundle, args.method or "rome", request,
                             paraphrases=[p.replace("{}", args.subject) for p in args.paraphrase],
                             neighbours=neighbours, hparams=args.hparams, overrides=parse_overrides(args.set),
-                            runtime=runtime, collateral_facts=args.facts)
+                            runtime=runtime, collateral_facts=args.facts, collateral_sources=args.facts_from)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ from editscope.run.runner import derived_seed, load_blocks
 from editscope.run.store import RESULTS, RUN_JSON, clean_metrics, read_json, read_results
 from editscope.run.suites import probe_cases
 from editscope.suites.base import Suite
-from editscope.suites.collateral import CollateralSuite
+from editscope.suites.collateral import SOURCES, CollateralSuite
 from editscope.suites.evk import EvkSuite
 from editscope.suites.known_facts import Fact
 from editscope.suites.one_to_n import OneToNSuite
@@ -74,7 +74,8 @@ class CardJob:
     row: dict[str, Any] | None = None  # the run's stored row of this case and method, when there is one
 
 
-def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int) -> dict[str, Suite]:
+def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int,
+            collateral_sources: Sequence[str] | None) -> dict[str, Suite]:
     """The card's suites beyond the run's: the ones whose edit is the case's own request (so the edit is the same)
     and whose data the case has."""
     out: dict[str, Suite] = {}
@@ -85,12 +86,13 @@ def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int) -> 
     if "one_to_n" not in present and len(case.valid_answers) > 1:
         out["one_to_n"] = OneToNSuite(edits="append")  # append: edits the case's request, like every other suite
     if "collateral" not in present:
-        out["collateral"] = CollateralSuite(facts=collateral_facts)
+        out["collateral"] = CollateralSuite(facts=collateral_facts, sources=collateral_sources or SOURCES)
     return out
 
 
 def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None, dataset: str | None = None,
-                 bundle: Bundle | None = None, collateral_facts: int = 500, log: Log | None = None) -> CardJob:
+                 bundle: Bundle | None = None, collateral_facts: int = 500,
+                 collateral_sources: Sequence[str] | None = None, log: Log | None = None) -> CardJob:
     """The edit of ``case_id`` in the run at ``run_dir`` (its config's model, method, hparams, plug-ins, runtime and
     seeds). ``method``/``dataset`` pick one when the run has several. Only ``mode: single`` runs replay exactly."""
     from editscope.edit.registry import get_editor
@@ -136,8 +138,9 @@ def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None
     runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{run_dir}: runtime")
     row = next((r for r in read_results(run_dir / RESULTS) if r["dataset"] == block.label
                 and r["case_id"] == case_id and r["method"] == method and not r.get("checkpoint")), None)
-    return CardJob(bundle, block.cases[index], block.label, dict(block.suites),
-                   _extras(block.cases[index], block.suites, collateral_facts), editor, hp, spec.attached_plugins(),
+    extras = _extras(block.cases[index], block.suites, collateral_facts, collateral_sources)
+    return CardJob(bundle, block.cases[index], block.label, dict(block.suites), extras, editor, hp,
+                   spec.attached_plugins(),
                    method, runtime, tuple(block.requests[index]), seed=config.seed, group=index,
                    source={"run": str(run_dir), "config_digest": meta.get("config_digest")}, row=row)
 
@@ -145,7 +148,8 @@ def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None
 def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, paraphrases: Sequence[str] = (),
                      neighbours: Sequence[tuple[str, str]] = (), hparams: str | None = None,
                      overrides: Mapping[str, Any] | None = None, plugins: Sequence = (), runtime: Any = None,
-                     collateral_facts: int = 500, seed: int = 0) -> CardJob:
+                     collateral_facts: int = 500, collateral_sources: Sequence[str] | None = None,
+                     seed: int = 0) -> CardJob:
     """An edit given as on ``editscope edit``: a one-request case measured by the CounterFact suite (its prompt,
     ``paraphrases`` and ``neighbours`` = ``(prompt, answer)``), plus the card's own suites."""
     from editscope.edit.registry import get_editor
@@ -159,7 +163,8 @@ def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, parap
     case = Case("edit", "cli", (request,), paraphrase_prompts=list(paraphrases), neighborhood=list(neighbours),
                 valid_answers=valid if request.correct_answers else [], hard_false=list(request.hard_false))
     suites: dict[str, Suite] = {"counterfact": CounterFactSuite()} if request.target_true else {}
-    return CardJob(bundle, case, "cli", suites, _extras(case, suites, collateral_facts), editor, hp, list(plugins),
+    extras = _extras(case, suites, collateral_facts, collateral_sources)
+    return CardJob(bundle, case, "cli", suites, extras, editor, hp, list(plugins),
                    editor.display(list(plugins)), runtime or EditRuntime.from_settings({}, where="card"),
                    (request,), seed=seed, source={"cli": True})
 
@@ -400,6 +405,50 @@ def write_card(card: dict[str, Any], html_path: str | Path, json_path: str | Pat
     return atomic_write_text(Path(html_path), render_card(card))
 
 
+def choose_cases(rows: Sequence[dict[str, Any]], *, n: int | None = None, ids: Sequence[str] = (),
+                 seed: int = 0) -> list[tuple[str, str]]:
+    """(dataset, case id) pairs of a run's rows for cards: a seeded sample of ``n`` cases (kept in run order) and the
+    cases named in ``ids`` (looked up in every dataset of the run)."""
+    import random
+
+    cases = list(dict.fromkeys((r["dataset"], str(r["case_id"])) for r in rows if not r.get("checkpoint")))
+    picked: set[int] = set()
+    if n is not None:
+        if n < 1:
+            raise EditscopeError(f"--cards {n}: expected N >= 1")
+        picked = set(random.Random(seed).sample(range(len(cases)), min(n, len(cases))))
+    for wanted in ids:
+        hits = {i for i, c in enumerate(cases) if c[1] == str(wanted)}
+        if not hits:
+            raise EditscopeError(f"--cards-for {wanted}: no such case in the run's results")
+        picked |= hits
+    return [c for i, c in enumerate(cases) if i in picked]
+
+
+def make_cards(run_dir: str | Path, out_dir: str | Path, *, n: int | None = None, ids: Sequence[str] = (),
+               seed: int = 0,
+               bundle: Bundle | None = None, progress: bool = True, trace: bool = False,
+               log: Log | None = None) -> dict[tuple[str, str, str], str]:
+    """Write the cards of the cases :func:`choose_cases` picks (``n`` sampled, ``ids`` named), every method of the run,
+    under ``out_dir/cards/``; returns (dataset, case id, method) -> path relative to ``out_dir`` (what
+    :func:`editscope.report.build.build_report` links). The model is loaded once."""
+    from editscope.run.config import NO_EDIT
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    rows = read_results(run_dir / RESULTS)
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != NO_EDIT))
+    links: dict[tuple[str, str, str], str] = {}
+    for dataset, case_id in choose_cases(rows, n=n, ids=ids, seed=seed):
+        for method in methods:
+            job = job_from_run(run_dir, case_id, method=method, dataset=dataset, bundle=bundle, log=log)
+            bundle = job.bundle
+            card = compute_card(job, trace=trace, progress=progress, log=log)
+            stem = card_stem(dataset, case_id, method)
+            write_card(card, out_dir / "cards" / f"{stem}.html", out_dir / "cards" / f"{stem}.json")
+            links[(dataset, case_id, method)] = f"cards/{stem}.html"
+    return links
+
+
 def _finite(value: Any) -> Any:
     """JSON without NaN/inf (undefined numbers become null)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -411,5 +460,5 @@ def _finite(value: Any) -> Any:
     return value
 
 
-__all__ = ["FORMAT", "CardJob", "Fact", "card_stem", "compute_card", "delta_stats", "job_from_request",
-           "job_from_run", "words", "write_card"]
+__all__ = ["FORMAT", "CardJob", "Fact", "card_stem", "choose_cases", "compute_card", "delta_stats",
+           "job_from_request", "job_from_run", "make_cards", "words", "write_card"]
