@@ -64,7 +64,7 @@ def na(text: str) -> str:
 def _scores_png(rows: list[dict[str, Any]]) -> bytes:
     from editscope.plotting import PALETTE, plt, png
 
-    labels = [f"{r['role'][:5]} {i}: {r['kind']}" for i, r in enumerate(rows)]
+    labels = [f"{r['role']} {r['kind']}: {r['text'][:16]}" for r in rows]
     fig, ax = plt.subplots(figsize=(6.5, 0.28 * len(rows) + 1.2))
     for y, r in enumerate(rows):
         color = PALETTE[0] if r["kind"] == "new" else PALETTE[1]
@@ -132,6 +132,7 @@ def _effect_png(pre: dict[str, Any] | None, post: dict[str, Any] | None, edited:
             ax.plot(range(len(effect)), effect, "o-", ms=3, color=PALETTE[i], label=tag)
     for layer in edited:
         ax.axvline(layer, color="#b00020", lw=0.8, ls="--")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("layer (dashed: edited)")
     ax.set_ylabel("MLP indirect effect")
     ax.legend()
