@@ -85,10 +85,10 @@ def test_card_equals_the_runners_row(tiny_run, method):
               for p, q in zip(probe_pre, probe_post, strict=True) for k, c in enumerate(p["candidates"])]
     shown = [(c["prompt"], c["text"], c["pre"], c["post"]) for c in card["suites"]["counterfact"]["candidates"]]
     assert shown == stored
-    assert card["collateral"]["flipped"] == row["metrics"]["collateral"]["Flipped"]
-    assert len(card["collateral"]["flipped_facts"]) == card["collateral"]["flipped"]
+    assert card["collateral_scan"]["flipped"] == row["metrics"]["collateral"]["Flipped"]
+    assert len(card["collateral_scan"]["flipped_facts"]) == card["collateral_scan"]["flipped"]
     # EVK curves are the row's EVK_ES_{drift}@σ values
-    curves = card["evk"]["curves"]
+    curves = card["evk_curves"]["curves"]
     assert dict(map(tuple, curves["subject drift"])) == {0.1: row["metrics"]["evk"]["EVK_ES_subject@0.1"],
                                                         0.3: row["metrics"]["evk"]["EVK_ES_subject"],
                                                         1.0: row["metrics"]["evk"]["EVK_ES_subject@1"]}
@@ -115,7 +115,7 @@ def test_card_equals_the_runners_row(tiny_run, method):
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1], validate=True)[:8] == b"\x89PNG\r\n\x1a\n"
     text = "".join(page.text)
-    col = card["collateral"]
+    col = card["collateral_scan"]
     assert f"{col['flipped']} of {col['counted']} facts" in text
     assert f"{row['metrics']['counterfact']['ES_post']:.3f}" in text
     assert json.loads((root / f"{method}.json").read_text())["suites"]["counterfact"]["metrics"] == \

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     stem = args.name or card_stem(job.dataset, job.case.case_id, job.label)
     page = write_card(card, out / f"{stem}.html", out / f"{stem}.json" if args.json else None)
-    col = card.get("collateral")
+    col = card.get("collateral_scan")
     if col:
         print(f"collateral: {col['flipped']} of {col['counted']} known facts flipped")
     print(f"card: {page} ({time.perf_counter() - t0:.1f} s)")

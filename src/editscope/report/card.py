@@ -43,10 +43,12 @@ from editscope.run.store import RESULTS, RUN_JSON, clean_metrics, read_json, rea
 from editscope.run.suites import probe_cases
 from editscope.suites.base import Suite
 from editscope.suites.collateral import SOURCES, CollateralSuite
+from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.evk import EvkSuite
 from editscope.suites.known_facts import Fact
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
+from editscope.suites.zsre import ZsreSuite
 
 FORMAT = "editscope-card-1"
 EVK_SIGMAS = (0.05, 0.1, 0.3, 0.6, 1.0)  # the card's σ sweep when the run measured no EVK itself
@@ -78,15 +80,34 @@ def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int,
             collateral_sources: Sequence[str] | None) -> dict[str, Suite]:
     """The card's suites beyond the run's: the ones whose edit is the case's own request (so the edit is the same)
     and whose data the case has."""
+    def has(kind: type) -> bool:
+        return any(isinstance(s, kind) for s in present.values())
+
     out: dict[str, Suite] = {}
-    if "evk" not in present:
-        out["evk"] = EvkSuite(sigma=0.3, sigmas=list(EVK_SIGMAS))
-    if "peak" not in present and case.valid_answers and case.hard_false:
-        out["peak"] = PeakSuite()
-    if "one_to_n" not in present and len(case.valid_answers) > 1:
-        out["one_to_n"] = OneToNSuite(edits="append")  # append: edits the case's request, like every other suite
-    if "collateral" not in present:
-        out["collateral"] = CollateralSuite(facts=collateral_facts, sources=collateral_sources or SOURCES)
+    if not has(EvkSuite):
+        out[EvkSuite.name] = EvkSuite(sigma=0.3, sigmas=list(EVK_SIGMAS))
+    if not has(PeakSuite) and case.valid_answers and case.hard_false:
+        out[PeakSuite.name] = PeakSuite()
+    if not has(OneToNSuite) and len(case.valid_answers) > 1:
+        out[OneToNSuite.name] = OneToNSuite(edits="append")  # append: edits the case's request, like the others
+    if not has(CollateralSuite):
+        out[CollateralSuite.name] = CollateralSuite(facts=collateral_facts, sources=collateral_sources or SOURCES)
+    return out
+
+
+#: which card section shows which suite's candidates (by class: the report names no suite)
+SECTION_OF: tuple[tuple[type, str], ...] = ((CounterFactSuite, "logprobs"), (ZsreSuite, "logprobs"),
+                                            (OneToNSuite, "siblings"), (PeakSuite, "peak-answers"),
+                                            (EvkSuite, "evk-stability"), (CollateralSuite, "collateral-damage"))
+
+
+def sections_of(suites: Mapping[str, Suite]) -> dict[str, str]:
+    """Card section -> the name of the (first) suite it shows."""
+    out: dict[str, str] = {}
+    for name, suite in suites.items():
+        for kind, section in SECTION_OF:
+            if isinstance(suite, kind):
+                out.setdefault(section, name)
     return out
 
 
@@ -154,15 +175,13 @@ def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, parap
     ``paraphrases`` and ``neighbours`` = ``(prompt, answer)``), plus the card's own suites."""
     from editscope.edit.registry import get_editor
     from editscope.edit.runtime import EditRuntime
-    from editscope.suites.counterfact import CounterFactSuite
-
     editor = get_editor(method)
     editor.check_model(bundle)
     hp = editor.load_hparams(bundle, hparams, dict(overrides) if overrides else None)
     valid = list(dict.fromkeys([*request.correct_answers] + ([request.target_true] if request.target_true else [])))
     case = Case("edit", "cli", (request,), paraphrase_prompts=list(paraphrases), neighborhood=list(neighbours),
                 valid_answers=valid if request.correct_answers else [], hard_false=list(request.hard_false))
-    suites: dict[str, Suite] = {"counterfact": CounterFactSuite()} if request.target_true else {}
+    suites: dict[str, Suite] = {CounterFactSuite.name: CounterFactSuite()} if request.target_true else {}
     extras = _extras(case, suites, collateral_facts, collateral_sources)
     return CardJob(bundle, case, "cli", suites, extras, editor, hp, list(plugins),
                    editor.display(list(plugins)), runtime or EditRuntime.from_settings({}, where="card"),
@@ -366,6 +385,7 @@ def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False
         "suites": {name: {"run_suite": name in job.suites, "protocol": s.protocol,
                           "declared": specs_to_json(s.declarations.specs), "metrics": metrics[name],
                           "candidates": _candidates(pre[name], post[name])} for name, s in suites.items()},
+        "sections": sections_of(suites),
         "generation": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(gen_prompts, pre_text, post_text,
                                                                               strict=True)],
         "delta": delta_stats(patch, bundle),
@@ -375,10 +395,10 @@ def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False
     if evk is not None:
         s = suites[evk]
         curves = s.stability_by_sigma([{"method": job.label, "metrics": {evk: metrics[evk]}}], [job.label])
-        card["evk"] = {"suite": evk, "sigma": s.sigma, "curves": {panel: [[p[0], p[1]] for p in points] for panel,
-                                                                  points in curves.get(job.label, {}).items()}}
+        card["evk_curves"] = {"suite": evk, "sigma": s.sigma, "curves": {
+            panel: [[p[0], p[1]] for p in points] for panel, points in curves.get(job.label, {}).items()}}
     if collateral is not None:
-        card["collateral"] = _collateral(collateral, engine, case, job.requests, pre_scan, post_scan, top)
+        card["collateral_scan"] = _collateral(collateral, engine, case, job.requests, pre_scan, post_scan, top)
     if trace:
         card["trace"] = {"pre": trace_pre, "post": trace_post}
     if job.row is not None:

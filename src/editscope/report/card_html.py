@@ -1,9 +1,10 @@
 """The edit card as one self-contained HTML page: tables, and figures embedded as base64 PNG data URIs.
 
 Sections (each an ``<section id=...>``, present on every card; one whose data the case lacks says so): ``request``,
-``scores`` (log-probs of target and true answer on the edit prompt, paraphrases and neighbours), ``generation``,
-``siblings`` (1-to-N), ``peak``, ``evk``, ``trace``, ``delta``, ``collateral`` and ``metrics`` (every suite's
-row, as the runner stores it)."""
+``logprobs`` (log-probs of target and true answer on the edit prompt, paraphrases and neighbours), ``generation``,
+``siblings`` (1-to-N), ``peak-answers``, ``evk-stability``, ``causal-trace``, ``delta-w``, ``collateral-damage`` and
+``metrics`` (every suite's row, as the runner stores it). Which suite feeds which section is the card's
+``sections`` entry (chosen by suite class), so this module names no suite."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any
 
 from editscope.report.build import CSS
 
-SECTIONS = ("request", "scores", "generation", "siblings", "peak", "evk", "trace", "delta", "collateral", "metrics")
+SECTIONS = ("request", "logprobs", "generation", "siblings", "peak-answers", "evk-stability", "causal-trace", "delta-w",
+            "collateral-damage", "metrics")
 _CARD_CSS = CSS + """.na{color:#888;font-style:italic}td.l,th.l{text-align:left;white-space:normal;max-width:38em}
 .up{color:#087f23}.down{color:#b00020}section{margin-bottom:2em}.gen td{white-space:pre-wrap;text-align:left}"""
 
@@ -196,7 +198,7 @@ _P_HEAD = ["P pre", "P post", "ΔP"]
 
 
 def _scores(card: dict[str, Any]) -> str:
-    name = next((n for n in ("counterfact", "zsre") if n in card["suites"]), None)
+    name = card["sections"].get("logprobs")
     if name is None:
         return na("no CounterFact/zsRE suite measured this case (the edit has no true answer to compare)")
     rows = card["suites"][name]["candidates"]
@@ -235,7 +237,7 @@ def _metric_table(suite: dict[str, Any], keep: Sequence[str] | None = None) -> s
 
 
 def _siblings(card: dict[str, Any]) -> str:
-    suite = card["suites"].get("one_to_n")
+    suite = card["suites"].get(card["sections"].get("siblings", ""))
     if suite is None:
         return na("the case has no 1-to-N answer list (siblings): not measured")
     rows = suite["candidates"]
@@ -245,7 +247,7 @@ def _siblings(card: dict[str, Any]) -> str:
 
 
 def _peak(card: dict[str, Any]) -> str:
-    suite = card["suites"].get("peak")
+    suite = card["suites"].get(card["sections"].get("peak-answers", ""))
     if suite is None:
         return na("the case has no PEAK answer lists (correct and hard false answers): not measured")
     rows = [r for r in suite["candidates"] if r["role"] != "neighborhood"]
@@ -255,7 +257,7 @@ def _peak(card: dict[str, Any]) -> str:
 
 
 def _evk(card: dict[str, Any]) -> str:
-    evk = card.get("evk")
+    evk = card.get("evk_curves")
     if not evk:
         return na("EVK not measured")
     sigmas = sorted({p[0] for points in evk["curves"].values() for p in points})
@@ -308,7 +310,7 @@ def _delta(card: dict[str, Any]) -> str:
 
 
 def _collateral(card: dict[str, Any]) -> str:
-    col = card.get("collateral")
+    col = card.get("collateral_scan")
     if not col:
         return na("collateral scan not run")
     head = (f"<p><b>{col['flipped']}</b> of {col['counted']} facts the unedited model answered top-1 no longer are "
@@ -351,12 +353,14 @@ def _metrics(card: dict[str, Any]) -> str:
     return "".join(out)
 
 
-_TITLES = {"request": "The edit", "scores": "Log-probs on the edit prompt, paraphrases and neighbours",
-           "generation": "Generations before and after", "siblings": "1-to-N siblings", "peak": "PEAK answers",
-           "evk": "EVK stability against σ", "trace": "Where the fact sits (causal trace)",
-           "delta": "ΔW", "collateral": "Collateral damage", "metrics": "Every suite's metrics"}
-_RENDER = {"request": _request, "scores": _scores, "generation": _generation, "siblings": _siblings, "peak": _peak,
-           "evk": _evk, "trace": _trace, "delta": _delta, "collateral": _collateral, "metrics": _metrics}
+_TITLES = {"request": "The edit", "logprobs": "Log-probs on the edit prompt, paraphrases and neighbours",
+           "generation": "Generations before and after", "siblings": "1-to-N siblings",
+           "peak-answers": "PEAK answers", "evk-stability": "EVK stability against σ",
+           "causal-trace": "Where the fact sits (causal trace)", "delta-w": "ΔW",
+           "collateral-damage": "Collateral damage", "metrics": "Every suite's metrics"}
+_RENDER = {"request": _request, "logprobs": _scores, "generation": _generation, "siblings": _siblings,
+           "peak-answers": _peak, "evk-stability": _evk, "causal-trace": _trace, "delta-w": _delta,
+           "collateral-damage": _collateral, "metrics": _metrics}
 
 
 def render_card(card: dict[str, Any]) -> str:
