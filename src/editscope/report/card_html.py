@@ -175,11 +175,29 @@ def _request(card: dict[str, Any]) -> str:
             ("method", f"{m['display']} (label {m['label']})"), ("case", f"{c['dataset']}: {c['case_id']}"),
             ("source", ", ".join(f"{k} {v}" for k, v in card["source"].items())),
             ("conventions", ", ".join(f"{k}={v}" for k, v in m["conventions"].items()) or "–"),
+            ("edit info", ", ".join(f"{k} {v}" for k, v in card.get("edit_info", {}).items()) or "–"),
             ("time", ", ".join(f"{k} {v:.1f} s" for k, v in card.get("timing", {}).items()))]
     meta = "<table class='meta'>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in info) + \
         "</table>"
     hp = "<details><summary>hyperparameters</summary><pre>" + esc(m["hparams"]) + "</pre></details>"
-    return meta + table(["edit prompt", "subject", "new target", "true answer"], rows, left=(0, 1, 2, 3)) + hp
+    head = ["edit prompt", "subject", "new target", "true answer"]
+    return meta + _glance(card) + table(head, rows, left=(0, 1, 2, 3)) + hp
+
+
+def _glance(card: dict[str, Any]) -> str:
+    """One line: the edit prompt's new-target log-prob pre -> post, the flip count, the largest relative ΔW."""
+    parts = []
+    rewrite = [c for c in card["suites"].get(card["sections"].get("logprobs", ""), {}).get("candidates", [])
+               if c["role"] == "rewrite"]
+    for c in rewrite:
+        parts.append(f"log P({c['text']}) {num(c['pre'], 2)} → {num(c['post'], 2)}")
+    col = card.get("collateral_scan")
+    if col:
+        parts.append(f"{col['flipped']} of {col['counted']} known facts flipped")
+    if card["delta"]:
+        biggest = max(card["delta"], key=lambda d: d["relative"] if d["relative"] == d["relative"] else -1)
+        parts.append(f"largest ‖ΔW‖/‖W‖ {num(biggest['relative'], 4)} ({biggest['name']})")
+    return f"<p><b>At a glance:</b> {esc('; '.join(parts))}</p>" if parts else ""
 
 
 def _cand_rows(rows: list[dict[str, Any]], with_p: bool = False) -> list[list[str]]:
