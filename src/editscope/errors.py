@@ -4,6 +4,9 @@
 class EditscopeError(Exception):
     """An error caused by the user's input or environment; the CLI prints it as one line, no traceback."""
 
+    #: the CLI's exit status when this error ends a command
+    exit_code: int = 1
+
 
 class DataError(EditscopeError, ValueError):
     """A malformed input record: message is ``file:record N: field X: what is wrong``."""

@@ -6,6 +6,7 @@ one request stopping early while the others go on."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -25,10 +26,11 @@ from editscope.edit.objective import (
     request_groups,
     setup_terms,
 )
-from editscope.edit.plugins import attach
+from editscope.edit.plugins.evk_align import EvkAlign, EvkAlignHParams
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks
+from tests.edit.l2_plugin import L2Term
 
 REQUESTS = [
     EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France"),
@@ -81,8 +83,9 @@ def _plain_loop(engine, ctx, terms, stop_loss: float) -> tuple[torch.Tensor, lis
 
 
 def _one_at_a_time(engine, templates, stop_loss: float, extra=()) -> list[tuple[torch.Tensor, list]]:
-    return [_plain_loop(engine, build_context(engine, r, templates, HOOK), default_terms(0.0625, 0.5) + list(extra),
-                        stop_loss) for r in REQUESTS]
+    terms = default_terms(0.0625, 0.5) + list(extra)
+    return [_plain_loop(engine, build_context(engine, r, templates, HOOK, terms=terms), terms, stop_loss)
+            for r in REQUESTS]
 
 
 def _settings(stop_loss: float) -> AdamSettings:
@@ -132,22 +135,52 @@ def test_request_groups_follow_token_budget_and_cap(tiny_bundles):
     assert request_groups(ctxs, 10_000, 1) == [[0], [1], [2]]
 
 
-def test_plugin_terms_run_one_request_at_a_time(tiny_bundles, monkeypatch):
-    """A plug-in term is outside BATCHED_TERMS: each request is a group of its own, equal to the plain loop."""
-    import tests.edit.l2_plugin  # noqa: F401  (registers "l2")
-    optimise_module = sys.modules["editscope.edit.objective.optimise"]  # the package's `optimise` is the function
+@dataclass
+class _UnbatchedL2(L2Term):
+    """The l2 term declared not batched (as a plug-in that runs forwards of its own would be)."""
 
-    engine, templates = _engine(tiny_bundles["llama"])
-    plugin = attach([("l2", {"weight": 0.01, "center": 0.1})])[0]
-    want = _one_at_a_time(engine, templates, 0.05, [plugin.term()])
-    sizes = []
+    batched: bool = False
+
+
+def _group_sizes(monkeypatch) -> list[int]:
+    optimise_module = sys.modules["editscope.edit.objective.optimise"]  # the package's `optimise` is the function
+    sizes: list[int] = []
     group = optimise_module._optimise_group
     monkeypatch.setattr(optimise_module, "_optimise_group", lambda c, *a: sizes.append(len(c)) or group(c, *a))
+    return sizes
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_plugin_terms_batch_as_declared(tiny_bundles, monkeypatch, batched):
+    """A plug-in term declared ``batched`` shares the requests' one forward per step; one that is not runs one
+    request at a time. Either way δ equals the plain loop's."""
+    engine, templates = _engine(tiny_bundles["llama"])
+    term = L2Term(0.01, 0.1) if batched else _UnbatchedL2(0.01, 0.1)
+    want = _one_at_a_time(engine, templates, 0.05, [term])
+    sizes = _group_sizes(monkeypatch)
     ctxs = [build_context(engine, r, templates, HOOK) for r in REQUESTS]
-    got = optimise(ctxs, [default_terms(0.0625, 0.5) + [plugin.term()] for _ in ctxs], _settings(0.05),
+    got = optimise(ctxs, [default_terms(0.0625, 0.5) + [term] for _ in ctxs], _settings(0.05),
                    token_budget=engine.token_budget)
-    assert sizes == [1, 1, 1]
+    assert sizes == ([3] if batched else [1, 1, 1])
     assert all(_rel(d, w) < 1e-5 for d, (w, _) in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize(("family", "path"), [("llama", "fast"), ("gpt2", "fast"), ("llama", "full")])
+def test_evk_align_batches_across_requests(tiny_bundles, monkeypatch, family, path):
+    """EVK-Align's perturbed copies are rows of the main batch: three requests optimise together in one forward
+    per step, each δ equal to its plain loop alone (the copies in the whole model's forward with δ hooked in)."""
+    engine, templates = _engine(tiny_bundles[family])
+    term = EvkAlign(EvkAlignHParams(sigma=0.5, lam=2.0, n=3, k1=5, k2=20, switch_step=3))
+    want = _one_at_a_time(engine, templates, -1.0, [term])
+    sizes = _group_sizes(monkeypatch)
+    terms = default_terms(0.0625, 0.5) + [term]
+    ctxs = [build_context(engine, r, templates, HOOK, forward=FORWARDS[path], terms=terms) for r in REQUESTS]
+    got = optimise(ctxs, [terms for _ in ctxs], _settings(-1.0), token_budget=engine.token_budget)
+    assert sizes == [3]
+    for (delta, history), d, ctx in zip(want, got, ctxs, strict=True):
+        assert _rel(d, delta) < 1e-5
+        assert [sum(h.values()) for h in ctx.store["losses"]] == pytest.approx(history, rel=1e-5)
+        assert max(h["evk_align"] for h in ctx.store["losses"]) > 1e-4  # the term acted
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

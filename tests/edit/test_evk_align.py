@@ -7,12 +7,15 @@ import math
 import pytest
 import torch
 
+from editscope.edit.context import subject_last_token_index
 from editscope.edit.objective import VStep, build_context
 from editscope.edit.plugins import PLUGINS, get_plugin
 from editscope.edit.plugins.evk_align import EvkAlign, EvkAlignHParams, topk_kl
 from editscope.edit.registry import get_editor
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
+from editscope.lm.hooks import hooks
+from editscope.lm.scorer import ScoreRequest
 
 
 def test_topk_kl_hand_computation():
@@ -52,10 +55,30 @@ def ctx_and_term(tiny_bundles):
 
     engine = ScoringEngine(tiny_bundles["llama"])
     request = EditRequest("The mother tongue of {} is", "Danielle Darrieux", "English", "French")
-    ctx = build_context(engine, request, ["{}"], "blocks.1.mlp_out")
     term = EvkAlign(EvkAlignHParams(sigma=0.3, lam=2.0, n=4, k1=3, k2=7, switch_step=1))
+    ctx = build_context(engine, request, ["{}"], "blocks.1.mlp_out", terms=[term])
     term.setup(ctx)
     return ctx, term
+
+
+def _copies_logprobs(ctx, term, delta: torch.Tensor) -> torch.Tensor:
+    """The N copies' next-token log-probs with δ, computed apart from the main batch: their own batch, the whole
+    model with a hook adding δ at the subject's last token, read after the prompt."""
+    engine, request = ctx.engine, ctx.request
+    _, embeds = term.copies(engine, request)
+    text = request.prompt.replace("{}", request.subject)
+    batch = engine.prepare([ScoreRequest(text, request.target_new, e) for e in embeds])
+    position = subject_last_token_index(engine, request.prompt, request.subject)
+
+    def add(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[:, position] += delta
+        return x
+
+    with torch.no_grad(), hooks(engine.model, engine.arch, {ctx.hook_point: add}):
+        hidden = engine.batch_hidden(batch)
+    read = torch.tensor([n - 1 for n in batch.context_lengths])
+    return engine.logits_from_hidden(hidden[torch.arange(len(embeds)), read]).double().log_softmax(-1)
 
 
 def test_identity_edit_gives_zero_and_a_real_delta_gives_the_hand_kl(ctx_and_term):
@@ -65,12 +88,14 @@ def test_identity_edit_gives_zero_and_a_real_delta_gives_the_hand_kl(ctx_and_ter
     zero = torch.zeros(ctx.v_init.shape[0])
     hidden = ctx.run(ctx.batch, ctx.subject_positions, zero)
     copies.calls = 0
-    assert float(term(VStep(ctx, zero, hidden))) == 0.0
+    assert abs(float(term(VStep(ctx, zero, hidden)))) < 1e-9  # p_θ is read off the unedited forward
     # a non-zero δ: λ · mean_i KL over TopK(p_pre) with k2 = 7 (second call, past switch_step = 1)
     delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(0))
+    hidden = ctx.run(ctx.batch, ctx.subject_positions, delta)
     got = float(term(VStep(ctx, delta, hidden)))
-    post = term._logprobs(ctx, copies.batch, copies.positions, copies.read, delta).double()
-    pre = copies.pre.double()
+    post = _copies_logprobs(ctx, term, delta)
+    pre = _copies_logprobs(ctx, term, torch.zeros_like(delta))
+    assert copies.pre.double().numpy() == pytest.approx(pre.numpy(), abs=1e-4)
     want = 0.0
     for r in range(4):
         idx = pre[r].topk(7).indices
@@ -83,7 +108,7 @@ def test_identity_edit_gives_zero_and_a_real_delta_gives_the_hand_kl(ctx_and_ter
 
 def test_copies_are_the_seeded_evk_instances(ctx_and_term):
     ctx, term = ctx_and_term
-    drifts, embeds = term.copies(ctx)
+    drifts, embeds = term.copies(ctx.engine, ctx.request)
     assert drifts == ctx.store[term.name].drifts  # same seed -> same copies
     clean = ctx.engine.embed(ctx.request.text)
     assert any(not torch.equal(e, clean) for e in embeds)

@@ -47,3 +47,49 @@ def test_bootstrap_aggregate_is_seeded_and_brackets_the_value():
     assert bootstrap_aggregate(cols, spec) == (value, lo, hi)
     one = bootstrap_aggregate(cols[:1], spec)
     assert math.isnan(one[1]) and math.isnan(one[2])
+
+
+def test_paired_mean_ci_is_t_interval_of_differences_over_complete_pairs():
+    from editscope.metrics.intervals import paired_mean_ci
+
+    a = [0.9, 0.8, math.nan, 1.0, 0.7, 0.95]
+    b = [0.5, 0.6, 0.2, None, 0.4, 0.5]
+    d = np.array([0.4, 0.2, 0.3, 0.45])  # by hand: pairs 0, 1, 4, 5 (pair 2 lacks a, pair 3 lacks b)
+    half = st.t.ppf(0.975, 3) * d.std(ddof=1) / math.sqrt(4)
+    mean, lo, hi, n = paired_mean_ci(a, b)
+    assert n == 4 and mean == pytest.approx(d.mean())
+    assert (lo, hi) == pytest.approx((d.mean() - half, d.mean() + half))
+    with pytest.raises(ValueError, match="3 values against 2"):
+        paired_mean_ci([1, 2, 3], [1, 2])
+
+
+def test_paired_bootstrap_aggregate_equals_a_naive_loop_over_shared_resamples():
+    from editscope.metrics.intervals import paired_bootstrap_aggregate
+    from editscope.metrics.registry import harmonic_mean
+
+    spec = MetricSpec("Score", "002", "app C", True, aggregate=hmean_of(["ES", "PS"]))
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 2, size=(12, 2)).astype(float)
+    b = rng.integers(0, 2, size=(12, 2)).astype(float)
+    a[4, 1] = np.nan  # no PS for case 4 after the edit: left out of that component's mean only
+    value, lo, hi = paired_bootstrap_aggregate(a, b, spec, n_boot=200, seed=7)
+
+    def score(x):
+        return harmonic_mean([np.nanmean(x[:, k]) for k in range(x.shape[1])])
+
+    assert value == pytest.approx(score(a) - score(b))
+    idx = np.random.default_rng(7).integers(0, 12, size=(200, 12))
+    diffs = np.array([score(a[i]) - score(b[i]) for i in idx])  # one resample of the cases for both
+    diffs = diffs[np.isfinite(diffs)]
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])))
+
+
+def test_clip_interval_cuts_to_range_and_keeps_nan():
+    from editscope.metrics.intervals import clip_interval
+
+    assert clip_interval(-0.1, 1.2, (0.0, 1.0)) == (0.0, 1.0)
+    assert clip_interval(0.2, 0.3, (0.0, 1.0)) == (0.2, 0.3)
+    assert clip_interval(3.0, 50.0, (1.0, math.inf)) == (3.0, 50.0)
+    lo, hi = clip_interval(math.nan, math.nan, (0.0, 1.0))
+    assert math.isnan(lo) and math.isnan(hi)
+    assert clip_interval(-5.0, 5.0, None) == (-5.0, 5.0)

@@ -1,24 +1,34 @@
 """The shipped lifelong config (paper 004 Table 1's protocol) end to end on tiny-llama with 3 sequential batches of 4:
 every checkpoint re-probes every case edited so far, the general suite's numbers are the model's (one value per
-checkpoint), and the report draws the curves against the number of edits."""
+checkpoint), and the report draws the curves against the number of edits. A chain killed after its round-2
+checkpoint resumes there and gives the rows of an uninterrupted run."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import numpy as np
 import pytest
 import yaml
 
+from editscope.edit.patch import tensor_checksum
+from editscope.errors import EditscopeError
 from editscope.paths import configs_dir
 from editscope.report import build_report
 from editscope.run import Runner, parse_config, read_results
+from editscope.run.chain import CHAINS_DIR, ChainCheckpoint, chain_path
+from editscope.run.runner import timing_free
 from editscope.run.summary import retention
 
 BATCH, ROUNDS = 4, 3
 
 
-def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tmp_path):
+def lifelong_data(methods: list | None = None, **changes) -> dict:
+    """The shipped lifelong config on tiny-llama, 3 rounds of 4 (``methods``: the config's, v*/z in 2 steps)."""
     data = yaml.safe_load((configs_dir() / "experiments" / "lifelong-counterfact.yaml").read_text())
     assert data["mode"] == {"sequential_batches": {"batch": 100, "rounds": 10, "checkpoints": 1}}
-    methods = data["methods"]
+    methods = data["methods"] if methods is None else methods
     data.update(model="tiny-llama", mode={"sequential_batches": {"batch": BATCH, "rounds": ROUNDS, "checkpoints": 1}},
                 methods=[m if m == "ft" else {"name": m, "overrides": {"v_steps": 2}} for m in methods])
     block = data["datasets"][0]
@@ -26,6 +36,12 @@ def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tm
     block["suites"] = [s if s != "general" else {"name": "general", "options": {
         "text_tokens": 200, "row_tokens": 64, "fact_pool": 40, "generation_prompts": 2, "generation_tokens": 6}}
         for s in block["suites"]]
+    return data | changes
+
+
+def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tmp_path):
+    data = lifelong_data()
+    methods = yaml.safe_load((configs_dir() / "experiments" / "lifelong-counterfact.yaml").read_text())["methods"]
     config = parse_config(data)
     Runner(config, out_dir=tmp_path / "run", bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
     rows = read_results(tmp_path / "run" / "results.jsonl")
@@ -61,3 +77,132 @@ def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tm
     figures = tmp_path / "run" / "figures"
     assert (figures / "retention-counterfact-counterfact.png").is_file()
     assert not (figures / "retention-counterfact-general.png").exists()  # the model-level suite: nothing to retain
+
+
+class Kill(Exception):
+    pass
+
+
+def close(a, b) -> bool:
+    """Equal JSON trees, floats to 1e-6."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        return bool(np.isclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=True))
+    return a == b
+
+
+RESUMED = ["memit", "alphaedit", "prune"]  # AlphaEdit carries K_p K_pᵀ, PRUNE the accumulated ΔW
+
+
+def test_lifelong_chains_resume_at_their_last_checkpoint(tiny_bundles, tmp_path):
+    """Each method's chain is killed once, at its first final row (round 3 edited, the round-2 checkpoint on disk);
+    each rerun resumes that chain after round 2 and the rows, in order, equal an uninterrupted run's."""
+    bundle = tiny_bundles["llama"]
+    weights = {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()}
+    config = parse_config(lifelong_data(RESUMED))
+
+    def run(out, **kw):
+        return Runner(config, out_dir=out, bundle=bundle, progress=False, **kw).run()
+
+    want = read_results(run(tmp_path / "whole", log=lambda _m: None).out_dir / "results.jsonl")
+    assert not (tmp_path / "whole" / CHAINS_DIR).exists()  # a finished run leaves no chain state on disk
+    out = tmp_path / "killed"
+    for k, method in enumerate([*RESUMED, None]):
+        logs: list[str] = []
+
+        def kill(row, method=method):
+            if row["method"] == method and not row["checkpoint"]:
+                path = chain_path(out, "counterfact", 0, method)
+                assert sorted((out / CHAINS_DIR).iterdir()) == [path]  # one file: the latest state of this chain
+                ckpt = ChainCheckpoint.load(path)
+                assert (ckpt.round, ckpt.edits_applied, len(ckpt.meta["rounds"])) == (2, 8, 2)
+                assert ckpt.meta["state_class"] == {"memit": "NoState", "alphaedit": "AlphaEditState",
+                                                    "prune": "PruneState"}[method]
+                assert ckpt.state_tensors or method == "memit"
+                raise Kill
+
+        if method is None:
+            run(out, log=logs.append)
+        else:
+            with pytest.raises(Kill):
+                run(out, on_row=kill, log=logs.append)
+        assert {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()} == weights
+        if k == 1:  # a resume under other runtime settings is refused before any work
+            other = parse_config(lifelong_data(RESUMED, runtime={"forward": "full"}))
+            with pytest.raises(EditscopeError, match="runtime forward=fast"):
+                Runner(other, out_dir=out, bundle=bundle, progress=False, log=lambda _m: None).run()
+        resumed = [m for m in logs if m.startswith("resuming chain")]
+        if k:  # the chain killed by the run before continues after its round-2 checkpoint, once
+            assert len(resumed) == 1 and f"method {RESUMED[k - 1]} after round 2 (8 edits)" in resumed[0], logs
+        else:
+            assert resumed == []
+    got = read_results(out / "results.jsonl")
+    assert len(got) == len(want) == len(RESUMED) * (4 + 8 + 12)  # no row lost, none twice
+    assert [r["method"] for r in got] == [r["method"] for r in want]
+    assert [(r["case_id"], r["edits_applied"]) for r in got] == [(r["case_id"], r["edits_applied"]) for r in want]
+    for a, b in zip(got, want, strict=True):
+        assert close(timing_free(a), timing_free(b)), (a["method"], a["case_id"], a["edits_applied"])
+    assert not (out / CHAINS_DIR).exists()
+
+
+def test_a_chain_checkpoint_of_another_config_is_refused(tiny_bundles, tmp_path):
+    """A chain file written under one config does not continue a run of another (here: another seed)."""
+    bundle = tiny_bundles["llama"]
+    config = parse_config(lifelong_data(["memit"]))
+
+    def kill(row):
+        if row["edits_applied"] == 8:  # the round-1 checkpoint file is on disk
+            raise Kill
+
+    with pytest.raises(Kill):
+        Runner(config, out_dir=tmp_path / "a", bundle=bundle, progress=False, on_row=kill, log=lambda _m: None).run()
+    assert ChainCheckpoint.load(chain_path(tmp_path / "a", "counterfact", 0, "memit")).round == 1
+    shutil.copytree(tmp_path / "a" / CHAINS_DIR, tmp_path / "b" / CHAINS_DIR)
+    other = parse_config(lifelong_data(["memit"], seed=1))
+    with pytest.raises(EditscopeError, match="another config.*config_digest"):
+        Runner(other, out_dir=tmp_path / "b", bundle=bundle, progress=False, log=lambda _m: None).run()
+
+
+KILLER = """
+import os, signal, sys
+from editscope.run import Runner, parse_config
+data = {data!r}
+
+def kill(row):
+    if not row["checkpoint"]:  # the round-2 checkpoint is on disk, round 3 edited: SIGKILL, no clean-up
+        os.kill(os.getpid(), signal.SIGKILL)
+
+Runner(parse_config(data), out_dir=sys.argv[1], progress=False, on_row=kill, log=lambda _m: None).run()
+"""
+
+
+def test_a_sigkilled_chain_resumes_at_its_last_checkpoint(tiny_bundles, tmp_path):
+    """A real SIGKILL (in a subprocess) after the round-2 checkpoint: the rerun resumes there, and the rows equal an
+    uninterrupted run's; the finished run leaves no chain file behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = lifelong_data(["alphaedit"])
+    data["datasets"][0]["suites"] = ["counterfact"]
+    src = str(Path(__file__).resolve().parents[2] / "src")  # this checkout's package
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", KILLER.format(data=data), str(tmp_path / "killed")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert ChainCheckpoint.load(chain_path(tmp_path / "killed", "counterfact", 0, "alphaedit")).round == 2
+    config, bundle = parse_config(data), tiny_bundles["llama"]
+    logs: list[str] = []
+    result = Runner(config, out_dir=tmp_path / "killed", bundle=bundle, progress=False, log=logs.append).run()
+    assert any("method alphaedit after round 2 (8 edits)" in m for m in logs), logs
+    assert (result.skipped, result.written) == (4 + 8 + 1, 11)  # the row on_row saw was written before the kill
+    want = read_results(Runner(config, out_dir=tmp_path / "whole", bundle=bundle, progress=False,
+                               log=lambda _m: None).run().out_dir / "results.jsonl")
+    got = read_results(tmp_path / "killed" / "results.jsonl")
+    assert len(got) == len(want) == 4 + 8 + 12
+    assert all(close(timing_free(a), timing_free(b)) for a, b in zip(got, want, strict=True))
+    assert not (tmp_path / "killed" / CHAINS_DIR).exists()

@@ -190,20 +190,21 @@ def test_report_draws_metric_vs_edits(seq_run):
 
 
 def test_sequential_run_folds_its_chain_and_saves_each_patch_first(tmp_path, tiny_llama, monkeypatch):
-    """In a chain each patch is saved, then folded (no ΔW kept per edit, one original per
-    parameter); the saved patches still apply in order on the loaded weights and revert bit-exactly."""
+    """In a chain each patch is saved, then folded (no ΔW kept per edit, one original per parameter, and the bundle
+    holds one entry for the whole folded chain, not one per patch); the saved patches still apply in order on the
+    loaded weights and revert bit-exactly."""
     from editscope.edit.patch import Patch
     from editscope.lm.bundle import Bundle
 
     held = []
     fold = Bundle.fold
 
-    def watched(self, patch):
+    def watched(self, patch, digests=None):
         assert patch.bases and "vectors" in patch.info  # what an editor's patch carries before it is folded
-        fold(self, patch)
-        held.append((len(self._originals), sum(p.revert_bytes for p in self.applied),
-                     sum(d.numel() for p in self.applied for d in p.deltas.values() if not d.is_meta),
-                     sum(bool(p.bases) or "vectors" in p.info for p in self.applied)))
+        fold(self, patch, digests)
+        held.append((len(self._originals), len(self.applied), self.applied[0].count, patch.revert_bytes,
+                     sum(d.numel() for d in patch.deltas.values() if not d.is_meta),
+                     bool(patch.bases) or "vectors" in patch.info))
 
     monkeypatch.setattr(Bundle, "fold", watched)
     before = weights(tiny_llama)
@@ -211,8 +212,8 @@ def test_sequential_run_folds_its_chain_and_saves_each_patch_first(tmp_path, tin
                  methods=[{"name": "rome", "overrides": {"v_steps": 2}}])
     assert run_into(tmp_path, tiny_llama, config).written == 3
     assert weights(tiny_llama) == before
-    # ROME edits one matrix: one original; no patch keeps ΔW, revert entries, base weights or vectors
-    assert held == [(1, 0, 0, 0)] * 3
+    # ROME edits one matrix: one original; one entry for the chain; no patch keeps ΔW, revert entries, bases, vectors
+    assert held == [(1, 1, k + 1, 0, 0, False) for k in range(3)]
     files = sorted((tmp_path / "patches" / "rome").glob("*.safetensors"))
     assert [f.name for f in files] == [f"counterfact-g00000-{k}.safetensors" for k in range(3)]
     patches = [Patch.load(f) for f in files]

@@ -1,14 +1,23 @@
-"""``--executor ray``: a local Ray cluster (num_cpus=2) with two actors writes the same rows as the in-process
-run (timings aside), in the same order, and a rerun resumes with nothing left to do."""
+"""``--executor ray`` on one local Ray cluster (num_cpus=2, shared by the tests of this module; actors start in
+~10 s each here, so the tests are few): two actors write the same rows as the in-process run (timings aside), in
+the same order, also when one of them is killed while it runs a group (the group is run again on the other), and a
+rerun resumes with nothing left to do; when every worker is killed the CLI stops with one line naming the command
+that resumes (exit 2), the finished rows are kept, and that command (without killing) finishes the run with the
+in-process run's rows."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
+from editscope.cli import main
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.runner import timing_free
+from editscope.run.store import read_json
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -18,31 +27,95 @@ CONFIG = {"model": "tiny-llama", "seed": 0, "output": "unused", "save_patches": 
           "dataset": "counterfact", "slice": {"offset": 0, "limit": 4}, "suites": ["counterfact"]}
 
 
-def test_ray_rows_equal_in_process(tmp_path, tiny_llama):
-    from editscope.run.ray_executor import RayRunner
+@pytest.fixture(scope="module")
+def cluster():
+    """One local cluster for the module (start-up costs 10-20 s); RayRunner uses it as it is already running."""
+    from editscope.run.ray_executor import AGENT_TIMEOUT_MS
 
-    config = parse_config(CONFIG)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _system_config={"agent_register_timeout_ms": AGENT_TIMEOUT_MS})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_dir(tmp_path_factory, tiny_llama):
+    """The in-process run the Ray runs must equal."""
+    out = tmp_path_factory.mktemp("local")
     # the workers run 1 torch thread each (threads_per_worker); a matmul's rounding depends on the thread count,
     # so the in-process reference runs with 1 thread too, or rows differ in the last bits
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        Runner(config, out_dir=tmp_path / "local", bundle=tiny_llama, progress=False).run()
+        Runner(parse_config(CONFIG), out_dir=out, bundle=tiny_llama, progress=False).run()
     finally:
         torch.set_num_threads(threads)
-    try:
-        result = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False).run()
-        again = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False).run()
-    finally:
-        ray.shutdown()
-    local = [timing_free(r) for r in read_results(tmp_path / "local" / "results.jsonl")]
-    remote = [timing_free(r) for r in read_results(tmp_path / "ray" / "results.jsonl")]
-    assert result.written == len(local) == 4 and again.written == 0
-    assert remote == local
-    # the actors save their patches into the run's folder, as the in-process run does
-    saved = {d: sorted(p.relative_to(tmp_path / d) for p in (tmp_path / d / "patches").rglob("*.safetensors"))
-             for d in ("local", "ray")}
-    assert len(saved["local"]) == 4 and saved["ray"] == saved["local"]
-    for rel in saved["local"]:
-        here, there = load_file(tmp_path / "local" / rel), load_file(tmp_path / "ray" / rel)
+    return out
+
+
+def _rows(out_dir) -> list[dict]:
+    return [timing_free(r) for r in read_results(out_dir / "results.jsonl")]
+
+
+def test_a_killed_worker_s_group_runs_on_the_other(tmp_path, cluster, local_dir):
+    """Rows and saved patches equal the in-process run's, in the same order, although the actor given the first
+    group is killed at once; a rerun finds nothing left to do."""
+    from editscope.run.ray_executor import RayRunner
+
+    killed: list[int] = []
+    messages: list[str] = []
+
+    def kill_first(actor, task: int) -> None:  # the driver kills the actor it just handed the first group to
+        if not killed:
+            ray.kill(actor)
+            killed.append(task)
+
+    config = parse_config(CONFIG)
+    result = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False, on_dispatch=kill_first,
+                       log=messages.append).run()
+    assert killed == [0]
+    retried = [m for m in messages if "died running" in m]
+    assert len(retried) == 1 and "group 0 " in retried[0] and "(1 left)" in retried[0], messages
+    local = _rows(local_dir)
+    assert result.written == len(local) == 4 and _rows(tmp_path / "ray") == local
+    assert read_json(tmp_path / "ray" / "run.json")["status"] == "complete"
+    again = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False).run()
+    assert again.written == 0
+    # the actors save their patches into the run's folder, as the in-process run does (the retried group's too)
+    saved = {d: sorted(p.relative_to(d) for p in (d / "patches").rglob("*.safetensors"))
+             for d in (local_dir, tmp_path / "ray")}
+    assert len(saved[local_dir]) == 4 and saved[tmp_path / "ray"] == saved[local_dir]
+    for rel in saved[local_dir]:
+        here, there = load_file(local_dir / rel), load_file(tmp_path / "ray" / rel)
         assert here.keys() == there.keys() and all(torch.equal(here[k], there[k]) for k in here)
+
+
+def test_no_worker_left_stops_in_one_line_and_the_rerun_resumes(tmp_path, cluster, local_dir, monkeypatch, capsys):
+    from editscope.run.ray_executor import RayRunner
+
+    out = tmp_path / "out"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(CONFIG | {"output": str(out)}))
+
+    def kill_from_the_third(actor, task: int) -> None:  # groups 0 and 1 finish; every actor given a later one dies
+        if task >= 2:
+            ray.kill(actor)
+
+    monkeypatch.setattr(RayRunner, "on_dispatch", staticmethod(kill_from_the_third))
+    capsys.readouterr()
+    assert main(["run", str(config), "--executor", "ray", "--workers", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("editscope: error: no Ray worker is left (2 of 2 died); 2 of 4 groups finished"), line
+    kept = _rows(out)
+    local = _rows(local_dir)
+    assert kept == local[:2]  # the finished groups' rows are kept
+    assert read_json(out / "run.json")["status"] == "interrupted"
+
+    rerun = shlex.split(line.split("rerun to resume: ", 1)[1])
+    assert rerun[:3] == ["editscope", "run", str(config)]
+    monkeypatch.setattr(RayRunner, "on_dispatch", None)
+    assert main(rerun[1:]) == 0
+    assert _rows(out) == local
+    assert "2 rows written, 2 already done" in capsys.readouterr().out

@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="also print N greedy tokens after the edit prompt (and each --check prompt) before and "
                         "after the edit")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--chat-template", action="store_true",
+                        help="show every prompt (the edit prompt, with ROME/MEMIT's context prefixes inside the turn, "
+                        "and each --check prompt) as a user turn of the tokenizer's chat template; answers start the "
+                        "assistant's turn (instruct models)")
     add_device_arguments(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     bundle = load(args.model, device=args.device, dtype=args.dtype)
     editor.check_model(bundle)
     hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
-    engine = ScoringEngine(bundle)
+    engine = ScoringEngine(bundle, chat_template=args.chat_template)
     runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
     pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
@@ -131,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         "seconds": seconds,
         "patch": args.save_patch,
     }
+    if engine.prompt_format:  # prompts were wrapped in the chat template
+        result["prompt_format"] = engine.prompt_format
     if args.generate:  # greedy continuations, before and after
         result["generation"] = [{"prompt": p, "pre": a, "post": b}
                                 for p, a, b in zip(prompts, pre_text, post_text, strict=True)]

@@ -1,4 +1,5 @@
-"""``editscope report RUN_DIR [RUN_DIR ...] [--out DIR]``: HTML + Markdown report of one or more runs."""
+"""``editscope report RUN_DIR [RUN_DIR ...] [--out DIR] [--baseline METHOD]``: HTML + Markdown report of one or
+more runs, with ``tables.tex`` (booktabs tabulars of the pivot and every compact table) beside it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ from editscope.ranges import option
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "report",
-        help="write report.html (self-contained) and report.md for one or more run directories",
-        description="Summaries per suite and method (mean with 95%% CI), a bar chart per metric, the 1-to-N answer "
-        "distribution of a sampled case against its gold distribution, and the probability shift of correct vs "
+        help="write report.html (self-contained), report.md and tables.tex for one or more run directories",
+        description="A pivot of every method against every headline metric (best bold; paired differences against a "
+        "baseline with 95%% intervals, † where the interval excludes 0), summaries per suite and method (mean with "
+        "95%% CI), a bar chart per metric, the 1-to-N answer distribution of a sampled case against its gold "
+        "distribution, and the probability shift of correct vs "
         "false answers (PEAK).",
     )
     parser.add_argument("runs", metavar="RUN_DIR", nargs="+", help="run output directories")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default: the first RUN_DIR)")
+    parser.add_argument("--baseline", metavar="METHOD",
+                        help="method the pivot table's paired differences are taken against (default: the unedited "
+                        "model, i.e. each metric's value before the edit)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled case study (default: 0)")
     parser.add_argument("--cards", type=option(int, "[1, inf)"), metavar="N", default=None,
                         help="also write the edit cards (editscope inspect) of N cases of the first RUN_DIR sampled "
@@ -27,19 +33,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import sys
     from pathlib import Path
 
     from editscope.report import build_report
+    from editscope.report.build import TABLES_TEX
+    from editscope.report.pivot import BaselineError
 
     cards = None
     if args.cards is not None or args.cards_for:
-        import sys
-
         from editscope.report.card import make_cards
 
         cards = make_cards(args.runs[0], Path(args.out or args.runs[0]), n=args.cards, ids=args.cards_for,
                            seed=args.seed, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    html_path, md_path = build_report(args.runs, args.out, seed=args.seed, cards=cards)
+    try:
+        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline, cards=cards)
+    except BaselineError as exc:  # a bad argument, as argparse's own errors: status 2
+        print(f"editscope report: error: {exc}", file=sys.stderr)
+        return 2
     print(f"report: {html_path}")
     print(f"markdown: {md_path}")
+    print(f"latex: {html_path.parent / TABLES_TEX}")
+    print(f"baseline of the paired differences: {args.baseline or 'unedited (each metric before the edit)'}")
     return 0

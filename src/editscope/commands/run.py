@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'editscope[ray]')")
     parser.add_argument("--workers", type=int, default=2, help="Ray actors (--executor ray)")
     parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
+    parser.add_argument("--chat-template", action="store_true",
+                        help="wrap prompts in the tokenizer's chat template (instruct models; as the config's "
+                        "chat_template: true, part of the config digest)")
     parser.set_defaults(func=_run)
 
 
@@ -46,6 +49,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.device is not None or args.dtype is not None:  # the flags win over the config's keys (Ray actors too)
         config = dataclasses.replace(config, device=args.device or config.device, dtype=args.dtype or config.dtype)
+    if args.chat_template:
+        config = dataclasses.replace(config, chat_template=True)
     given = {k: v for k, v in runtime_settings(args).items() if v is not None}
     if given:  # the flags win over the config's runtime settings
         from editscope.edit.runtime import EditRuntime
@@ -56,9 +61,12 @@ def _run(args: argparse.Namespace) -> int:
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
                   progress=not args.no_progress, repair=args.repair)
     if args.executor == "ray":
+        import shlex
+
         from editscope.run.ray_executor import RayRunner
 
-        result = RayRunner(config, workers=args.workers, address=args.address, **kwargs).run()
+        rerun = shlex.join(["editscope", *args.argv])  # the same command resumes (see cli.main)
+        result = RayRunner(config, workers=args.workers, address=args.address, rerun=rerun, **kwargs).run()
     else:
         result = Runner(config, **kwargs).run()
     print(f"{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "

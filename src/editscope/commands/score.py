@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--candidates", nargs="+", required=True, help="continuations to score")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list of {candidate, n_tokens, logprob_sum, logprob_mean, rank}")
+    parser.add_argument("--chat-template", action="store_true",
+                        help="show the prompt as a user turn of the tokenizer's chat template (instruct models); the "
+                        "candidates start the assistant's answer")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from editscope.lm.engine import ScoringEngine
 
     bundle = load(args.model, device=args.device, dtype=args.dtype)
-    scores = ScoringEngine(bundle).score([(args.prompt, c) for c in args.candidates])
+    scores = ScoringEngine(bundle, chat_template=args.chat_template).score([(args.prompt, c) for c in args.candidates])
     rows = [
         {"candidate": c, "n_tokens": s.n_tokens, "logprob_sum": s.sum, "logprob_mean": s.mean}
         for c, s in zip(args.candidates, scores, strict=True)

@@ -13,8 +13,9 @@ which the caller owns). Δᵀ lies in the range of P, so Δ k = 0 for every k wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,7 +24,8 @@ from editscope.edit.hparams import VStarHParams
 from editscope.edit.memit import spread_over_layers
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
-from editscope.edit.state import EditState
+from editscope.edit.state import EditState, expect_keys, meta_field
+from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
@@ -54,6 +56,26 @@ class AlphaEditState(EditState):
         single edits without recomputing the SVDs."""
         return AlphaEditState(dict(self.projections), {la: torch.zeros_like(c) for la, c in self.cache_c.items()},
                               dict(self.null_dims), 0)
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Per layer P (``projection.L``) and K_p K_pᵀ (``cache_c.L``); metadata: null-space sizes, edits so far.
+        P is saved rather than recomputed so a resumed chain uses the very same projector."""
+        tensors = {f"projection.{la}": p for la, p in self.projections.items()}
+        tensors |= {f"cache_c.{la}": c for la, c in self.cache_c.items()}
+        return tensors, {"null_dims": {str(la): n for la, n in self.null_dims.items()}, "n_edits": self.n_edits}
+
+    @classmethod
+    def from_state_dict(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any],
+                        where: str) -> AlphaEditState:
+        dims = meta_field(meta, "null_dims", dict, where)
+        try:
+            layers = sorted(int(la) for la in dims)
+        except ValueError:
+            raise EditscopeError(f"{where}: editor state: metadata key 'null_dims': keys must be layer numbers") \
+                from None
+        expect_keys(tensors, {f"{kind}.{la}" for la in layers for kind in ("projection", "cache_c")}, where)
+        return cls({la: tensors[f"projection.{la}"] for la in layers}, {la: tensors[f"cache_c.{la}"] for la in layers},
+                   {la: int(dims[str(la)]) for la in layers}, meta_field(meta, "n_edits", int, where))
 
 
 def null_space(cov: torch.Tensor, threshold: float) -> tuple[torch.Tensor, int]:

@@ -35,6 +35,17 @@ def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed
     if cache is not None and key in cache:
         return list(cache[key])
     templates = ["{}"]
+    # Prefixes are free text sampled without the chat template (a chat-wrapped prompt gets them inside its user
+    # turn, before the prompt): the same prefixes with and without it.
+    with engine.plain():
+        _sample_prefixes(engine, spec, seed, start, templates)
+    if cache is not None:
+        cache[key] = tuple(templates)
+    return templates
+
+
+def _sample_prefixes(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed: int, start: str | None,
+                     templates: list[str]) -> None:
     for i, (n_tokens, n_prefixes) in enumerate(spec):
         starts = [PREFIX_STARTS[j % len(PREFIX_STARTS)] for j in range(n_prefixes)]
         texts: dict[int, str] = {}
@@ -49,9 +60,6 @@ def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed
         for j in range(n_prefixes):
             prefix = " ".join(texts[j].replace("{", " ").replace("}", " ").split())
             templates.append(prefix + ". {}")
-    if cache is not None:
-        cache[key] = tuple(templates)
-    return templates
 
 
 def template_weights(spec: Sequence[Sequence[int]], key_average: str = "flat") -> torch.Tensor:

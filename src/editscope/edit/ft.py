@@ -19,7 +19,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
-from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
+from editscope.edit.objective import ObjectiveTerm, TargetNLL, VStep, setup_terms, weights_context
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 
@@ -46,9 +46,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, 
     params = dict(bundle.model.named_parameters())
     names = [bundle.arch.weight_name(layer) for layer in hp.layers]
     originals = {n: params[n].detach().clone() for n in names}
-    ctxs = [VContext(engine, bundle, r, None, engine.prepare([(r.text, r.target_new)]), [], 1, forward=runtime.strategy)
-            for r in requests]
     terms = [TargetNLL(), *extra_terms]
+    ctxs = [weights_context(engine, r, terms, forward=runtime.strategy) for r in requests]
     for ctx in ctxs:
         setup_terms(ctx, terms)
     history = []

@@ -14,8 +14,9 @@ The accumulated raw ΔW and σ̄ live in :class:`PruneState`, owned by the calle
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ from editscope.data.records import EditRequest
 from editscope.edit.memit import MemitHParams, memit_update, spread_over_layers
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
-from editscope.edit.state import EditState
+from editscope.edit.state import EditState, expect_keys, meta_field
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
@@ -44,6 +45,19 @@ class PruneState(EditState):
     def without_edits(self) -> PruneState:
         """No accumulated ΔW; σ̄ is re-read from W₀ at the next first edit (cheap)."""
         return PruneState()
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """``accumulated.NAME`` and ``applied.NAME`` per parameter; metadata: σ̄ per parameter."""
+        tensors = {f"accumulated.{n}": t for n, t in self.accumulated.items()}
+        tensors |= {f"applied.{n}": t for n, t in self.applied.items()}
+        return tensors, {"sigma_max": dict(self.sigma_max)}
+
+    @classmethod
+    def from_state_dict(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], where: str) -> PruneState:
+        sigma = meta_field(meta, "sigma_max", dict, where)
+        expect_keys(tensors, {f"{kind}.{n}" for n in sigma for kind in ("accumulated", "applied")}, where)
+        return cls({n: tensors[f"accumulated.{n}"] for n in sigma}, {n: tensors[f"applied.{n}"] for n in sigma},
+                   {n: float(v) for n, v in sigma.items()})
 
 
 def restrain(delta: torch.Tensor, sigma_max: float) -> torch.Tensor:

@@ -10,7 +10,8 @@ caches keyed by it (layer statistics) never confuse edited and unedited weights.
 
 Inside :meth:`Bundle.folding` a chain of patches (a sequential run) holds one pre-edit copy per edited parameter
 instead of each patch's ΔW and revert entries (1,000 sequential edits must not hold 1,000 matrix-sized
-tensors); see :meth:`Bundle.fold`.
+tensors), and the folded patches are one entry of :attr:`Bundle.applied` (a running fingerprint hash), not one
+object per patch; see :meth:`Bundle.fold`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Bundle:
     extra: dict = field(default_factory=dict)
     _applied: list[AppliedPatch] = field(default_factory=list, repr=False)
     _originals: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # inside folding(): see fold()
-    _folded: int = field(default=0, repr=False)  # the oldest _folded applied patches are folded
+    _folded: int = field(default=0, repr=False)  # 1 when _applied[0] is the _FoldedChain of folded patches
 
     @property
     def config(self):
@@ -113,6 +114,11 @@ class Bundle:
         blake2b(base fingerprint, each applied patch's content digest in order)."""
         if not self._applied:
             return self.base_fingerprint
+        if self._folded:  # the folded prefix's running hash, continued with the loose patches
+            h = self._applied[0].running_hash()  # type: ignore[attr-defined]
+            for p in self._applied[1:]:
+                h.update(b"+" + p.digest.encode())
+            return h.hexdigest()
         return patched_fingerprint(self.base_fingerprint, [p.digest for p in self._applied])
 
     def record_apply(self, patch: AppliedPatch) -> None:
@@ -166,10 +172,12 @@ class Bundle:
         finally:
             self._unfold()
 
-    def fold(self, patch: AppliedPatch) -> None:
+    def fold(self, patch: AppliedPatch, digests: Sequence[str] | None = None) -> None:
         """Take over the newest applied patch: keep the pre-edit values of the parameters no earlier folded patch
-        edited (reconstructed bit-exactly from the patch), then let the patch drop its ΔW and revert entries.
-        The patch stays recorded (its digest still names the weights); it can no longer be reverted on its own."""
+        edited (reconstructed bit-exactly from the patch), then let the patch drop its ΔW and revert entries and
+        forget it: the folded patches are one entry of :attr:`applied` (their running fingerprint hash and the
+        names they edited), however many there are. ``digests`` (a resumed chain whose one patch stands for
+        several) are fed to the fingerprint instead of the patch's own digest, so the weights keep their name."""
         if self._originals is None:
             raise EditscopeError("fold() is only valid inside Bundle.folding()")
         if not self._applied or self._applied[-1] is not patch or self._folded != len(self._applied) - 1:
@@ -179,7 +187,17 @@ class Bundle:
             if name not in self._originals:
                 self._originals[name] = patch.original(name, params[name].detach())
         patch.release()  # memoises its digest first
-        self._folded += 1
+        chain = self._applied[0] if self._folded else _FoldedChain(self.base_fingerprint)
+        chain.add(patch, digests)
+        self._applied[:] = [chain]
+        self._folded = 1
+
+    def folded_originals(self) -> dict[str, torch.Tensor]:
+        """The pre-edit value of every parameter a folded patch edited (the loaded weights; read-only: a
+        checkpoint of a chain saves the current value minus these as the chain's folded ΔW)."""
+        if self._originals is None:
+            raise EditscopeError("folded_originals() is only valid inside Bundle.folding()")
+        return dict(self._originals)
 
     def _unfold(self) -> None:
         originals, self._originals = self._originals or {}, None
@@ -208,6 +226,50 @@ class Bundle:
     def _swap_back(self, edited: dict[str, torch.Tensor], folded: list[AppliedPatch]) -> None:
         self._write(edited)
         self._applied, self._folded = list(folded), len(folded)
+
+
+class _FoldedChain:
+    """Every patch folded into a bundle, as one entry of :attr:`Bundle.applied`: the running hash of the
+    fingerprint (base fingerprint, then each folded digest in order, as :func:`patched_fingerprint`), how many
+    patches it holds and the names they edited. Not revertible on its own (the bundle restores the originals)."""
+
+    method = "folded chain"
+
+    def __init__(self, base: str) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._hash.update(base.encode())
+        self.count = 0
+        self._names: set[str] = set()
+
+    def add(self, patch: AppliedPatch, digests: Sequence[str] | None = None) -> None:
+        for digest in (patch.digest,) if digests is None else digests:
+            self._hash.update(b"+" + digest.encode())
+            self.count += 1
+        self._names.update(patch.names)
+
+    def running_hash(self):  # a copy: the caller continues it
+        return self._hash.copy()
+
+    @property
+    def digest(self) -> str:
+        return self._hash.hexdigest()
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._names)
+
+    def apply(self, target: Bundle, *, check: bool = True) -> None:
+        raise EditscopeError("a folded chain cannot be re-applied on its own")
+
+    def revert(self, target: Bundle) -> None:
+        raise EditscopeError("cannot revert a folded patch on its own (Bundle.fold): the end of Bundle.folding() "
+                             "restores the weights")
+
+    def original(self, name: str, current: torch.Tensor) -> torch.Tensor:
+        raise EditscopeError("a folded chain keeps no revert entries")
+
+    def release(self) -> None:
+        pass
 
 
 def patched_fingerprint(base: str, digests: Sequence[str]) -> str:

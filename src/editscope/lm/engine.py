@@ -21,11 +21,20 @@ continuation; with ``add_space`` (default) a continuation that starts without wh
 ends without whitespace is scored with a leading space ("Paris" -> " Paris"). Context and continuation are
 encoded together and split at the length of the encoded context. An empty context ("") is the start token
 (BOS, else EOS, declared on the architecture map) and the continuation is scored as the start of a document.
+
+Chat template (``chat_template=True``, for instruct models): every prompt becomes the user turn of the
+tokenizer's chat template with the generation prompt, ``head + prompt + tail`` (:class:`ChatFormat`), here and
+nowhere else. :meth:`ScoringEngine.encode` gives ``head + text`` (so token positions that callers compute from a
+prefix of the prompt -- a subject's last token, EVK spans -- are positions in the wrapped sequence), every context
+gets the tail (as tokens, or as embeddings after ``context_embeds``), and a continuation is the start of the
+assistant's turn: the prompt's trailing whitespace is dropped and no space is added ("Paris", not " Paris"). An
+empty context is not a prompt: unconditional text is scored raw, from the start token, as without the template.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +47,48 @@ from editscope.lm.kv_cache import cache_kwargs
 from editscope.lm.loading import Bundle
 from editscope.lm.scorer import ContinuationScore, Scorer, ScoreRequest
 
-__all__ = ["ContinuationScore", "ScoreRequest", "Scorer", "ScoringEngine", "TokenBatch", "normalize_boundary"]
+__all__ = ["ChatFormat", "ContinuationScore", "ScoreRequest", "Scorer", "ScoringEngine", "TokenBatch",
+           "normalize_boundary"]
+
+_SLOT = "EDITSCOPEPROMPTSLOT"  # stands for the prompt while the chat template is rendered once
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A tokenizer's chat template cut around one user turn: a prompt is shown as ``head + prompt + tail`` (the
+    user turn, then the generation prompt that opens the assistant's turn)."""
+
+    head: str
+    tail: str
+
+    @classmethod
+    def of(cls, tokenizer, model_name: str = "the model") -> ChatFormat:
+        """Render the template once with a placeholder prompt; one-line error when the tokenizer has none."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise EditscopeError(f"chat template: the tokenizer of {model_name} has no chat template "
+                                 "(leave out --chat-template / chat_template: true)")
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as exc:  # a template may refuse a lone user turn (jinja's raise_exception)
+            raise EditscopeError(f"chat template: the template of {model_name} cannot show one user turn: "
+                                 f"{exc}".replace("\n", " ")) from None
+        if not isinstance(text, str) or text.count(_SLOT) != 1:
+            raise EditscopeError(f"chat template: the template of {model_name} does not show a user message once")
+        head, tail = text.split(_SLOT)
+        return cls(head, tail)
+
+    @property
+    def digest(self) -> str:
+        """Identity of the rendered turn (recorded with every number computed under it)."""
+        import hashlib
+
+        return hashlib.blake2b(f"{self.head}\x1f{self.tail}".encode(), digest_size=6).hexdigest()
+
+    def protocol(self) -> dict[str, str]:
+        return {"chat_template": self.digest,
+                "note": "prompts wrapped in the tokenizer's chat template (user turn + generation prompt; "
+                        "answers start the assistant turn, no leading space)"}
 
 
 @dataclass
@@ -148,7 +198,7 @@ class ScoringEngine(Scorer):
     one forward."""
 
     def __init__(self, bundle: Bundle, *, token_budget: int = 2048, add_space: bool = True,
-                 padding_side: str = "right", max_row_tokens: int = 512) -> None:
+                 padding_side: str = "right", max_row_tokens: int = 512, chat_template: bool = False) -> None:
         if padding_side not in ("left", "right"):
             raise ValueError("padding_side must be 'left' or 'right'")
         self.bundle = bundle
@@ -168,6 +218,22 @@ class ScoringEngine(Scorer):
         self._max_context = bundle.max_context  # positions the model has: longer inputs are refused
         #: the token an empty context is scored from (BOS, else EOS), declared on the architecture map
         self.start_id = self.arch.start_token_id(self.tokenizer)
+        #: the chat turn prompts are wrapped in (None: plain text, the default)
+        self.chat: ChatFormat | None = ChatFormat.of(self.tokenizer, bundle.name) if chat_template else None
+
+    @property
+    def prompt_format(self) -> dict[str, str] | None:
+        """How prompts are shown to the model when not as plain text (recorded with the numbers), else None."""
+        return self.chat.protocol() if self.chat is not None else None
+
+    @contextmanager
+    def plain(self) -> Iterator[None]:
+        """Prompts as plain text inside the block (ROME/MEMIT sample their context prefixes as free text)."""
+        chat, self.chat = self.chat, None
+        try:
+            yield
+        finally:
+            self.chat = chat
 
     @property
     def base_module(self) -> torch.nn.Module:
@@ -185,17 +251,49 @@ class ScoringEngine(Scorer):
         return self.bundle.n_layers
 
     # -- tokenization -------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as the model sees it (BOS prepended when the tokenizer adds one)."""
+    def _tokens(self, text: str) -> list[int]:
+        """Plain tokenization (BOS prepended when the tokenizer adds one)."""
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
+    def _chat_tokens(self, text: str) -> list[int]:
+        # the rendered template holds its own special tokens (BOS included, where it has one)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as the model sees it (BOS prepended when the tokenizer adds one); with the chat
+        template, ``text`` is the start of a user turn (the tail is added by :meth:`context_ids`)."""
+        if self.chat is not None:
+            return self._chat_tokens(self.chat.head + text)
+        return self._tokens(text)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a document (not a prompt): never wrapped in the chat template."""
+        return self._tokens(text)
+
     def context_ids(self, context: str) -> list[int]:
-        """Token ids a context is scored from: :meth:`encode`, or the start token alone for an empty context
-        (or the tokenizer's own BOS when it adds one). A whitespace-only context is an error."""
+        """Token ids a context is scored from: :meth:`encode` (plus the chat turn's tail), or the start token
+        alone for an empty context (or the tokenizer's own BOS when it adds one). A whitespace-only context is an
+        error."""
         if context and not context.strip():
             raise EditscopeError(f"empty context (prompt): only whitespace {context!r}")
-        ids = self.encode(context)
+        if self.chat is not None and context:
+            return self._chat_tokens(self.chat.head + context.rstrip() + self.chat.tail)
+        ids = self._tokens(context)
         return ids if ids else [self.start_id]
+
+    def _tail_length(self, context: str) -> int:
+        """Tokens the chat turn's tail adds after :meth:`encode` of ``context`` (0 without the template)."""
+        if self.chat is None or not context:
+            return 0
+        return len(self.context_ids(context)) - len(self.encode(context.rstrip()))
+
+    def _with_tail(self, context: str, embeds: torch.Tensor, n_ids: int) -> torch.Tensor:
+        """``context_embeds`` given for :meth:`encode` of a prompt, completed with the chat tail's embeddings."""
+        n_tail = self._tail_length(context)
+        if not n_tail or embeds.shape[0] != n_ids - n_tail:
+            return embeds
+        tail = self.embed(self.context_ids(context)[-n_tail:]).to(embeds)
+        return torch.cat([embeds, tail])
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Token ids of context and continuation, split at the boundary by DESIGN.md rule 2.
@@ -206,11 +304,17 @@ class ScoringEngine(Scorer):
         ctx_ids = self.context_ids(context)
         if not continuation or not continuation.strip():
             raise EditscopeError(f"empty continuation after context {context!r}")
+        if self.chat is not None and context:  # the answer opens the assistant's turn: no space before it
+            whole = self._chat_tokens(self.chat.head + context.rstrip() + self.chat.tail + continuation.lstrip())
+            cont_ids = whole[len(ctx_ids):]
+            if not cont_ids:
+                raise EditscopeError(f"continuation {continuation!r} encodes to no tokens after {context!r}")
+            return ctx_ids, cont_ids
         if context:
             context, continuation = normalize_boundary(context, continuation, self.add_space)
-            ctx_ids = self.encode(context)
-        whole = self.encode(context + continuation)
-        if not context and not self.encode(""):  # the tokenizer adds no BOS of its own: prepend the start token
+            ctx_ids = self._tokens(context)
+        whole = self._tokens(context + continuation)
+        if not context and not self._tokens(""):  # the tokenizer adds no BOS of its own: prepend the start token
             whole = ctx_ids + whole
         cont_ids = whole[len(ctx_ids):]
         if not cont_ids:
@@ -223,15 +327,17 @@ class ScoringEngine(Scorer):
             if not isinstance(req, ScoreRequest):
                 req = ScoreRequest(*req)
             ctx_ids, cont_ids = self.encode_pair(req.context, req.continuation)
-            if req.context_embeds is not None and req.context_embeds.shape[0] != len(ctx_ids):
-                raise EditscopeError(
-                    f"context_embeds has {req.context_embeds.shape[0]} rows but the context has {len(ctx_ids)} tokens"
-                )
+            embeds = req.context_embeds
+            if embeds is not None:
+                embeds = self._with_tail(req.context, embeds, len(ctx_ids))
+                if embeds.shape[0] != len(ctx_ids):
+                    raise EditscopeError(
+                        f"context_embeds has {embeds.shape[0]} rows but the context has {len(ctx_ids)} tokens")
             limit = self._max_context
             if limit is not None and len(ctx_ids) + len(cont_ids) > limit:  # never score past the positions
                 raise EditscopeError(f"context + continuation is {len(ctx_ids) + len(cont_ids)} tokens, more than "
                                      f"{self.bundle.name}'s context of {limit} (context {req.context[:40]!r}...)")
-            encoded.append(_Encoded(i, tuple(ctx_ids), tuple(cont_ids), req.context_embeds))
+            encoded.append(_Encoded(i, tuple(ctx_ids), tuple(cont_ids), embeds))
         return encoded
 
     # -- low-level pieces ---------------------------------------------------------------------------
@@ -422,6 +528,8 @@ class ScoringEngine(Scorer):
         for i, text in enumerate(contexts):
             ids = self.context_ids(text)
             emb = context_embeds[i] if context_embeds is not None else None
+            if emb is not None:
+                emb = self._with_tail(text, emb, len(ids))
             if emb is not None and emb.shape[0] != len(ids):
                 raise EditscopeError(f"context_embeds[{i}] has {emb.shape[0]} rows, context has {len(ids)} tokens")
             rows.append((ids, emb))

@@ -70,7 +70,11 @@ class Scorer(Protocol):
         ...
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as the model sees it."""
+        """Token ids of ``text`` as the model sees it (a prompt: with a chat template, the start of a user turn)."""
+        ...
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a document (not a prompt), never wrapped in a chat template."""
         ...
 
     def embed(self, text_or_ids: str | Sequence[int]) -> torch.Tensor:

@@ -7,7 +7,11 @@
 * :func:`bootstrap_aggregate` -- an aggregate of per-component means (the CounterFact/zsRE Score: the harmonic
   mean of ES, PS, NS, paper 002 appendix C) with a seeded percentile bootstrap interval over cases
   (Efron & Tibshirani 1993, ch. 13: the (1−c)/2 and (1+c)/2 percentiles of the statistic over resamples of the
-  cases with replacement).
+  cases with replacement);
+* :func:`paired_mean_ci` / :func:`paired_bootstrap_aggregate` -- the difference between two methods (or a method
+  and the unedited model) measured on the same cases: the t interval of the per-case differences, and the
+  bootstrap interval of the difference of aggregates over one shared resample of the cases;
+* :func:`clip_interval` -- an interval cut to the values a metric can take.
 
 Values that are None, NaN or inf are left out (they mean "no value for this case")."""
 
@@ -80,3 +84,55 @@ def bootstrap_aggregate(columns: np.ndarray, spec: MetricSpec, *, n_boot: int = 
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(stats, [tail, 100 - tail])
     return value, float(lo), float(hi)
+
+
+def paired_mean_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
+                   ) -> tuple[float, float, float, int]:
+    """(mean difference, low, high, n pairs) of ``a[i] - b[i]`` over the pairs where both values are finite:
+    :func:`mean_ci` of the per-case differences (the paired t interval; pairing removes the between-case
+    variance both share, so it is narrower than comparing two independent intervals)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_mean_ci: {len(a)} values against {len(b)}")
+    d = [float(x) - float(y) for x, y in zip(a, b, strict=True)
+         if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    mean, lo, hi, _ = mean_ci(d, confidence)
+    return mean, lo, hi, len(d)
+
+
+def paired_bootstrap_aggregate(a: np.ndarray, b: np.ndarray, spec: MetricSpec, *, n_boot: int = N_BOOTSTRAP,
+                               seed: int = BOOTSTRAP_SEED, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(difference, low, high) of an aggregate metric between two measurements of the same cases: ``a`` and ``b``
+    are [cases, components] (row i of both is case i; NaN = no value). The difference is
+    aggregate(means of ``a``) − aggregate(means of ``b``); its interval the percentile interval of the same
+    difference over ``n_boot`` resamples of the cases, each resample applied to both (seeded)."""
+    assert spec.aggregate is not None
+    if a.shape != b.shape:
+        raise ValueError(f"paired_bootstrap_aggregate: shapes {a.shape} and {b.shape} differ")
+
+    def stat(x: np.ndarray) -> np.ndarray:  # [..., cases, components] -> aggregate per leading index
+        finite = np.isfinite(x)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(finite, x, 0.0).sum(axis=-2) / finite.sum(axis=-2)
+        return np.array([spec.aggregate.compute(m) for m in means.reshape(-1, x.shape[-1])])
+
+    value = float(stat(a[None])[0] - stat(b[None])[0])
+    n = a.shape[0]
+    if n < 2:
+        return value, math.nan, math.nan
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    diffs = stat(a[idx]) - stat(b[idx])
+    diffs = diffs[np.isfinite(diffs)]
+    if diffs.size == 0:
+        return value, math.nan, math.nan
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(diffs, [tail, 100 - tail])
+    return value, float(lo), float(hi)
+
+
+def clip_interval(low: float, high: float, bounds: tuple[float, float] | None) -> tuple[float, float]:
+    """(low, high) cut to ``bounds`` (a metric's declared range; None: unbounded). NaN stays NaN: a t interval
+    of a share near 0 or 1 leaves [0, 1], and a reader should not see a share of 1.03."""
+    if bounds is None:
+        return low, high
+    lo_b, hi_b = bounds
+    return (max(low, lo_b) if math.isfinite(low) else low, min(high, hi_b) if math.isfinite(high) else high)

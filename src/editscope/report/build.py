@@ -1,5 +1,10 @@
-"""``report``: one self-contained ``report.html`` (figures embedded as base64 PNG) and a ``report.md`` (figures
-written next to it under ``figures/``) from one or more run directories.
+"""``report``: one self-contained ``report.html`` (figures embedded as base64 PNG), a ``report.md`` (figures
+written next to it under ``figures/``) and ``tables.tex`` (booktabs) from one or more run directories.
+
+It opens with the pivot of every method against every headline metric (:mod:`editscope.report.pivot`: best bold,
+paired differences against a named baseline, † where significant); every table sits in its own scroll box and is
+kept narrow enough (pivot split by columns, "All metrics" transposed and split by methods) that none scrolls on a
+1,400 px screen.
 
 Everything suite-specific comes from declarations: the metric declarations stored in each run's
 ``run.json`` (directions, units, ranges, pre/post pairing, aggregates) and each suite's ``figures`` hook
@@ -11,14 +16,17 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
-from editscope.report import figures
+from editscope.metrics.registry import MetricSpec
+from editscope.plotting import png_axes
+from editscope.report import figures, latex
+from editscope.report.pivot import Pivot, best_in_compact, build_pivot
 from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
 from editscope.run.summary import (
@@ -139,36 +147,106 @@ def _md_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics |
             + ["| " + " | ".join(cells) + " |" for cells in body])
 
 
+def _wrap(table: str) -> str:
+    """Every table sits in its own scroll box: should one ever be wider than the page, only it scrolls (the
+    browser test asserts none does at 1,400 px)."""
+    return f"<div class='wrap'>{table}</div>"
+
+
 def _html_compact(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None) -> str:
-    table = compact_table(rs, methods, (specs or {}).get((rs[0].dataset, rs[0].suite), ()))
+    decl = (specs or {}).get((rs[0].dataset, rs[0].suite), ())
+    table = compact_table(rs, methods, decl)
     if table is None:
         return ""
     headers, body, notes = table
+    best = best_in_compact(rs, methods, decl)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    trs = "".join("<tr><th>" + html.escape(cells[0]) + "</th>" + "".join(f"<td>{html.escape(c)}</td>"
-                                                                          for c in cells[1:]) + "</tr>"
-                  for cells in body)
-    return (f"<table class='compact'><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
+
+    def td(label: str, j: int, text: str) -> str:
+        text = html.escape(text)
+        return f"<td><strong>{text}</strong></td>" if (label, j) in best else f"<td>{text}</td>"
+
+    trs = "".join("<tr><th>" + html.escape(cells[0]) + "</th>"
+                  + "".join(td(cells[0], j, c) for j, c in enumerate(cells[1:], 1)) + "</tr>" for cells in body)
+    notes = [*notes, "Bold: the best method per column (direction from the metric's declaration)."] if best else notes
+    return (_wrap(f"<table class='compact'><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
             + "".join(f"<p class='protocol'>{html.escape(n)}</p>" for n in notes) + "<p>All metrics:</p>")
+
+
+ALL_METRICS_METHODS = 5
+"""Methods per 'All metrics' table: the table is transposed (a row per metric, a column per method), and more
+methods than this are split over several tables, so none is wider than a 1,400 px screen."""
 
 
 def _html_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None = None) -> str:
     metrics, body = table_rows(rs, methods)
-    head = "".join(f"<th>{html.escape(metric_label(k, spec_of(specs, rs[0].dataset, rs[0].suite, k)))}</th>"
-                   for k in metrics)
-    trs = []
-    for cells in body:
-        tds = "".join(f"<td>{html.escape(c)}</td>" for c in cells[1:])
-        trs.append(f"<tr><th>{html.escape(cells[0])}</th>{tds}</tr>")
-    return f"<table><thead><tr><th>method</th><th>n</th>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
+    out = []
+    for start in range(0, len(body), ALL_METRICS_METHODS):
+        part = body[start:start + ALL_METRICS_METHODS]
+        head = "<th>metric</th>" + "".join(f"<th>{html.escape(cells[0])}</th>" for cells in part)
+        trs = ["<tr><th>n</th>" + "".join(f"<td>{html.escape(cells[1])}</td>" for cells in part) + "</tr>"]
+        for k, metric in enumerate(metrics):
+            label = metric_label(metric, spec_of(specs, rs[0].dataset, rs[0].suite, metric))
+            trs.append(f"<tr><th>{html.escape(label)}</th>"
+                       + "".join(f"<td>{html.escape(cells[k + 2])}</td>" for cells in part) + "</tr>")
+        out.append(_wrap(f"<table class='all'><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"))
+    return "".join(out)
+
+
+def _html_pivot(pivot: Pivot) -> str:
+    out = []
+    for chunk in pivot.chunks():
+        groups: list[list[Any]] = []
+        for j in chunk:
+            label = pivot.columns[j].group
+            if groups and groups[-1][0] == label:
+                groups[-1][1] += 1
+            else:
+                groups.append([label, 1])
+        top = "<th rowspan='2'>method</th>" + "".join(f"<th colspan='{n}'>{html.escape(g)}</th>" for g, n in groups)
+        sub = "".join(f"<th>{html.escape(pivot.columns[j].header)}</th>" for j in chunk)
+        trs = []
+        for row in pivot.rows:
+            tds = []
+            for j in chunk:
+                text = html.escape(pivot.cell_text(row, j))
+                if (row, j) in pivot.best:
+                    text = f"<strong>{text}</strong>"
+                diff = pivot.diff_text(row, j)
+                if diff:
+                    text += f"<span class='d'>Δ {html.escape(diff)}</span>"
+                tds.append(f"<td>{text}</td>")
+            trs.append(f"<tr><th>{html.escape(row)}</th>{''.join(tds)}</tr>")
+        out.append(_wrap(f"<table class='pivot'><thead><tr>{top}</tr><tr>{sub}</tr></thead>"
+                         f"<tbody>{''.join(trs)}</tbody></table>"))
+    return "".join(out) + f"<p class='protocol'>{html.escape(pivot.baseline_note)}</p>"
+
+
+def _md_pivot(pivot: Pivot) -> list[str]:
+    lines: list[str] = []
+    for chunk in pivot.chunks():
+        headers = [f"{pivot.columns[j].group}: {pivot.columns[j].header}" for j in chunk]
+        lines += ["| method | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(chunk)]
+        for row in pivot.rows:
+            cells = []
+            for j in chunk:
+                text = pivot.cell_text(row, j)
+                text = f"**{text}**" if (row, j) in pivot.best else text
+                diff = pivot.diff_text(row, j)
+                cells.append(text + (f" (Δ {diff})" if diff else ""))
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines + [f"*{pivot.baseline_note}*", ""]
 
 
 CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;
-padding:0 1em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px;display:block;
-overflow-x:auto}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}
-thead th{background:#f3f3f3}tbody th{text-align:left}figure{margin:1em 0 2em}img{max-width:100%}
-figcaption,.protocol{font-size:13px;color:#555}code{background:#f5f5f5;padding:0 3px}
-.meta td,.meta th{text-align:left}"""
+padding:0 1em;color:#222}.wrap{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;
+white-space:nowrap}thead th{background:#f3f3f3;white-space:normal;text-align:center}
+tbody th{text-align:left;white-space:normal}td .d{display:block;font-size:11px;color:#555}
+figure{margin:1em 0 2em}img{max-width:100%}figcaption,.protocol{font-size:13px;color:#555}
+code{background:#f5f5f5;padding:0 3px}pre{white-space:pre-wrap;overflow-wrap:anywhere}
+.meta td,.meta th{text-align:left;white-space:normal;overflow-wrap:anywhere}"""
 
 
 def _run_meta(run: Run) -> list[tuple[str, str]]:
@@ -183,12 +261,15 @@ def _run_meta(run: Run) -> list[tuple[str, str]]:
 
 def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
                  suite_factories: Mapping[str, SuiteFactory] | None = None,
+                 baseline: str | None = None,
                  cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) to ``out_dir`` (default: the first run
-    directory); return their paths. ``suite_factories`` supplies suites that are not registered (for their
-    figures and, in runs without stored declarations, their metric declarations). ``cards``: (dataset, case id,
-    method) -> the path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`),
-    linked from an "Edit cards" section."""
+    """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
+    compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
+    the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
+    unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
+    runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
+    path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
+    "Edit cards" section."""
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
@@ -198,6 +279,8 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     rows = [r for run in runs for r in run.rows]
     specs = _specs(runs, suite_factories)
     summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets)
+    pivot = build_pivot(rows, summary, specs, methods, baseline=baseline,
+                        model_level=_model_level({(r.dataset, r.suite) for r in summary}))
     notes = protocol_notes(rows)
     figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
     curves = summarize_by_edits(rows, specs=specs, method_order=methods, dataset_order=datasets)
@@ -233,16 +316,28 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
         h.append("<table class='meta'>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                                                    for k, v in _run_meta(run)) + "</table>")
     h.append(f"<p>{html.escape(note)}</p>")
+    tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
+    if pivot is not None:
+        baseline_line = f"Baseline of the differences: {pivot.baseline}."
+        md += ["## All methods × headline metrics", "", baseline_line, ""] + _md_pivot(pivot)
+        h.append(f"<h2>All methods × headline metrics</h2><p>{html.escape(baseline_line)}</p>{_html_pivot(pivot)}")
+        tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + latex.pivot_tabulars(pivot) + [""]
 
     def add_figure(f: Figure) -> None:
         md.extend([f"![{f.title}](figures/{f.slug}.png)", "", f"*{f.caption}*", ""])
         b64 = base64.b64encode(f.png).decode("ascii")
-        h.append(f"<figure><img alt='{html.escape(f.title)}' src='data:image/png;base64,{b64}'>"
-                 f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
+        axes = png_axes(f.png) or []
+        alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
+                                for i, a in enumerate(axes) if not a["colorbar"])
+        h.append(f"<figure><img alt='{html.escape(alt)}' data-axes='{html.escape(json.dumps(axes))}' "
+                 f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(f.caption)}</figcaption></figure>")
 
     for (dataset, suite), rs in tables.items():
         lines = notes.get((dataset, suite), [])
         compact = compact_markdown(rs, methods, specs.get((dataset, suite)))
+        compact_tex = _tex_compact(rs, methods, specs.get((dataset, suite), ()), f"{suite} on {dataset}")
+        if compact_tex:
+            tex += [f"% {suite} on {dataset}", compact_tex, ""]
         md += [f"## {suite} on {dataset}", ""] + (compact + ["", "All metrics:", ""] if compact else [])
         md += _md_table(rs, methods, specs) + [""]
         md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
@@ -275,7 +370,33 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     h.append("</body></html>")
     html_path = atomic_write_text(out / "report.html", "\n".join(h) + "\n")
     md_path = atomic_write_text(out / "report.md", "\n".join(md) + "\n")
+    atomic_write_text(out / TABLES_TEX, "\n".join(tex) + "\n")
     return html_path, md_path
+
+
+TABLES_TEX = "tables.tex"
+
+
+def _tex_compact(rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec], caption: str) -> str:
+    table = compact_table(rs, methods, specs)
+    if table is None:
+        return ""
+    headers, body, notes = table
+    best = best_in_compact(rs, methods, specs)
+    bold = {(i, j) for i, cells in enumerate(body) for j in range(len(cells)) if (cells[0], j) in best}
+    return latex.tabular(headers, body, bold=bold, caption=" ".join([caption + ".", *notes]))
+
+
+def _model_level(keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The (dataset, suite) pairs whose suite measures the model as a whole (``chooses_edits = False``)."""
+    from editscope.suites import SUITES
+
+    out = set()
+    for dataset, suite in keys:
+        factory = SUITES.get(suite, None)
+        if isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits:
+            out.add((dataset, suite))
+    return out
 
 
 def _retention_figures(rows, curves, specs, methods) -> list[Figure]:

@@ -8,19 +8,47 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from editscope.metrics.registry import MetricSpec
 from editscope.plotting import method_colors, plt, png
-from editscope.run.summary import SummaryRow
+from editscope.run.summary import LOG_UNITS, SummaryRow
+
+UNIT_TEXT = {"share": "share (0–1)", "prob": "probability (0–1)", "ppl": "perplexity (ppl)",
+             "prob-diff": "probability difference", "log-prob": "log-probability (nats)", "flag": "flag (0/1)"}
+"""The y-axis label of a metric's raw values, by declared unit (others print the unit itself)."""
+
+
+def _plain_log_ticks(ax) -> None:
+    """Log y axis with plain numbers (``45``, ``50``), not ``4.5×10¹``: perplexities of an edited model often
+    span less than a decade, where matplotlib labels the minor ticks in scientific notation."""
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+
+
+def y_label(spec: MetricSpec | None, *, paper_units: bool = False, log: bool = False) -> str:
+    """The y-axis label with unit of a panel of ``spec``'s values: raw (``share (0–1)``) or, with
+    ``paper_units``, as the paper prints them (``ES (%)``, ``GE (bits ×100)``); ``, log scale`` on a log axis."""
+    if spec is None:
+        text = "value (unit not declared)"
+    elif paper_units:
+        unit = "%" if spec.unit == "share" and spec.paper_scale == 100 else (
+            spec.unit + (f" ×{spec.paper_scale:g}" if spec.paper_scale != 1 else ""))
+        text = f"{spec.name} ({unit})"
+    else:
+        text = UNIT_TEXT.get(spec.unit, spec.unit)
+    return text + (", log scale" if log else "")
 
 
 def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
                 specs: Mapping[str, MetricSpec] | None = None, *, columns: int = 4) -> bytes:
     """One panel per metric, one bar per method (mean), error bars = 95% CI. ``specs`` maps a metric column to
     its declaration: a ``pre_post`` metric is one panel of its ``_post`` values with the ``_pre`` mean as a
-    dashed line; the title carries the direction (↑/↓); a declared range bounds the axis and the CIs (the
-    whole range when it is finite; log axis when an open-ended positive metric spans orders of magnitude).
+    dashed line; the title carries the direction (↑/↓), the y label the unit; a declared range bounds the axis and
+    the CIs (the whole range when it is finite; log axis for perplexities and when an open-ended positive metric
+    spans orders of magnitude).
     Undeclared metrics get one panel each and a free axis."""
     specs = specs or {}
     all_metrics = list(dict.fromkeys(r.metric for r in rows))
@@ -57,14 +85,20 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
             if pre_means:
                 ax.axhline(float(np.mean(pre_means)), color="#222222", linestyle="--", linewidth=1.0, zorder=3)
         low, high = bounds
-        if math.isfinite(low) and math.isfinite(high):
+        log = False
+        if spec is not None and spec.unit in LOG_UNITS and finite.size and np.all(finite > 0):
+            _plain_log_ticks(ax)  # perplexities: averaged on the log scale, drawn on one
+            log = True
+        elif math.isfinite(low) and math.isfinite(high):
             pad = 0.05 * (high - low)
             ax.set_ylim(low - (pad if low < 0 else 0), high + pad)
         elif (low >= 0 and finite.size and np.all(finite > 0)
               and finite.max() / max(finite.min(), 1e-300) > 1e3):
             ax.set_yscale("log")
+            log = True
         elif math.isfinite(low):
             ax.set_ylim(bottom=low)
+        ax.set_ylabel(y_label(spec, log=log))
         if low < 0:
             ax.axhline(0, color="#555555", linewidth=0.6)
         ns = [r.n if r else 0 for r in rs]
@@ -122,9 +156,16 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
         if math.isfinite(low) and math.isfinite(high):
             pad = 0.05 * (high - low) * spec.paper_scale
             ax.set_ylim(low * spec.paper_scale - pad, high * spec.paper_scale + pad)
+        log = spec.unit in LOG_UNITS
+        if log:
+            _plain_log_ticks(ax)
         ax.set_title(f"{spec.name} {spec.arrow}".strip())
         ax.set_xlabel("edits on the model")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(y_label(spec, paper_units=True, log=log))
+        if len(edits) <= 6:  # the checkpoints themselves: 100, 200, 300 rather than 100, 125, ..., 300
+            ax.set_xticks(edits)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes.flat[len(cols):]:
         ax.set_visible(False)
     handles = [plt.Line2D([0], [0], color=colors[m], marker="o", markersize=3) for m in methods]
@@ -164,7 +205,7 @@ def retention_heatmap(matrices: Mapping[str, Mapping[tuple[int, int], float]], s
         ax.set_xlabel("edits on the model at the probe")
         ax.set_ylabel("batch (edits when first probed)")
         ax.set_title(m, fontsize=9)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=f"{spec.name} ({spec.unit})")
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=y_label(spec, paper_units=True))
     fig.suptitle(f"{title}: retention of each batch's {spec.name}", fontsize=10)
     fig.tight_layout()
     return png(fig)

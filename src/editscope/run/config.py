@@ -13,6 +13,12 @@ Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
     mode: single                 # single | {batch: N} | {sequential: N} | probe_only
                                  # | {sequential_batches: {batch: B, rounds: T, checkpoints: k}}
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
+    chat_template: false         # wrap prompts in the tokenizer's chat template (instruct models); --chat-template
+    lm_eval:                     # sequential_batches only: lm-evaluation-harness tasks at chain checkpoints
+      tasks: [my_task]           # (editscope.run.lmeval; needs pip install 'editscope[lmeval]')
+      include_path: tasks/       # folder of task YAMLs, relative to this file
+      checkpoints: [0, 100, 200] # edits applied; default: 0, every checkpoint round and the last round
+      limit: 100                 # documents per task (lm-eval's --limit); also num_fewshot, batch_size
     methods:                     # a name, or a mapping; [none] = probe_only (pre-edit measurements only)
       - rome
       - name: memit
@@ -51,9 +57,10 @@ from editscope.data.hf import hf_source, is_hf_source
 from editscope.data.hf import label as hf_label
 from editscope.errors import EditscopeError
 from editscope.paths import config_path
+from editscope.run.lmeval import LmEvalSpec, parse_spec
 
 TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites",
-            "plugin_modules", "device", "dtype", "runtime"}
+            "plugin_modules", "device", "dtype", "runtime", "chat_template", "lm_eval"}
 METHOD_KEYS = {"name", "label", "hparams", "overrides", "plugins"}
 BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
@@ -130,6 +137,10 @@ class RunConfig:
     #: runtime settings the config gives (editscope.edit.runtime); the values in force, with the environment's
     #: defaults filled in, are what run.json and the digest record (:meth:`digest`'s ``runtime``)
     runtime: tuple[tuple[str, Any], ...] = ()
+    #: prompts wrapped in the tokenizer's chat template (editscope.lm.engine.ChatFormat)
+    chat_template: bool = False
+    #: lm-evaluation-harness tasks at chain checkpoints (editscope.run.lmeval)
+    lm_eval: LmEvalSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
@@ -147,6 +158,11 @@ class RunConfig:
         data["runtime"] = dict(self.runtime)
         if not self.runtime:
             data.pop("runtime")
+        for key in ("chat_template", "lm_eval"):  # unset: the digest configs had before these keys
+            if not data[key]:
+                data.pop(key)
+        if self.lm_eval is not None:
+            data["lm_eval"] = self.lm_eval.to_dict()
         data["blocks"] = [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in self.blocks]
         return data
 
@@ -162,6 +178,8 @@ class RunConfig:
             save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
             batch=data.get("batch", 0), rounds=data.get("rounds", 0), checkpoints=data.get("checkpoints", 0),
             device=data.get("device"), dtype=data.get("dtype"), runtime=tuple(data.get("runtime", {}).items()),
+            chat_template=bool(data.get("chat_template", False)),
+            lm_eval=LmEvalSpec.from_dict(data["lm_eval"]) if data.get("lm_eval") else None,
         )
 
     def digest(self, runtime: dict[str, Any] | None = None) -> str:
@@ -267,10 +285,12 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     mode, method_specs = _methods(c, data, mode, known_methods, base_dir)
     blocks = [_block(c, raw, prefix, known_datasets, known_suites, base_dir) for raw, prefix in _raw_blocks(c, data)]
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
+    chat_template = c.typed(data.get("chat_template", False), bool, "chat_template", "true or false")
+    lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
     return RunConfig(model=model, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
                      group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
                      batch=mode.batch,
-                     rounds=mode.rounds, checkpoints=mode.checkpoints)
+                     rounds=mode.rounds, checkpoints=mode.checkpoints, chat_template=chat_template, lm_eval=lm_eval)
 
 
 def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,

@@ -3,11 +3,16 @@
 The driver is an ordinary :class:`~editscope.run.runner.Runner`: it checks the plan, holds the output directory's
 lock, warms the layer statistics (cached on disk, so actors on the same machine read them), finds the rows still
 to do (resume) and appends every row with the usual writer. Only :meth:`Runner._execute` differs: each task —
-one group, so a sequential chain stays on one actor — goes to one of N actors (``ray.util.ActorPool``); each actor
-loads the model, statistics and hparams once (its own in-process Runner) and returns the group's rows, which the
-driver appends as each group completes. A killed driver or worker loses at most the groups in flight; a rerun
-resumes from results.jsonl like an in-process run. Rows equal the in-process run's (per-group seeds are derived
-from the config, not from the order groups run in).
+one group, so a sequential chain stays on one actor — goes to an idle one of N actors; each actor loads the model,
+statistics and hparams once (its own in-process Runner) and returns the group's rows, which the driver appends in
+group order as groups complete. Rows equal the in-process run's (per-group seeds are derived from the config, not
+from the order groups run in or the actor that runs them).
+
+A worker that dies (killed, out of memory, its node lost) costs only its group in flight: the group goes back to
+the front of the queue for a surviving worker, at most :data:`MAX_ATTEMPTS` times per group. When no worker is
+left (or a group has lost its worker that many times) the driver writes every group that finished, then stops with
+:class:`WorkersLostError` (one line with the command that resumes; exit status 2). A killed driver loses at most
+the groups in flight; a rerun resumes from results.jsonl like an in-process run.
 
 Requires ``pip install editscope[ray]``.
 """
@@ -15,16 +20,30 @@ Requires ``pip install editscope[ray]``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import shlex
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from editscope.errors import EditscopeError
 from editscope.run.runner import Block, Runner
+from editscope.run.store import RESULTS
 
 #: how long a local raylet waits for its helper agents' port files: Ray's default aborts the node when a loaded
 #: machine starts the agents' Python slower than that (ray-project/ray#65983; measured here: 40 s at load 12 on 2
 #: cores, "The current node timed out during startup")
 AGENT_TIMEOUT_MS = 180_000
+
+#: how many times one group may be started on a worker that then dies before the run stops (a group that takes
+#: its worker down every time, e.g. out of memory, must not take down all of them)
+MAX_ATTEMPTS = 3
+
+
+class WorkersLostError(EditscopeError):
+    """The Ray run cannot go on: no worker is left (or one group lost its worker :data:`MAX_ATTEMPTS` times). The
+    rows of every finished group are written; the message holds the command that resumes."""
+
+    exit_code = 2
 
 
 def _ray():
@@ -49,7 +68,8 @@ class _GroupWorker:
         self.runner = Runner(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
                              suite_factories=suite_factories)
         self.blocks, self.editors, self.hparams = self.runner._prepare()
-        self.engine = ScoringEngine(self.runner.bundle)
+        self.engine = ScoringEngine(self.runner.bundle, chat_template=config.chat_template)
+        self.runner._prompt_format = self.engine.prompt_format  # rows record it, as the driver's run.json
 
     def fingerprint(self) -> str:
         return self.runner.bundle.fingerprint
@@ -60,14 +80,28 @@ class _GroupWorker:
 
 
 class RayRunner(Runner):
-    """A :class:`Runner` whose groups run on ``workers`` Ray actors (see the module docstring)."""
+    """A :class:`Runner` whose groups run on ``workers`` Ray actors (see the module docstring).
+
+    ``rerun`` is the command a :class:`WorkersLostError` tells the user to run (the CLI passes its own command
+    line). ``on_dispatch(actor, task_index)`` is called after a group is handed to an actor (tests kill the actor
+    from it to simulate a lost worker); a class attribute too, so a test can set it (as a staticmethod) for a run
+    the CLI starts.
+    """
+
+    on_dispatch: Callable[[Any, int], None] | None = None
 
     def __init__(self, config, *, workers: int = 2, address: str | None = None, threads_per_worker: int = 1,
+                 rerun: str | None = None, on_dispatch: Callable[[Any, int], None] | None = None,
                  **kwargs: Any) -> None:
         if workers < 1:
             raise EditscopeError("--workers must be >= 1")
+        if config.lm_eval is not None:
+            raise EditscopeError("lm_eval: the config's lm_eval checkpoints run in-process only; leave out "
+                                 "--executor ray")
         super().__init__(config, **kwargs)
-        self.workers, self.address, self.threads = workers, address, threads_per_worker
+        self.workers, self.address, self.threads, self.rerun = workers, address, threads_per_worker, rerun
+        if on_dispatch is not None:
+            self.on_dispatch = on_dispatch
 
     def _execute(self, blocks: list[Block], tasks, editors, hparams, engine) -> Iterator[dict[str, Any]]:
         if not tasks:
@@ -83,18 +117,95 @@ class RayRunner(Runner):
         device = self.bundle.device.type
         config = dataclasses.replace(self.config, device=device)
         remote = ray.remote(num_cpus=self.threads, num_gpus=1 if device == "cuda" else 0)(_GroupWorker)
-        actors = [remote.remote(config, str(self.out_dir.resolve()), self.limit, self.threads, self.suite_factories)
-                  for _ in range(min(self.workers, len(tasks)))]
-        for actor in actors:  # the same weights as the driver's, or rows would mix models
-            fingerprint = ray.get(actor.fingerprint.remote())
+        started = [remote.remote(config, str(self.out_dir.resolve()), self.limit, self.threads, self.suite_factories)
+                   for _ in range(min(self.workers, len(tasks)))]
+        try:
+            yield from self._schedule(ray, blocks, tasks, started)
+        finally:
+            for actor in started:
+                ray.kill(actor)
+
+    def _schedule(self, ray, blocks: list[Block], tasks, started: list) -> Iterator[dict[str, Any]]:
+        """Hand each task to an idle actor; a task whose actor died goes back to the front of the queue for a
+        surviving actor (at most :data:`MAX_ATTEMPTS` tries per group). Rows come out in task order, as the
+        in-process run writes them; when the run cannot go on, the groups finished out of order are written too
+        (nothing finished is lost), then :class:`WorkersLostError` says how to resume."""
+        idle = []
+        for k, actor in enumerate(started):  # the same weights as the driver's, or rows would mix models
+            try:
+                fingerprint = ray.get(actor.fingerprint.remote())
+            except ray.exceptions.RayActorError as exc:
+                if exc.actor_init_failed:  # its __init__ raised: not a lost worker, and a retry would fail again
+                    raise EditscopeError(f"a Ray worker could not start: {_last_line(str(exc))}") from None
+                self.log(f"Ray worker {k} died while starting")
+                continue
             if fingerprint != self.bundle.fingerprint:
                 raise EditscopeError(f"a Ray worker loaded {self.config.model} with fingerprint {fingerprint}, "
                                      f"the driver {self.bundle.fingerprint}")
-        pool = ray.util.ActorPool(actors)
-        try:
-            # in task order, each group's rows as soon as it and the groups before it are done
-            for rows in pool.map(lambda actor, task: actor.run_group.remote(*task), tasks):
-                yield from rows
-        finally:
-            for actor in actors:
-                ray.kill(actor)
+            idle.append(k)
+        queue = deque(range(len(tasks)))
+        attempts = [0] * len(tasks)
+        running: dict[Any, tuple[int, int]] = {}  # object ref -> (task, worker)
+        finished: dict[int, list[dict[str, Any]]] = {}
+        next_out = 0  # rows are yielded in task order: tasks before next_out are written
+        fatal = None
+        while next_out < len(tasks):
+            while fatal is None and idle and queue:
+                t, k = queue.popleft(), idle.pop(0)
+                attempts[t] += 1
+                running[started[k].run_group.remote(*tasks[t])] = (t, k)
+                if self.on_dispatch is not None:
+                    self.on_dispatch(started[k], t)
+            if not running:
+                fatal = fatal or "no Ray worker is left"
+                break
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            t, k = running.pop(ref)
+            try:
+                rows = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                ray.kill(started[k])  # an unavailable actor may come back: make sure it does not
+                where = _group_name(blocks, tasks[t])
+                left = len(idle) + len(running)
+                if attempts[t] >= MAX_ATTEMPTS:
+                    fatal = fatal or f"{where} lost its Ray worker {attempts[t]} times"
+                else:
+                    self.log(f"Ray worker {k} died running {where}; the group goes to another worker "
+                             f"({left} left)")
+                    queue.appendleft(t)
+                continue
+            except ray.exceptions.RayTaskError as exc:  # the group itself failed: as in-process, one line if ours
+                for f in sorted(finished):  # groups that finished after the failing one are kept all the same
+                    yield from finished[f]
+                if isinstance(exc.cause, EditscopeError):
+                    raise exc.cause from None
+                raise
+            idle.append(k)
+            finished[t] = rows
+            while next_out in finished:
+                yield from finished.pop(next_out)
+                next_out += 1
+        if fatal is None:
+            return
+        for f in sorted(finished):  # finished out of order: written now, so a rerun does not redo them
+            yield from finished[f]
+        done = next_out + len(finished)
+        raise WorkersLostError(f"{fatal} ({len(started) - len(idle)} of {len(started)} died); {done} of "
+                               f"{len(tasks)} groups finished, their rows are in {self.out_dir / RESULTS}; "
+                               f"rerun to resume: {self.rerun or self._default_rerun()}")
+
+    def _default_rerun(self) -> str:
+        return shlex.join(["editscope", "run", "CONFIG", "--executor", "ray", "--workers", str(self.workers),
+                           "--output", str(self.out_dir)])
+
+
+def _group_name(blocks: list[Block], task) -> str:
+    b, g, members, _ = task
+    block = blocks[b]
+    return (f"dataset {block.label} group {g} (cases {block.cases[members[0]].case_id}.."
+            f"{block.cases[members[-1]].case_id})")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text

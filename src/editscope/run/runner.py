@@ -10,16 +10,19 @@ pre-edit checksums) after every group, also when anything raises.
 
 ``sequential_batches`` (batch B, rounds T, checkpoints k): a group is T·B consecutive cases; round t applies one
 edit of the requests of cases (t-1)·B..t·B-1 with the editor's sequential state carried through the rounds; after
-every k-th round (k > 0) the cases edited so far are probed (checkpoint rows, ``checkpoint: true``), after the last
-round every case of the group (the rows summaries use); rows record ``edits_applied`` (requests on the model when it
-was probed) and ``round``. ``probe_only`` (``methods: [none]``): no edit; one row per case with method ``none``
+every k-th round (k > 0) the cases edited so far are probed (checkpoint rows, ``checkpoint: true``, written as soon
+as the probe ends), after the last round every case of the group (the rows summaries use); rows record
+``edits_applied`` (requests on the model when it was probed) and ``round``. The rounds are
+:class:`editscope.run.chain.LifelongChain`, which saves the chain's state after each checkpoint's rows and resumes
+a killed chain there. ``probe_only`` (``methods: [none]``): no edit; one row per case with method ``none``
 holding only the pre-edit (``NAME_pre``) metrics and ``post: {}``. Pre-edit probes always come from the unedited
 model (before the group's first edit), so locality compares against the unedited model's answers in every mode.
 
 Resuming skips finished rows (key: dataset, case, method, plus the checkpoint's ``edits_applied``:
-:func:`~editscope.run.store.row_key`); a group with some rows missing is edited again and only
-the missing rows are written (edits are seeded per dataset/method/group, so they are the same). Sharding
-assigns whole groups (group index mod n), so a sharded run and ``merge`` give the rows of an unsharded run.
+:func:`~editscope.run.store.row_key`); a group with some rows missing is edited again (a lifelong chain from its
+last checkpoint file) and only the missing rows are written (edits are seeded per dataset/method/group and round, so
+they are the same). Sharding assigns whole groups (group index mod n), so a sharded run and ``merge`` give the rows
+of an unsharded run.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,8 +49,9 @@ from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
+from editscope.run.chain import LifelongChain, naming, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.store import (
@@ -174,41 +178,64 @@ def assign_groups(blocks: Sequence[Block], group_size: int, shard: tuple[int, in
         block.groups = [(g, members) for g, members in groups if g % n == i]
 
 
-def _check_reverted(bundle: Bundle, patches: Sequence[Patch]) -> None:
-    """Every parameter any patch touched is back at the bytes it had before the first of them."""
+def _check_reverted(bundle: Bundle, checksums: Mapping[str, str]) -> None:
+    """Every parameter an edit touched is back at the bytes it had before the first edit (``checksums``)."""
     params = dict(bundle.model.named_parameters())
-    first: dict[str, str] = {}
-    for patch in patches:
-        for name, checksum in patch.checksums.items():
-            first.setdefault(name, checksum)
-    for name, checksum in first.items():
+    for name, checksum in checksums.items():
         if tensor_checksum(params[name]) != checksum:
             raise EditscopeError(f"parameter {name} was not restored after the edit (bug: please report)")
 
 
 @dataclass
 class _GroupEdits:
-    """What one group's edits left: its patches, the edit seconds and patch index per case, and its probes
-    ``(round, edits, n cases, post, s/case)``. :meth:`take` saves a patch (when asked) and, in a chain, folds it."""
+    """What one group's edits left: the patches still applied (``loose``; in a chain each is folded into the
+    bundle as soon as it is taken), the pre-edit checksum of every edited parameter, per edit (patch) a record
+    of its cases, seconds and ``info`` scalars, and per case the edit that edited it: what the rows need, nothing
+    that grows with the size of the weights. :meth:`take` saves a patch (when asked) and, in a chain, folds it."""
 
     bundle: Bundle
     chained: bool
     save_to: Path | None
     stem: str
-    patches: list[Patch] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
+    loose: list[Patch] = field(default_factory=list)
+    checksums: dict[str, str] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
     patch_of: list[int] = field(default_factory=list)
-    probes: list[tuple[int, int, int, dict[str, list], float]] = field(default_factory=list)
+
+    @property
+    def n_cases(self) -> int:
+        """Cases edited so far."""
+        return len(self.patch_of)
+
+    def seconds(self, k: int) -> float:
+        return self.records[self.patch_of[k]]["seconds"]
+
+    def info(self, k: int) -> dict[str, Any]:
+        return self.records[self.patch_of[k]]["info"]
 
     def take(self, patch: Patch, n_cases: int) -> None:
         """Record ``patch`` (just applied) as the edit of the next ``n_cases`` cases."""
-        self.patches.append(patch)  # first: whatever fails below, the caller reverts what it holds
-        self.seconds += [patch.info["seconds"]] * n_cases
-        self.patch_of += [len(self.patches) - 1] * n_cases
+        self.loose.append(patch)  # first: whatever fails below, the caller reverts what it holds
+        for name, checksum in patch.checksums.items():
+            self.checksums.setdefault(name, checksum)
+        self.patch_of += [len(self.records)] * n_cases
+        self.records.append({"cases": n_cases, "seconds": patch.info["seconds"], "info": _scalars(patch.info),
+                             "digest": patch.digest})
         if self.save_to is not None:
-            patch.save(self.save_to / f"{self.stem}-{len(self.patches) - 1}.safetensors")
+            patch.save(self.save_to / f"{self.stem}-{len(self.records) - 1}.safetensors")
         if self.chained:
             self.bundle.fold(patch)
+            self.loose.pop()
+
+    def restored(self, patch: Patch, records: Sequence[Mapping[str, Any]]) -> None:
+        """A resumed chain: ``patch`` (the folded ΔW of the rounds before, already folded) and those rounds'
+        :attr:`records` as its checkpoint saved them."""
+        for name, checksum in patch.checksums.items():
+            self.checksums.setdefault(name, checksum)
+        for record in records:
+            self.patch_of += [len(self.records)] * int(record["cases"])
+            self.records.append({"cases": int(record["cases"]), "seconds": float(record["seconds"]),
+                                 "info": dict(record["info"]), "digest": str(record["digest"])})
 
 
 class Runner:
@@ -239,6 +266,20 @@ class Runner:
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
         self._editors: dict[str, Any] = {}  # label -> Editor (set by _prepare)
         self._plugins: dict[str, list] = {}  # label -> attached plug-ins
+        self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
+        self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
+
+    # -- what a lifelong chain (editscope.run.chain) asks of the runner ------------------------------------
+    def seed_of(self, *identity: object) -> int:
+        """The seed of a unit of work (from the config seed and its identity, not from the order of work)."""
+        return derived_seed(self.config.seed, *identity)
+
+    def plugins_of(self, label: str) -> list:
+        return self._plugins[label]
+
+    def probe(self, block: Block, label: str, g: int, cases: list[Case], engine: ScoringEngine,
+              *tag: object) -> tuple[dict[str, list], float]:
+        return self._probe(block, label, g, cases, engine, *tag)
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _prepare(self):
@@ -252,6 +293,8 @@ class Runner:
             self.bundle = load(self.config.model, progress=self.log, device=self.config.device,
                                dtype=self.config.dtype)
         bundle = self.bundle
+        if self.config.chat_template:  # a tokenizer without one fails here, before any work
+            ChatFormat.of(bundle.tokenizer, bundle.name)
         for block, spec in zip(blocks, self.config.blocks, strict=True):  # before any edit: every text fits
             check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
                           block.cases)
@@ -286,7 +329,8 @@ class Runner:
             "rows": rows,
             "argv": sys.argv,
             "metrics": declarations_to_json(self._declared),
-        }
+        } | ({"prompt_format": self._prompt_format} if self._prompt_format else {}) | (
+            {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {})
 
     def _check_existing(self) -> str | None:
         """The start time of the run already in the output directory (resume), after checking it is ours."""
@@ -353,7 +397,14 @@ class Runner:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
         if pending:
             self._warm_stats(hparams)
-        engine = ScoringEngine(bundle)
+        engine = ScoringEngine(bundle, chat_template=self.config.chat_template)
+        self._prompt_format = engine.prompt_format
+        if self.config.lm_eval is not None:  # lm-evaluation-harness at chain checkpoints (editscope.run.lmeval)
+            from editscope.run.lmeval import LmEvalHook
+
+            self.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=self.config.checkpoints,
+                                       chat_template=self.config.chat_template, log=self.log)
+            self.lm_eval_hook.baseline(bundle)
         written, status = 0, "interrupted"
         from tqdm import tqdm
 
@@ -362,13 +413,17 @@ class Runner:
             with ResultsWriter(self.out_dir / RESULTS) as writer:
                 tasks = [(b, g, members, todo) for b, block in enumerate(blocks) for g, members in block.groups
                          if any((todo := {m: missing(block, members, m) for m in methods}).values())]
-                for row in self._execute(blocks, tasks, editors, hparams, engine):
-                    writer.append(row)
-                    written += 1
-                    bar.update(1)
-                    if self.on_row is not None:
-                        self.on_row(row)
+                # closing(): on an error here the edit generators restore the weights now, not when the
+                # traceback holding their frames is collected
+                with closing(self._execute(blocks, tasks, editors, hparams, engine)) as produced:
+                    for row in produced:
+                        writer.append(row)  # flush + fsync before the chain that produced it goes on
+                        written += 1
+                        bar.update(1)
+                        if self.on_row is not None:
+                            self.on_row(row)
             status = "complete"
+            remove_chain_files(self.out_dir)  # every chain's final rows are written
         finally:
             bar.close()
             rows = read_results(self.out_dir / RESULTS)
@@ -432,10 +487,19 @@ class Runner:
                 "method_display": "unedited", "plugins": [], "mode": self.config.mode_label, "group": g,
                 "group_size": len(cases), "edit_seconds": 0.0, "eval_seconds": pre_seconds, "edit_info": {},
                 "requests": _requests(block.requests[i]), "hparams": {},
-                "protocol": {name: s.protocol for name, s in block.suites.items()},
+                "protocol": self._protocol(block),
                 "metrics": metrics, "pre": {name: pre[name][k] for name in block.suites}, "post": {},
             })
         return rows
+
+    def _protocol(self, block: Block) -> dict[str, dict[str, Any]]:
+        """Each suite's protocol (DESIGN rule 10), with the chat template's when prompts are wrapped in it."""
+        fmt = self._prompt_format
+        if not fmt:
+            return {name: s.protocol for name, s in block.suites.items()}
+        return {name: {**s.protocol, "chat_template": fmt["chat_template"],
+                       "note": f"{s.protocol.get('note', '')}; {fmt['note']}".lstrip("; ")}
+                for name, s in block.suites.items()}
 
     def _new_state(self, label: str, editor) -> Any:
         """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;
@@ -460,8 +524,9 @@ class Runner:
 
     def _edit_group(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list],
                     label: str, editor, hp, engine: ScoringEngine,
-                    todo: set[tuple[int, int | None]]) -> list[dict[str, Any]]:
-        """Edit the group with one method, probe, restore; the rows of the units in ``todo``."""
+                    todo: set[tuple[int, int | None]]) -> Iterator[dict[str, Any]]:
+        """Edit the group with one method, probe, restore; the rows of the units in ``todo``, each yielded as soon
+        as its probe is done (a lifelong chain's checkpoint rows while the chain goes on)."""
         bundle = self.bundle
         assert bundle is not None
         mode = self.config.mode
@@ -471,90 +536,85 @@ class Runner:
         chained = mode in ("sequential", "sequential_batches")
         save_to = self.out_dir / "patches" / label if self.config.save_patches else None
         log = _GroupEdits(bundle, chained, save_to, f"{block.label}-g{g:05d}")
+        chain = None
         with bundle.folding() if chained else nullcontext():
             try:
-                self._edit_steps(block, members, cases, label, editor, hp, engine, todo, g, log)
+                if mode == "sequential_batches":
+                    chain = LifelongChain(self, block, g, members, label, editor, hp, engine, todo, log)
+                    for probe in chain.rounds(lambda: self._new_state(label, editor)):
+                        yield from self._rows(block, g, members, cases, pre, label, editor, hp, todo, log, probe,
+                                              checkpoint=True)
+                    state = chain.state
+                else:
+                    state = self._edit_steps(block, members, cases, label, editor, hp, engine, log)
+                if label not in self._state_templates:
+                    self._state_templates[label] = state.without_edits()
+                final_edits = sum(len(block.requests[i]) for i in members)
+                final = (len(log.records), final_edits, len(cases), *self._probe(block, label, g, cases, engine))
             finally:
-                for patch in reversed(log.patches):
+                for patch in reversed(log.loose):
                     if patch.applied:
                         patch.revert(bundle)
-        _check_reverted(bundle, log.patches)
-        patches, seconds, patch_of, probes = log.patches, log.seconds, log.patch_of, log.probes
+        _check_reverted(bundle, log.checksums)
+        yield from self._rows(block, g, members, cases, pre, label, editor, hp, todo, log, final, checkpoint=False)
+        if chain is not None:
+            chain.finished()
+
+    def _rows(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list], label: str,
+              editor, hp, todo: set[tuple[int, int | None]], log: _GroupEdits,
+              probe: tuple[int, int, int, dict[str, list], float], *, checkpoint: bool) -> list[dict[str, Any]]:
+        """The rows in ``todo`` of one probe ``(round, edits applied, n cases probed, post, s/case)``."""
+        rnd, edits, n_cases, post, eval_seconds = probe
         rows = []
-        last = len(probes) - 1
-        for j, (rnd, edits, n_cases, post, eval_seconds) in enumerate(probes):
-            checkpoint = j < last
-            for k, (i, case) in enumerate(zip(members[:n_cases], cases[:n_cases], strict=True)):
-                if (i, edits if checkpoint else None) not in todo:
-                    continue
-                metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][k]))
-                           for name, s in block.suites.items()}
-                row = {
-                    "dataset": block.label,
-                    "case_id": case.case_id,
-                    "index": i,
-                    "method": label,
-                    "editor": editor.name,
-                    "method_display": editor.display(self._plugins[label]),
-                    "plugins": [p.to_dict() for p in self._plugins[label]],
-                    "mode": self.config.mode_label,
-                    "group": g,
-                    "group_size": len(cases),
-                    "edit_seconds": seconds[k],
-                    "eval_seconds": eval_seconds,
-                    "edit_info": _scalars(patches[patch_of[k]].info),
-                    "requests": _requests(block.requests[i]),
-                    "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
-                    "conventions": hp.protocol(),  # the convention switches in force (DESIGN rule 10)
-                    "runtime": self.runtime.settings(),
-                    "protocol": {name: s.protocol for name, s in block.suites.items()},  # DESIGN rule 10
-                    "metrics": metrics,
-                    "pre": {name: pre[name][k] for name in block.suites},
-                    "post": {name: post[name][k] for name in block.suites},
-                }
-                if mode == "sequential_batches":  # what was on the model when this row was probed
-                    row |= {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
-                rows.append(row)
+        for k, (i, case) in enumerate(zip(members[:n_cases], cases[:n_cases], strict=True)):
+            if (i, edits if checkpoint else None) not in todo:
+                continue
+            metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][k]))
+                       for name, s in block.suites.items()}
+            row = {
+                "dataset": block.label,
+                "case_id": case.case_id,
+                "index": i,
+                "method": label,
+                "editor": editor.name,
+                "method_display": editor.display(self._plugins[label]),
+                "plugins": [p.to_dict() for p in self._plugins[label]],
+                "mode": self.config.mode_label,
+                "group": g,
+                "group_size": len(cases),
+                "edit_seconds": log.seconds(k),
+                "eval_seconds": eval_seconds,
+                "edit_info": log.info(k),
+                "requests": _requests(block.requests[i]),
+                "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
+                "conventions": hp.protocol(),  # the convention switches in force (DESIGN rule 10)
+                "runtime": self.runtime.settings(),
+                "protocol": self._protocol(block),  # DESIGN rule 10
+                "metrics": metrics,
+                "pre": {name: pre[name][k] for name in block.suites},
+                "post": {name: post[name][k] for name in block.suites},
+            }
+            if self.config.mode == "sequential_batches":  # what was on the model when this row was probed
+                row |= {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
+            rows.append(row)
         return rows
 
     def _edit_steps(self, block: Block, members: list[int], cases: list[Case], label: str, editor, hp,
-                    engine: ScoringEngine, todo: set[tuple[int, int | None]], g: int, log: _GroupEdits) -> None:
-        """The edits of one group by the run's mode and its probes, into ``log``."""
+                    engine: ScoringEngine, log: _GroupEdits) -> Any:
+        """The edits of one group in modes single, batch and sequential, into ``log``; returns the editor state.
+        (``sequential_batches`` is :class:`editscope.run.chain.LifelongChain`.)"""
         bundle = self.bundle
-        mode = self.config.mode
         state = self._new_state(label, editor)
-        if mode == "batch":
+        apply = dict(hparams=hp, state=state, engine=engine, runtime=self.runtime, plugins=self._plugins[label])
+        if self.config.mode == "batch":
             requests = [r for i in members for r in block.requests[i]]
-            with _naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
-                log.take(editor.apply(bundle, requests, hp, state, engine=engine, runtime=self.runtime,
-                                      plugins=self._plugins[label]), len(cases))
-        elif mode == "sequential_batches":
-            b, every = self.config.batch, self.config.checkpoints
-            rounds = [members[s:s + b] for s in range(0, len(members), b)]
-            applied = 0
-            for r, chunk in enumerate(rounds, start=1):
-                # seeded per round: a resume that skips a finished checkpoint's probes edits identically
-                torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit", r))
-                requests = [req for i in chunk for req in block.requests[i]]
-                first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
-                with _naming(f"{block.label}: round {r} (cases {first}..{last}), method {label}"):
-                    log.take(editor.apply(bundle, requests, hp, state, engine=engine, runtime=self.runtime,
-                                          plugins=self._plugins[label]), len(chunk))
-                applied += len(requests)
-                n_done = len(log.seconds)
-                wanted = any((i, applied) in todo for i in members[:n_done])
-                if every and r % every == 0 and r < len(rounds) and wanted:
-                    log.probes.append((r, applied, n_done, *self._probe(block, label, g, cases[:n_done], engine,
-                                                                     f"round {r}")))
+            with naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
+                log.take(editor.apply(bundle, requests, **apply), len(cases))
         else:  # single (one case per group) or sequential (state shared through the group)
             for i in members:
-                with _naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
-                    log.take(editor.apply(bundle, list(block.requests[i]), hp, state, engine=engine,
-                                          runtime=self.runtime, plugins=self._plugins[label]), 1)
-        if label not in self._state_templates:
-            self._state_templates[label] = state.without_edits()
-        final_edits = sum(len(block.requests[i]) for i in members)
-        log.probes.append((len(log.patches), final_edits, len(cases), *self._probe(block, label, g, cases, engine)))
+                with naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
+                    log.take(editor.apply(bundle, list(block.requests[i]), **apply), 1)
+        return state
 
     def _probe(self, block: Block, label: str, g: int, cases: list[Case], engine: ScoringEngine,
                *tag: object) -> tuple[dict[str, list], float]:
@@ -563,6 +623,12 @@ class Runner:
         torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "post", *tag))
         post = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
         return post, (time.perf_counter() - t0) / len(cases)
+
+
+def _lm_eval_version() -> str | None:
+    from editscope.run.lmeval import lm_eval_version
+
+    return lm_eval_version()
 
 
 def _requests(requests: Sequence[EditRequest]) -> list[dict[str, str]]:
@@ -575,15 +641,6 @@ def _pre_metrics(suite: Suite, case: Case, pre: dict[str, Any]) -> dict[str, flo
     standing in for the post-edit one (they read only the pre probe; post-only metrics compare the two: left out)."""
     decl = suite.declarations
     return {col: v for col, v in suite.checked_metrics(case, pre, pre).items() if decl.by_column[col].pre == col}
-
-
-@contextmanager
-def _naming(what: str) -> Iterator[None]:
-    """Prefix an editor's error (e.g. a non-finite ΔW) with the dataset, case and method it happened on."""
-    try:
-        yield
-    except EditscopeError as exc:
-        raise EditscopeError(f"{what}: {exc}") from None
 
 
 def _json(data: dict[str, Any]) -> str:

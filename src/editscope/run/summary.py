@@ -1,6 +1,7 @@
 """Summaries of a results file: per dataset, suite, method and metric the mean, n and a 95% confidence
-interval (Student t over cases: mean ± t₀.₉₇₅,ₙ₋₁ · s/√n; undefined for n < 2). ``null`` (NaN) metric values
-are left out of n.
+interval (Student t over cases: mean ± t₀.₉₇₅,ₙ₋₁ · s/√n; undefined for n < 2), cut to the metric's declared
+range (a share's interval never leaves [0, 1]; a cut interval is printed as ``[lo, hi]``, not ``±``). ``null``
+(NaN) metric values are left out of n.
 
 Driven by the suites' metric declarations (:class:`~editscope.metrics.registry.MetricSpec`, keyed by
 (dataset label, suite name)): metrics come in declaration order; aggregate metrics (the CounterFact/zsRE
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from editscope.atomic import atomic_write_text
-from editscope.metrics.intervals import N_BOOTSTRAP, bootstrap_aggregate, geometric_mean_ci, mean_ci
+from editscope.metrics.intervals import N_BOOTSTRAP, bootstrap_aggregate, clip_interval, geometric_mean_ci, mean_ci
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 
@@ -101,6 +102,7 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
                 if n == 0:
                     continue
                 value, lo, hi = bootstrap_aggregate(matrix, spec)
+                lo, hi = clip_interval(lo, hi, spec.range)
                 out.append(SummaryRow(dataset, suite, method, column, n, value, lo, hi, math.nan, "bootstrap"))
                 continue
             vals = [_value(m[column]) for m in per_case if column in m]
@@ -112,6 +114,8 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             else:
                 mean, lo, hi, sd = mean_ci(vals)
                 kind = "t"
+            if spec is not None:
+                lo, hi = clip_interval(lo, hi, spec.range)
             n = sum(1 for v in vals if math.isfinite(v))
             out.append(SummaryRow(dataset, suite, method, column, n, mean, lo, hi, sd, kind))
     return out
@@ -186,13 +190,21 @@ def _fmt(x: float, digits: int) -> str:
     return f"{x:.{digits}f}"
 
 
+def symmetric(r: SummaryRow) -> bool:
+    """Whether the interval is ``mean ± half`` (a t interval not cut by the metric's range)."""
+    return math.isclose(r.mean - r.ci95_low, r.ci95_high - r.mean, rel_tol=1e-9, abs_tol=1e-12)
+
+
 def fmt_mean_ci(r: SummaryRow, digits: int = 3) -> str:
-    """``mean ± half-width`` (fixed point; scientific for very large or small values)."""
+    """``mean ± half-width`` (fixed point; scientific for very large or small values); ``mean [lo, hi]`` when the
+    interval is not symmetric (cut to the metric's range, a log-scale or bootstrap interval)."""
     if not math.isfinite(r.mean):
         return "–"
-    if not math.isfinite(r.half_width):
+    if not (math.isfinite(r.ci95_low) and math.isfinite(r.ci95_high)):
         return _fmt(r.mean, digits)
-    return f"{_fmt(r.mean, digits)} ± {_fmt(r.half_width, digits)}"
+    if symmetric(r):
+        return f"{_fmt(r.mean, digits)} ± {_fmt(r.half_width, digits)}"
+    return f"{_fmt(r.mean, digits)} [{_fmt(r.ci95_low, digits)}, {_fmt(r.ci95_high, digits)}]"
 
 
 def metric_label(column: str, spec: MetricSpec | None) -> str:
@@ -218,7 +230,9 @@ MIN_CI_N = 5
 UNEDITED = "unedited"
 
 
-def _paper_num(x: float, scale: float) -> str:
+def paper_num(x: float, scale: float) -> str:
+    """``x`` as the compact tables print it: ×``scale`` with one decimal, else 2 decimals (1 from 100, scientific
+    from 1e4)."""
     if scale != 1:
         return f"{x * scale:.1f}"
     return _fmt(x, 2) if abs(x) < 100 else _fmt(x, 1) if abs(x) < 1e4 else f"{x:.2e}"
@@ -229,14 +243,13 @@ def paper_cell(r: SummaryRow, spec: MetricSpec) -> str:
     interval clipped to the metric's declared range (``± half`` when symmetric and unclipped, else ``[lo, hi]``)."""
     if not math.isfinite(r.mean):
         return "–"
-    text = _paper_num(r.mean, spec.paper_scale)
+    text = paper_num(r.mean, spec.paper_scale)
     if r.n < MIN_CI_N or not (math.isfinite(r.ci95_low) and math.isfinite(r.ci95_high)):
         return text
-    lo_r, hi_r = spec.range if spec.range is not None else (-math.inf, math.inf)
-    lo, hi = max(r.ci95_low, lo_r), min(r.ci95_high, hi_r)
-    if r.ci == "t" and (lo, hi) == (r.ci95_low, r.ci95_high):
-        return f"{text} ± {_paper_num(r.half_width, spec.paper_scale)}"
-    return f"{text} [{_paper_num(lo, spec.paper_scale)}, {_paper_num(hi, spec.paper_scale)}]"
+    lo, hi = clip_interval(r.ci95_low, r.ci95_high, spec.range)
+    if r.ci == "t" and (lo, hi) == (r.ci95_low, r.ci95_high) and symmetric(r):
+        return f"{text} ± {paper_num(r.half_width, spec.paper_scale)}"
+    return f"{text} [{paper_num(lo, spec.paper_scale)}, {paper_num(hi, spec.paper_scale)}]"
 
 
 def paper_header(spec: MetricSpec) -> str:

@@ -85,7 +85,9 @@ class CollateralSuite(Suite):
     def known(self, engine: Scorer, *, progress: bool = False) -> KnownSet:
         """The probe set (chosen on the unedited model on first use; cached on disk)."""
         if self._known is None:
-            rule = json.dumps(["collateral", list(self.sources), self.facts, "top1-true", "unique-text"])
+            parts: list = ["collateral", list(self.sources), self.facts, "top1-true", "unique-text"]
+            fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
+            rule = json.dumps(parts + [fmt] if fmt else parts)
 
             def show(scanned: int, total: int, found: int) -> None:
                 print(f"collateral probe set: {found}/{self.facts} known facts in {scanned}/{total} scanned",

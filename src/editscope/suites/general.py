@@ -87,7 +87,7 @@ class GeneralAbilitySuite(Suite):
         if self._text is None:
             rows, total = [], 0
             for paragraph in Corpus.default().paragraphs():
-                n = len(engine.encode(paragraph))
+                n = len(engine.encode_text(paragraph))  # a document, not a prompt
                 if n > self.row_tokens:
                     continue
                 rows.append(paragraph)
@@ -105,7 +105,9 @@ class GeneralAbilitySuite(Suite):
         """The (prompt, answer) probe set, chosen on the unedited model (cached on disk by its fingerprint)."""
         if self._known is not None:
             return self._known
-        rule = json.dumps([self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"])
+        parts: list = [self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"]
+        fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
+        rule = json.dumps(parts + [fmt] if fmt else parts)
         chosen = choose_known(engine, self._fact_pool, self.facts, rule, who="general suite")
         self._known = [(f.prompt, f.answer) for f in chosen.facts]
         if not self._known:  # KnownFacts is then absent from the rows (undefined), not 0

@@ -31,7 +31,7 @@ from editscope.atomic import atomic_write
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.mend.nets import MendNets
-from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms
+from editscope.edit.objective import ObjectiveTerm, TargetNLL, VStep, setup_terms, weights_context
 from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
@@ -129,8 +129,7 @@ def loss_factors(bundle, engine: ScoringEngine, request: EditRequest, layers: Se
     forward the loss runs; rows where u or δ is all zero (padding, positions no loss reads) are left out. Returns
     them and each term's value."""
     # every forward's rows as they are: the factors are per row, and MEND's networks are not linear in them
-    ctx = VContext(engine, bundle, request, None, engine.prepare([(request.text, request.target_new)]), [], 1,
-                   fast_side_batches=False)
+    ctx = weights_context(engine, request, terms, fast_side_batches=False)
     setup_terms(ctx, terms)
     seen: dict[str, list[torch.Tensor]] = {}
 

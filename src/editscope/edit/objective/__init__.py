@@ -4,22 +4,23 @@ The formulas live in ``terms``; the speed machinery lives below, in :mod:`editsc
 
 from editscope.edit.objective.forward import FORWARDS, ForwardStrategy, forward_strategy
 from editscope.edit.objective.optimise import AdamSettings, optimise, request_groups
-from editscope.edit.objective.problem import ESSENCE_TEMPLATE, VContext, build_context
+from editscope.edit.objective.problem import ESSENCE_TEMPLATE, VContext, build_context, weights_context
 from editscope.edit.objective.solve import Solved, VSpec, independent_edits, solve_requests
 from editscope.edit.objective.terms import (
-    BATCHED_TERMS,
     EssenceKL,
     NormPenalty,
     ObjectiveTerm,
     TargetNLL,
     Term,
+    TermRows,
     VStep,
     default_terms,
     setup_terms,
 )
 
 __all__ = [
-    "AdamSettings", "BATCHED_TERMS", "ESSENCE_TEMPLATE", "EssenceKL", "FORWARDS", "ForwardStrategy", "NormPenalty",
-    "ObjectiveTerm", "Solved", "TargetNLL", "Term", "VContext", "VSpec", "VStep", "build_context", "default_terms",
+    "AdamSettings", "ESSENCE_TEMPLATE", "EssenceKL", "FORWARDS", "ForwardStrategy", "NormPenalty", "ObjectiveTerm",
+    "Solved", "TargetNLL", "Term", "TermRows", "VContext", "VSpec", "VStep", "build_context", "default_terms",
     "forward_strategy", "independent_edits", "optimise", "request_groups", "setup_terms", "solve_requests",
+    "weights_context",
 ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from editscope.edit.objective.problem import VContext
-from editscope.edit.objective.terms import BATCHED_TERMS, ObjectiveTerm, VStep, setup_terms
+from editscope.edit.objective.terms import ObjectiveTerm, VStep, setup_terms
 from editscope.lm.engine import TokenBatch
 
 
@@ -38,12 +38,12 @@ class AdamSettings:
 def optimise(ctxs: Sequence[VContext], terms: Sequence[Sequence[ObjectiveTerm]], settings: AdamSettings, *,
              token_budget: int, max_requests: int | None = None) -> list[torch.Tensor]:
     """δ (float64) of each context, the contexts optimised in groups of :func:`request_groups` (one batched
-    forward per step for a group). A plug-in term (outside :data:`BATCHED_TERMS`) runs forwards of its own per
-    request, so with one the groups are single requests. Each context's loss history goes to
+    forward per step for a group). A term that is not ``batched`` (APP) runs forwards of its own per request, so
+    with one the groups are single requests. Each context's loss history goes to
     ``ctx.store["losses"]``; its forward caches are released once its group is done."""
     if len(ctxs) != len(terms):
         raise ValueError(f"{len(ctxs)} contexts but {len(terms)} term lists")
-    batched = all(isinstance(t, BATCHED_TERMS) for ts in terms for t in ts)
+    batched = all(t.batched for ts in terms for t in ts)
     groups = request_groups(ctxs, token_budget, max_requests) if batched else [[i] for i in range(len(ctxs))]
     out: list[torch.Tensor] = [torch.empty(0)] * len(ctxs)  # host: placeholders, replaced below
     for group in groups:

@@ -10,6 +10,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import prompt_rows
 from editscope.edit.objective.forward import FORWARDS, ForwardStrategy
+from editscope.edit.objective.terms import ObjectiveTerm
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.hooks import capture
 from editscope.lm.loading import Bundle
@@ -39,6 +40,8 @@ class VContext:
     v_init: torch.Tensor | None = None
     store: dict = field(default_factory=dict)
     forward: ForwardStrategy = FORWARDS["fast"]
+    #: rows of the main batch each term added (:meth:`ObjectiveTerm.rows`), by term name: neither rewrite nor essence
+    term_rows: dict[str, list[int]] = field(default_factory=dict)
     #: side batches run with ``fixed=True`` may take a partial forward whose rows are not the batch's (the shared
     #: context once, answers packed); False for a caller that reads per-row states of every forward (MEND)
     fast_side_batches: bool = True
@@ -48,13 +51,14 @@ class VContext:
 
     @property
     def essence_rows(self) -> list[int]:
-        return list(range(self.n_rewrite, self.batch.input_ids.shape[0]))
+        added = {r for rows in self.term_rows.values() for r in rows}
+        return [r for r in range(self.n_rewrite, self.batch.input_ids.shape[0]) if r not in added]
 
     @property
     def last_read(self) -> list[int]:
         """Per row of the main batch, the last position whose final state the objective reads: the prediction of
-        the last target token (rewrite rows) or the end of the prompt (essence rows: the KL is read there or at
-        the subject, before it). :attr:`VStep.hidden` is exact up to these positions only."""
+        the last target token (rewrite rows) or the end of the prompt (essence rows and terms' rows: the KL is
+        read there or at the subject, before it). :attr:`VStep.hidden` is exact up to these positions only."""
         b = self.batch
         return [b.context_lengths[r] + (b.continuation_lengths[r] - 2 if r < self.n_rewrite else -1)
                 for r in range(b.input_ids.shape[0])]
@@ -105,10 +109,25 @@ class VContext:
         return held[1]
 
 
+def _with_term_rows(engine: ScoringEngine, request: EditRequest, pairs: list, positions: list[int],
+                    terms: Sequence[ObjectiveTerm]) -> tuple[TokenBatch, list[int], dict[str, list[int]]]:
+    """The main batch: ``pairs`` then each term's own rows (:meth:`ObjectiveTerm.rows`), so every row the loss
+    reads runs in the one forward per step; the δ positions and each term's row indices with it."""
+    pairs, positions, term_rows = list(pairs), list(positions), {}
+    for term in terms:
+        added = term.rows(engine, request)
+        if added is not None:
+            term_rows[term.name] = list(range(len(pairs), len(pairs) + len(added.pairs)))
+            pairs += added.pairs
+            positions += added.positions
+    return engine.prepare(pairs), positions, term_rows
+
+
 def build_context(engine: ScoringEngine, request: EditRequest, templates: Sequence[str],
                   hook_point: str | None, *, essence: bool = True,
-                  forward: ForwardStrategy = FORWARDS["fast"]) -> VContext:
-    """Prepare the batch (rewrite rows, then the essence row) and record v₀ at the bare prompt."""
+                  forward: ForwardStrategy = FORWARDS["fast"], terms: Sequence[ObjectiveTerm] = ()) -> VContext:
+    """Prepare the batch (rewrite rows, the essence row, then the rows of ``terms`` that add their own) and record
+    v₀ at the bare prompt."""
     texts, positions = prompt_rows(engine, request, templates)
     pairs = [(t, request.target_new) for t in texts]
     n_rewrite = len(pairs)
@@ -117,11 +136,21 @@ def build_context(engine: ScoringEngine, request: EditRequest, templates: Sequen
                                          ["{}"])
         pairs += [(t, request.target_new) for t in ess_texts]
         positions += ess_pos
-    batch = engine.prepare(pairs)
-    ctx = VContext(engine, engine.bundle, request, hook_point, batch, positions, n_rewrite, forward=forward)
+    batch, positions, term_rows = _with_term_rows(engine, request, pairs, positions, terms)
+    ctx = VContext(engine, engine.bundle, request, hook_point, batch, positions, n_rewrite, forward=forward,
+                   term_rows=term_rows)
     if hook_point is not None:
         # the forward stops after the hook point's block (capture's stop_after): nothing later is read
         with torch.no_grad(), capture(engine.model, engine.arch, [hook_point], stop_after=True) as store:
             engine.batch_hidden(engine.prepare(pairs[:1]))
         ctx.v_init = store[hook_point][0, positions[0]].detach().double()
     return ctx
+
+
+def weights_context(engine: ScoringEngine, request: EditRequest, terms: Sequence[ObjectiveTerm], *,
+                    forward: ForwardStrategy = FORWARDS["fast"], fast_side_batches: bool = True) -> VContext:
+    """The problem of an editor that trains weights (FT, MEND's loss): no δ, one rewrite row (the bare prompt and
+    target_new), then the rows of ``terms`` that add their own."""
+    batch, _, term_rows = _with_term_rows(engine, request, [(request.text, request.target_new)], [], terms)
+    return VContext(engine, engine.bundle, request, None, batch, [], 1, forward=forward,
+                    fast_side_batches=fast_side_batches, term_rows=term_rows)

@@ -93,9 +93,10 @@ def solve_requests(engine: ScoringEngine, runtime: EditRuntime, requests: Sequen
     if window is not None:
         todo = [r for r in requests if (spec, r) not in window.solved]
         todo += [r for r in dict.fromkeys(peers(window.groups)) if (spec, r) not in window.solved and r not in todo]
-    ctxs = [build_context(engine, r, spec.templates, spec.hook_point, forward=runtime.strategy) for r in todo]
-    deltas = optimise(ctxs, [spec.terms() + list(extra_terms) for _ in ctxs], spec.adam,
-                      token_budget=engine.token_budget, max_requests=runtime.vstar_batch)
+    terms = [spec.terms() + list(extra_terms) for _ in todo]
+    ctxs = [build_context(engine, r, spec.templates, spec.hook_point, forward=runtime.strategy, terms=ts)
+            for r, ts in zip(todo, terms, strict=True)]
+    deltas = optimise(ctxs, terms, spec.adam, token_budget=engine.token_budget, max_requests=runtime.vstar_batch)
     found = [Solved(c.v_init, d, c.store["losses"]) for c, d in zip(ctxs, deltas, strict=True)]  # type: ignore[arg-type]
     if window is None:
         return found

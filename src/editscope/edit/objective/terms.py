@@ -11,14 +11,18 @@ with ‖δ‖ clamped to ``clamp_norm_factor · ‖v₀‖`` after each step (:m
 MEMIT (Meng et al. 2023, eq. 16) optimises the same loss on the residual stream after the last edit layer;
 AlphaEdit, PRUNE, RECT and EVK-Edit reuse MEMIT's.
 
-**Term protocol** (:class:`ObjectiveTerm`; subclass :class:`Term` for the no-op set-up). A term has
-``name: str``, ``setup(ctx) -> None`` — called once per edited request before optimisation, with the unedited
-model, to record pre-edit quantities in ``ctx.store[name]`` — and ``__call__(step: VStep) -> Tensor`` (a weighted
-scalar loss). The optimiser runs ONE forward of the main batch per step and hands the same :class:`VStep` to every
-term: ``step.hidden`` holds the final hidden states of the main batch with δ (or the trained weights) installed;
+**Term protocol** (:class:`ObjectiveTerm`; subclass :class:`Term` for the no-op set-up and no rows of its own).
+A term has ``name: str``; ``batched: bool`` (declared: True if it reads only the main batch, so the δ of many
+requests can share one forward per step); ``rows(engine, request)`` — the rows it adds to the main batch (or
+None), prepared with the request's own rows so they run in the same forward; ``setup(ctx) -> None`` — called
+once per edited request before optimisation, with the unedited model, to record pre-edit quantities in
+``ctx.store[name]`` — and ``__call__(step: VStep) -> Tensor`` (a weighted scalar loss). The optimiser runs ONE
+forward of the main batch per step and hands the same :class:`VStep` to every term: ``step.hidden`` holds the
+final hidden states of the main batch with δ (or the trained weights) installed;
 ``step.logprobs_at(rows, cols)`` gives full-vocabulary log-probabilities at chosen positions; ``ctx.run(batch,
-positions, delta)`` runs any other batch prepared by ``ctx.engine.prepare`` with the same δ, for plug-ins (APP:
-other answers; EVK-Align: perturbed embeddings). Plug-ins are registered in :mod:`editscope.edit.plugins`.
+positions, delta)`` runs any other batch prepared by ``ctx.engine.prepare`` with the same δ (APP: other answers,
+one request at a time). A term's own rows (EVK-Align: perturbed embeddings) are ``ctx.term_rows[name]`` of the main
+batch. Plug-ins are registered in :mod:`editscope.edit.plugins`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+from editscope.data.records import EditRequest
+from editscope.lm.engine import ScoringEngine
+from editscope.lm.scorer import ScoreRequest
 
 if TYPE_CHECKING:
     from editscope.edit.objective.problem import VContext
@@ -90,14 +98,31 @@ class ObjectiveTerm(Protocol):
     """A weighted scalar loss term of the v* (or weight) objective; see the module docstring."""
 
     name: str
+    batched: bool
+
+    def rows(self, engine: ScoringEngine, request: EditRequest) -> TermRows | None: ...
 
     def setup(self, ctx: VContext) -> None: ...
 
     def __call__(self, step: VStep) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True)
+class TermRows:
+    """Rows a term adds to the main batch: one scored pair per row (its continuation is a filler where only the
+    context is read) and where δ is added in each."""
+
+    pairs: list[ScoreRequest]
+    positions: list[int]
+
+
 class Term:
-    """Base for terms that need no pre-edit quantities: ``setup`` does nothing."""
+    """Base for terms that read only the main batch's own rows and need no pre-edit quantities."""
+
+    batched = True
+
+    def rows(self, engine: ScoringEngine, request: EditRequest) -> TermRows | None:
+        return None
 
     def setup(self, ctx: VContext) -> None:
         return None
@@ -187,7 +212,3 @@ def default_terms(kl_factor: float, v_weight_decay: float, kl_at: str = "next") 
     return [TargetNLL(), EssenceKL(kl_factor, at=kl_at), NormPenalty(v_weight_decay)]
 
 
-#: The terms that keep their per-request state in ``ctx.store`` and read only the main batch, so the δ of several
-#: requests can share one batched forward per step. A plug-in term runs forwards of its own per request and step
-#: (``ctx.run``), so any plug-in makes the optimisation one request at a time.
-BATCHED_TERMS: tuple[type, ...] = (TargetNLL, EssenceKL, NormPenalty)

@@ -173,9 +173,14 @@ class AppTerm:
     """α·L1 + β·L2 + γ·L3 as one objective term (the module docstring); its ``setup`` needs the unedited model."""
 
     name = "app"
+    #: its answers run in forwards of their own (shared context, per request), so APP edits one request at a time
+    batched = False
 
     def __init__(self, hp: AppHParams) -> None:
         self.hp = hp
+
+    def rows(self, engine, request) -> None:
+        return None
 
     def setup(self, ctx: VContext) -> None:
         request = ctx.request

@@ -13,9 +13,10 @@ Both are restricted to I_k = TopK(p_θ) and renormalised there (eqs 13-14). Prog
 k = ``k1`` for the first ``switch_step`` optimisation steps, then ``k2`` (paper: 10 then 50; the paper gives
 no switch point — 10 is half of the shipped configs' 20 v* steps).
 
-The copies are fixed for one edited request (seeded by ``seed`` and the request), so p_θ is computed once.
-Each step runs one batched forward of the N copies with δ added at the subject's last token of the edit
-prompt, the position the editor adds it at (``VContext.run``).
+The copies are fixed for one edited request (seeded by ``seed`` and the request), so p_θ is computed once. They
+are rows of the optimisation's main batch (:meth:`EvkAlign.rows`), δ added at the subject's last token of the edit
+prompt as in the request's own rows: the term reads the one forward per step the optimiser runs anyway, so the
+requests of a MEMIT-family batch still share one forward per step with EVK-Align on (``batched``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from editscope.data.evk import DRIFTS, drift_embeddings, instance_seed, prompt_spans
+from editscope.data.records import EditRequest
 from editscope.edit.context import subject_last_token_index
-from editscope.edit.objective import VContext, VStep
+from editscope.edit.objective import TermRows, VContext, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec
 from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
 from editscope.lm.scorer import ScoreRequest
 
 
@@ -80,10 +83,10 @@ class EvkAlignHParams(PluginHParams):
 
 @dataclass
 class _Copies:
-    """The fixed EVK copies of one request: prepared batch, δ positions, read positions, pre log-probs."""
+    """What ``setup`` records per request: the copies' rows of the main batch, their read positions and drift
+    types, p_θ there (log-probs), and the number of calls so far (the k schedule)."""
 
-    batch: object
-    positions: list[int]
+    rows: list[int]
     read: list[int]
     drifts: list[str]
     pre: torch.Tensor
@@ -94,17 +97,17 @@ class EvkAlign:
     """The EVK-Align loss term (:class:`~editscope.edit.objective.terms.ObjectiveTerm`); see the module docstring."""
 
     name = "evk_align"
+    batched = True
 
     def __init__(self, hp: EvkAlignHParams) -> None:
         self.hp = hp
 
-    def copies(self, ctx: VContext) -> tuple[list[str], list[torch.Tensor]]:
-        """Drift type and perturbed embeddings of each of the N copies of ``ctx.request``'s prompt (seeded)."""
-        req = ctx.request
-        template = req.prompt.rstrip()  # the engine moves a trailing space off the context
-        spans = prompt_spans(ctx.engine, template, req.subject)
-        clean = ctx.engine.embed(list(spans.ids))
-        gen = torch.Generator().manual_seed(instance_seed(self.hp.seed, "evk_align", spans.text, req.target_new,
+    def copies(self, engine: ScoringEngine, request: EditRequest) -> tuple[list[str], list[torch.Tensor]]:
+        """Drift type and perturbed embeddings of each of the N copies of ``request``'s prompt (seeded)."""
+        template = request.prompt.rstrip()  # the engine moves a trailing space off the context
+        spans = prompt_spans(engine, template, request.subject)
+        clean = engine.embed(list(spans.ids))
+        gen = torch.Generator().manual_seed(instance_seed(self.hp.seed, "evk_align", spans.text, request.target_new,
                                                           float(self.hp.sigma)))
         drifts, embeds = [], []
         for _ in range(self.hp.n):
@@ -113,23 +116,24 @@ class EvkAlign:
             embeds.append(drift_embeddings(clean, spans.span(drift), self.hp.sigma, gen))
         return drifts, embeds
 
-    def setup(self, ctx: VContext) -> None:
-        req = ctx.request
-        drifts, embeds = self.copies(ctx)
-        text = req.prompt.rstrip().replace("{}", req.subject)
-        batch = ctx.engine.prepare([ScoreRequest(text, req.target_new, e) for e in embeds])
-        position = subject_last_token_index(ctx.engine, req.prompt.rstrip(), req.subject)
-        positions = [position] * len(embeds)
-        read = [n - 1 for n in batch.context_lengths]
-        with torch.no_grad():
-            pre = self._logprobs(ctx, batch, positions, read, None).detach()
-        ctx.store[self.name] = _Copies(batch, positions, read, drifts, pre)
+    def rows(self, engine: ScoringEngine, request: EditRequest) -> TermRows:
+        """The N copies as rows of the main batch (the continuation is a filler: only the next-token distribution
+        after the prompt is read), δ at the subject's last token."""
+        _, embeds = self.copies(engine, request)
+        text = request.prompt.rstrip().replace("{}", request.subject)
+        position = subject_last_token_index(engine, request.prompt.rstrip(), request.subject)
+        return TermRows([ScoreRequest(text, request.target_new, e) for e in embeds], [position] * len(embeds))
 
-    @staticmethod
-    def _logprobs(ctx: VContext, batch, positions: list[int], read: list[int], delta) -> torch.Tensor:
-        hidden = ctx.run(batch, positions, delta)
-        rows = torch.arange(len(read), device=hidden.device)
-        return ctx.engine.logits_from_hidden(hidden[rows, torch.tensor(read)]).float().log_softmax(-1)
+    def setup(self, ctx: VContext) -> None:
+        if self.name not in ctx.term_rows:
+            raise ValueError("evk_align: the optimisation's context was built without this term's rows "
+                             "(pass the terms to build_context / weights_context)")
+        rows = ctx.term_rows[self.name]
+        read = [ctx.batch.context_lengths[r] - 1 for r in rows]
+        drifts, _ = self.copies(ctx.engine, ctx.request)
+        with torch.no_grad():  # p_θ: the unedited forward the optimiser records its fixed states from
+            pre = VStep(ctx, None, ctx.unedited_hidden()).logprobs_at(rows, read).detach()
+        ctx.store[self.name] = _Copies(rows, read, drifts, pre)
 
     def k_at(self, step_index: int) -> int:
         """The progressive top-k schedule (paper 004 §3.2.2): k1 before ``switch_step``, then k2."""
@@ -139,7 +143,7 @@ class EvkAlign:
         copies: _Copies = step.ctx.store[self.name]
         k = self.k_at(copies.calls)
         copies.calls += 1
-        post = self._logprobs(step.ctx, copies.batch, copies.positions, copies.read, step.delta)
+        post = step.logprobs_at(copies.rows, copies.read)
         kl = topk_kl(copies.pre, post, k).mean()
         return (self.hp.lam * kl).to(step.hidden.dtype)
 

@@ -1,0 +1,301 @@
+"""Lifelong chains (runner ``mode: sequential_batches``): the rounds of one group, edited with one method, with a
+checkpoint file after every checkpoint round so that a killed run resumes at its last checkpoint.
+
+Round t applies one edit of the requests of cases (t-1)·B..t·B-1, the editor's sequential state carried through
+the rounds; after every k-th round (k = ``checkpoints`` > 0, except the last round) :meth:`LifelongChain.rounds`
+yields a checkpoint probe: the runner turns it into rows and writes them (flush + fsync) before asking for the
+next round, and only then is the chain's state saved to ``chains/<dataset>-g<group>-<method>-<hash>.safetensors``
+(:class:`ChainCheckpoint`; temp file + rename, one file per chain, overwritten at each checkpoint, deleted when
+the chain's final rows are written). A kill therefore loses at most the rounds since the last checkpoint.
+
+On a rerun a chain whose file exists restarts from it: the runner has already computed the pre-edit probes on
+the loaded weights, the folded ΔW of the file is applied (checked: the loaded weights must match the file's
+pre-edit checksums, and the restored weights its post-edit checksums, bit for bit), the editor state and the
+context templates generated so far are loaded, and the chain continues with the next round. Every round is
+seeded by its identity (config seed, dataset, method, group, round), so the rows equal an uninterrupted run's.
+A file written under another config digest (which covers the runtime settings) or model is refused; a file
+older than the rows already written (rows of a checkpoint after it are missing, e.g. deleted by hand) is ignored
+and the chain starts again from its first round. (Under the Ray executor an actor's rows reach the results file
+only when its whole group ends, so there a killed chain finds its checkpoint rows missing and starts again.)
+
+Memory stays flat in the number of edits: the bundle folds every round's patch (one pre-edit copy per edited
+parameter, :meth:`~editscope.lm.bundle.Bundle.fold`), the state holds what the method needs (AlphaEdit's
+K_p K_pᵀ per layer, PRUNE's accumulated ΔW), and per round only the scalars of its rows' ``edit_info`` are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from editscope.atomic import atomic_write
+from editscope.edit.patch import Patch, tensor_checksum
+from editscope.errors import EditscopeError
+
+if TYPE_CHECKING:
+    from editscope.lm.bundle import Bundle
+
+FORMAT = "editscope-chain-1"
+CHAINS_DIR = "chains"
+_DELTA, _INDEX, _VALUES, _STATE = "delta::", "exact_index::", "exact_value::", "state::"
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@contextmanager
+def naming(what: str) -> Iterator[None]:
+    """Prefix an editor's error (e.g. a non-finite ΔW) with the dataset, case and method it happened on."""
+    try:
+        yield
+    except EditscopeError as exc:
+        raise EditscopeError(f"{what}: {exc}") from None
+
+
+def chain_path(out_dir: str | Path, dataset: str, group: int, method: str) -> Path:
+    """The checkpoint file of one chain (a readable stem plus a hash, so any label makes a safe file name)."""
+    ident = f"{dataset}\x1f{group}\x1f{method}"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{dataset}-g{group:05d}-{method}")[:80]
+    return Path(out_dir) / CHAINS_DIR / f"{stem}-{hashlib.blake2b(ident.encode(), digest_size=4).hexdigest()}" \
+        ".safetensors"
+
+
+def cases_digest(case_ids: list[str]) -> str:
+    return hashlib.blake2b("\x1f".join(case_ids).encode(), digest_size=8).hexdigest()
+
+
+@dataclass
+class ChainCheckpoint:
+    """What continues a chain after round ``round``: the folded ΔW (one tensor per edited parameter, the
+    parameter's dtype) with the few entries where ``W₀ + ΔW`` does not round back to the edited value
+    (``exact``), checksums of the pre-edit and the edited parameters, the editor state (tensors + JSON), and
+    the JSON progress (``meta``: identity, round, edits applied, per-round row fields, context templates)."""
+
+    meta: dict[str, Any]
+    deltas: dict[str, torch.Tensor]
+    exact: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    state_tensors: dict[str, torch.Tensor]
+    state_meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def round(self) -> int:
+        return int(self.meta["round"])
+
+    @property
+    def edits_applied(self) -> int:
+        return int(self.meta["edits_applied"])
+
+    @classmethod
+    def capture(cls, bundle: Bundle, state: Any, meta: dict[str, Any]) -> ChainCheckpoint:
+        """The chain as the (folding) bundle and ``state`` hold it now; ``meta`` is the caller's progress record."""
+        params = dict(bundle.model.named_parameters())
+        deltas, exact, base_sums, edited_sums = {}, {}, {}, {}
+        for name, original in sorted(bundle.folded_originals().items()):
+            now = params[name].detach()
+            delta = (now - original).contiguous()
+            rebuilt = original + delta
+            view = _INT_VIEW[now.element_size()]
+            index = (rebuilt.view(view) != now.view(view)).reshape(-1).nonzero().squeeze(1)
+            deltas[name] = delta.cpu()
+            exact[name] = (index.cpu(), now.reshape(-1)[index].cpu().clone())
+            base_sums[name], edited_sums[name] = tensor_checksum(original), tensor_checksum(now)
+        tensors, state_meta = state.state_dict()
+        meta = dict(meta, base_checksums=base_sums, edited_checksums=edited_sums,
+                    state_class=type(state).__name__)
+        return cls(meta, deltas, exact, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, state_meta)
+
+    def save(self, path: str | Path) -> Path:
+        """One safetensors file, written atomically (temp file + rename); every tensor's checksum in its metadata."""
+        tensors = {_DELTA + n: d for n, d in self.deltas.items()}
+        for name, (index, values) in self.exact.items():
+            tensors[_INDEX + name], tensors[_VALUES + name] = index, values
+        tensors |= {_STATE + k: v for k, v in self.state_tensors.items()}
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        metadata = {"format": FORMAT, "chain": json.dumps(self.meta, sort_keys=True),
+                    "state": json.dumps(self.state_meta, sort_keys=True),
+                    "checksums": json.dumps({k: tensor_checksum(v) for k, v in tensors.items()}, sort_keys=True)}
+        return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ChainCheckpoint:
+        """Read a file :meth:`save` wrote; a foreign or altered file is a one-line error naming it."""
+        path = Path(path)
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 -- safe_open has no __iter__
+        except Exception as exc:  # safetensors raises its own error types
+            raise EditscopeError(f"{path}: not a readable chain checkpoint ({exc}); delete it to restart the chain") \
+                from None
+        if meta.get("format") != FORMAT:
+            raise EditscopeError(f"{path}: not an editscope chain checkpoint (metadata format={meta.get('format')!r})")
+        try:
+            chain, state, sums = (json.loads(meta[k]) for k in ("chain", "state", "checksums"))
+        except (KeyError, ValueError) as exc:
+            raise EditscopeError(f"{path}: chain checkpoint metadata: {exc}") from None
+        if set(sums) != set(tensors):
+            raise EditscopeError(f"{path}: chain checkpoint: the recorded checksums name other tensors than the file "
+                                 "holds; delete it to restart the chain")
+        for key, tensor in sorted(tensors.items()):
+            if tensor_checksum(tensor) != sums[key]:
+                raise EditscopeError(f"{path}: tensor {key!r}: content does not match its recorded checksum (the file "
+                                     "was altered or corrupted); delete it to restart the chain")
+        deltas = {k[len(_DELTA):]: v for k, v in tensors.items() if k.startswith(_DELTA)}
+        exact = {n: (tensors[_INDEX + n], tensors[_VALUES + n]) for n in deltas}
+        state_tensors = {k[len(_STATE):]: v for k, v in tensors.items() if k.startswith(_STATE)}
+        return cls(chain, deltas, exact, state_tensors, state)
+
+    def patch(self, bundle: Bundle) -> Patch:
+        """The folded ΔW as a patch on the loaded weights of ``bundle`` (its pre-edit checksums are the file's)."""
+        return Patch(deltas=dict(self.deltas), method="chain", hparams={}, fingerprint=bundle.base_fingerprint,
+                     checksums=dict(self.meta["base_checksums"]), model_name=bundle.name,
+                     info={"round": self.round, "edits_applied": self.edits_applied})
+
+    def restore(self, bundle: Bundle, where: str, digests: list[str] | None = None) -> Patch:
+        """Put the chain's weights on a folding bundle holding the loaded weights: apply the folded ΔW (checked
+        against the pre-edit checksums), fold it, write the ``exact`` entries, check the edited checksums.
+        ``digests``: the chain's patches' digests, so the bundle's fingerprint is the uninterrupted chain's."""
+        patch = self.patch(bundle)
+        patch.apply(bundle)
+        bundle.fold(patch, digests)
+        params = dict(bundle.model.named_parameters())
+        with torch.no_grad():
+            for name, (index, values) in self.exact.items():
+                param = params[name]
+                param.view(-1)[index.to(param.device).long()] = values.to(param.device, param.dtype)
+        for name, checksum in self.meta["edited_checksums"].items():
+            if tensor_checksum(params[name]) != checksum:
+                raise EditscopeError(f"{where}: parameter {name!r} does not hold the checkpointed value after "
+                                     "restoring (bug: please report); delete the file to restart the chain")
+        return patch
+
+
+def templates_to_json(cache: dict) -> list[list[Any]]:
+    """A runtime's context-template cache (keys: model name, spec, seed, start) as JSON."""
+    return [[name, [list(s) for s in spec], seed, start, list(texts)]
+            for (name, spec, seed, start), texts in cache.items()]
+
+
+def templates_from_json(entries: list[list[Any]]) -> dict:
+    return {(name, tuple(tuple(s) for s in spec), seed, start): tuple(texts)
+            for name, spec, seed, start, texts in entries}
+
+
+class LifelongChain:
+    """The rounds of one ``sequential_batches`` group with one method (see the module docstring).
+
+    ``runner`` is the :class:`~editscope.run.runner.Runner` (its config, runtime, plug-ins, probe and log);
+    ``log`` the group's :class:`~editscope.run.runner._GroupEdits`; ``todo`` the (case index, edits_applied)
+    units whose rows are still missing."""
+
+    def __init__(self, runner: Any, block: Any, g: int, members: list[int], label: str, editor: Any, hp: Any,
+                 engine: Any, todo: set[tuple[int, int | None]], log: Any) -> None:
+        self.runner, self.block, self.g, self.members, self.label = runner, block, g, members, label
+        self.editor, self.hp, self.engine, self.todo, self.log = editor, hp, engine, todo, log
+        batch = runner.config.batch
+        self.chunks = [members[s:s + batch] for s in range(0, len(members), batch)]
+        self.every = runner.config.checkpoints
+        self.path = chain_path(runner.out_dir, block.label, g, label)
+        self.state: Any = None
+
+    def _identity(self) -> dict[str, Any]:
+        runner, bundle = self.runner, self.runner.bundle
+        return {"config_digest": runner.config.digest(runner.runtime.settings()), "dataset": self.block.label,
+                "group": self.g, "method": self.label, "base_fingerprint": bundle.base_fingerprint,
+                "cases": cases_digest([self.block.cases[i].case_id for i in self.members])}
+
+    def _applied_after(self, r: int) -> int:
+        return sum(len(self.block.requests[i]) for chunk in self.chunks[:r] for i in chunk)
+
+    def _resume(self) -> int:
+        """Restore the last checkpoint when there is a usable one; the number of rounds it holds (0: none)."""
+        if not self.path.is_file():
+            return 0
+        ckpt = ChainCheckpoint.load(self.path)
+        mine = self._identity()
+        theirs = {k: ckpt.meta.get(k) for k in mine}
+        if theirs != mine:
+            what = ", ".join(f"{k} {theirs[k]!r} != {mine[k]!r}" for k in mine if theirs[k] != mine[k])
+            raise EditscopeError(f"{self.path}: a chain checkpoint of another config, runtime or model ({what}); "
+                                 "use another output directory or delete the file to restart the chain")
+        if ckpt.meta.get("state_class") != self.editor.state_class.__name__:
+            raise EditscopeError(f"{self.path}: editor state {ckpt.meta.get('state_class')!r}, method {self.label} "
+                                 f"carries {self.editor.state_class.__name__}")
+        r = ckpt.round
+        if any(e is not None and e <= ckpt.edits_applied for _i, e in self.todo):
+            self.runner.log(f"{self.path.name}: rows of checkpoints up to round {r} are missing; restarting the "
+                            "chain from its first round")
+            return 0
+        bundle = self.runner.bundle
+        device = bundle.device
+        self.state = self.editor.state_class.from_state_dict(
+            {k: v.to(device) for k, v in ckpt.state_tensors.items()}, ckpt.state_meta, str(self.path))
+        records = ckpt.meta["rounds"]
+        self.log.restored(ckpt.restore(bundle, str(self.path), [rec["digest"] for rec in records]), records)
+        for key, texts in templates_from_json(ckpt.meta.get("templates", [])).items():
+            self.runner.runtime.templates.setdefault(key, texts)  # generated on the loaded weights, as before
+        self.runner.log(f"resuming chain {self.block.label} group {self.g} method {self.label} after round {r} "
+                        f"({ckpt.edits_applied} edits) from {self.path}")
+        return r
+
+    def _save(self, r: int, applied: int) -> None:
+        runner = self.runner
+        meta = self._identity() | {"round": r, "edits_applied": applied, "rounds": self.log.records,
+                                   "templates": templates_to_json(runner.runtime.templates)}
+        ChainCheckpoint.capture(runner.bundle, self.state, meta).save(self.path)
+
+    def rounds(self, new_state: Any) -> Iterator[tuple[int, int, int, dict[str, list], float]]:
+        """Edit round after round (from the last checkpoint, if any); yield each checkpoint's probe
+        ``(round, edits applied, n cases probed, post probes, seconds per case)`` whose rows are wanted, and save
+        the checkpoint file once the caller asks for the next (its rows are written by then)."""
+        runner, block = self.runner, self.block
+        done = self._resume()
+        if done == 0:
+            self.state = new_state()
+        applied = self._applied_after(done)
+        for r, chunk in enumerate(self.chunks[done:], start=done + 1):
+            # seeded per round: a resumed chain edits round r exactly as an uninterrupted one
+            torch.manual_seed(runner.seed_of(block.label, self.label, self.g, "edit", r))
+            requests = [req for i in chunk for req in block.requests[i]]
+            first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
+            with naming(f"{block.label}: round {r} (cases {first}..{last}), method {self.label}"):
+                self.log.take(self.editor.apply(runner.bundle, requests, self.hp, self.state, engine=self.engine,
+                                                runtime=runner.runtime, plugins=runner.plugins_of(self.label)),
+                              len(chunk))
+            applied += len(requests)
+            if runner.lm_eval_hook is not None:  # lm-eval tasks when this many edits is a chosen checkpoint
+                runner.lm_eval_hook.checkpoint(runner.bundle, dataset=block.label, group=self.g, method=self.label,
+                                               round_=r, before=applied - len(requests), applied=applied,
+                                               last=r == len(self.chunks))
+            if not (self.every and r % self.every == 0 and r < len(self.chunks)):
+                continue
+            # the checkpoint-evaluation point: every suite probes the cases edited so far on the chained model
+            n_done = self.log.n_cases
+            if any((i, applied) in self.todo for i in self.members[:n_done]):
+                cases = [block.cases[i] for i in self.members[:n_done]]
+                yield (r, applied, n_done, *runner.probe(block, self.label, self.g, cases, self.engine, f"round {r}"))
+            self._save(r, applied)  # after its rows are written: a kill from here on resumes after round r
+
+    def finished(self) -> None:
+        """The chain's final rows are written: its checkpoint file is no longer needed."""
+        self.path.unlink(missing_ok=True)
+
+
+def remove_chain_files(out_dir: str | Path) -> None:
+    """Delete the checkpoint files of a run whose rows are all written (a kill between a chain's last row and the
+    removal of its file leaves one behind, a kill while one was written its temporary file)."""
+    folder = Path(out_dir) / CHAINS_DIR
+    if folder.is_dir():
+        for path in [*folder.glob("*.safetensors"), *folder.glob(".*.tmp")]:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -1,0 +1,57 @@
+"""The HTML report as a reader sees it: rendered by a real headless Chromium (tests/browser.py) at 1,400 px, no
+table scrolls horizontally and every figure loaded and names its axes. Skipped, with the reason, where selenium,
+chromium or chromedriver is missing (.ci/run installs them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.browser import headless_chromium, missing
+
+# skip before the fixture builds a run for nothing
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+WIDTH = 1400
+
+OVERFLOWING = """return Array.from(document.querySelectorAll('table')).map(t => {
+  const box = t.parentElement;
+  return {cls: t.className, table: Math.ceil(t.getBoundingClientRect().width), scroll: t.scrollWidth,
+          box: box.clientWidth, box_scroll: box.scrollWidth};
+}).filter(t => t.scroll > t.box || t.table > t.box || t.box_scroll > t.box);"""
+
+FIGURES = """return Array.from(document.querySelectorAll('img, svg')).map(f => f.tagName.toLowerCase() === 'img'
+  ? {tag: 'img', loaded: f.complete && f.naturalWidth > 0, width: f.naturalWidth, alt: f.alt,
+     axes: f.getAttribute('data-axes')}
+  : {tag: 'svg', loaded: f.getBoundingClientRect().width > 0, width: f.getBoundingClientRect().width,
+     alt: f.textContent, axes: null});"""
+
+
+def test_report_fits_1400px_and_every_figure_names_its_axes(two_method_run):
+    _, report = two_method_run
+    with headless_chromium(width=WIDTH, height=900) as driver:
+        driver.get((report / "report.html").as_uri())
+        assert driver.execute_script("return window.innerWidth") == WIDTH
+        n_tables = driver.execute_script("return document.querySelectorAll('table').length")
+        assert n_tables >= 8  # run meta, 2 pivot parts, 3 compact + their 'All metrics' tables
+        assert driver.execute_script(OVERFLOWING) == []
+        page = driver.execute_script("return [document.documentElement.scrollWidth, "
+                                     "document.documentElement.clientWidth]")
+        assert page[0] <= page[1], f"the page itself scrolls sideways: {page}"
+        figures = driver.execute_script(FIGURES)
+        assert len(figures) == 5
+        for f in figures:
+            assert f["loaded"] and f["width"] > 0, f["alt"]
+            if f["tag"] == "svg":
+                continue
+            axes = json.loads(f["axes"])
+            assert axes, f["alt"]
+            for panel in axes:  # matplotlib PNGs: the labels from the figure's own metadata
+                assert panel["y"] and (panel["x"] or panel["xticks"] or panel["colorbar"]), (f["alt"], panel)
+                assert panel["y"] in f["alt"] or panel["colorbar"]
+        # the check can fail: a table wider than the page, added in the browser, is reported
+        driver.execute_script("const d = document.createElement('div'); d.className = 'wrap'; d.innerHTML = "
+                              "'<table class=\"probe\"><tr>' + '<td>0.123 ± 0.045</td>'.repeat(40) + '</tr></table>';"
+                              "document.body.appendChild(d);")
+        assert [t["cls"] for t in driver.execute_script(OVERFLOWING)] == ["probe"]

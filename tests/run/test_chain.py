@@ -1,0 +1,104 @@
+"""The chain checkpoint file: the folded ΔW restores the chained weights bit for bit (also where W₀ + ΔW rounds
+differently from the chained sum), an altered file is refused, and the editor states round-trip through their
+declared state_dict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from editscope.edit.alphaedit import AlphaEditState
+from editscope.edit.patch import Patch, tensor_checksum
+from editscope.edit.prune import PruneState
+from editscope.edit.state import NoState
+from editscope.errors import EditscopeError
+from editscope.lm import load
+from editscope.run.chain import ChainCheckpoint
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().view(torch.int32)
+
+
+def patch_on(bundle, deltas: dict[str, torch.Tensor]) -> Patch:
+    params = dict(bundle.model.named_parameters())
+    return Patch(deltas=deltas, method="synthetic", hparams={}, fingerprint=bundle.fingerprint,
+                 checksums={n: tensor_checksum(params[n]) for n in deltas})
+
+
+def test_checkpoint_restores_a_folded_chain_bit_exact(tmp_path):
+    bundle = load("tiny-llama")
+    names = [bundle.arch.weight_name(layer) for layer in range(bundle.n_layers)]
+    params = dict(bundle.model.named_parameters())
+    loaded = {n: bits(params[n]) for n in params}
+    gen = torch.Generator().manual_seed(5)
+    digests = []
+    state = PruneState({"x": torch.randn(3, 4, dtype=torch.float64, generator=gen)},
+                       {"x": torch.randn(3, 4, dtype=torch.float64, generator=gen)}, {"x": 1.25})
+    with bundle.folding():
+        for i in range(8):  # several patches per parameter, |Δ| from 1e-4·|W| to larger than W
+            name = names[i % len(names)]
+            scale = params[name].detach().abs().mean() * 10.0 ** (i % 5 - 3)
+            delta = torch.randn(params[name].shape, generator=gen) * scale
+            patch = patch_on(bundle, {name: delta})
+            patch.apply(bundle)
+            digests.append(patch.digest)
+            bundle.fold(patch)
+        chained = {n: bits(params[n]) for n in params}
+        assert len(bundle.applied) == 1  # the folded patches are one entry, not one per patch
+        fingerprint = bundle.fingerprint
+        ckpt = ChainCheckpoint.capture(bundle, state, {"round": 8, "edits_applied": 8})
+    # the naive rebuild W₀ + ΔW misses some entries by an ulp: the file keeps those exactly
+    assert sum(index.numel() for index, _ in ckpt.exact.values()) > 0
+    path = ckpt.save(tmp_path / "c.safetensors")
+    assert all(torch.equal(bits(params[n]), loaded[n]) for n in params)
+    back = ChainCheckpoint.load(path)
+    with bundle.folding():
+        back.restore(bundle, str(path), digests)
+        assert all(torch.equal(bits(params[n]), chained[n]) for n in params)
+        assert bundle.fingerprint == fingerprint  # the restored weights keep the chain's name
+    assert all(torch.equal(bits(params[n]), loaded[n]) for n in params)
+    restored = PruneState.from_state_dict(back.state_tensors, back.state_meta, "c")
+    assert restored.sigma_max == {"x": 1.25}
+    assert all(torch.equal(restored.accumulated[k], state.accumulated[k]) for k in state.accumulated)
+    assert all(torch.equal(restored.applied[k], state.applied[k]) for k in state.applied)
+    # the folded ΔW is a patch on the loaded weights: it refuses other weights
+    with torch.no_grad():
+        params[names[0]].add_(1.0)
+    with bundle.folding(), pytest.raises(EditscopeError, match="not in the state this patch was computed on"):
+        back.restore(bundle, str(path))
+
+
+def test_an_altered_checkpoint_is_refused(tmp_path):
+    bundle = load("tiny-llama")
+    name = bundle.arch.weight_name(0)
+    with bundle.folding():
+        patch = patch_on(bundle, {name: torch.full_like(dict(bundle.model.named_parameters())[name], 1e-3)})
+        patch.apply(bundle)
+        bundle.fold(patch)
+        path = ChainCheckpoint.capture(bundle, NoState(), {"round": 1, "edits_applied": 1}).save(tmp_path / "c.st")
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # a byte of the last tensor
+    path.write_bytes(bytes(data))
+    with pytest.raises(EditscopeError, match="does not match its recorded checksum"):
+        ChainCheckpoint.load(path)
+    (tmp_path / "junk").write_text("not safetensors")
+    with pytest.raises(EditscopeError, match="not a readable chain checkpoint"):
+        ChainCheckpoint.load(tmp_path / "junk")
+
+
+def test_alphaedit_state_round_trips_and_checks_its_entries():
+    gen = torch.Generator().manual_seed(1)
+    state = AlphaEditState({3: torch.randn(4, 4, dtype=torch.float64, generator=gen)},
+                           {3: torch.randn(4, 4, dtype=torch.float64, generator=gen)}, {3: 2}, 12)
+    tensors, meta = state.state_dict()
+    assert set(tensors) == {"projection.3", "cache_c.3"} and meta == {"null_dims": {"3": 2}, "n_edits": 12}
+    back = AlphaEditState.from_state_dict(tensors, meta, "f")
+    assert (back.null_dims, back.n_edits) == ({3: 2}, 12)
+    assert torch.equal(back.projections[3], state.projections[3]) and torch.equal(back.cache_c[3], state.cache_c[3])
+    with pytest.raises(EditscopeError, match=r"f: editor state: missing tensor\(s\) \['cache_c.3'\]"):
+        AlphaEditState.from_state_dict({"projection.3": tensors["projection.3"]}, meta, "f")
+    with pytest.raises(EditscopeError, match="metadata key 'n_edits' is missing"):
+        AlphaEditState.from_state_dict(tensors, {"null_dims": {"3": 2}}, "f")
+    with pytest.raises(EditscopeError, match="unexpected tensor"):
+        NoState.from_state_dict({"x": torch.zeros(1)}, {}, "f")
