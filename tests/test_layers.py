@@ -1,6 +1,6 @@
 """DESIGN "Shape": imports follow the data flow. A package never imports one above it in
 
-    metrics < lm < data, stats < locate < edit < suites < run < report < commands
+    metrics < lm < data, stats < locate < edit < suites < run < tune < report < commands
 
 (``data`` and ``stats`` share a level). Top-level modules (``editscope/errors.py``, ``atomic.py``, ``paths.py``,
 ``yamlio.py``, ``jsonl.py``, ``plotting.py``, ...) sit below every package and may be imported by any of them.
@@ -16,7 +16,7 @@ import editscope
 SRC = Path(editscope.__file__).resolve().parent
 
 LEVELS = {"metrics": 0, "lm": 1, "data": 2, "stats": 2, "locate": 3, "edit": 4, "suites": 5, "run": 6,
-          "report": 7, "commands": 8}
+          "tune": 7, "report": 8, "commands": 9}
 
 EXCEPTIONS: set[tuple[str, str]] = set()
 """(file relative to src/editscope, imported module) pairs allowed to break the order, each with a comment

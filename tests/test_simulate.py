@@ -93,8 +93,11 @@ def test_plot_writes_a_png(tmp_path, capsys):
 
 
 def test_bad_settings_are_one_line_errors(capsys):
-    assert main(["simulate", "--trials", "0"]) == 1
-    assert capsys.readouterr().err.strip() == "editscope: error: trials: must be a positive integer, got 0"
+    with pytest.raises(SystemExit) as exit_info:  # a declared range: argparse's usage error, before any work
+        main(["simulate", "--trials", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("editscope simulate: error: argument --trials: must be an integer in "
+                                               "[1, 1000000], got '0'")
     with pytest.raises(ValueError, match="^answers"):
         run_simulation(answers=(100,), vocab=100)
     with pytest.raises(ValueError, match="^answers"):

@@ -31,6 +31,17 @@ def _writable_parent(path: Path) -> None:
         raise EditscopeError(f"{path}: cannot create its folder {path.parent}: {exc.strerror}") from None
 
 
+def make_dirs(path: str | Path, what: str = "output folder") -> Path:
+    """``mkdir -p path``; a folder that cannot be created (a file in the way, no permission) is one line naming
+    it instead of an OSError traceback."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EditscopeError(f"{path}: cannot create the {what}: {exc.strerror or exc}") from None
+    return path
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` to write a temporary file beside ``path``, fsync it, rename it to ``path``.
     For libraries that write to a path themselves (``safetensors.torch.save_file``)."""

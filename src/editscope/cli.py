@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+from typing import NoReturn
 
 from editscope.errors import EditscopeError
 from editscope.registry import Registry
@@ -29,13 +31,41 @@ for _module in (
     "editscope.commands.mend",
     "editscope.commands.stats",
     "editscope.commands.configs",
+    "editscope.commands.tune",
     "editscope.commands.inspect",
 ):
     COMMANDS.register(_module, _module.rpartition(".")[2])
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (``editscope CMD: error: argument --x: ...``, exit code 2): the line
+    names the argument; ``--help`` shows the usage. Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _non_utf8_argument(argv: Sequence[str]) -> str | None:
+    """The usage error for the first argument that is not valid UTF-8 (Python keeps such bytes as lone surrogates,
+    which would reach a tokenizer or a file name), naming the option it belongs to; None when all are text."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = ord(arg[exc.start])
+            byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"code point U+{bad:04X}"
+            option = next((a.split("=")[0] for a in reversed(argv[:i + 1]) if a.startswith("-")), "")
+            what = f"argument {option}" if option.isascii() and option.isprintable() and option else f"argument {i + 1}"
+            return f"{what}: not valid UTF-8 text ({byte} at position {exc.start + 1})"
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split("\n"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="editscope",
         description="Edit the factual knowledge of language models and measure everything an edit does.",
     )
@@ -46,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    if problem := _non_utf8_argument(argv):
+        print(f"editscope: error: {problem}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given (run: the command that resumes)
     if not getattr(args, "func", None):
@@ -55,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except EditscopeError as exc:
-        print(f"editscope: error: {exc}", file=sys.stderr)
+        print(f"editscope: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # the environment (disk full, permissions, a file in the way) where no check named it
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"editscope: error: {where}{_one_line(exc.strerror or str(exc))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("editscope: interrupted", file=sys.stderr)
         return 130

@@ -1,9 +1,10 @@
 """Append-only JSON Lines files: the one implementation of "append one record, then read them all back" for
 every log editscope keeps (the results store, ``bench klob``'s result lines, ``locate --layer-curve --save``).
 
-Writing: each record is one ``json`` text without a newline inside, written with its ``\\n`` in one write,
-then flushed and fsync'd (:func:`append_record`, or :class:`JsonlWriter` to keep the file open): a record
-that was appended survives a crash of the process or the machine.
+Writing: each record is one strict ``json`` text (no NaN/Infinity: :mod:`editscope.finite`) without a newline
+inside, written with its ``\\n`` in one write, then flushed and fsync'd (:func:`append_record`, or
+:class:`JsonlWriter` to keep the file open): a record that was appended survives a crash of the process or the
+machine.
 
 Reading (:func:`read_lines`, :func:`read_records`), one policy for a torn last line: a crash in the middle of
 an append leaves at most the last line incomplete, so the **last non-blank line is dropped when it does not end
@@ -20,7 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from editscope.atomic import make_dirs
 from editscope.errors import EditscopeError
+from editscope.finite import strict_dumps
 
 Dumps = Callable[[Any], str]
 
@@ -28,10 +31,11 @@ Dumps = Callable[[Any], str]
 class JsonlWriter:
     """Appends records to ``path`` (created with its folder), each one write followed by flush + fsync."""
 
-    def __init__(self, path: str | Path, dumps: Dumps = json.dumps) -> None:
+    def __init__(self, path: str | Path, dumps: Dumps | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._dumps = dumps
+        make_dirs(self.path.parent, "folder")
+        # default: strict JSON, a non-finite number refused naming the file and field (editscope.finite)
+        self._dumps = dumps or (lambda record: strict_dumps(record, str(self.path)))
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def append(self, record: Any) -> None:
@@ -52,7 +56,7 @@ class JsonlWriter:
         self.close()
 
 
-def append_record(path: str | Path, record: Any, dumps: Dumps = json.dumps) -> None:
+def append_record(path: str | Path, record: Any, dumps: Dumps | None = None) -> None:
     """Append one record to ``path`` (flush + fsync; the file is opened and closed around it)."""
     with JsonlWriter(path, dumps) as writer:
         writer.append(record)

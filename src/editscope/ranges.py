@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from editscope.errors import EditscopeError
+
 _RANGE = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
 
 
@@ -62,3 +64,13 @@ def option(kind: type[int] | type[float], text: str) -> Callable[[str], int | fl
 
     parse.__name__ = f"{kind.__name__} in {rng}"
     return parse
+
+
+def check(name: str, value: object, text: str, kind: type[int] | type[float] = float) -> None:
+    """The Python API's twin of :func:`option`: refuse ``value`` unless it is an int (``kind=int``) or a finite
+    real number in the range ``text``, with one line naming ``name`` (``run_bench: ks[0]: must be ...``)."""
+    rng = Range.parse(text)
+    what = "an integer" if kind is int else "a number"
+    ok_type = isinstance(value, int) if kind is int else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok_type or not math.isfinite(value) or value not in rng:  # type: ignore[arg-type]
+        raise EditscopeError(f"{name}: must be {what} in {rng}, got {value!r}")

@@ -77,6 +77,7 @@ def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tm
     figures = tmp_path / "run" / "figures"
     assert (figures / "retention-counterfact-counterfact.png").is_file()
     assert not (figures / "retention-counterfact-general.png").exists()  # the model-level suite: nothing to retain
+    assert (figures / "evk-map-counterfact.png").stat().st_size > 1000  # paper 004 Fig. 5, from the final rows
 
 
 class Kill(Exception):

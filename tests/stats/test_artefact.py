@@ -79,7 +79,7 @@ def test_jsonl_field_corpus(corpus_dir, tmp_path):
     assert corpus_from([jsonl], "text").digest == corpus_from([corpus_dir]).digest  # same text, same corpus key
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "x"}\n')
-    with pytest.raises(EditscopeError, match=r"bad.jsonl:1: field 'text'"):
+    with pytest.raises(EditscopeError, match=r"bad.jsonl:line 1: field 'text'"):
         corpus_from([bad], "text")
 
 

@@ -249,3 +249,65 @@ def test_table2_config_varies_one_hparam_at_a_time_around_the_paper_baseline():
     table1 = load_config("experiments/evk-table1")
     (evk_suite,) = [s for b in table1.blocks for s in b.suites if s.name == "evk"]
     assert EvkSuite(**evk_suite.options).sweep and EvkSuite(**evk_suite.options).sigma == 0.3
+
+
+# ---------------------------------------------------------------------------------------------- embedding map
+
+
+def test_embedding_map_pca_equals_an_svd_and_draws(tiny_pair):
+    """Paper 004 Fig. 5: the map's PCA coordinates of real (tiny-llama) states equal an SVD of the centred state
+    matrix up to the sign of each axis, and so do the explained-variance shares; the figure names PCA."""
+    from editscope.data import load_cases
+
+    cases = load_cases("counterfact", limit=3)
+    suite = EvkSuite(sigma=0.3, sigmas=[1.0])
+    pre = suite.probe_many(ScoringEngine(tiny_pair[0]), cases)
+    post = suite.probe_many(ScoringEngine(tiny_pair[1]), cases)  # another model's weights stand in for an edit
+    rows = [{"method": m, "case_id": c.case_id, "pre": {"evk": a}, "post": {"evk": b},
+             "metrics": {"evk": suite.metrics(c, a, b)}}
+            for m, posts in (("rome", post), ("memit", pre)) for c, a, b in zip(cases, pre, posts, strict=True)]
+    rows.append({**rows[0], "method": "rome", "checkpoint": True})  # lifelong checkpoint rows are not drawn
+    points = suite.embedding_points(rows, ["rome", "memit"])
+    per_case = len(DRIFTS) + len(cases[0].neighborhood)  # σ = 0.3 instances (not the σ = 1 sweep) + text prompts
+    assert len(points["h"]) == 3 * 3 * per_case  # pre once per case, post per method
+    assert points["when"].count("pre") == 3 * per_case and set(points["method"]) == {None, "rome", "memit"}
+    # the same matrix rebuilt from the probes by each point's key, then PCA by SVD
+    probe = {("pre", None): pre, ("post", "rome"): post, ("post", "memit"): pre}
+    x = np.array([probe[(w, m)][[c.case_id for c in cases].index(case)][part][j]["h"]
+                  for w, m, (case, part, j) in zip(points["when"], points["method"], points["key"], strict=True)])
+    assert points["kind"][:3] == list(DRIFTS) and points["key"][0] == (cases[0].case_id, "evk", 0)
+    xc = x - x.mean(axis=0)
+    u, s, _ = np.linalg.svd(xc, full_matrices=False)
+    coords, explained = suite.map_coordinates(points["h"])
+    ref = u[:, :2] * s[:2]
+    for axis in range(2):
+        sign = np.sign(coords[:, axis] @ ref[:, axis])
+        np.testing.assert_allclose(coords[:, axis], sign * ref[:, axis], atol=1e-6 * s[0])
+    np.testing.assert_allclose(explained, s[:2] ** 2 / (s ** 2).sum(), rtol=1e-9)
+    figs = {f.slug: f for f in suite.figures("counterfact", rows, ["rome", "memit"])}
+    fig = figs["evk-map-counterfact"]
+    assert "PCA" in fig.title and fig.png[:8] == b"\x89PNG\r\n\x1a\n" and "evk-sigma-counterfact" in figs
+    assert EvkSuite(embedding_map="none").figures("counterfact", rows, ["rome"]) == []
+
+
+def test_pca_2d_closed_form():
+    """Points on a line along (3, 4)/5 with variance split 100 : 1 by a small orthogonal wiggle."""
+    t = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    w = np.array([0.2, -0.2, 0.0, -0.2, 0.2])
+    x = np.outer(t, [0.6, 0.8]) + np.outer(w, [-0.8, 0.6]) + 5.0
+    coords, (a, b) = __import__("editscope.suites.evk", fromlist=["pca_2d"]).pca_2d(x)
+    np.testing.assert_allclose(coords[:, 0], t, atol=1e-12)  # sign: largest |coordinate| positive (t = 2)
+    np.testing.assert_allclose(np.abs(coords[:, 1]), np.abs(w - w.mean()), atol=1e-12)
+    var_t, var_w = (t ** 2).sum(), ((w - w.mean()) ** 2).sum()
+    assert (a, b) == pytest.approx((var_t / (var_t + var_w), var_w / (var_t + var_w)))
+
+
+def test_umap_option_needs_the_package():
+    import importlib.util
+
+    if importlib.util.find_spec("umap") is not None:
+        pytest.skip("umap is installed")
+    with pytest.raises(EditscopeError, match="embedding_map umap needs the umap package"):
+        EvkSuite(embedding_map="umap")
+    with pytest.raises(EditscopeError, match="embedding_map must be one of pca, umap, none"):
+        EvkSuite(embedding_map="tsne")

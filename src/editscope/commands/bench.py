@@ -11,10 +11,11 @@ from editscope.ranges import option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from editscope.locate import METHODS
+    from editscope.locate import METHODS, OPTION_RANGES
+    from editscope.locate.klob_bench import RANGES
 
     parser = sub.add_parser("bench", help="benchmarks of the unedited model (klob: locating methods)")
-    benches = parser.add_subparsers(dest="bench", metavar="BENCH")
+    benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     klob = benches.add_parser(
         "klob",
         help="score locating methods on KLoB (RSim consistency/relevance, RSD)",
@@ -26,9 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     klob.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
     add_device_arguments(klob)
     klob.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    klob.add_argument("--k", nargs="+", type=option(float, "(0, 100]"), default=[1, 5, 10],
+    klob.add_argument("--k", nargs="+", type=option(float, RANGES["ks"]), default=[1, 5, 10],
                       help="selected shares in percent, each in (0, 100]")
-    klob.add_argument("--n", type=option(int, "[1, inf)"), default=50, help="examples per subset (>= 1)")
+    klob.add_argument("--n", type=option(int, RANGES["n"]), default=50, help="examples per subset (>= 1)")
     klob.add_argument("--seed", type=int, default=0, help="order in which candidate examples are tried")
     klob.add_argument("--recall", default="any", choices=["any", "all", "first", "none"],
                       help="KLoB-c facts kept when the model recalls the answer in any/all/the first template "
@@ -36,16 +37,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     klob.add_argument("--recall-r", default="all", choices=["all", "first", "any", "none"],
                       help="KLoB-r pairs kept when the model recalls both facts (all, default), the single fact "
                       "(first: the pair's entity is one the model knows), either (any), or no filter (none)")
-    klob.add_argument("--shots", type=option(int, "[0, inf)"), default=0,
+    klob.add_argument("--shots", type=option(int, RANGES["shots"]), default=0,
                       help="in-context demonstrations for the recall filter")
-    klob.add_argument("--samples", type=option(int, "[1, inf)"), default=None,
+    klob.add_argument("--samples", type=option(int, OPTION_RANGES["samples"][0]), default=None,
                       help="causal-tracing noise samples (bench default 5)")
-    klob.add_argument("--steps", type=option(int, "[1, 10000]"), default=None,
+    klob.add_argument("--steps", type=option(int, OPTION_RANGES["steps"][0]), default=None,
                       help="integrated-gradient steps (bench default 10)")
     klob.add_argument("-o", "--out", required=True, help="output folder (resumed when it exists)")
     klob.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     klob.set_defaults(func=run_klob)
-    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
 
 def run_klob(args: argparse.Namespace) -> int:

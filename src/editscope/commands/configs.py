@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
                                              for p in sorted((root / "experiments").glob("*.yaml"))]
     rows = [describe(path, name) for path, name in paths]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        from editscope.finite import strict_dumps
+
+        print(strict_dumps(rows, "configs --json", indent=1))
         return 0
     for row in rows:
         print(f"{row['name']}\n  {row['reproduces']}\n  methods: {', '.join(row['methods'])}; datasets: "

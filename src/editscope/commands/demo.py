@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from editscope.commands._device import add_device_arguments
+from editscope.ranges import option
 
 
 def demo_config_path() -> Path:
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--output", "-o", metavar="DIR", help="output directory (default: runs/demo)")
     parser.add_argument("--config", metavar="YAML", help="another demo config (default: configs/demo.yaml)")
-    parser.add_argument("--limit", type=int, metavar="N", help="at most N cases per dataset")
+    parser.add_argument("--limit", type=option(int, "[1, inf)"), metavar="N", help="at most N cases per dataset")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_device_arguments(parser)
     parser.set_defaults(func=_run)

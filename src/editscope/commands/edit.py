@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 from editscope.commands._device import add_device_arguments
@@ -65,20 +64,15 @@ def _scores(engine, prompt: str, target: str, target_true: str | None) -> dict:
     return out
 
 
-def _strict_json(result: dict) -> str:
+def _strict_json(result: dict, where: str = "edit --json") -> str:
     """``result`` as strict JSON; a NaN or infinite number is an error naming where it is (never printed)."""
     from editscope.errors import EditscopeError
+    from editscope.finite import non_finite
 
-    def bad(value, key: str) -> list[str]:
-        if isinstance(value, float) and not math.isfinite(value):
-            return [f"{key}={value}"]
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        return [b for k, v in items for b in bad(v, f"{key}.{k}" if key else str(k))]
-
-    found = bad(result, "")
+    found = [f"{path}={value}" for path, value in non_finite(result)]
     if found:
-        raise EditscopeError(f"edit --json: non-finite result ({', '.join(found[:4])}); the edit or the model "
-                             "broke the scores, so no JSON (and no patch) is written")
+        raise EditscopeError(f"{where}: non-finite result ({', '.join(found[:4])}); the edit or the model "
+                             "broke the scores, so nothing is printed and no patch is written")
     return json.dumps(result, indent=1, allow_nan=False)
 
 
@@ -140,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if args.generate:  # greedy continuations, before and after
         result["generation"] = [{"prompt": p, "pre": a, "post": b}
                                 for p, a, b in zip(prompts, pre_text, post_text, strict=True)]
-    text = _strict_json(result) if args.json else ""  # fails (before saving anything) on NaN/inf
+    # fails (before saving anything) on NaN/inf, also when the result is printed as a table
+    text = _strict_json(result, "edit --json" if args.json else "edit")
     if args.save_patch:
         patch.save(args.save_patch)
     if args.json:

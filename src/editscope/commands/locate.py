@@ -4,8 +4,6 @@ MLP indirect effect averaged over N CounterFact facts (the curve behind a locate
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 
 from editscope.commands._device import add_device_arguments
@@ -13,7 +11,11 @@ from editscope.ranges import option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from editscope.locate import METHODS
+    from editscope.locate import METHODS, OPTION_RANGES
+
+    def declared(name: str):
+        text, kind = OPTION_RANGES[name]
+        return option(kind, text)
 
     parser = sub.add_parser(
         "locate",
@@ -30,12 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", default="causal_trace", choices=list(METHODS))
     parser.add_argument("--plot", help="write the causal-tracing heatmaps to this image file")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--samples", type=option(int, "[1, inf)"), default=10, help="noise samples (causal_trace)")
-    parser.add_argument("--noise", type=option(float, "(0, inf)"), default=3.0,
+    parser.add_argument("--samples", type=declared("samples"), default=10, help="noise samples (causal_trace)")
+    parser.add_argument("--noise", type=declared("noise"), default=3.0,
                         help="noise level in embedding stds, finite and > 0 (causal_trace)")
-    parser.add_argument("--window", type=option(int, "[1, inf)"), default=None,
+    parser.add_argument("--window", type=declared("window"), default=None,
                         help="MLP/attn window (default: 10 scaled to depth)")
-    parser.add_argument("--steps", type=option(int, "[1, 10000]"), default=20, help="integrated-gradient steps (kn)")
+    parser.add_argument("--steps", type=declared("steps"), default=20, help="integrated-gradient steps (kn)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top", type=option(int, "[1, inf)"), default=10,
                         help="how many top layers / neurons to print")
@@ -59,15 +61,11 @@ def _options(args: argparse.Namespace) -> dict:
     return {}
 
 
-def _clean(value):
-    """JSON without NaN (untraced cells become null)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    return value
+def _json(value, where: str) -> str:
+    """Strict JSON: untraced cells (NaN by construction) become null; editscope.finite refuses anything else."""
+    from editscope.finite import nulled, strict_dumps
+
+    return strict_dumps(nulled(value)[0], where, indent=1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
+    if args.plot:  # an unwritable --plot fails before the model loads and the trace runs
+        from pathlib import Path
+
+        from editscope.atomic import make_dirs
+
+        make_dirs(Path(args.plot).parent, "folder of --plot")
     engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
                                      progress=lambda msg: print(msg, file=sys.stderr, flush=True)))
     if args.layer_curve is not None:
@@ -91,17 +95,22 @@ def run(args: argparse.Namespace) -> int:
         from editscope.locate.plot import plot_trace
 
         print(f"wrote {plot_trace(result, args.plot)}", file=sys.stderr)
+    from editscope.finite import fmt, require_finite
+
+    # the probabilities are finite unless the model is broken: refused, never printed as nan
+    require_finite({k: result.meta.get(k) for k in ("clean_prob", "corrupted_prob")}, "locate")
     if args.json:
         out = result.to_dict()
         out["top_neurons"] = result.top_neurons(args.top)
-        print(json.dumps(_clean(out), indent=1))
+        print(_json(out, "locate --json"))
         return 0
     print(f"{result.prompt!r} -> {result.answer!r} (token {result.answer_token}), method {result.method}")
     if result.method == "causal_trace":
         meta = result.meta
         print(f"p(clean) {meta['clean_prob']:.4f}   p(corrupted) {meta['corrupted_prob']:.4f}   "
-              f"noise {meta['noise']} x sigma {meta['sigma']:.4f}, {meta['samples']} samples, window {meta['window']}")
-        effect = meta["mlp_indirect_effect"]
+              f"noise {meta['noise']} x sigma {fmt(meta['sigma'], '.4f', 'locate: sigma')}, {meta['samples']} "
+              f"samples, window {meta['window']}")
+        effect = require_finite(meta["mlp_indirect_effect"], "locate: mlp_indirect_effect")
         order = sorted(range(len(effect)), key=lambda i: -effect[i])[: args.top]
         print("top layers by MLP indirect effect at the subject's last token:")
         for layer in order:
@@ -109,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("top neurons (layer, neuron, score):")
     for layer, neuron, score in result.top_neurons(args.top):
-        print(f"  L{layer:<3} n{neuron:<6} {score:+.4g}")
-    per_layer = result.layer_scores()
+        print(f"  L{layer:<3} n{neuron:<6} {fmt(score, '+.4g', f'locate: score of L{layer} n{neuron}')}")
+    per_layer = require_finite([float(x) for x in result.layer_scores()], "locate: per-layer scores")
     order = sorted(range(len(per_layer)), key=lambda i: -per_layer[i])[: min(args.top, 5)]
     print("top layers by summed score: " + ", ".join(f"{i} ({per_layer[i]:+.3g})" for i in order))
     return 0
@@ -133,12 +142,15 @@ def _layer_curve(args: argparse.Namespace, engine) -> int:
         raise EditscopeError(f"the model knows none of the {len(facts)} {args.dataset} facts (greedy first "
                              "token = the true answer's): nothing to trace")
     if args.json:
-        print(json.dumps(_clean({"kind": curve.kind, "window": curve.window, "n_facts": curve.n_facts,
-                                 "effect": curve.effect.tolist(), "normalised": curve.normalised.tolist(),
-                                 "facts": curve.facts}), indent=1))
+        print(_json({"kind": curve.kind, "window": curve.window, "n_facts": curve.n_facts,
+                     "effect": curve.effect.tolist(), "normalised": curve.normalised.tolist(), "facts": curve.facts},
+                    "locate --layer-curve --json"))
         return 0
     print(f"{args.kind} indirect effect at the subject's last token, window {curve.window}, "
           f"{curve.n_facts} {args.dataset} facts the model knows ({len(curve.skipped)} unknown skipped)")
+    from editscope.finite import require_finite
+
+    require_finite({"effect": curve.effect, "normalised": curve.normalised}, "locate --layer-curve")
     peak = max(float(curve.effect.max()), 1e-12)
     print(f"{'layer':>5}  {'AIE':>8}  {'normalised':>10}")
     for layer, (eff, norm) in enumerate(zip(curve.effect, curve.normalised, strict=True)):

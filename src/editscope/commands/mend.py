@@ -4,7 +4,6 @@ cache them under EDITSCOPE_HOME, keyed by the model's fingerprint; ``--method me
 from __future__ import annotations
 
 import argparse
-import json
 
 from editscope.commands._device import add_device_arguments
 
@@ -12,7 +11,7 @@ from editscope.commands._device import add_device_arguments
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("mend", help="train MEND's editor networks (Mitchell et al. 2022)",
                             description="Train MEND's editor networks for a model (see 'editscope mend train -h').")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser(
         "train", help="train (or resume training) the editor for a model",
         description="Train MEND on the shared zsRE sample (rephrase: generalisation loss, loc: locality KL) on CPU, "
@@ -26,7 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
     train.set_defaults(func=_train)
-    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -45,7 +43,9 @@ def _train(args: argparse.Namespace) -> int:
            "seconds": result.seconds, "final_mean_of_last_25": mean,
            "loss_curve": str(result.curve) if result.curve else None}
     if args.json:
-        print(json.dumps(out, indent=1))
+        from editscope.finite import strict_dumps
+
+        print(strict_dumps(out, "mend train --json", indent=1))
     else:
         print(f"MEND editor for {bundle.name}: {result.steps} steps, {result.seconds:.1f} s of training")
         if mean:

@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_info(args: argparse.Namespace) -> int:
     from editscope.edit import Patch
+    from editscope.finite import require_finite, strict_dumps
 
     patch = Patch.load(args.patch)
     params = {name: {"shape": list(d.shape), "fro_norm": float(d.double().norm()),
@@ -47,13 +48,14 @@ def run_info(args: argparse.Namespace) -> int:
     data = {"method": patch.method, "model": patch.model_name, "fingerprint": patch.fingerprint,
             "requests": patch.requests, "hparams": patch.hparams, "parameters": params,
             "has_base_weights": bool(patch.bases)}
+    require_finite(params, f"{args.patch}")  # Patch.load refuses non-finite ΔW; this is the printer's backstop
     if args.json:
-        print(json.dumps(data, indent=1))
+        print(strict_dumps(data, "patch info --json", indent=1))
         return 0
     print(f"method       {patch.method}\nmodel        {patch.model_name} (fingerprint {patch.fingerprint})")
     for r in patch.requests:
         print(f"request      {r['prompt'].replace('{}', r['subject'])!r} -> {r['target_new']!r}")
-    print(f"hparams      {json.dumps(patch.hparams, sort_keys=True)}")
+    print(f"hparams      {strict_dumps(patch.hparams, 'patch info: hparams', sort_keys=True)}")
     for name, p in params.items():
         print(f"ΔW {name}  shape {p['shape']}  ‖ΔW‖_F {p['fro_norm']:.4g}  max|Δ| {p['max_abs']:.4g}  "
               f"nonzero {p['nonzero']}")

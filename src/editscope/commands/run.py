@@ -6,6 +6,7 @@ import argparse
 
 from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
+from editscope.ranges import option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("config", help="experiment YAML file (see docs/running.md)")
     parser.add_argument("--output", "-o", metavar="DIR", help="output directory (default: the config's 'output')")
-    parser.add_argument("--limit", type=int, metavar="N", help="at most N cases per dataset block (after the slice)")
+    parser.add_argument("--limit", type=option(int, "[1, inf)"), metavar="N",
+                        help="at most N cases per dataset block (after the slice)")
     parser.add_argument("--shard", metavar="I/N", help="run only shard I of N (0-based); merge with 'editscope merge'")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--repair", action="store_true",
@@ -29,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
                         help="local: this process (default); ray: whole groups on Ray actors (pip install "
                         "'editscope[ray]')")
-    parser.add_argument("--workers", type=int, default=2, help="Ray actors (--executor ray)")
+    parser.add_argument("--workers", type=option(int, "[1, inf)"), default=2, help="Ray actors (--executor ray)")
     parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
     parser.add_argument("--chat-template", action="store_true",
                         help="wrap prompts in the tokenizer's chat template (instruct models; as the config's "
@@ -38,12 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from editscope.errors import EditscopeError
     from editscope.run import Runner, load_config
     from editscope.run.runner import parse_shard
 
-    if args.limit is not None and args.limit < 1:
-        raise EditscopeError("--limit must be >= 1")
     config = load_config(args.config)
     import dataclasses
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from editscope.commands._device import add_device_arguments
 
@@ -29,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from editscope.finite import require_finite, strict_dumps
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
 
@@ -38,12 +38,13 @@ def run(args: argparse.Namespace) -> int:
         {"candidate": c, "n_tokens": s.n_tokens, "logprob_sum": s.sum, "logprob_mean": s.mean}
         for c, s in zip(args.candidates, scores, strict=True)
     ]
+    require_finite(rows, "score")  # a model with non-finite weights: refused, not printed as nan
     order = sorted(range(len(rows)), key=lambda i: -rows[i]["logprob_sum"])
     rank = {i: r + 1 for r, i in enumerate(order)}
     for i, row in enumerate(rows):
         row["rank"] = rank[i]  # 1 = the highest total log-prob
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(strict_dumps(rows, "score --json", indent=1))
         return 0
     width = max(9, *(len(r["candidate"]) for r in rows))
     print(f"{'candidate':<{width}}  tokens  logprob_sum  logprob_mean  rank")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from typing import Any
+
+from editscope.finite import cell, strict_dumps, with_reasons
+from editscope.ranges import option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,27 +18,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Gaussian-score distributions, and print the Pearson correlation of each metric with each "
         "criterion (signed so that higher = follows the criterion) beside the paper's Table 2.",
     )
-    parser.add_argument("--answers", type=int, nargs="+", default=[2, 4, 8, 16], metavar="N",
+    parser.add_argument("--answers", type=option(int, "[1, 10000]"), nargs="+", default=[2, 4, 8, 16], metavar="N",
                         help="numbers of valid answers per query (default: 2 4 8 16)")
-    parser.add_argument("--trials", type=int, default=200,
-                        help="simulated queries per answer count (default: 200)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--trials", type=option(int, "[1, 1000000]"), default=200,
+                        help="simulated queries per answer count, 1 to 10^6 (default: 200)")
+    parser.add_argument("--seed", type=option(int, "[0, inf)"), default=0, help="random seed (default: 0)")
     parser.add_argument("--json", action="store_true",
                         help="print only the result as one JSON object (NaN as null)")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the Figure-3-shaped curves to a PNG")
     parser.set_defaults(func=_run)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def _fmt(x: float) -> str:
-    return f"{x:.3f}" if math.isfinite(x) else "nan"
+    return cell(x, ".3f", "undefined")
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -63,6 +56,8 @@ def format_table(result: dict[str, Any]) -> str:
         c1 = " ".join(f"{_fmt(per['criterion1'][m]):>11}" for m in METRICS)
         c2 = " ".join(f"{_fmt(per['criterion2'][m]):>11}" for m in METRICS)
         lines.append(f"{n:>7}  {c1}  | {c2}")
+    if "undefined" in "\n".join(lines):
+        lines += ["", "undefined: a correlation over values that do not vary (e.g. one valid answer)"]
     return "\n".join(lines)
 
 
@@ -79,7 +74,8 @@ def _run(args: argparse.Namespace) -> int:
             raise EditscopeError(f"{args.plot}: cannot write the plot: {getattr(exc, 'strerror', None) or exc}"
                                  ) from None
     if args.json:
-        print(json.dumps(_jsonable(result), allow_nan=False))
+        # an undefined correlation is null, with the reason under "non_finite"
+        print(strict_dumps(with_reasons(result), "simulate --json"))
     else:
         print(format_table(result))
         print(f"\n{args.trials} queries per answer count, seed {args.seed}.")

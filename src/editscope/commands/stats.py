@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from editscope.commands._device import add_device_arguments
 
@@ -53,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compute(args: argparse.Namespace) -> int:
+    from editscope.finite import fmt
     from editscope.lm import load
     from editscope.stats import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET, second_moments
     from editscope.stats.artefact import corpus_from
@@ -62,12 +62,14 @@ def run_compute(args: argparse.Namespace) -> int:
     stats = second_moments(bundle, args.layers, corpus=corpus, token_budget=args.budget or DEFAULT_TOKEN_BUDGET,
                            seq_len=args.seq_len or DEFAULT_SEQ_LEN, progress=True)
     for layer, mom2 in sorted(stats.items()):
-        print(f"layer {layer}: C {tuple(mom2.shape)}  trace {float(mom2.trace()):.6g}  corpus {corpus.digest}  "
+        trace = fmt(float(mom2.trace()), ".6g", f"stats compute: layer {layer}: trace")
+        print(f"layer {layer}: C {tuple(mom2.shape)}  trace {trace}  corpus {corpus.digest}  "
               f"model {bundle.name} ({bundle.fingerprint})")
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from editscope.finite import strict_dumps
     from editscope.stats.artefact import as_dicts, list_cached
 
     fingerprint = None
@@ -77,7 +79,7 @@ def run_list(args: argparse.Namespace) -> int:
         fingerprint = load(args.model, device=args.device, dtype=args.dtype).fingerprint
     stats = list_cached(fingerprint)
     if args.json:
-        print(json.dumps(as_dicts(stats), indent=1))
+        print(strict_dumps(as_dicts(stats), "stats list --json", indent=1))
         return 0
     print(f"{'fingerprint':<34} {'model':<16} {'layer':>5} {'corpus':<24} {'budget':>8} {'seq':>5} "
           f"{'tokens':>8} {'seconds':>8} {'MB':>7}")

@@ -41,6 +41,14 @@ def read_bytes(path: Path) -> bytes:
 _HEADING = re.compile(r"^\s*=+ .* =+\s*$")
 
 
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise EditscopeError(f"{path}:line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+
+
 def phrase_pattern(phrase: str) -> re.Pattern[str]:
     """Case-sensitive match of ``phrase`` at word boundaries (not inside a longer word)."""
     return re.compile(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)")
@@ -104,15 +112,27 @@ class Corpus:
             self._sha256 = h.hexdigest()
         return self._sha256
 
+    def check_text(self) -> None:
+        """Every file decodes as UTF-8; else an error naming the file and line."""
+        for path in self.files:
+            _decode(path, read_bytes(path))
+
     def paragraphs(self) -> Iterator[str]:
         """The layer statistics' text, streamed: every stripped non-empty line not starting with ``=``."""
         for path in self.files:
             opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8") as fh:
-                for line in fh:
-                    text = line.strip()
-                    if text and not text.startswith("="):
-                        yield text
+            with opener(path, "rb") as fh:  # bytes, decoded per line: an error can name the line
+                for number, raw in enumerate(fh, 1):
+                    try:
+                        decoded = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise EditscopeError(f"{path}:line {number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                                             f"column {exc.start + 1})") from None
+                    # a lone \r ends a line too, as in text mode's universal newlines
+                    for line in decoded.replace("\r\n", "\n").split("\r"):
+                        text = line.strip()
+                        if text and not text.startswith("="):
+                            yield text
 
     @property
     def passages(self) -> list[str]:
@@ -121,7 +141,7 @@ class Corpus:
         line."""
         if self._passages is None:
             self._passages = [line.strip() for path in self.files
-                              for line in read_bytes(path).decode("utf-8").splitlines()
+                              for line in _decode(path, read_bytes(path)).splitlines()
                               if line.strip() and not _HEADING.match(line)]
         return self._passages
 

@@ -40,6 +40,7 @@ class AlphaEditHParams(VStarHParams):
     #: nullspace_threshold: P keeps C's singular directions with singular value below it (eq. 10), so at or below
     #: 0 it keeps none and the edit changes nothing; L2: the ridge term of the solve (> 0 keeps it invertible).
     RANGES = {"nullspace_threshold": "(0, inf)", "L2": "(0, 1e12]"}
+    TUNABLE = {"L2": (1.0, 10.0)}
 
 
 @dataclass

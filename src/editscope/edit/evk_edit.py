@@ -35,6 +35,9 @@ class EvkEditHParams(alphaedit.AlphaEditHParams):
     evk_drifts: list[str] = field(default_factory=lambda: list(DRIFTS))
     evk_seed: int = 0
 
+    #: EVK-Align's σ and λ: the paper's values were set on GPT-J
+    TUNABLE = {"evk_sigma": (0.05, 0.1, 0.3), "evk_lam": (0.1, 0.3, 1.0)}
+
     def align(self) -> EvkAlignHParams:
         """The EVK-Align settings of these hparams (validated)."""
         return EvkAlignHParams.from_dict(

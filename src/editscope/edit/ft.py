@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import HParams
+from editscope.edit.hparams import TUNE_LAYERS, HParams
 from editscope.edit.objective import ObjectiveTerm, TargetNLL, VStep, setup_terms, weights_context
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
@@ -34,6 +34,7 @@ class FTHParams(HParams):
 
     #: norm_constraint: the L∞ bound on each weight's change (a shipped config uses 1e9 for "unconstrained").
     RANGES = {"lr": "(0, 10]", "steps": "[1, 10000]", "norm_constraint": "(0, inf)", "stop_loss": "[0, 1e6]"}
+    TUNABLE = {"layers": TUNE_LAYERS, "lr": (1e-4, 5e-4, 1e-3), "norm_constraint": (5e-4, 5e-3, 5e-2)}
 
 
 def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:

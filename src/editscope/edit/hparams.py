@@ -65,6 +65,14 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+TUNE_LAYERS = "causal-trace"
+"""The ``TUNABLE`` grid of ``layers``: candidates from the layer curve, the published depth and a neighbourhood."""
+
+PROVENANCE_KEY = "provenance"
+"""The block of an hparams file that says where its values came from (DESIGN rule 13): read for display by
+:func:`read_provenance`, never as a value (:func:`load_yaml` sets it aside)."""
+
+
 @dataclass
 class Params:
     """Typed, validated parameters (of an editor or a plug-in): ``from_dict`` rejects an unknown key or a value
@@ -78,11 +86,34 @@ class Params:
     learning rate of 1e38, a billion steps), never values a published or shipped configuration uses."""
 
     RANGES: typing.ClassVar[dict[str, str]] = {}
+    #: The few knobs ``editscope tune`` searches, with their grids (DESIGN rule 11: declared, not probed). A value
+    #: is a tuple of candidate values, each inside the key's range; :data:`TUNE_LAYERS` for ``layers`` means the
+    #: candidates come from the causal-trace layer curve and the published relative depth
+    #: (:mod:`editscope.tune.space`). A subclass's ``TUNABLE`` adds to (and for a key it names, replaces) its bases';
+    #: a key mapped to ``()`` is not tuned there.
+    TUNABLE: typing.ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for text in cls.__dict__.get("RANGES", {}).values():
             Range.parse(text)  # a malformed declaration fails at import, not at the first check
+        ranges = cls.ranges()
+        for key, grid in cls.__dict__.get("TUNABLE", {}).items():  # a bad grid fails at import too
+            if grid == TUNE_LAYERS:
+                continue
+            if not isinstance(grid, tuple):
+                raise TypeError(f"{cls.__name__}.TUNABLE[{key!r}]: expected a tuple of values or TUNE_LAYERS")
+            bad = [v for v in grid if key in ranges and v not in ranges[key]]
+            if bad:
+                raise ValueError(f"{cls.__name__}.TUNABLE[{key!r}]: {bad[0]} is outside the range {ranges[key]}")
+
+    @classmethod
+    def tunable(cls) -> dict[str, Any]:
+        """The declared knobs in force for this class (its own over its bases'; knobs mapped to ``()`` left out)."""
+        merged: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(klass.__dict__.get("TUNABLE", {}))
+        return {key: grid for key, grid in merged.items() if grid != ()}
 
     @classmethod
     def ranges(cls) -> dict[str, Range]:
@@ -222,6 +253,9 @@ class VStarHParams(HParams):
     RANGES = {"v_lr": "(0, 10]", "v_steps": "[1, 10000]", "v_weight_decay": "[0, 1e6]",
               "clamp_norm_factor": "(0, 1e6]", "kl_factor": "[0, 1e6]", "stop_loss": "[0, 1e6]",
               "template_seed": "[0, 1e18]", "mom2_tokens": "[1, 1e12]"}
+    #: the knobs the v* papers and their reproductions move per model (ROME §3, MEMIT appendix B)
+    TUNABLE = {"layers": TUNE_LAYERS, "v_lr": (0.1, 0.5), "clamp_norm_factor": (0.75, 4.0),
+               "kl_factor": (0.0625, 0.25)}
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
@@ -400,7 +434,20 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
         raise EditscopeError(f"{path}: YAML nested too deeply") from None
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
+    provenance = data.pop(PROVENANCE_KEY, None)
+    if provenance is not None and not isinstance(provenance, dict):
+        raise EditscopeError(f"{path}: key {PROVENANCE_KEY!r}: expected a mapping, got {type(provenance).__name__}")
     return _validate(cls, data, str(path), overrides, n_layers, overrides_label)
+
+
+def read_provenance(path: str | Path) -> dict | None:
+    """The ``provenance:`` block of an hparams file (None when it has none): for display only."""
+    try:
+        data = yamlio.load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    block = data.get(PROVENANCE_KEY) if isinstance(data, dict) else None
+    return block if isinstance(block, dict) else None
 
 
 def parse_key_value(item: str, where: str) -> tuple[str, Any]:

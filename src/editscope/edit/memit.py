@@ -46,6 +46,8 @@ class MemitHParams(VStarHParams):
 
     #: mom2_update_weight: λ of (λ·C + K Kᵀ) (1.5e4-2e4 in the originals; 0 = no statistics term).
     RANGES = {"mom2_update_weight": "[0, 1e12]"}
+    #: λ spreads the update against the statistics: the original's 1.5e4 was set for GPT-J's key scale
+    TUNABLE = {"mom2_update_weight": (1500.0, 15000.0)}
 
 
 def memit_update(keys: torch.Tensor, resid: torch.Tensor, cov: torch.Tensor, lam: float) -> torch.Tensor:

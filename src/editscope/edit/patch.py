@@ -328,6 +328,15 @@ class Patch:
             return value
 
         checksums = field("checksums", kind=dict)
+        requests = field("requests", "[]", list)
+        for i, request in enumerate(requests):  # patch info prints these three of every request
+            if not isinstance(request, dict):
+                raise EditscopeError(f"{path}: patch metadata: key 'requests': record {i}: expected an object, got "
+                                     f"{type(request).__name__}")
+            for name in ("prompt", "subject", "target_new"):
+                if not isinstance(request.get(name), str):
+                    got = "is missing" if name not in request else f"expected str, got {type(request[name]).__name__}"
+                    raise EditscopeError(f"{path}: patch metadata: key 'requests': record {i}: field {name!r} {got}")
         if set(checksums) != set(deltas):
             raise EditscopeError(f"{path}: patch metadata: key 'checksums' names {sorted(checksums)}, the file holds "
                                  f"deltas for {sorted(deltas)}")
@@ -345,7 +354,7 @@ class Patch:
             fingerprint=field("fingerprint"),
             checksums=checksums,
             model_name=field("model_name", ""),
-            requests=field("requests", "[]", list),
+            requests=requests,
             info=field("info", "{}", dict),
         )
         # files saved before delta checksums existed have none: their ΔW is still checked for NaN/inf

@@ -44,6 +44,7 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     if not (path / "config.json").is_file():
         raise EditscopeError(f"{path}: not a Hugging Face model folder (no config.json)")
     _check_config_json(path / "config.json")
+    _check_weight_files(path, name)
     try:
         arch_for_config(AutoConfig.from_pretrained(path))  # fail fast, before loading weights
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -54,6 +55,21 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     stamp = path / FINGERPRINT_FILE
     fingerprint = stamp.read_text().strip() if stamp.is_file() else None
     return finish(model, tokenizer, name or path.name, str(path), fingerprint)
+
+
+def _check_weight_files(path: Path, name: str | None) -> None:
+    """Every ``*.safetensors`` file of the folder opens (header readable, file as long as its header says): a
+    truncated or damaged file is one line naming it, not a traceback from inside transformers."""
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as fh:
+                fh.keys()
+        except Exception as exc:  # noqa: BLE001 (safetensors raises its own error type)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            hint = (f"; delete {path} to convert {name} again" if name in GGUF_MODELS else "")
+            raise EditscopeError(f"{file}: damaged or truncated weights file ({first}){hint}") from None
 
 
 def _check_config_json(path: Path) -> None:

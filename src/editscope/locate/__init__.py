@@ -16,8 +16,9 @@ from editscope.locate.attribution import activation, grad_x_activation, knowledg
 from editscope.locate.causal_trace import trace
 from editscope.locate.prompt import LocatePrompt, encode_prompt
 from editscope.locate.result import STATE_KINDS, LocateResult
+from editscope.ranges import check
 
-__all__ = ["METHODS", "STATE_KINDS", "LocatePrompt", "LocateResult", "encode_prompt", "locate"]
+__all__ = ["METHODS", "OPTION_RANGES", "STATE_KINDS", "LocatePrompt", "LocateResult", "encode_prompt", "locate"]
 
 #: method name -> function(engine, prompt, *, progress: bool, **options) -> LocateResult; ``progress`` (a tqdm bar
 #: on stderr, never a changed number) is taken by every method, a bar drawn by those with a long loop
@@ -29,6 +30,13 @@ METHODS: dict[str, Callable[..., LocateResult]] = {
     "random": random_scores,
 }
 
+#: the declared range of each numeric option (:mod:`editscope.ranges` notation, kind): checked by :func:`locate`
+#: and used as the argparse types of ``editscope locate`` and ``bench klob``
+OPTION_RANGES: dict[str, tuple[str, type[int] | type[float]]] = {
+    "samples": ("[1, inf)", int), "noise": ("(0, inf)", float), "window": ("[1, inf)", int),
+    "steps": ("[1, 10000]", int),
+}
+
 
 def locate(engine: ScoringEngine, method: str, template: str, subject: str | None, answer: str | None,
            **options: Any) -> LocateResult:
@@ -37,4 +45,7 @@ def locate(engine: ScoringEngine, method: str, template: str, subject: str | Non
     fn = METHODS.get(method)
     if fn is None:
         raise EditscopeError(f"unknown locating method {method!r}; choose from {', '.join(METHODS)}")
+    for name, (text, kind) in OPTION_RANGES.items():
+        if options.get(name) is not None:
+            check(f"locate {method}: option {name}", options[name], text, kind)
     return fn(engine, encode_prompt(engine, template, subject, answer), **options)

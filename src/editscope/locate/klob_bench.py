@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock
+from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock, make_dirs
 from editscope.data.klob_build import (
     KlobExample,
     KlobPrompt,
@@ -48,10 +48,12 @@ from editscope.data.klob_build import (
     shuffled,
 )
 from editscope.errors import EditscopeError
+from editscope.finite import REASONS_KEY, strict_dumps, with_reasons
 from editscope.jsonl import append_record, read_records
 from editscope.lm.engine import ScoringEngine
-from editscope.locate import METHODS, locate
+from editscope.locate import METHODS, OPTION_RANGES, locate
 from editscope.metrics.klob import rsd, rsim, sim_all, sim_cand
+from editscope.ranges import check
 
 SUBSETS = ("c", "r", "u")
 
@@ -98,6 +100,10 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+#: declared ranges of run_bench's numbers (each k of ``ks``, ``n``, ``shots``), also the CLI's argparse types
+RANGES = {"ks": "(0, 100]", "n": "[1, inf)", "shots": "[0, inf)"}
+
+
 def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
               n: int = 50, seed: int = 0, recall: str = "any", recall_r: str = "all", shots: int = 0,
               options: dict[str, dict[str, Any]] | None = None,
@@ -109,8 +115,17 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise EditscopeError(f"unknown locating methods {unknown}; choose from {', '.join(METHODS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if not ks:
+        raise EditscopeError("run_bench: ks is empty; give at least one k in (0, 100]")
+    for i, k in enumerate(ks):
+        check(f"run_bench: ks[{i}]", k, RANGES["ks"])
+    check("run_bench: n", n, RANGES["n"], int)
+    check("run_bench: shots", shots, RANGES["shots"], int)
+    for method, method_options in (options or {}).items():
+        for name, (text, kind) in OPTION_RANGES.items():
+            if method_options.get(name) is not None:
+                check(f"run_bench: options[{method!r}][{name!r}]", method_options[name], text, kind)
+    out = make_dirs(out_dir, "bench output folder")
     opts = {m: {**BENCH_OPTIONS.get(m, {}), **(options or {}).get(m, {})} for m in methods}
     with file_lock(out / ".lock", blocking=False, what="klob bench"):
         config_path = out / "config.json"
@@ -126,7 +141,7 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
                                          f"not {value!r}; use another -o folder")
             config = old
         config.setdefault("options", {}).update({m: opts[m] for m in methods})
-        atomic_write_text(config_path, json.dumps(config, indent=1))
+        atomic_write_text(config_path, strict_dumps(config, str(config_path), indent=1))
         examples_path = out / "examples.jsonl"
         if examples_path.exists():
             rows = read_records(examples_path)
@@ -169,7 +184,9 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
                 bar.update(1)
         bar.close()
         metrics = compute_metrics(out, ks)
-        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
+        # an RSim/RSD that came out non-finite is null, with the reason under "non_finite" (editscope.finite)
+        metrics = with_reasons(metrics)
+        atomic_write_text(out / "metrics.json", strict_dumps(metrics, str(out / "metrics.json"), indent=1))
         atomic_write_text(out / "table.md", format_table(metrics))
         plot_metrics(metrics, out / "figure.png")
     return metrics
@@ -257,6 +274,8 @@ def format_table(metrics: dict) -> str:
     if any(n for row in metrics["methods"].values() for per_k in row["at_baseline"].values() for n in per_k.values()):
         lines.append("\n[n]: n groups select exactly the top-k% of the subset's mean score (Sim_all = 1, where RSim is "
                      "0/0); they count as RSim 0.")
+    if metrics.get(REASONS_KEY):
+        lines.append(f"\nNot finite, recorded as null (–): {', '.join(sorted(metrics[REASONS_KEY]))}.")
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from editscope.atomic import atomic_write
+from editscope.errors import EditscopeError
 from editscope.locate.result import LocateResult
 
 _TITLES = {"residual": "single restored layer (residual)", "mlp": "restored MLP (window {w})",
@@ -42,8 +44,10 @@ def plot_trace(result: LocateResult, path: str | Path) -> Path:
     fig.suptitle(f"{result.prompt!r} -> {result.answer!r}  (clean {result.meta.get('clean_prob', 0):.3f}, "
                  f"corrupted {result.meta.get('corrupted_prob', 0):.3f})", fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    kind = Path(path).suffix[1:].lower() or "png"
+    try:
+        if kind not in fig.canvas.get_supported_filetypes():
+            raise EditscopeError(f"{path}: cannot write a plot as {kind!r}; use .png, .pdf or .svg")
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=130))
+    finally:
+        plt.close(fig)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from editscope.atomic import atomic_write_text
+from editscope.atomic import atomic_write_bytes, atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
 from editscope.metrics.registry import MetricSpec
 from editscope.plotting import png_axes
@@ -43,6 +43,7 @@ from editscope.run.summary import (
     summarize_by_edits,
     table_rows,
 )
+from editscope.suites import measures_whole_model
 from editscope.suites.base import Suite, SuiteFigure
 
 
@@ -273,7 +274,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
-    out = Path(out_dir) if out_dir is not None else runs[0].path
+    out = make_dirs(Path(out_dir) if out_dir is not None else runs[0].path, "report folder")
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
@@ -293,9 +294,8 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
     for f in figs:
-        (out / "figures" / f"{f.slug}.png").write_bytes(f.png)
+        atomic_write_bytes(out / "figures" / f"{f.slug}.png", f.png)
 
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
     for r in summary:
@@ -388,27 +388,17 @@ def _tex_compact(rs: list[SummaryRow], methods: list[str], specs: Sequence[Metri
 
 
 def _model_level(keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """The (dataset, suite) pairs whose suite measures the model as a whole (``chooses_edits = False``)."""
-    from editscope.suites import SUITES
-
-    out = set()
-    for dataset, suite in keys:
-        factory = SUITES.get(suite, None)
-        if isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits:
-            out.add((dataset, suite))
-    return out
+    """The (dataset, suite) pairs whose suite measures the model as a whole."""
+    return {(dataset, suite) for dataset, suite in keys if measures_whole_model(suite)}
 
 
 def _retention_figures(rows, curves, specs, methods) -> list[Figure]:
     """The retention heatmap of each (dataset, suite) with curves: its first headline metric that is measured
     per case after the edit and has a direction (ES for counterfact, Efficacy for zsRE); none for suites that
     measure the model as a whole (``chooses_edits = False``)."""
-    from editscope.suites import SUITES
-
     out = []
     for dataset, suite in curves:
-        factory = SUITES.get(suite, None)
-        if isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits:
+        if measures_whole_model(suite):
             continue  # a model-level suite (general): every batch carries the same value, nothing to retain
         spec = next((s for s in specs.get((dataset, suite), ()) if s.headline and s.aggregate is None
                      and s.higher_is_better is not None), None)

@@ -3,7 +3,6 @@ ran the same config on the same model), ordered as an unsharded run writes them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
+from editscope.finite import strict_dumps
 from editscope.run.config import RunConfig
 from editscope.run.store import (
     RESULTS,
@@ -72,5 +72,5 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int,
             "status": "complete" if complete else "partial",
             "started": min(m.get("started") or "" for m in metas),
             "finished": datetime.now(UTC).isoformat(timespec="seconds")}
-    atomic_write_text(out_dir / RUN_JSON, json.dumps(meta, indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / RUN_JSON, strict_dumps(meta, str(out_dir / RUN_JSON), indent=2, default=str) + "\n")
     return len(merged), summary

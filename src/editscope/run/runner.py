@@ -49,6 +49,7 @@ from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
+from editscope.finite import REASONS_KEY
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.run.chain import LifelongChain, naming, remove_chain_files
@@ -644,9 +645,9 @@ def _pre_metrics(suite: Suite, case: Case, pre: dict[str, Any]) -> dict[str, flo
 
 
 def _json(data: dict[str, Any]) -> str:
-    import json
+    from editscope.finite import strict_dumps
 
-    return json.dumps(data, indent=2, default=str) + "\n"
+    return strict_dumps(data, RUN_JSON, indent=2, default=str) + "\n"
 
 
 def run(config: RunConfig, **kwargs: Any) -> RunResult:
@@ -657,7 +658,8 @@ def run(config: RunConfig, **kwargs: Any) -> RunResult:
 def recompute_metrics(run_dir: str | Path, *, suite_factories: Mapping[str, SuiteFactory] | None = None,
                       ) -> list[tuple[tuple[str, str, str], str, dict[str, float | None], dict[str, float | None]]]:
     """Recompute every metric of a run from the raw probes stored in its results file alone (plus the
-    cases named by its config). Returns the rows whose recomputed metrics differ: (key, suite, stored, new)."""
+    cases named by its config). Returns the rows whose recomputed metrics differ: (key, suite, stored, new). A suite
+    whose raw probes in a row were non-finite (stored as null, listed in the row's ``non_finite``) is skipped."""
     run_dir = Path(run_dir)
     meta = read_json(run_dir / RUN_JSON)
     config = RunConfig.from_dict(meta["config"])
@@ -667,7 +669,10 @@ def recompute_metrics(run_dir: str | Path, *, suite_factories: Mapping[str, Suit
     for row in read_results(run_dir / RESULTS):
         block = blocks[row["dataset"]]
         case = by_id[row["dataset"]][row["case_id"]]
+        nulled = row.get(REASONS_KEY) or {}
         for name, suite in block.suites.items():
+            if any(path.startswith((f"pre.{name}.", f"post.{name}.")) for path in nulled):
+                continue  # a raw probe was non-finite and stored as null (editscope.finite): nothing to recompute
             if row["method"] == NO_EDIT:  # probe_only: pre-edit metrics only
                 new = clean_metrics(_pre_metrics(suite, case, row["pre"][name]))
             else:

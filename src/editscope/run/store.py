@@ -12,6 +12,7 @@ from typing import Any
 
 from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
+from editscope.finite import with_reasons
 from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
@@ -55,8 +56,9 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
 
 
 def dumps_row(row: dict[str, Any]) -> str:
-    """One JSON line (no newline inside). Raw probes keep non-finite floats as Python's NaN/Infinity tokens."""
-    return json.dumps(row, default=_default, separators=(",", ":"))
+    """One strict JSON line (no newline inside). A non-finite float (a raw probe that underflowed, a metric over
+    nothing) is written as ``null`` with the reason in the row's ``non_finite`` field (:mod:`editscope.finite`)."""
+    return json.dumps(with_reasons(row), default=_default, separators=(",", ":"), allow_nan=False)
 
 
 def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:
@@ -88,6 +90,7 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
             if not isinstance(row[name], kind):
                 raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {kind.__name__}, got "
                                      f"{type(row[name]).__name__}; the file is damaged")
+        _check_metrics(path, line, row["metrics"])
         key = row_key(row)
         if key in seen:
             if not dedupe:
@@ -100,6 +103,18 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
     if repair and dropped:
         write_results(path, rows)
     return rows, dropped
+
+
+def _check_metrics(path: Path, line: int, metrics: dict[str, Any]) -> None:
+    """``metrics`` maps suite -> metric -> number or null (what summaries average); anything else names the field."""
+    for suite, values in metrics.items():
+        if not isinstance(values, dict):
+            raise EditscopeError(f"{path}:line {line}: field 'metrics.{suite}': expected an object, got "
+                                 f"{type(values).__name__}; the file is damaged")
+        for name, value in values.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise EditscopeError(f"{path}:line {line}: field 'metrics.{suite}.{name}': expected a number or "
+                                     f"null, got {type(value).__name__} {str(value)[:40]!r}; the file is damaged")
 
 
 def run_lock(out_dir: str | Path):

@@ -31,6 +31,7 @@ from editscope.atomic import atomic_write_text
 from editscope.metrics.intervals import N_BOOTSTRAP, bootstrap_aggregate, clip_interval, geometric_mean_ci, mean_ci
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
+from editscope.suites import measures_whole_model
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
 
@@ -49,7 +50,9 @@ class SummaryRow:
     ci95_low: float
     ci95_high: float
     std: float
-    ci: str = "t"  # "t" (Student t over cases), "t-log" (on log values: geometric mean) or "bootstrap"
+    #: "t" (Student t over cases), "t-log" (on log values: geometric mean), "bootstrap", or "model" (a suite that
+    #: measures the whole model: one value carried by every case, no interval)
+    ci: str = "t"
 
     @property
     def half_width(self) -> float:
@@ -88,6 +91,7 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
         dataset, suite, method = key
         per_case = cases[key]
         decl = _declarations(specs, dataset, suite)
+        whole_model = measures_whole_model(suite)
         columns: list[tuple[str, MetricSpec | None]] = []
         if decl is not None:
             columns = [(c, s) for s in decl.specs for c in s.columns]
@@ -108,7 +112,10 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             vals = [_value(m[column]) for m in per_case if column in m]
             if not vals:
                 continue
-            if spec is not None and spec.unit in LOG_UNITS:
+            if whole_model:  # one measurement of the model, carried by every case: no interval over cases
+                mean, lo, hi, sd = float(np.nanmean(vals)), math.nan, math.nan, math.nan
+                kind = "model"
+            elif spec is not None and spec.unit in LOG_UNITS:
                 mean, lo, hi, sd = geometric_mean_ci(vals)
                 kind = "t-log"
             else:

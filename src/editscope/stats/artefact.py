@@ -73,23 +73,30 @@ def corpus_from(paths: Sequence[str | Path], field: str | None = None) -> Corpus
             files.append(_extract_jsonl(path, field))
         else:
             files.append(path)
-    return Corpus.from_files(files)
+    corpus = Corpus.from_files(files)
+    corpus.check_text()  # a non-UTF-8 line fails here, before the model loads, not minutes into the statistics
+    return corpus
 
 
 def _extract_jsonl(path: Path, field: str) -> Path:
     """The ``field`` of every JSONL record, one paragraph per line, as a text file keyed by its content."""
     lines: list[str] = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except ValueError:
-                raise EditscopeError(f"{path}:{number}: not valid JSON") from None
+                record = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                raise EditscopeError(f"{path}:line {number}: not valid UTF-8 JSON") from None
             value = record.get(field) if isinstance(record, dict) else None
             if not isinstance(value, str):
-                raise EditscopeError(f"{path}:{number}: field {field!r} is missing or not a string")
+                raise EditscopeError(f"{path}:line {number}: field {field!r} is missing or not a string")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise EditscopeError(f"{path}:line {number}: field {field!r}: holds a lone surrogate (not text)") \
+                    from None
             lines.extend(p for p in (s.strip() for s in value.splitlines()) if p)
     text = "\n".join(lines) + "\n"
     digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
@@ -183,11 +190,10 @@ def import_stats(bundle: Bundle, path: str | Path) -> list[Path]:
                              f"{bundle.name} has fingerprint {bundle.fingerprint}")
     dim = bundle.arch.mlp_size(bundle.config)
     written = []
-    for key, layer_meta in sorted(per_layer.items(), key=lambda kv: int(kv[0])):
-        layer = int(key)
+    for layer, layer_meta in _layer_entries(path, per_layer):
         mom2, count = tensors.get(f"layer{layer}.mom2"), tensors.get(f"layer{layer}.count")
         where = f"{path}: layer {layer}"
-        if mom2 is None or count is None:
+        if mom2 is None or count is None or count.numel() != 1:
             raise EditscopeError(f"{where}: tensors layer{layer}.mom2/.count missing")
         if not 0 <= layer < bundle.n_layers:
             raise EditscopeError(f"{where}: out of range, {bundle.name} has {bundle.n_layers} layers")
@@ -204,6 +210,29 @@ def import_stats(bundle: Bundle, path: str | Path) -> list[Path]:
         _save(target, mom2, int(count[0]), {k: v for k, v in layer_meta.items() if k != "content"})
         written.append(target)
     return written
+
+
+_LAYER_KEYS: dict[str, type] = {"corpus": str, "token_budget": int, "seq_len": int, "content": str, "weights": str}
+
+
+def _layer_entries(path: Path, per_layer: object) -> list[tuple[int, dict]]:
+    """The ``layers`` metadata as (layer, entry) pairs, each entry checked for the keys the import reads."""
+    where = f"{path}: metadata 'layers'"
+    if not isinstance(per_layer, dict):
+        raise EditscopeError(f"{where}: expected a JSON object of layer -> entry, got {type(per_layer).__name__}")
+    out = []
+    for key, entry in per_layer.items():
+        if not (key.isascii() and key.isdigit()):
+            raise EditscopeError(f"{where}: key {key[:40]!r}: not a layer number")
+        if not isinstance(entry, dict):
+            raise EditscopeError(f"{where}: layer {key}: expected an object, got {type(entry).__name__}")
+        for name, kind in _LAYER_KEYS.items():
+            value = entry.get(name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                got = "is missing" if name not in entry else f"expected {kind.__name__}, got {type(value).__name__}"
+                raise EditscopeError(f"{where}: layer {key}: field {name!r} {got}")
+        out.append((int(key), entry))
+    return sorted(out, key=lambda pair: pair[0])
 
 
 def as_dicts(stats: Sequence[CachedStat]) -> list[dict]:

@@ -72,6 +72,13 @@ def get_suite(name: str, **options: Any) -> Suite:
         raise EditscopeError(f"suite {name!r}: bad options {sorted(options)}: {exc}") from None
 
 
+def measures_whole_model(name: str) -> bool:
+    """Whether the registered suite ``name`` measures the model as a whole (``chooses_edits = False``: every case of
+    a probe carries the same value, so an interval over cases says nothing)."""
+    factory = SUITES.get(name, None)
+    return isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits
+
+
 __all__ = ["SUITES", "CollateralSuite", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite",
-           "PortabilitySuite", "Suite", "SuiteFigure", "ZsreSuite",
-           "get_suite", "register_suite"]
+           "PortabilitySuite", "Suite", "SuiteFigure", "ZsreSuite", "get_suite", "measures_whole_model",
+           "register_suite"]

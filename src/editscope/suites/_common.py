@@ -19,6 +19,7 @@ import numpy as np
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
+from editscope.finite import strict_dumps
 from editscope.lm.scorer import ContinuationScore, Scorer
 
 
@@ -133,7 +134,7 @@ def read_json(path: Path) -> Any:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON atomically (:func:`editscope.atomic.atomic_write_text`: readers never see half a file)."""
-    atomic_write_text(path, json.dumps(obj))
+    atomic_write_text(path, strict_dumps(obj, str(path)))
 
 
 def mean(values: Sequence[float]) -> float:

@@ -1,10 +1,12 @@
-"""The EVK-Bench figure: Embedding Stability vs drift strength σ per method (paper 004, §3.1.1 and eq 9).
-Imported only when a report is built (matplotlib). Returns PNG bytes."""
+"""The EVK-Bench figures: Embedding Stability vs drift strength σ per method (paper 004, §3.1.1 and eq 9) and the
+embedding map of pre- and post-edit states (paper 004 Fig. 5). Imported only when a report is built (matplotlib).
+Return PNG bytes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,3 +44,46 @@ def stability_vs_sigma(curves: Mapping[str, Mapping[str, Sequence[tuple[float, f
     axes[0][-1].legend(frameon=False, loc="lower left")
     fig.tight_layout()
     return png(fig)
+
+
+#: drift type -> colour of its points (text prompts grey), from the Okabe-Ito palette, apart from the methods' colours
+KIND_COLORS = {"subject": "#0072B2", "relation": "#E69F00", "all": "#009E73", "text": "#888888"}
+
+
+def embedding_map(coords: np.ndarray, points: Mapping[str, Any], methods: Sequence[str], projection: str,
+                  explained: tuple[float, float] | None) -> bytes:
+    """One panel per method: every pre-edit point hollow, the method's post-edit points filled, coloured by drift
+    type (``KIND_COLORS``), a thin line from each instance's pre to its post point. ``coords`` (n, 2) and ``points``
+    (:meth:`editscope.suites.evk.EvkSuite.embedding_points`) are in the same order; axes name the projection and,
+    for PCA, the share of variance on each axis."""
+    kind, when, method = (np.asarray(points[k], dtype=object) for k in ("kind", "when", "method"))
+    key = [tuple(k) for k in points["key"]]
+    pre_at = {k: i for i, k in enumerate(key) if when[i] == "pre"}
+    n = max(len(methods), 1)
+    fig, axes = plt.subplots(1, n, figsize=(3.3 * n + 0.4, 3.4), squeeze=False, sharex=True, sharey=True)
+    kinds = [k for k in KIND_COLORS if k in set(points["kind"])]
+    for ax, m in zip(axes[0], methods or [None], strict=True):
+        post = np.flatnonzero((when == "post") & (method == m))
+        for i in post:
+            j = pre_at.get(key[i])
+            if j is not None:
+                ax.plot(coords[[j, i], 0], coords[[j, i], 1], color=KIND_COLORS[kind[i]], alpha=0.25, linewidth=0.5)
+        for k in kinds:
+            pre = np.flatnonzero((when == "pre") & (kind == k))
+            ax.scatter(coords[pre, 0], coords[pre, 1], s=12, facecolors="none", edgecolors=KIND_COLORS[k],
+                       linewidths=0.7, label=f"{k}, pre")
+            sel = post[kind[post] == k]
+            ax.scatter(coords[sel, 0], coords[sel, 1], s=10, color=KIND_COLORS[k], label=f"{k}, post")
+        ax.set_title(str(m))
+        ax.set_xlabel(_axis_label(projection, explained, 0))
+    axes[0][0].set_ylabel(_axis_label(projection, explained, 1))
+    axes[0][-1].legend(frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5), markerscale=1.2)
+    fig.suptitle(f"{projection} of final-token states, before (hollow) and after (filled) the edit", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _axis_label(projection: str, explained: tuple[float, float] | None, axis: int) -> str:
+    if projection == "PCA" and explained is not None:
+        return f"PC{axis + 1} ({100 * explained[axis]:.1f}% of variance)"
+    return f"{projection} {axis + 1}"

@@ -40,12 +40,21 @@ Metrics (post-only, cosines; paper prints ×100): ``EVK_ES`` (mean over every in
 ``EVK_ES_subject`` / ``EVK_ES_relation`` / ``EVK_ES_all`` (per drift type), ``EVK_TS``; with ``sigmas`` (a
 sweep, e.g. [0.05, 0.1, 0.3, 0.5, 1.0]) also ``EVK_ES@σ`` and ``EVK_ES_{drift}@σ`` per swept σ, and the report
 figure of stability vs σ per method (:meth:`EvkSuite.figures`).
+
+Embedding map (paper 004 Fig. 5; option ``embedding_map``): a report figure placing the stored final-token states
+of the edit prompt's EVK instances (at ``sigma``, coloured by drift type) and of the text prompts in two dimensions,
+before the edit (hollow) and after it (filled, one panel per method), all in one projection fitted on every point
+shown, so panels share axes. ``pca`` (default): the first two principal axes of the centred states
+(:func:`pca_2d`; axes give the share of variance each explains); ``umap``: UMAP (McInnes & Healy 2018, the paper's
+choice), only when the ``umap`` package is installed (not a dependency); ``none``: no map. At most ``MAP_CASES``
+cases are drawn (the first of the rows), so large runs stay readable.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -65,6 +74,9 @@ TEXT_SOURCES = ("auto", "attribute", "neighborhood")
 STATES = {"final_norm": ("final", "the final norm's output (HF hidden_states[-1])"),
           "resid": ("resid_post", "the last block's residual state before the final norm")}
 _ROWS_PER_FORWARD = 64
+MAPS = ("pca", "umap", "none")
+#: the embedding map draws the states of at most this many cases
+MAP_CASES = 200
 
 
 def _round(vec: np.ndarray) -> list[float]:
@@ -87,8 +99,13 @@ class EvkSuite(Suite):
 
     def __init__(self, *, sigma: float = 0.3, instances_per_type: int = 1, drifts: Sequence[str] = DRIFTS,
                  source: str = "edit", text: str = "auto", sigmas: Sequence[float] | None = None,
-                 seed: int = 0, state: str = "final_norm") -> None:
+                 seed: int = 0, state: str = "final_norm",
+                 embedding_map: Literal["pca", "umap", "none"] = "pca") -> None:
         check_choice(self.name, "state", state, tuple(STATES))
+        check_choice(self.name, "embedding_map", embedding_map, MAPS)
+        if embedding_map == "umap" and importlib.util.find_spec("umap") is None:
+            raise EditscopeError("evk suite: option embedding_map umap needs the umap package "
+                                 "(pip install umap-learn), or use pca")
         check_choice(self.name, "source", source, SOURCES)
         check_choice(self.name, "text", text, TEXT_SOURCES)
         bad = [d for d in drifts if d not in DRIFTS]
@@ -107,6 +124,7 @@ class EvkSuite(Suite):
         self.text = text
         self.seed = int(seed)
         self.state = state
+        self.embedding_map = embedding_map
 
     # -- declarations ------------------------------------------------------------------------------
     @property
@@ -240,24 +258,116 @@ class EvkSuite(Suite):
                 out[m][panel] = points
         return out
 
+    def embedding_points(self, rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, Any]:
+        """The states the embedding map draws, from the results rows: ``{"h": (n, d) array, "kind": drift type or
+        "text", "when": "pre" | "post", "method": None (pre) or the method, "key": (case id, "evk" | "text", index
+        in the probe)}`` (lists of n). The edit prompt's EVK instances at ``sigma`` and the text prompts; pre
+        states once per case (the unedited model's, shared by the methods), post states per method; final rows
+        only (not lifelong checkpoints), the first ``MAP_CASES`` cases."""
+        h: list[list[float]] = []
+        out: dict[str, list[Any]] = {"kind": [], "when": [], "method": [], "key": []}
+        cases: list[str] = []
+        pre_seen: set[str] = set()
+        for r in rows:
+            if r.get("checkpoint") or r.get("method") not in methods:
+                continue
+            pre, post = r.get("pre", {}).get(self.name), r.get("post", {}).get(self.name)
+            if not pre or not post:
+                continue
+            case = str(r["case_id"])
+            if case not in cases:
+                if len(cases) >= MAP_CASES:
+                    continue
+                cases.append(case)
+            sel = [("evk", j, i["drift"]) for j, i in enumerate(pre["evk"])
+                   if i["sigma"] == self.sigma and i["source"] == "edit"]
+            sel += [("text", j, "text") for j in range(len(pre["text"]))]
+            probes = [("post", post, r["method"])]
+            if case not in pre_seen:
+                pre_seen.add(case)
+                probes.insert(0, ("pre", pre, None))
+            for when, probe, method in probes:
+                for part, j, kind in sel:
+                    h.append(probe[part][j]["h"])
+                    out["kind"].append(kind)
+                    out["when"].append(when)
+                    out["method"].append(method)
+                    out["key"].append((case, part, j))
+        return {"h": np.asarray(h, dtype=np.float64), **out}
+
+    def map_coordinates(self, h: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, tuple[float, float] | None]:
+        """2-D coordinates of the rows of ``h`` by the ``embedding_map`` projection, and for PCA the share of the
+        variance on each axis (None for UMAP, which has no such share)."""
+        if self.embedding_map == "umap":
+            import umap  # optional; checked in __init__
+
+            return np.asarray(umap.UMAP(n_components=2, random_state=seed).fit_transform(h)), None
+        coords, explained = pca_2d(h)
+        return coords, explained
+
     def figures(self, dataset: str, rows: Sequence[dict[str, Any]], methods: Sequence[str], *,
                 seed: int = 0) -> list[SuiteFigure]:
         """With a σ sweep: Embedding Stability vs σ per method, overall and per drift type (where an editor's
         effect on the embedding neighbourhood fades; paper 004 §3.1.1 "by controlling the perturbation strength
-        σ, EVK instances span semantic neighborhoods at varying distances")."""
-        if not self.sweep:
-            return []
-        curves = self.stability_by_sigma(rows, methods)
-        if not curves:
-            return []
-        from editscope.suites._evk_figures import stability_vs_sigma
+        σ, EVK instances span semantic neighborhoods at varying distances"). The embedding map (paper 004 Fig. 5,
+        module docstring) unless ``embedding_map: none``."""
+        out: list[SuiteFigure] = []
+        curves = self.stability_by_sigma(rows, methods) if self.sweep else {}
+        if curves:
+            from editscope.suites._evk_figures import stability_vs_sigma
 
-        return [SuiteFigure(
-            f"evk-sigma-{dataset}", f"EVK-Bench Embedding Stability vs σ ({dataset})",
-            f"Mean cosine between pre- and post-edit states ({STATES[self.state][1]}, final token) on EVK "
-            f"instances with drift N(0, σ²I), {self.instances_per_type} per drift type and σ; error bars are 95% "
-            "CIs over cases; the dashed line is 1 (no change). Paper 004 eq 9 at every σ of the sweep.",
-            stability_vs_sigma(curves, self.sigma))]
+            out.append(SuiteFigure(
+                f"evk-sigma-{dataset}", f"EVK-Bench Embedding Stability vs σ ({dataset})",
+                f"Mean cosine between pre- and post-edit states ({STATES[self.state][1]}, final token) on EVK "
+                f"instances with drift N(0, σ²I), {self.instances_per_type} per drift type and σ; error bars are 95% "
+                "CIs over cases; the dashed line is 1 (no change). Paper 004 eq 9 at every σ of the sweep.",
+                stability_vs_sigma(curves, self.sigma)))
+        if self.embedding_map != "none":
+            points = self.embedding_points(rows, methods)
+            if len(points["h"]) >= 3 and np.ptp(points["h"], axis=0).any():
+                from editscope.suites._evk_figures import embedding_map
+
+                coords, explained = self.map_coordinates(points["h"], seed=seed)
+                name = "PCA" if self.embedding_map == "pca" else "UMAP"
+                n_cases = len({k[0] for k in points["key"]})
+                out.append(SuiteFigure(
+                    f"evk-map-{dataset}", f"EVK instances before and after the edit, {name} ({dataset})",
+                    f"Final-token states ({STATES[self.state][1]}) of the edit prompt's EVK instances (σ = "
+                    f"{self.sigma:g}, coloured by drift type) and of the text prompts (grey) of {n_cases} cases, "
+                    f"projected to 2-D by {name} fitted on all points shown; hollow: the unedited model (the same in "
+                    "every panel), filled: after the edit, one panel per method, a thin line joins each instance's "
+                    "two states. Cf. paper 004 Fig. 5 (UMAP there).",
+                    embedding_map(coords, points, [m for m in methods if m in set(points["method"])], name,
+                                  explained)))
+        return out
+
+
+def pca_2d(x: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:
+    """The rows of ``x`` on its first two principal axes, and the share of the total variance each axis explains.
+
+    PCA (Pearson 1901): with ``X_c`` the row-centred matrix, the axes are the top eigenvectors of ``X_cᵀ X_c`` and the
+    coordinates ``X_c V``; computed from whichever of ``X_cᵀ X_c`` (d × d) or ``X_c X_cᵀ`` (n × n, whose eigenvectors
+    ``u`` give the coordinates ``u·√λ``) is smaller, in float64. Signs are fixed so that each axis's coordinate of
+    largest magnitude is positive (an eigenvector's sign is arbitrary)."""
+    xc = np.asarray(x, dtype=np.float64)
+    xc = xc - xc.mean(axis=0)
+    n, d = xc.shape
+    if n <= d:
+        lam, u = np.linalg.eigh(xc @ xc.T)
+        lam, u = lam[::-1], u[:, ::-1]
+        coords = u[:, :2] * np.sqrt(np.clip(lam[:2], 0.0, None))
+    else:
+        lam, v = np.linalg.eigh(xc.T @ xc)
+        lam, v = lam[::-1], v[:, ::-1]
+        coords = xc @ v[:, :2]
+    lam = np.clip(lam, 0.0, None)
+    total = float(lam.sum())
+    if coords.shape[1] < 2:
+        coords = np.pad(coords, ((0, 0), (0, 2 - coords.shape[1])))
+    flip = np.sign(coords[np.abs(coords).argmax(axis=0), range(2)])
+    coords = coords * np.where(flip == 0, 1.0, flip)
+    share = tuple(float(v / total) if total > 0 else 0.0 for v in (lam[:2] if len(lam) >= 2 else [*lam, 0.0]))
+    return coords, (share[0], share[1])
 
 
 def _cosines(pre: list[list[float]], post: list[list[float]], fn) -> np.ndarray:
@@ -269,4 +379,4 @@ def _cosines(pre: list[list[float]], post: list[list[float]], fn) -> np.ndarray:
     return cos
 
 
-__all__ = ["SOURCES", "STATES", "TEXT_SOURCES", "EvkSuite"]
+__all__ = ["MAPS", "SOURCES", "STATES", "TEXT_SOURCES", "EvkSuite", "pca_2d"]

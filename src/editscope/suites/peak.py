@@ -3,6 +3,18 @@
 The edit of a case is its request: append ``o* = target_new`` to the answers ``O`` of ``t_r(s)`` (the
 case's ``valid_answers``, PEAK's positive list).
 
+What is edited (option ``targets``; :meth:`PeakSuite.edit_requests`, recorded in every row's protocol):
+
+* ``"new"`` (default, paper 003 Tables 3-4): the case's request, ``o*`` alone;
+* ``"all_correct"`` (Table 5, "fairer baselines": "all baseline methods have been extended to utilize the entire
+  set O when editing"): one request per correct answer of ``O ∪ {o*}`` -- each answer of the published positive
+  list O (deduplicated, ``o*`` removed; the pre-edit filter needs probabilities and cannot choose what is edited,
+  so it is the unfiltered list) in list order, then ``o*`` last. Single-edit methods (ROME, ...) apply them one
+  after another, batch methods (MEMIT, ...) as one batch. ``o*`` comes last because successive rank-one edits of
+  one subject key overwrite each other's value, so the last target written keeps the most of its edit, and
+  appending ``o*`` is the point of the case. Everything scored stays as with ``"new"`` (ES/GS/LS of ``o*``,
+  additivity of O).
+
 Probe, following :mod:`editscope.suites.base`::
 
     {"prompts": [
@@ -72,7 +84,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from editscope.data.records import Case
+from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics import (
@@ -89,6 +101,7 @@ from editscope.suites.base import Suite, SuiteFigure, check_choice
 ADDITIVITY_KEYS = ("RFF", "RNF", "CPC", "FPC", "AFF", "ANF")
 SETTINGS = ("hard", "random")
 PROTOCOLS = ("paper", "reference")
+TARGETS = ("new", "all_correct")
 _P = "003 (PEAK)"
 _INF = (0.0, math.inf)
 
@@ -153,14 +166,17 @@ class PeakSuite(Suite):
     metrics_declared = METRICS
 
     def __init__(self, *, prob: Literal["mean", "sum"] = "mean", filter_answers: bool = True,
-                 max_share_below: float = 0.2, protocol: Literal["paper", "reference"] = "paper") -> None:
+                 max_share_below: float = 0.2, protocol: Literal["paper", "reference"] = "paper",
+                 targets: Literal["new", "all_correct"] = "new") -> None:
         check_choice(self.name, "prob", prob, ("mean", "sum"))
         check_choice(self.name, "protocol", protocol, PROTOCOLS)
+        check_choice(self.name, "targets", targets, TARGETS)
         check_choice(self.name, "filter_answers", filter_answers, (True, False))
         self.prob = prob
         self.filter_answers = filter_answers
         self.max_share_below = max_share_below
         self.peak_protocol = protocol
+        self.targets = targets
 
     @property
     def protocol(self) -> dict[str, str]:
@@ -174,7 +190,19 @@ class PeakSuite(Suite):
         else:
             rule = ("paper 003 section 3.2: LS over all locality prompts; a prompt is skipped per setting when its "
                     "filtered false list is empty")
-        return {"name": self.peak_protocol, "note": f"{rule}; P = {p}; {filt}"}
+        edits = ("edit targets: every correct answer, O then o* (paper 003 Table 5, fairer baselines)"
+                 if self.targets == "all_correct" else "edit target: o* alone")
+        return {"name": self.peak_protocol, "note": f"{rule}; P = {p}; {filt}; {edits}"}
+
+    def edit_requests(self, case: Case) -> list[EditRequest]:
+        """What the runner edits for ``case`` (option ``targets``, module docstring): ``o*`` alone, or one request
+        per answer of ``O ∪ {o*}`` with ``o*`` last (paper 003 Table 5)."""
+        req = case.request
+        if self.targets == "new":
+            return [req]
+        correct = answer_lists(case)[0]
+        return [EditRequest(req.prompt, req.subject, answer, req.target_true, req.correct_answers, req.hard_false)
+                for answer in [*correct, req.target_new]]
 
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""

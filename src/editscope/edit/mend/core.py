@@ -73,6 +73,9 @@ class MendHParams(HParams):
     RANGES = {"rank": "[1, 100000]", "edit_lr": "(0, 10]", "lr": "(0, 10]", "lr_lr": "(0, 10]", "c_edit": "[0, 1e6]",
               "c_loc": "[0, 1e6]", "grad_clip": "(0, inf)", "steps": "[1, 1e7]", "train_records": "[1, inf)",
               "checkpoint_every": "[1, 1e7]", "seed": "[0, 1e18]"}
+    # No TUNABLE knobs yet: every key is a training key, and an edit loads the checkpoint trained so far whatever
+    # ``steps`` says, so candidates differing in steps would run the same editor. Tuning MEND's training steps needs
+    # a checkpoint per step count first.
 
     def training_digest(self) -> str:
         data = {k: v for k, v in self.to_dict().items() if k in TRAINING_KEYS}

@@ -94,6 +94,8 @@ class AppHParams(PluginHParams):
     #: alpha/beta/gamma: loss weights; margin: M in log-prob units; k*: answers used (0 allowed: that part off).
     RANGES = {"alpha": "[0, 1e6]", "beta": "[0, 1e6]", "gamma": "[0, 1e6]", "margin": "[0, 1e6]", "k": "[0, inf)",
               "k_correct": "[0, inf)", "k_false": "[0, inf)", "max_share_below": "[0, 1]"}
+    #: the loss weights: Table 8's were set for GPT-2 XL
+    TUNABLE = {"alpha": (0.02, 0.2), "beta": (0.02, 0.2), "gamma": (0.01, 0.1)}
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         for key in ("alpha", "beta", "gamma", "margin"):

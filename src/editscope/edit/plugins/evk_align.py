@@ -73,6 +73,8 @@ class EvkAlignHParams(PluginHParams):
     #: forward); k1/k2: top-k of the KL before/after switch_step.
     RANGES = {"sigma": "[0, 1e3]", "lam": "[0, 1e6]", "n": "[1, 1000]", "k1": "[1, 1e7]", "k2": "[1, 1e7]",
               "switch_step": "[0, 10000]", "seed": "[0, 1e18]"}
+    #: σ and λ: the paper's were set on GPT-J
+    TUNABLE = {"sigma": (0.05, 0.1, 0.3), "lam": (0.03, 0.1, 0.3)}
 
     def check(self, where: str = "<evk_align>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
