@@ -32,6 +32,7 @@ for _module in (
     "editscope.commands.stats",
     "editscope.commands.configs",
     "editscope.commands.tune",
+    "editscope.commands.inspect",
 ):
     COMMANDS.register(_module, _module.rpartition(".")[2])
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from editscope.ranges import option
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -22,18 +24,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="method the pivot table's paired differences are taken against (default: the unedited "
                         "model, i.e. each metric's value before the edit)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled case study (default: 0)")
+    parser.add_argument("--cards", type=option(int, "[1, inf)"), metavar="N", default=None,
+                        help="also write the edit cards (editscope inspect) of N cases of the first RUN_DIR sampled "
+                        "with --seed, for each of its methods, under OUT/cards/, and link them from the report")
+    parser.add_argument("--cards-for", nargs="+", default=[], metavar="CASE_ID",
+                        help="the same for these case ids (with or without --cards)")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import sys
+    from pathlib import Path
 
     from editscope.report import build_report
     from editscope.report.build import TABLES_TEX
     from editscope.report.pivot import BaselineError
 
+    cards = None
+    if args.cards is not None or args.cards_for:
+        from editscope.report.card import make_cards
+
+        cards = make_cards(args.runs[0], Path(args.out or args.runs[0]), n=args.cards, ids=args.cards_for,
+                           seed=args.seed, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
-        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline)
+        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline, cards=cards)
     except BaselineError as exc:  # a bad argument, as argparse's own errors: status 2
         print(f"editscope report: error: {exc}", file=sys.stderr)
         return 2

@@ -262,12 +262,15 @@ def _run_meta(run: Run) -> list[tuple[str, str]]:
 
 def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
                  suite_factories: Mapping[str, SuiteFactory] | None = None,
-                 baseline: str | None = None) -> tuple[Path, Path]:
+                 baseline: str | None = None,
+                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
     compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
     the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
     unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
-    runs without stored declarations, their metric declarations)."""
+    runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
+    path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
+    "Edit cards" section."""
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
@@ -357,6 +360,11 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
             md += [f"### {f.title}", ""]
             h.append(f"<h3>{html.escape(f.title)}</h3>")
             add_figure(f)
+    if cards:  # edit cards of chosen cases (editscope report --cards)
+        from editscope.report.card_html import cards_section
+
+        h.append(cards_section(dict(cards)))
+        md += ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
     h.append("<details><summary>configs</summary>" + "".join(
         f"<pre>{html.escape(json.dumps(run.meta['config'], indent=2))}</pre>" for run in runs) + "</details>")
     h.append("</body></html>")

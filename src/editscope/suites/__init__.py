@@ -13,7 +13,8 @@ are documented in each module:
 * ``one_to_n`` -- :mod:`.one_to_n` (NKL/MaxAcc/Precision@K/PPL before and after);
 * ``evk`` -- :mod:`.evk` (EVK-Bench Embedding/Text Stability per drift type and σ);
 * ``portability`` -- :mod:`.portability` (KnowEdit portability/locality, EasyEdit's token-accuracy protocol);
-* ``general`` -- :mod:`.general` (perplexity, next-token accuracy, known-fact locality, GE of the whole model).
+* ``general`` -- :mod:`.general` (perplexity, next-token accuracy, known-fact locality, GE of the whole model);
+* ``collateral`` -- :mod:`.collateral` (known facts an edit made the model stop answering: Flipped).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from editscope.errors import EditscopeError
 from editscope.registry import Registry
 from editscope.suites.base import Suite, SuiteFigure
+from editscope.suites.collateral import CollateralSuite
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.evk import EvkSuite
 from editscope.suites.general import GeneralAbilitySuite
@@ -57,7 +59,7 @@ def register_suite(factory: Callable[..., Suite], name: str | None = None, *, al
 
 
 for _factory in (CounterFactSuite, ZsreSuite, PeakSuite, OneToNSuite, EvkSuite, PortabilitySuite,
-                 GeneralAbilitySuite):
+                 GeneralAbilitySuite, CollateralSuite):
     register_suite(_factory)
 
 
@@ -77,5 +79,6 @@ def measures_whole_model(name: str) -> bool:
     return isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits
 
 
-__all__ = ["SUITES", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite", "PortabilitySuite", "Suite",
-           "SuiteFigure", "ZsreSuite", "get_suite", "measures_whole_model", "register_suite"]
+__all__ = ["SUITES", "CollateralSuite", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite",
+           "PortabilitySuite", "Suite", "SuiteFigure", "ZsreSuite", "get_suite", "measures_whole_model",
+           "register_suite"]

@@ -23,7 +23,6 @@ carries the same numbers (so a checkpoint's mean over its cases is the value). A
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import warnings
@@ -37,9 +36,8 @@ from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics.generation import generation_entropy
 from editscope.metrics.registry import MetricSpec
-from editscope.paths import home
-from editscope.suites._common import read_json, write_json_atomic
 from editscope.suites.base import Suite
+from editscope.suites.known_facts import Fact, choose_known, relation_of
 
 _P = "general ability (AlphaEdit §4.3, paper 004 §4)"
 METRICS: tuple[MetricSpec, ...] = (
@@ -107,31 +105,26 @@ class GeneralAbilitySuite(Suite):
         """The (prompt, answer) probe set, chosen on the unedited model (cached on disk by its fingerprint)."""
         if self._known is not None:
             return self._known
-        from editscope.data import load_cases
-
-        bundle = engine.bundle  # type: ignore[attr-defined]
-        if bundle.applied:
-            raise EditscopeError("general suite: the known-fact probe set must be chosen on the unedited model, but "
-                                 f"{len(bundle.applied)} patch(es) are applied")
         parts: list = [self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"]
         fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
         rule = json.dumps(parts + [fmt] if fmt else parts)
-        key = hashlib.blake2b(f"{bundle.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
-        path = home() / "general" / f"known-facts-{key}.json"
-        cached = read_json(path)
-        if cached is None:
-            cases = load_cases(self.fact_dataset)
-            seen = Counter(r.text for c in cases for r in c.requests)  # CounterFact repeats some facts verbatim
-            pool = [c.request for c in cases[-self.fact_pool:] if c.request.target_true and seen[c.request.text] == 1]
-            scores = engine.score([(r.text, r.target_true) for r in pool])
-            known = [[r.text, r.target_true] for r, s in zip(pool, scores, strict=True) if all(s.token_is_argmax)]
-            cached = {"rule": rule, "facts": known[: self.facts], "pool": len(pool), "known_in_pool": len(known)}
-            write_json_atomic(path, cached)
-        self._known = [(p, a) for p, a in cached["facts"]]
+        chosen = choose_known(engine, self._fact_pool, self.facts, rule, who="general suite")
+        self._known = [(f.prompt, f.answer) for f in chosen.facts]
         if not self._known:  # KnownFacts is then absent from the rows (undefined), not 0
             warnings.warn(f"general suite: the model answers none of the last {self.fact_pool} {self.fact_dataset} "
                           "facts top-1, so KnownFacts is not measured (raise fact_pool)", stacklevel=2)
         return self._known
+
+    def _fact_pool(self) -> list[Fact]:
+        """The last ``fact_pool`` records of the dataset whose prompt occurs nowhere else in the file (CounterFact
+        repeats some facts verbatim: so no run of other records edits them)."""
+        from editscope.data import load_cases
+
+        cases = load_cases(self.fact_dataset)
+        seen = Counter(r.text for c in cases for r in c.requests)
+        return [Fact(c.request.text, c.request.target_true, c.request.subject, relation_of(c),
+                     f"{self.fact_dataset}:{c.case_id}")
+                for c in cases[-self.fact_pool:] if c.request.target_true and seen[c.request.text] == 1]
 
     # -- probing --------------------------------------------------------------------------------------------------
     def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:

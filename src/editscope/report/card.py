@@ -1,0 +1,487 @@
+"""Edit cards: everything one edit did, on one page (HTML in :mod:`editscope.report.card_html`, JSON here).
+
+A card replays one edit -- a case of a run directory (:func:`job_from_run`) or an edit given on the command line
+(:func:`job_from_request`) -- and measures it through the same suite code the runner uses, so its numbers are the
+runner's by construction:
+
+1. the pre-edit probes of the case's suites (the run's block suites, in the run's order and under the runner's
+   seeds; then the card's own additions: EVK with a σ sweep, PEAK and 1-to-N where the case has their answer
+   lists, and the collateral scan), greedy generations, and optionally the causal trace of the true answer;
+2. the edit (the run's method, hparams, plug-ins and runtime settings; seeded as the runner seeds it);
+3. the same probes after the edit, the suites' metric rows (``Suite.checked_metrics``, as the runner stores them),
+   generations, the trace of the new target, and ΔW (per edited parameter: norms, rank, singular values, size
+   relative to W);
+4. the weights are restored (checked bit-exactly, as the runner checks them).
+
+The collateral section scores a fixed set of facts the unedited model knows
+(:class:`editscope.suites.collateral.CollateralSuite`, the builder the general suite shares) before and after in
+one batched pass each, and lists the facts that flipped or lost most log-prob, grouped by relation and by words
+they share with the edit's subject or answers. Its flip count is the suite's ``Flipped`` metric.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from editscope.data.records import Case, EditRequest
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.lm.loading import Bundle
+from editscope.metrics.registry import specs_to_json
+from editscope.run.runner import derived_seed, load_blocks
+from editscope.run.store import RESULTS, RUN_JSON, clean_metrics, read_json, read_results
+from editscope.run.suites import probe_cases
+from editscope.suites.base import Suite
+from editscope.suites.collateral import SOURCES, CollateralSuite
+from editscope.suites.counterfact import CounterFactSuite
+from editscope.suites.evk import EvkSuite
+from editscope.suites.known_facts import Fact
+from editscope.suites.one_to_n import OneToNSuite
+from editscope.suites.peak import PeakSuite
+from editscope.suites.zsre import ZsreSuite
+
+FORMAT = "editscope-card-1"
+EVK_SIGMAS = (0.05, 0.1, 0.3, 0.6, 1.0)  # the card's σ sweep when the run measured no EVK itself
+Log = Callable[[str], None]
+
+
+@dataclass
+class CardJob:
+    """One edit to put on a card: the case, the suites that measure it, and how the edit is made and seeded."""
+
+    bundle: Bundle
+    case: Case
+    dataset: str  # the run's block label ("cli" for an edit given on the command line)
+    suites: dict[str, Suite]  # the run's block suites (probed first, in this order, as the runner does)
+    extras: dict[str, Suite]  # the card's additions, probed after them
+    editor: Any
+    hp: Any
+    plugins: list
+    label: str  # the method label (the run's, e.g. "rome+app")
+    runtime: Any
+    requests: tuple[EditRequest, ...]
+    seed: int = 0
+    group: int = 0
+    source: dict[str, Any] = field(default_factory=dict)
+    row: dict[str, Any] | None = None  # the run's stored row of this case and method, when there is one
+
+
+def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int,
+            collateral_sources: Sequence[str] | None) -> dict[str, Suite]:
+    """The card's suites beyond the run's: the ones whose edit is the case's own request (so the edit is the same)
+    and whose data the case has."""
+    def has(kind: type) -> bool:
+        return any(isinstance(s, kind) for s in present.values())
+
+    out: dict[str, Suite] = {}
+    if not has(EvkSuite):
+        out[EvkSuite.name] = EvkSuite(sigma=0.3, sigmas=list(EVK_SIGMAS))
+    if not has(PeakSuite) and case.valid_answers and case.hard_false:
+        out[PeakSuite.name] = PeakSuite()
+    if not has(OneToNSuite) and len(case.valid_answers) > 1:
+        out[OneToNSuite.name] = OneToNSuite(edits="append")  # append: edits the case's request, like the others
+    if not has(CollateralSuite):
+        out[CollateralSuite.name] = CollateralSuite(facts=collateral_facts, sources=collateral_sources or SOURCES)
+    return out
+
+
+#: which card section shows which suite's candidates (by class: the report names no suite)
+SECTION_OF: tuple[tuple[type, str], ...] = ((CounterFactSuite, "logprobs"), (ZsreSuite, "logprobs"),
+                                            (OneToNSuite, "siblings"), (PeakSuite, "peak-answers"),
+                                            (EvkSuite, "evk-stability"), (CollateralSuite, "collateral-damage"))
+
+
+def sections_of(suites: Mapping[str, Suite]) -> dict[str, str]:
+    """Card section -> the name of the (first) suite it shows."""
+    out: dict[str, str] = {}
+    for name, suite in suites.items():
+        for kind, section in SECTION_OF:
+            if isinstance(suite, kind):
+                out.setdefault(section, name)
+    return out
+
+
+def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None, dataset: str | None = None,
+                 bundle: Bundle | None = None, collateral_facts: int = 500,
+                 collateral_sources: Sequence[str] | None = None, log: Log | None = None) -> CardJob:
+    """The edit of ``case_id`` in the run at ``run_dir`` (its config's model, method, hparams, plug-ins, runtime and
+    seeds). ``method``/``dataset`` pick one when the run has several. Only ``mode: single`` runs replay exactly."""
+    from editscope.edit.registry import get_editor
+    from editscope.edit.runtime import EditRuntime
+    from editscope.run.config import NO_EDIT, RunConfig
+
+    run_dir = Path(run_dir)
+    meta = read_json(run_dir / RUN_JSON) if (run_dir / RUN_JSON).is_file() else None
+    if meta is None:
+        raise EditscopeError(f"{run_dir}: no {RUN_JSON} (not a run directory)")
+    config = RunConfig.from_dict(meta["config"])
+    if config.mode != "single":
+        raise EditscopeError(f"{run_dir}: mode {config.mode_label}: a card replays one case's edit alone, which is "
+                             "what the run did only in mode single")
+    labels = [m.label for m in config.methods]
+    if method is None:
+        method = labels[0]
+    if method not in labels or method == NO_EDIT:
+        raise EditscopeError(f"{run_dir}: --method {method!r}: the run's methods are {', '.join(labels)}")
+    blocks = load_blocks(config, limit=meta.get("limit"))
+    if dataset is None:
+        hits = [b for b in blocks if any(c.case_id == case_id for c in b.cases)]
+    else:
+        hits = [b for b in blocks if b.label == dataset]
+        if not hits:
+            raise EditscopeError(f"{run_dir}: --dataset {dataset!r}: the run's datasets are "
+                                 f"{', '.join(b.label for b in blocks)}")
+    block = next(iter(hits), None)
+    index = next((i for i, c in enumerate(block.cases) if c.case_id == case_id), None) if block else None
+    if block is None or index is None:
+        raise EditscopeError(f"{run_dir}: --case {case_id!r}: no such case in the run's datasets")
+    spec = next(m for m in config.methods if m.label == method)
+    if bundle is None:
+        from editscope.lm import load
+
+        bundle = load(config.model, device=config.device, dtype=config.dtype, progress=log)
+    if bundle.fingerprint != meta["model"]["fingerprint"]:
+        raise EditscopeError(f"{run_dir}: the run's model has fingerprint {meta['model']['fingerprint']}, the loaded "
+                             f"one {bundle.fingerprint}")
+    editor = get_editor(spec.name)
+    editor.check_model(bundle)
+    hp = editor.load_hparams(bundle, spec.hparams, spec.overrides or None, f"method {spec.label!r}: override")
+    runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{run_dir}: runtime")
+    row = next((r for r in read_results(run_dir / RESULTS) if r["dataset"] == block.label
+                and r["case_id"] == case_id and r["method"] == method and not r.get("checkpoint")), None)
+    extras = _extras(block.cases[index], block.suites, collateral_facts, collateral_sources)
+    return CardJob(bundle, block.cases[index], block.label, dict(block.suites), extras, editor, hp,
+                   spec.attached_plugins(),
+                   method, runtime, tuple(block.requests[index]), seed=config.seed, group=index,
+                   source={"run": str(run_dir), "config_digest": meta.get("config_digest")}, row=row)
+
+
+def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, paraphrases: Sequence[str] = (),
+                     neighbours: Sequence[tuple[str, str]] = (), hparams: str | None = None,
+                     overrides: Mapping[str, Any] | None = None, plugins: Sequence = (), runtime: Any = None,
+                     collateral_facts: int = 500, collateral_sources: Sequence[str] | None = None,
+                     seed: int = 0) -> CardJob:
+    """An edit given as on ``editscope edit``: a one-request case measured by the CounterFact suite (its prompt,
+    ``paraphrases`` and ``neighbours`` = ``(prompt, answer)``), plus the card's own suites."""
+    from editscope.edit.registry import get_editor
+    from editscope.edit.runtime import EditRuntime
+    editor = get_editor(method)
+    editor.check_model(bundle)
+    hp = editor.load_hparams(bundle, hparams, dict(overrides) if overrides else None)
+    valid = list(dict.fromkeys([*request.correct_answers] + ([request.target_true] if request.target_true else [])))
+    case = Case("edit", "cli", (request,), paraphrase_prompts=list(paraphrases), neighborhood=list(neighbours),
+                valid_answers=valid if request.correct_answers else [], hard_false=list(request.hard_false))
+    suites: dict[str, Suite] = {CounterFactSuite.name: CounterFactSuite()} if request.target_true else {}
+    extras = _extras(case, suites, collateral_facts, collateral_sources)
+    return CardJob(bundle, case, "cli", suites, extras, editor, hp, list(plugins),
+                   editor.display(list(plugins)), runtime or EditRuntime.from_settings({}, where="card"),
+                   (request,), seed=seed, source={"cli": True})
+
+
+# -- measuring ---------------------------------------------------------------------------------------------------
+
+def _candidates(pre: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every scored candidate of a suite's probes, pre and post side by side (log-prob summed over the answer's
+    tokens; ``p_*`` = exp of the mean token log-prob, the probability PEAK and ROME compare)."""
+    out = []
+    for a, b in zip(pre.get("prompts", []), post.get("prompts", []), strict=True):
+        for x, y in zip(a["candidates"], b["candidates"], strict=True):
+            n = int(x["n_tokens"])
+            out.append({"role": a["role"], "prompt": a["prompt"], "text": x["text"], "kind": x["kind"],
+                        "n_tokens": n, "pre": float(x["logprob_sum"]), "post": float(y["logprob_sum"]),
+                        "p_pre": math.exp(float(x["logprob_sum"]) / n), "p_post": math.exp(float(y["logprob_sum"]) / n),
+                        "top1_pre": all(x["token_is_argmax"]), "top1_post": all(y["token_is_argmax"])})
+    return out
+
+
+_WORD = re.compile(r"[\w']+")
+_STOP = frozenset({"the", "of", "and", "in", "on", "at", "to", "for", "a", "an", "is", "was", "by", "from", "with",
+                   "de", "la", "le", "der", "von", "van"})
+
+
+def words(text: str) -> set[str]:
+    """Lower-case words of ``text`` (3+ characters, a few stop words dropped): what 'shares a word' compares."""
+    return {w for w in (m.lower() for m in _WORD.findall(text)) if len(w) >= 3 and w not in _STOP}
+
+
+def _collateral(suite: CollateralSuite, engine: ScoringEngine, case: Case, requests: Sequence[EditRequest],
+                pre_scan: tuple[list[float], list[bool]], post_scan: tuple[list[float], list[bool]],
+                top: int) -> dict[str, Any]:
+    """The scan's facts before and after: flipped ones, the largest log-prob drops, and both grouped."""
+    known = suite.known(engine)
+    excluded = set(suite.excluded(engine, case))
+    subject_words = set().union(*(words(r.subject) for r in requests))
+    object_words = set().union(*(words(r.target_new) | words(r.target_true or "") for r in requests))
+    facts = []
+    (lp_pre, top1_pre), (lp_post, top1_post) = pre_scan, post_scan
+    for i, (fact, a, b, top_pre, top_post) in enumerate(zip(known.facts, lp_pre, lp_post, top1_pre, top1_post,
+                                                              strict=True)):
+        if i in excluded:
+            continue
+        fact_words = words(fact.prompt) | words(fact.answer)
+        facts.append({"index": i, "prompt": fact.prompt, "answer": fact.answer, "relation": fact.relation,
+                      "source": fact.source, "pre": a, "post": b, "shift": b - a,
+                      "top1_pre": top_pre, "top1_post": top_post, "flipped": top_pre and not top_post,
+                      "shares_subject": sorted(fact_words & subject_words),
+                      "shares_object": sorted(fact_words & object_words)})
+
+    def group(key: Callable[[dict], str]) -> list[dict[str, Any]]:
+        groups: dict[str, list[dict]] = {}
+        for f in facts:
+            groups.setdefault(key(f), []).append(f)
+        rows = [{"group": k, "n": len(v), "flipped": sum(f["flipped"] for f in v),
+                 "mean_shift": float(np.mean([f["shift"] for f in v])),
+                 "min_shift": float(min(f["shift"] for f in v))} for k, v in groups.items()]
+        return sorted(rows, key=lambda r: (-r["flipped"], r["mean_shift"]))
+
+    def overlap(f: dict) -> str:
+        if f["shares_subject"] and f["shares_object"]:
+            return "shares subject and object words"
+        if f["shares_subject"]:
+            return "shares subject words"
+        return "shares object words" if f["shares_object"] else "shares no word"
+
+    flipped = [f for f in facts if f["flipped"]]
+    return {
+        "n": len(known.facts), "counted": sum(f["top1_pre"] for f in facts), "excluded": sorted(excluded),
+        "flipped": len(flipped), "sources": list(suite.sources), "scanned": known.scanned,
+        "mean_shift": float(np.mean([f["shift"] for f in facts])) if facts else float("nan"),
+        "flipped_facts": sorted(flipped, key=lambda f: f["shift"]),
+        "largest_drops": sorted(facts, key=lambda f: f["shift"])[:top],
+        "by_relation": group(lambda f: f["relation"]),
+        "by_overlap": group(overlap),
+        "shifts": [round(f["shift"], 4) for f in facts],
+    }
+
+
+def _layer_of(name: str) -> int | None:
+    found = re.search(r"\.(\d+)\.", name)
+    return int(found.group(1)) if found else None
+
+
+def delta_stats(patch: Any, bundle: Bundle, *, n_singular: int = 12) -> list[dict[str, Any]]:
+    """ΔW per edited parameter (call with the model restored, so the parameters hold W): Frobenius norms of ΔW and
+    W and their ratio, ΔW's numerical rank (at the precision ΔW is stored in) and leading singular values, and its
+    largest singular value against W's (PRUNE compares the two)."""
+    params = dict(bundle.model.named_parameters())
+    out = []
+    for name, delta in patch.deltas.items():
+        d = delta.detach().to("cpu", torch.float64)
+        w = params[name].detach().to("cpu", torch.float64)
+        entry: dict[str, Any] = {"name": name, "layer": _layer_of(name), "shape": list(d.shape),
+                                 "norm": float(d.norm()), "w_norm": float(w.norm()),
+                                 "relative": float(d.norm() / w.norm()) if float(w.norm()) else float("nan"),
+                                 "nonzero": int((d != 0).sum()), "numel": d.numel()}
+        if d.dim() == 2:
+            s = torch.linalg.svdvals(d)
+            sw = torch.linalg.svdvals(w)
+            # rank at the tolerance of ΔW's own precision (a float32 rank-one update has ~1e-8 noise singular values)
+            rtol = max(d.shape) * torch.finfo(delta.dtype).eps
+            entry |= {"rank": int(torch.linalg.matrix_rank(d, rtol=rtol)),
+                      "singular": [float(x) for x in s[:n_singular]],
+                      "spectral": float(s[0]), "w_spectral": float(sw[0]),
+                      "spectral_relative": float(s[0] / sw[0]) if float(sw[0]) else float("nan")}
+        out.append(entry)
+    return out
+
+
+def _trace(engine: ScoringEngine, request: EditRequest, answer: str | None, samples: int, progress: bool,
+           ) -> dict[str, Any]:
+    from editscope.locate import locate
+
+    result = locate(engine, "causal_trace", request.prompt, request.subject, answer, progress=progress,
+                    samples=samples)
+    out = result.to_dict()
+    out.pop("layer_scores", None)  # the neuron sums of a trace: not what the card shows
+    return out
+
+
+def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False, trace_samples: int = 10,
+                 top: int = 25, progress: bool = True, log: Log | None = None) -> dict[str, Any]:
+    """Measure ``job``'s edit (see the module docstring); the card as a JSON-ready dict. The model is restored on
+    return, also on error."""
+    from editscope.edit.objective import independent_edits
+    from editscope.edit.patch import tensor_checksum
+
+    say = log or ((lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None))
+    bundle, case, request = job.bundle, job.case, job.requests[0]
+    if bundle.applied:
+        raise EditscopeError(f"card: the model already holds {len(bundle.applied)} patch(es); a card starts from the "
+                             "unedited model")
+    engine = ScoringEngine(bundle)
+    suites = {**job.suites, **job.extras}
+    timing: dict[str, float] = {}
+    clock = time.perf_counter()
+    steps = 7 if trace else 5
+
+    def step(k: int, what: str) -> None:
+        say(f"card [{k}/{steps}] {what}")
+
+    def lap(key: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timing[key] = now - clock
+        clock = now
+
+    gen_prompts = list(dict.fromkeys([request.text, *case.paraphrase_prompts]))[:4]
+    step(1, f"the collateral probe set and pre-edit probes of {', '.join(suites)}")
+    collateral = next((s for s in suites.values() if isinstance(s, CollateralSuite)), None)
+    if collateral is not None:
+        collateral.known(engine, progress=progress)  # chosen (once per model) before the timed probes
+    torch.manual_seed(derived_seed(job.seed, job.dataset, job.group, "pre"))
+    pre = {name: probe_cases(s, engine, [case])[0] for name, s in suites.items()}
+    pre_scan = collateral.scan(engine) if collateral is not None else ([], [])
+    pre_text = engine.generate(gen_prompts, max_new_tokens=generate_tokens) if generate_tokens else []
+    lap("pre")
+    trace_pre = None
+    if trace:
+        step(2, "causal trace of the true answer before the edit")
+        trace_pre = _trace(engine, request, request.target_true, trace_samples, progress)
+        lap("trace_pre")
+    step(3 if trace else 2, f"edit with {job.label}")
+    torch.manual_seed(derived_seed(job.seed, job.dataset, job.label, job.group, "edit"))
+    with independent_edits(job.runtime, bundle.fingerprint, [job.requests]):
+        patch = job.editor.apply(bundle, list(job.requests), job.hp, job.editor.new_state(), engine=engine,
+                                 runtime=job.runtime, plugins=job.plugins)
+    lap("edit")
+    try:
+        step(4 if trace else 3, "post-edit probes, generations and the collateral scan")
+        torch.manual_seed(derived_seed(job.seed, job.dataset, job.label, job.group, "post"))
+        post = {name: probe_cases(s, engine, [case])[0] for name, s in suites.items()}
+        post_scan = collateral.scan(engine) if collateral is not None else ([], [])
+        post_text = engine.generate(gen_prompts, max_new_tokens=generate_tokens) if generate_tokens else []
+        lap("post")
+        trace_post = None
+        if trace:
+            step(5, "causal trace of the new target after the edit")
+            trace_post = _trace(engine, request, request.target_new, trace_samples, progress)
+            lap("trace_post")
+    finally:
+        patch.revert(bundle)
+    params = dict(bundle.model.named_parameters())
+    for name, checksum in patch.checksums.items():  # back at the bytes it had before the edit (as the runner checks)
+        if tensor_checksum(params[name]) != checksum:
+            raise EditscopeError(f"card: parameter {name} was not restored after the edit (bug: please report)")
+    step(steps, "ΔW and the page")
+    metrics = {name: clean_metrics(s.checked_metrics(case, pre[name], post[name])) for name, s in suites.items()}
+    card: dict[str, Any] = {
+        "format": FORMAT,
+        "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers},
+        "case": {"dataset": job.dataset, "case_id": case.case_id, "requests": [
+            {"prompt": r.prompt, "subject": r.subject, "target_new": r.target_new, "target_true": r.target_true}
+            for r in job.requests], "paraphrases": list(case.paraphrase_prompts),
+            "neighborhood": [list(x) for x in case.neighborhood]},
+        "method": {"label": job.label, "editor": job.editor.name, "display": job.editor.display(job.plugins),
+                   "hparams": job.hp.to_dict(), "conventions": job.hp.protocol(),
+                   "plugins": [p.to_dict() for p in job.plugins], "runtime": job.runtime.settings()},
+        "source": job.source,
+        "suites": {name: {"run_suite": name in job.suites, "protocol": s.protocol,
+                          "declared": specs_to_json(s.declarations.specs), "metrics": metrics[name],
+                          "candidates": _candidates(pre[name], post[name])} for name, s in suites.items()},
+        "sections": sections_of(suites),
+        "generation": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(gen_prompts, pre_text, post_text,
+                                                                              strict=True)],
+        "delta": delta_stats(patch, bundle),
+        "edit_info": {k: v for k, v in patch.info.items() if isinstance(v, bool | int | float | str)},
+    }
+    evk = next((name for name, s in suites.items() if isinstance(s, EvkSuite)), None)
+    if evk is not None:
+        s = suites[evk]
+        curves = s.stability_by_sigma([{"method": job.label, "metrics": {evk: metrics[evk]}}], [job.label])
+        card["evk_curves"] = {"suite": evk, "sigma": s.sigma, "curves": {
+            panel: [[p[0], p[1]] for p in points] for panel, points in curves.get(job.label, {}).items()}}
+    if collateral is not None:
+        card["collateral_scan"] = _collateral(collateral, engine, case, job.requests, pre_scan, post_scan, top)
+    if trace:
+        card["trace"] = {"pre": trace_pre, "post": trace_post}
+    if job.row is not None:
+        card["run_row"] = {"metrics": job.row.get("metrics", {}), "edit_seconds": job.row.get("edit_seconds")}
+    lap("page")
+    card["timing"] = timing
+    return card
+
+
+def card_stem(dataset: str, case_id: str, method: str) -> str:
+    """The file name (without extension) of a card: safe characters only."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", f"card-{dataset}-{case_id}-{method}")
+
+
+def write_card(card: dict[str, Any], html_path: str | Path, json_path: str | Path | None = None) -> Path:
+    """Write the page (and the JSON) atomically; returns the page's path."""
+    import json
+
+    from editscope.atomic import atomic_write_text
+    from editscope.report.card_html import render_card
+
+    if json_path is not None:
+        atomic_write_text(Path(json_path), json.dumps(_finite(card), indent=1) + "\n")
+    return atomic_write_text(Path(html_path), render_card(card))
+
+
+def choose_cases(rows: Sequence[dict[str, Any]], *, n: int | None = None, ids: Sequence[str] = (),
+                 seed: int = 0) -> list[tuple[str, str]]:
+    """(dataset, case id) pairs of a run's rows for cards: a seeded sample of ``n`` cases (kept in run order) and the
+    cases named in ``ids`` (looked up in every dataset of the run)."""
+    import random
+
+    cases = list(dict.fromkeys((r["dataset"], str(r["case_id"])) for r in rows if not r.get("checkpoint")))
+    picked: set[int] = set()
+    if n is not None:
+        if n < 1:
+            raise EditscopeError(f"--cards {n}: expected N >= 1")
+        picked = set(random.Random(seed).sample(range(len(cases)), min(n, len(cases))))
+    for wanted in ids:
+        hits = {i for i, c in enumerate(cases) if c[1] == str(wanted)}
+        if not hits:
+            raise EditscopeError(f"--cards-for {wanted}: no such case in the run's results")
+        picked |= hits
+    return [c for i, c in enumerate(cases) if i in picked]
+
+
+def make_cards(run_dir: str | Path, out_dir: str | Path, *, n: int | None = None, ids: Sequence[str] = (),
+               seed: int = 0,
+               bundle: Bundle | None = None, progress: bool = True, trace: bool = False,
+               log: Log | None = None) -> dict[tuple[str, str, str], str]:
+    """Write the cards of the cases :func:`choose_cases` picks (``n`` sampled, ``ids`` named), every method of the run,
+    under ``out_dir/cards/``; returns (dataset, case id, method) -> path relative to ``out_dir`` (what
+    :func:`editscope.report.build.build_report` links). The model is loaded once."""
+    from editscope.run.config import NO_EDIT
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    rows = read_results(run_dir / RESULTS)
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != NO_EDIT))
+    links: dict[tuple[str, str, str], str] = {}
+    for dataset, case_id in choose_cases(rows, n=n, ids=ids, seed=seed):
+        for method in methods:
+            job = job_from_run(run_dir, case_id, method=method, dataset=dataset, bundle=bundle, log=log)
+            bundle = job.bundle
+            card = compute_card(job, trace=trace, progress=progress, log=log)
+            stem = card_stem(dataset, case_id, method)
+            write_card(card, out_dir / "cards" / f"{stem}.html", out_dir / "cards" / f"{stem}.json")
+            links[(dataset, case_id, method)] = f"cards/{stem}.html"
+    return links
+
+
+def _finite(value: Any) -> Any:
+    """JSON without NaN/inf (undefined numbers become null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+__all__ = ["FORMAT", "CardJob", "Fact", "card_stem", "choose_cases", "compute_card", "delta_stats",
+           "job_from_request", "job_from_run", "make_cards", "words", "write_card"]

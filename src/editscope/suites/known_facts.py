@@ -1,0 +1,87 @@
+"""Probe sets of facts the *unedited* model knows, chosen once per model and cached: the one builder behind the
+general suite's ``KnownFacts`` and the collateral suite's flip count.
+
+A fact is known when every token of its answer is the argmax after its prompt (zsRE's top-1 rule). The pool is
+scanned in order, in chunks of one batched ``engine.score`` call each, until ``n`` known facts are found (so a
+large pool costs only as much as the scan needs); the first ``n`` known facts in pool order are the set. The choice
+is cached as JSON under ``home()/general/`` keyed by the model's weights fingerprint and ``rule`` (a string that
+names everything the pool depends on), with each fact's log-prob on the unedited model (the "before" of a scan).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from editscope.errors import EditscopeError
+from editscope.lm.scorer import Scorer
+from editscope.paths import home
+from editscope.suites._common import read_json, write_json_atomic
+
+CHUNK = 1000  # facts scored per engine call while scanning a pool
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One probe fact: the filled prompt, its answer and where it came from (for grouping on the edit card)."""
+
+    prompt: str
+    answer: str
+    subject: str = ""
+    relation: str = ""  # the dataset's relation id, else the prompt template ("{} is a citizen of")
+    source: str = ""  # "dataset:case_id"
+
+
+@dataclass
+class KnownSet:
+    """The chosen facts, their log-probs (sum over answer tokens) on the unedited model, and the scan's counts."""
+
+    facts: list[Fact]
+    logprobs: list[float]
+    scanned: int
+    pool: int
+    fingerprint: str = ""  # the weights the set was chosen (and its log-probs scored) on
+
+
+def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fact]], n: int, rule: str, *,
+                 who: str, progress: Callable[[int, int, int], None] | None = None) -> KnownSet:
+    """The first ``n`` facts of ``pool`` the model answers top-1 (cached; see the module docstring). ``pool`` may be a
+    callable, called only when the cache misses; ``who`` names the caller in errors; ``progress(scanned, pool,
+    found)`` is called after each chunk."""
+    bundle = engine.bundle  # type: ignore[attr-defined]
+    if bundle.applied:
+        raise EditscopeError(f"{who}: the known-fact probe set must be chosen on the unedited model, but "
+                             f"{len(bundle.applied)} patch(es) are applied")
+    key = hashlib.blake2b(f"{bundle.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
+    path = home() / "general" / f"known-facts-{key}.json"
+    cached = read_json(path)
+    if cached is None:
+        facts = list(pool() if callable(pool) else pool)
+        known: list[tuple[Fact, float]] = []
+        scanned = 0
+        while scanned < len(facts) and len(known) < n:
+            chunk = facts[scanned:scanned + CHUNK]
+            scores = engine.score([(f.prompt, f.answer) for f in chunk])
+            known += [(f, s.sum) for f, s in zip(chunk, scores, strict=True) if all(s.token_is_argmax)]
+            scanned += len(chunk)
+            if progress is not None:
+                progress(scanned, len(facts), min(len(known), n))
+        known = known[:n]
+        cached = {"rule": rule, "facts": [[f.prompt, f.answer] for f, _ in known],
+                  "meta": [[f.subject, f.relation, f.source, lp] for f, lp in known],
+                  "pool": len(facts), "known_in_pool": len(known), "scanned": scanned}
+        write_json_atomic(path, cached)
+    meta = cached.get("meta") or [["", "", "", float("nan")] for _ in cached["facts"]]
+    return KnownSet([Fact(p, a, *m[:3]) for (p, a), m in zip(cached["facts"], meta, strict=True)],
+                    [float(m[3]) for m in meta], int(cached.get("scanned", cached.get("pool", 0))),
+                    int(cached.get("pool", 0)), bundle.fingerprint)
+
+
+def relation_of(case: Any) -> str:
+    """A case's relation: its dataset's relation id where it has one (PEAK), else its prompt template."""
+    return str(case.extra.get("relation_id") or case.request.prompt)
+
+
+__all__ = ["CHUNK", "Fact", "KnownSet", "choose_known", "relation_of"]

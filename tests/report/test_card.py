@@ -1,0 +1,170 @@
+"""Edit cards on a tiny model: the card's numbers equal the rows the runner wrote for the same case (every suite's
+metrics and raw candidate log-probs, the collateral flip count), ΔW equals the patch the runner saved, the page has
+every section with every figure embedded and decodable, the model is restored, and the command and the report's
+--cards option write and link cards."""
+
+from __future__ import annotations
+
+import base64
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from editscope.cli import main
+from editscope.edit.patch import Patch, tensor_checksum
+from editscope.errors import EditscopeError
+from editscope.report.card import choose_cases, compute_card, job_from_run, write_card
+from editscope.report.card_html import SECTIONS
+from editscope.run import Runner, parse_config, read_results
+from tests.suites.test_collateral import known_fact_file
+
+
+class Page(HTMLParser):
+    """Section ids, image sources and the text of an HTML page."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.sections: list[str] = []
+        self.images: list[str] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section":
+            self.sections.append(attrs.get("id"))
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def weights(bundle) -> dict[str, str]:
+    return {name: tensor_checksum(p) for name, p in bundle.model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_bundles):
+    """A run of ROME and MEMIT on 2 CounterFact cases with counterfact, evk (σ sweep) and collateral suites."""
+    bundle = tiny_bundles["llama"]
+    from editscope.lm.engine import ScoringEngine
+
+    root = tmp_path_factory.mktemp("card")
+    known_fact_file(root / "facts.json", ScoringEngine(bundle))
+    config = parse_config({
+        "model": "tiny-llama", "seed": 3, "output": str(root / "run"), "save_patches": True,
+        "methods": [{"name": "rome", "overrides": {"v_steps": 4, "v_lr": 1.0}},
+                    {"name": "memit", "overrides": {"v_steps": 3}}],
+        "dataset": "counterfact", "slice": {"offset": 0, "limit": 2},
+        "suites": ["counterfact", {"name": "evk", "options": {"sigmas": [0.1, 1.0]}},
+                   {"name": "collateral", "options": {"facts": 12, "sources": [str(root / "facts.json")]}}]})
+    Runner(config, out_dir=root / "run", bundle=bundle, progress=False, log=lambda _m: None).run()
+    return root, bundle
+
+
+@pytest.mark.parametrize("method", ["rome", "memit"])
+def test_card_equals_the_runners_row(tiny_run, method):
+    root, bundle = tiny_run
+    run = root / "run"
+    rows = [r for r in read_results(run / "results.jsonl") if r["method"] == method]
+    row = rows[1]  # the second case: group 1, so the runner's per-group seeds matter
+    before = weights(bundle)
+    job = job_from_run(run, row["case_id"], method=method, bundle=bundle)
+    card = compute_card(job, generate_tokens=4, trace=method == "rome", trace_samples=2, progress=False)
+    assert weights(bundle) == before  # restored
+    assert set(job.suites) == {"counterfact", "evk", "collateral"} and not job.extras  # the run's own suites
+    for name in job.suites:
+        assert card["suites"][name]["metrics"] == row["metrics"][name], name
+    # raw candidate log-probs, pre and post, equal the row's probes
+    probe_pre, probe_post = row["pre"]["counterfact"]["prompts"], row["post"]["counterfact"]["prompts"]
+    stored = [(p["prompt"], c["text"], c["logprob_sum"], q["candidates"][k]["logprob_sum"])
+              for p, q in zip(probe_pre, probe_post, strict=True) for k, c in enumerate(p["candidates"])]
+    shown = [(c["prompt"], c["text"], c["pre"], c["post"]) for c in card["suites"]["counterfact"]["candidates"]]
+    assert shown == stored
+    assert card["collateral_scan"]["flipped"] == row["metrics"]["collateral"]["Flipped"]
+    assert len(card["collateral_scan"]["flipped_facts"]) == card["collateral_scan"]["flipped"]
+    # EVK curves are the row's EVK_ES_{drift}@σ values
+    curves = card["evk_curves"]["curves"]
+    assert dict(map(tuple, curves["subject drift"])) == {0.1: row["metrics"]["evk"]["EVK_ES_subject@0.1"],
+                                                        0.3: row["metrics"]["evk"]["EVK_ES_subject"],
+                                                        1.0: row["metrics"]["evk"]["EVK_ES_subject@1"]}
+    # ΔW equals the patch the runner saved for this case
+    (saved,) = sorted((run / "patches" / method).glob("*-g00001-0.safetensors"))
+    patch = Patch.load(saved)
+    params = dict(bundle.model.named_parameters())
+    assert [d["name"] for d in card["delta"]] == list(patch.deltas)
+    for d in card["delta"]:
+        delta = patch.deltas[d["name"]].double()
+        assert d["norm"] == pytest.approx(float(delta.norm()), rel=1e-6)
+        assert d["relative"] == pytest.approx(float(delta.norm() / params[d["name"]].double().norm()), rel=1e-6)
+        assert d["singular"][0] == pytest.approx(float(torch.linalg.svdvals(delta)[0]), rel=1e-6)
+    if method == "rome":  # ROME's update is rank one
+        assert [d["rank"] for d in card["delta"]] == [1]
+        assert set(card["trace"]) == {"pre", "post"} and card["trace"]["post"]["answer"].strip() == \
+            row["requests"][0]["target_new"]
+    # the page: every section, every figure embedded and decodable, the numbers it states
+    page_path = write_card(card, root / f"{method}.html", root / f"{method}.json")
+    page = Page(page_path.read_text())
+    assert page.sections == list(SECTIONS)
+    assert len(page.images) == (7 if method == "rome" else 4)  # + 2 heatmaps and the indirect-effect curve
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1], validate=True)[:8] == b"\x89PNG\r\n\x1a\n"
+    text = "".join(page.text)
+    col = card["collateral_scan"]
+    assert f"{col['flipped']} of {col['counted']} facts" in text
+    assert f"{row['metrics']['counterfact']['ES_post']:.3f}" in text
+    assert json.loads((root / f"{method}.json").read_text())["suites"]["counterfact"]["metrics"] == \
+        row["metrics"]["counterfact"]
+
+
+def test_inspect_command_and_report_cards(tiny_run, tmp_path, capsys):
+    root, _ = tiny_run
+    run = root / "run"
+    rows = read_results(run / "results.jsonl")
+    case = rows[0]["case_id"]
+    assert main(["inspect", str(run), "--case", case, "--method", "memit", "--out", str(tmp_path), "--json",
+                 "--no-progress", "--generate", "2"]) == 0
+    (js,) = tmp_path.glob("*.json")
+    row = next(r for r in rows if r["case_id"] == case and r["method"] == "memit")
+    assert json.loads(js.read_text())["suites"]["collateral"]["metrics"] == row["metrics"]["collateral"]
+    assert Page(js.with_suffix(".html").read_text()).sections == list(SECTIONS)
+    # an edit given on the command line: CounterFact suite on its prompts plus the card's own suites
+    assert main(["inspect", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} was born in",
+                 "--subject", "Toko Yasuda", "--target", "Paris", "--target-true", "Tokyo", "--paraphrase",
+                 "{} is from", "--neighbour", "Apple A5 was born in=Tokyo", "--set", "v_steps=2",
+                 "--facts", "5", "--facts-from", str(root / "facts.json"), "--out", str(tmp_path / "cli"),
+                 "--no-progress", "--json", "--generate", "2"]) == 0
+    (cli_json,) = (tmp_path / "cli").glob("*.json")
+    card = json.loads(cli_json.read_text())
+    assert set(card["suites"]) == {"counterfact", "evk", "collateral"}
+    assert [c["role"] for c in card["suites"]["counterfact"]["candidates"]] == \
+        ["rewrite", "rewrite", "paraphrase", "paraphrase", "neighborhood", "neighborhood"]
+    # bad input: one line, exit status 1 (EditscopeError), no traceback
+    capsys.readouterr()
+    assert main(["inspect", str(run)]) == 1
+    assert capsys.readouterr().err.strip() == "editscope: error: inspect RUN_DIR needs --case ID"
+    assert main(["inspect", str(run), "--case", "nope"]) == 1
+    assert "--case 'nope': no such case" in capsys.readouterr().err
+    # the report links the cards of the chosen cases, one per method
+    out = tmp_path / "report"
+    assert main(["report", str(run), "--out", str(out), "--cards-for", case]) == 0
+    html = (out / "report.html").read_text()
+    for method in ("rome", "memit"):
+        link = f"cards/card-counterfact-{case}-{method}.html"
+        assert f"href='{link}'" in html and Path(out / link).is_file()
+
+
+def test_choose_cases():
+    rows = [{"dataset": d, "case_id": c, "method": m} for d in ("a", "b") for c in ("1", "2", "3") for m in "xy"]
+    sample = choose_cases(rows, n=2, seed=5)
+    assert len(sample) == 2 and sample == choose_cases(rows, n=2, seed=5)
+    assert sample == sorted(sample, key=[(r["dataset"], r["case_id"]) for r in rows].index)  # run order
+    assert choose_cases(rows, n=100) == [(d, c) for d in "ab" for c in "123"]
+    assert choose_cases(rows, ids=["2"]) == [("a", "2"), ("b", "2")]
+    with pytest.raises(EditscopeError, match="--cards-for 9: no such case"):
+        choose_cases(rows, ids=["9"])
