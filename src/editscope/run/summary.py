@@ -51,7 +51,7 @@ class SummaryRow:
     ci95_high: float
     std: float
     #: "t" (Student t over cases), "t-log" (on log values: geometric mean), "bootstrap", or "model" (a suite that
-    #: measures the whole model: one value carried by every case, no interval)
+    #: measures the whole model, one value carried by every case: no interval)
     ci: str = "t"
 
     @property
@@ -112,7 +112,9 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             vals = [_value(m[column]) for m in per_case if column in m]
             if not vals:
                 continue
-            if whole_model:  # one measurement of the model, carried by every case: no interval over cases
+            if whole_model and len({v for v in vals if math.isfinite(v)}) <= 1:
+                # one measurement of the whole model carried by every case (a lifelong checkpoint): no interval
+                # over cases; in single mode each case has its own edit, and the t interval below applies
                 mean, lo, hi, sd = float(np.nanmean(vals)), math.nan, math.nan, math.nan
                 kind = "model"
             elif spec is not None and spec.unit in LOG_UNITS:
