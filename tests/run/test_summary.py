@@ -93,3 +93,20 @@ def test_bad_declarations_fail():
 
     with pytest.raises(ValueError, match="component 'B'"):
         Declarations((MetricSpec("A", "p", "e", True), MetricSpec("S", "p", "e", True, aggregate=hmean_of(["A", "B"]))))
+
+
+def test_whole_model_suite_interval_only_where_cases_differ():
+    """A lifelong checkpoint's general-suite value is one measurement carried by every case: no interval. In single
+    mode each case has its own edit: the Student t interval, as computed by hand."""
+    def rows(values):
+        return [{"dataset": "d", "case_id": str(i), "method": "m", "metrics": {"general": {"NTA_post": v}}}
+                for i, v in enumerate(values)]
+
+    same = summarize(rows([0.35] * 4))[0]
+    assert (same.mean, same.ci, same.n) == (pytest.approx(0.35), "model", 4)
+    assert math.isnan(same.ci95_low) and math.isnan(same.ci95_high)
+    values = [0.30, 0.34, 0.36, 0.40]
+    spread = summarize(rows(values))[0]
+    half = 3.182446305284263 * np.std(values, ddof=1) / 2  # t(0.975, 3) · s / √4
+    assert spread.ci == "t" and spread.mean == pytest.approx(0.35)
+    assert (spread.ci95_low, spread.ci95_high) == (pytest.approx(0.35 - half), pytest.approx(0.35 + half))
