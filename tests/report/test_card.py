@@ -168,3 +168,31 @@ def test_choose_cases():
     assert choose_cases(rows, ids=["2"]) == [("a", "2"), ("b", "2")]
     with pytest.raises(EditscopeError, match="--cards-for 9: no such case"):
         choose_cases(rows, ids=["9"])
+
+
+def test_card_in_a_real_browser(tiny_run, tmp_path):
+    """The card as a reader sees it in headless Chromium (tests/browser.py; skipped with the reason where it is
+    missing): every section there, every figure loaded, no sideways scroll at 1,400 px, and the ES the page shows
+    is the runner's row."""
+    from tests.browser import headless_chromium, missing
+
+    if missing() is not None:
+        pytest.skip(str(missing()))
+    root, bundle = tiny_run
+    run = root / "run"
+    row = next(r for r in read_results(run / "results.jsonl") if r["method"] == "memit")
+    card = compute_card(job_from_run(run, row["case_id"], method="memit", bundle=bundle), generate_tokens=2,
+                        trace=False, progress=False)
+    page = write_card(card, tmp_path / "card.html", tmp_path / "card.json")
+    with headless_chromium(width=1400, height=900) as driver:
+        driver.get(page.as_uri())
+        assert driver.execute_script("return Array.from(document.querySelectorAll('section')).map(s => s.id)") \
+            == list(SECTIONS)
+        images = driver.execute_script(
+            "return Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
+        assert len(images) == 4 and all(images)
+        width = driver.execute_script("return [document.documentElement.scrollWidth, "
+                                      "document.documentElement.clientWidth]")
+        assert width[0] <= width[1]
+        assert f"{row['metrics']['counterfact']['ES_post']:.3f}" in driver.execute_script(
+            "return document.body.innerText")
