@@ -196,3 +196,29 @@ def test_card_in_a_real_browser(tiny_run, tmp_path):
         assert width[0] <= width[1]
         assert f"{row['metrics']['counterfact']['ES_post']:.3f}" in driver.execute_script(
             "return document.body.innerText")
+
+
+def test_card_of_a_peak_case_shows_its_answer_lists(tmp_path, tiny_bundles):
+    """A PEAK-CF case carries correct and hard false answers: the card's PEAK and 1-to-N sections equal the rows the
+    runner wrote with those suites, and the page lists every answer instead of 'not measured'."""
+    bundle = tiny_bundles["llama"]
+    config = parse_config({
+        "model": "tiny-llama", "seed": 1, "output": str(tmp_path / "run"),
+        "methods": [{"name": "rome", "overrides": {"v_steps": 3}}],
+        "dataset": "peak-cf", "slice": {"offset": 0, "limit": 1},
+        "suites": ["peak", {"name": "one_to_n", "options": {"edits": "append"}}]})
+    Runner(config, out_dir=tmp_path / "run", bundle=bundle, progress=False, log=lambda _m: None).run()
+    (row,) = read_results(tmp_path / "run" / "results.jsonl")
+    from editscope.lm.engine import ScoringEngine
+
+    known_fact_file(tmp_path / "facts.json", ScoringEngine(bundle))
+    job = job_from_run(tmp_path / "run", row["case_id"], method="rome", bundle=bundle, collateral_facts=5,
+                       collateral_sources=[str(tmp_path / "facts.json")])
+    card = compute_card(job, generate_tokens=2, trace=False, progress=False)
+    for name in ("peak", "one_to_n"):
+        assert card["suites"][name]["metrics"] == row["metrics"][name], name
+    assert card["sections"]["peak-answers"] == "peak" and card["sections"]["siblings"] == "one_to_n"
+    text = "".join(Page(write_card(card, tmp_path / "c.html", tmp_path / "c.json").read_text()).text)
+    assert "no PEAK answer lists" not in text and "no 1-to-N answer list" not in text
+    answers = {c["text"].strip() for c in card["suites"]["peak"]["candidates"] if c["role"] != "neighborhood"}
+    assert len(answers) >= 2 and all(a in text for a in answers)
