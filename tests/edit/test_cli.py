@@ -20,7 +20,7 @@ def test_edit_json_and_patch_round_trip(tiny_bundles, tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["method"] == "rome" and set(out["pre"]) == {"target", "target_true"}
-    assert out["post"]["target"] != out["pre"]["target"] and len(out["checks"]) == 2
+    assert out["post"]["target"] != out["pre"]["target"] and len(out["checks"]) == 1
     assert out["checks"][0]["prompt"] == "Danielle Darrieux was born in"
     patch = Patch.load(patch_file)
     assert patch.hparams["v_steps"] == 3

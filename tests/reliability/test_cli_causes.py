@@ -1,6 +1,6 @@
 """The eight causes of raw tracebacks found probing the CLI as a hostile user, one test each, driven through
 ``editscope.cli.main``: each ends in exactly one stderr line naming the file and record/field (or the argument),
-a non-zero exit code (2: usage error, 1: bad input file) and no traceback."""
+exit code 2 (a bad argument or input file alike) and no traceback."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def one_line_error(capsys, argv: list[str], code: int, *needles: str) -> str:
 
 def test_huge_v_lr_is_refused_naming_the_key_and_range(capsys):
     # overflowed inside Adam; now the declared range (0, 10] refuses it before any work
-    one_line_error(capsys, [*EDIT, "--set", "v_lr=1e38"], 1, "--set v_lr=", "key 'v_lr'", "(0, 10]", "1e+38")
+    one_line_error(capsys, [*EDIT, "--set", "v_lr=1e38"], 2, "--set v_lr=", "key 'v_lr'", "(0, 10]", "1e+38")
 
 
 def test_non_utf8_argument_names_the_option(capsys):
@@ -55,7 +55,7 @@ def test_patch_info_on_malformed_requests_metadata(capsys, tmp_path, requests, n
             "model_name": "tiny-llama", "checksums": json.dumps({DELTA: "c"}), "requests": requests, "info": "{}"}
     path = tmp_path / "p.safetensors"
     save_file({DELTA: torch.zeros(4, 4)}, str(path), metadata=meta)
-    one_line_error(capsys, ["patch", "info", str(path)], 1, str(path), "key 'requests'", needle)
+    one_line_error(capsys, ["patch", "info", str(path)], 2, str(path), "key 'requests'", needle)
 
 
 @pytest.mark.parametrize("layers,needle", [
@@ -71,7 +71,7 @@ def test_stats_import_with_malformed_layers_metadata(capsys, tmp_path, tiny_llam
     save_file({"layer1.mom2": torch.zeros(128, 128), "layer1.count": torch.ones(1)}, str(path),
               metadata={"editscope-stats": FORMAT, "fingerprint": tiny_llama.fingerprint, "mlp_size": "128",
                         "layers": layers})
-    one_line_error(capsys, ["stats", "import", str(path), "--model", "tiny-llama"], 1, str(path),
+    one_line_error(capsys, ["stats", "import", str(path), "--model", "tiny-llama"], 2, str(path),
                    "metadata 'layers'", needle)
 
 
@@ -79,7 +79,7 @@ def test_stats_compute_on_a_non_utf8_corpus_names_file_and_line(capsys, tmp_path
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"first line\nsecond \xff\xfe line\n")
     one_line_error(capsys, ["stats", "compute", "--model", "tiny-llama", "--layers", "1", "--corpus", str(corpus)],
-                   1, f"{corpus}:line 2", "not UTF-8", "0xff")
+                   2, f"{corpus}:line 2", "not UTF-8", "0xff")
 
 
 def _truncated_folder(folder, tiny_llama):
@@ -93,13 +93,13 @@ def _truncated_folder(folder, tiny_llama):
 def test_truncated_weights_in_a_model_folder_and_in_the_model_cache(capsys, tmp_path, tiny_llama, monkeypatch):
     score = ["score", "--prompt", "Paris is in", "--candidates", " France", "--model"]
     weights = _truncated_folder(tmp_path / "model", tiny_llama)
-    one_line_error(capsys, [*score, str(tmp_path / "model")], 1, str(weights), "damaged or truncated")
+    one_line_error(capsys, [*score, str(tmp_path / "model")], 2, str(weights), "damaged or truncated")
     # the converted registry model in the cache: the line says how to get a good copy back
     monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "home"))
     cached = tmp_path / "home" / "models" / "smollm2-135m"
     shutil.copytree(tmp_path / "model", cached)
     (cached / "editscope-fingerprint.txt").write_text("f")
-    one_line_error(capsys, [*score, "smollm2-135m"], 1, str(cached / "model.safetensors"), "damaged or truncated",
+    one_line_error(capsys, [*score, "smollm2-135m"], 2, str(cached / "model.safetensors"), "damaged or truncated",
                    f"delete {cached} to convert smollm2-135m again")
 
 
@@ -107,10 +107,10 @@ def test_output_paths_that_cannot_be_created(capsys, tmp_path, run_dir):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     one_line_error(capsys, ["locate", "--model", "tiny-llama", "--prompt", "{} is in", "--subject", "Paris",
-                            "--plot", str(blocker / "trace.png")], 1, str(blocker), "folder of --plot")
-    one_line_error(capsys, ["bench", "klob", "--model", "tiny-llama", "-o", str(blocker / "out")], 1,
+                            "--plot", str(blocker / "trace.png")], 2, str(blocker), "folder of --plot")
+    one_line_error(capsys, ["bench", "klob", "--model", "tiny-llama", "-o", str(blocker / "out")], 2,
                    str(blocker / "out"), "cannot create the bench output folder")
-    one_line_error(capsys, ["report", str(run_dir), "--out", str(blocker / "report")], 1,
+    one_line_error(capsys, ["report", str(run_dir), "--out", str(blocker / "report")], 2,
                    str(blocker / "report"), "cannot create the report folder")
 
 
@@ -120,5 +120,5 @@ def test_string_metric_value_in_results_names_line_and_field(capsys, tmp_path, r
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     rows[0]["metrics"]["counterfact"]["ES_post"] = "high"
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    one_line_error(capsys, ["report", str(run)], 1, f"{run / 'results.jsonl'}:line 1",
+    one_line_error(capsys, ["report", str(run)], 2, f"{run / 'results.jsonl'}:line 1",
                    "field 'metrics.counterfact.ES_post': expected a number or null, got str 'high'")

@@ -21,9 +21,9 @@ LOCATE = ["locate", "--model", "no-such-model", "--prompt", "{} is in", "--subje
     ([*KLOB, "--k", "150"], "argument --k: must be a number in (0, 100], got '150'"),
     ([*KLOB, "--k", "5", "0"], "argument --k: must be a number in (0, 100], got '0'"),
     ([*KLOB, "--k", "inf"], "argument --k: must be a number in (0, 100], got 'inf'"),
-    ([*KLOB, "--n", "0"], "argument --n: must be an integer in [1, inf), got '0'"),
-    ([*KLOB, "--n", "-1"], "argument --n: must be an integer in [1, inf), got '-1'"),
-    ([*KLOB, "--n", "2.5"], "argument --n: must be an integer in [1, inf), got '2.5'"),
+    ([*KLOB, "--n", "0"], "argument --n: must be an integer in [1, 1e7], got '0'"),
+    ([*KLOB, "--n", "-1"], "argument --n: must be an integer in [1, 1e7], got '-1'"),
+    ([*KLOB, "--n", "2.5"], "argument --n: must be an integer in [1, 1e7], got '2.5'"),
     ([*KLOB, "--samples", "0"], "argument --samples: must be an integer in [1, inf), got '0'"),
     ([*KLOB, "--steps", "100000000"], "argument --steps: must be an integer in [1, 10000], got '100000000'"),
     ([*LOCATE, "--noise", "nan"], "argument --noise: must be a number in (0, inf), got 'nan'"),  # printed +nan

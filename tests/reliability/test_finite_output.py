@@ -70,8 +70,8 @@ def test_metrics_json_shape_keeps_undefined_values_as_null():
     (dict(ks=[math.nan]), r"run_bench: ks\[0\]: must be a number in \(0, 100\], got nan"),
     (dict(ks=[5, 150]), r"run_bench: ks\[1\]: must be a number in \(0, 100\], got 150"),
     (dict(ks=[]), r"run_bench: ks is empty"),
-    (dict(ks=[5], n=0), r"run_bench: n: must be an integer in \[1, inf\), got 0"),
-    (dict(ks=[5], n=2.5), r"run_bench: n: must be an integer in \[1, inf\), got 2\.5"),
+    (dict(ks=[5], n=0), r"run_bench: n: must be an integer in \[1, 1e7\], got 0"),
+    (dict(ks=[5], n=2.5), r"run_bench: n: must be an integer in \[1, 1e7\], got 2\.5"),
     (dict(ks=[5], options={"causal_trace": {"noise": math.inf}}),
      r"run_bench: options\['causal_trace'\]\['noise'\]: must be a number in \(0, inf\), got inf"),
 ])

@@ -144,11 +144,11 @@ def test_inspect_command_and_report_cards(tiny_run, tmp_path, capsys):
     assert set(card["suites"]) == {"counterfact", "evk", "collateral"}
     assert [c["role"] for c in card["suites"]["counterfact"]["candidates"]] == \
         ["rewrite", "rewrite", "paraphrase", "paraphrase", "neighborhood", "neighborhood"]
-    # bad input: one line, exit status 1 (EditscopeError), no traceback
+    # bad input: one line, exit status 2, no traceback
     capsys.readouterr()
-    assert main(["inspect", str(run)]) == 1
+    assert main(["inspect", str(run)]) == 2
     assert capsys.readouterr().err.strip() == "editscope: error: inspect RUN_DIR needs --case ID"
-    assert main(["inspect", str(run), "--case", "nope"]) == 1
+    assert main(["inspect", str(run), "--case", "nope"]) == 2
     assert "--case 'nope': no such case" in capsys.readouterr().err
     # the report links the cards of the chosen cases, one per method
     out = tmp_path / "report"

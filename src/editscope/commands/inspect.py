@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", default=None, help="file name stem (default: card-DATASET-CASE-METHOD)")
     parser.add_argument("--json", action="store_true", help="also write the card's numbers as JSON beside the page")
     parser.add_argument("--trace", action="store_true", help="add the causal trace before and after (slow)")
-    parser.add_argument("--trace-samples", type=option(int, "[1, inf)"), default=10, help="noise samples (--trace)")
+    parser.add_argument("--trace-samples", type=option(int, "[1, 1000]"), default=10, help="noise samples (--trace)")
     parser.add_argument("--generate", type=option(int, "[0, 1000]"), default=20, metavar="N",
                         help="greedy tokens generated before and after (0: none)")
     parser.add_argument("--facts", type=option(int, "[1, inf)"), default=500,

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
                         help="local: this process (default); ray: whole groups on Ray actors (pip install "
                         "'editscope[ray]')")
-    parser.add_argument("--workers", type=option(int, "[1, inf)"), default=2, help="Ray actors (--executor ray)")
+    parser.add_argument("--workers", type=option(int, "[1, 1024]"), default=2, help="Ray actors (--executor ray)")
     parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
     parser.add_argument("--chat-template", action="store_true",
                         help="wrap prompts in the tokenizer's chat template (instruct models; as the config's "

@@ -101,7 +101,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 #: declared ranges of run_bench's numbers (each k of ``ks``, ``n``, ``shots``), also the CLI's argparse types
-RANGES = {"ks": "(0, 100]", "n": "[1, inf)", "shots": "[0, inf)"}
+RANGES = {"ks": "(0, 100]", "n": "[1, 1e7]", "shots": "[0, 64]"}
 
 
 def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
