@@ -12,14 +12,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "configs", help="list the shipped experiment configs",
         description="List the experiment configs shipped with editscope (run one with 'editscope run NAME'): the "
-        "paper table or figure each reproduces (its header comment), its methods and datasets, and its measured "
-        "wall time where one was measured (a '# Wall time:' header line).")
+        "paper table or figure each reproduces (its header comment), its models, methods and datasets, and its "
+        "measured wall time where one was measured (a '# Wall time:' header line).")
     parser.add_argument("--json", action="store_true", help="print a JSON list")
     parser.set_defaults(func=run)
 
 
 def describe(path: Path, name: str) -> dict[str, Any]:
-    """One config's name, header summary, methods, datasets and measured wall time (None: not measured)."""
+    """One config's name, header summary, models, methods, datasets and measured wall time (None: not measured)."""
     from editscope.run import load_config
 
     header = []
@@ -31,7 +31,8 @@ def describe(path: Path, name: str) -> dict[str, Any]:
     wall = next((re.sub(r"^wall time:\s*", "", h, flags=re.I) for h in header if h.lower().startswith("wall time:")),
                 None)
     config = load_config(path)
-    return {"name": name, "reproduces": summary, "methods": [m.label for m in config.methods],
+    return {"name": name, "reproduces": summary, "models": list(config.models or (config.model,)),
+            "methods": [m.label for m in config.methods],
             "datasets": [b.label for b in config.blocks], "mode": config.mode_label, "wall_time": wall}
 
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(strict_dumps(rows, "configs --json", indent=1))
         return 0
     for row in rows:
-        print(f"{row['name']}\n  {row['reproduces']}\n  methods: {', '.join(row['methods'])}; datasets: "
+        print(f"{row['name']}\n  {row['reproduces']}\n  models: {', '.join(row['models'])}; methods: "
+              f"{', '.join(row['methods'])}; datasets: "
               f"{', '.join(row['datasets'])}; mode {row['mode']}; wall time: {row['wall_time'] or 'not measured'}")
     return 0

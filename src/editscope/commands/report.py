@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "distribution, and the probability shift of correct vs "
         "false answers (PEAK).",
     )
-    parser.add_argument("runs", metavar="RUN_DIR", nargs="+", help="run output directories")
+    parser.add_argument("runs", metavar="RUN_DIR", nargs="+",
+                        help="run output directories (the OUTPUT of a 'models' list: each model's run, keyed by model)")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default: the first RUN_DIR)")
     parser.add_argument("--baseline", metavar="METHOD",
                         help="method the pivot table's paired differences are taken against (default: the unedited "
@@ -43,9 +44,11 @@ def _run(args: argparse.Namespace) -> int:
     cards = None
     if args.cards is not None or args.cards_for:
         from editscope.report.card import make_cards
+        from editscope.run.models import expand_run_dirs
 
-        cards = make_cards(args.runs[0], Path(args.out or args.runs[0]), n=args.cards, ids=args.cards_for,
-                           seed=args.seed, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        first = expand_run_dirs(args.runs[:1])[0]  # a models list's folder: its first model's run
+        cards = make_cards(first, Path(args.out or args.runs[0]), n=args.cards, ids=args.cards_for, seed=args.seed,
+                           log=lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
         html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline, cards=cards)
     except BaselineError as exc:  # a bad argument, as argparse's own errors: status 2

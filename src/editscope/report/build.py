@@ -27,6 +27,7 @@ from editscope.metrics.registry import MetricSpec
 from editscope.plotting import png_axes
 from editscope.report import figures, latex
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
+from editscope.run.models import expand_run_dirs
 from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
 from editscope.run.summary import (
@@ -58,25 +59,45 @@ Figure = SuiteFigure  # slug, title, caption, png
 
 
 def load_runs(run_dirs: list[str | Path]) -> list[Run]:
-    """Read each run; when several runs use one method label, labels become ``label [run dir name]``."""
+    """Read each run (the folder of a ``models`` list: each model's run, :func:`~editscope.run.models.
+    expand_run_dirs`). Runs of more than one model are keyed by model: every dataset label becomes
+    ``label [model]``, so each model gets its own tables, its own unedited row and its own pivot columns, and
+    differences pair cases within one model. When several runs of one model use one method label, labels become
+    ``label [run dir name]``."""
     runs = []
-    for d in run_dirs:
-        path = Path(d)
+    for path in expand_run_dirs(run_dirs):
         meta = read_json(path / RUN_JSON)
         rows = read_results(path / RESULTS)
         if not rows:
             raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
+        name = str(meta.get("model", {}).get("name"))
+        for r in rows:
+            r.setdefault("model", name)  # rows written before rows named their model
         runs.append(Run(path, meta, rows))
-    if len(runs) > 1:
-        seen: dict[str, int] = {}
+    if len({r["model"] for run in runs for r in run.rows}) > 1:
         for run in runs:
-            for label in {r["method"] for r in run.rows}:
-                seen[label] = seen.get(label, 0) + 1
+            _key_by_model(run)
+    if len(runs) > 1:
+        seen: dict[tuple[str, str], int] = {}
+        for run in runs:
+            for key in {(r["model"], r["method"]) for r in run.rows}:
+                seen[key] = seen.get(key, 0) + 1
         for run in runs:
             for r in run.rows:
-                if seen[r["method"]] > 1:
+                if seen[(r["model"], r["method"])] > 1:
                     r["method"] = f"{r['method']} [{run.path.name}]"
     return runs
+
+
+def _key_by_model(run: Run) -> None:
+    """Dataset labels ``label [model]`` in the run's rows, config blocks and stored metric declarations."""
+    for r in run.rows:
+        r["dataset"] = f"{r['dataset']} [{r['model']}]"
+    name = run.meta.get("model", {}).get("name")
+    for block in run.meta.get("config", {}).get("blocks", []):
+        block["label"] = f"{block['label']} [{name}]"
+    for entry in run.meta.get("metrics", []):
+        entry["dataset"] = f"{entry['dataset']} [{name}]"
 
 
 def _ordered(runs: list[Run], field: str, config_key: str) -> list[str]:
@@ -274,7 +295,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
-    out = make_dirs(Path(out_dir) if out_dir is not None else runs[0].path, "report folder")
+    out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]

@@ -1,8 +1,10 @@
 """Experiment configs: a YAML file (``yaml.safe_load``) validated into :class:`RunConfig`.
 
-Schema (every key but ``model``, ``methods`` and the dataset(s) is optional)::
+Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) is optional)::
 
     model: smollm2-135m          # registry name, local HF folder or hub id org/name
+    models: [smollm2-135m, gemma3-270m]  # instead of model: one ordinary run per entry (each entry as model:)
+                                 # into OUTPUT/<slug>/ (editscope.run.models); each entry once
     device: auto                 # cpu | cuda | cuda:N | auto (default: cuda if available, else cpu); --device wins
     dtype: float32               # float32 | bfloat16 | float16 (default float32); --dtype overrides it
     runtime:                     # how edits are computed (editscope.edit.runtime); --forward/--vstar-batch win
@@ -59,8 +61,8 @@ from editscope.errors import EditscopeError
 from editscope.paths import config_path
 from editscope.run.lmeval import LmEvalSpec, parse_spec
 
-TOP_KEYS = {"model", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice", "suites",
-            "plugin_modules", "device", "dtype", "runtime", "chat_template", "lm_eval"}
+TOP_KEYS = {"model", "models", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice",
+            "suites", "plugin_modules", "device", "dtype", "runtime", "chat_template", "lm_eval"}
 METHOD_KEYS = {"name", "label", "hparams", "overrides", "plugins"}
 BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
@@ -141,6 +143,13 @@ class RunConfig:
     chat_template: bool = False
     #: lm-evaluation-harness tasks at chain checkpoints (editscope.run.lmeval)
     lm_eval: LmEvalSpec | None = None
+    #: the config's ``models`` list (``model`` is then ""): one single-model run per entry (:meth:`for_model`)
+    models: tuple[str, ...] = ()
+
+    def for_model(self, model: str) -> RunConfig:
+        """The single-model config of one ``models`` entry: what ``model: ENTRY`` in the same file would give (so
+        its digest, and its run directory, are those of that single-model run)."""
+        return replace(self, model=model, models=())
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
@@ -158,11 +167,13 @@ class RunConfig:
         data["runtime"] = dict(self.runtime)
         if not self.runtime:
             data.pop("runtime")
-        for key in ("chat_template", "lm_eval"):  # unset: the digest configs had before these keys
+        for key in ("chat_template", "lm_eval", "models"):  # unset: the digest configs had before these keys
             if not data[key]:
                 data.pop(key)
         if self.lm_eval is not None:
             data["lm_eval"] = self.lm_eval.to_dict()
+        if self.models:
+            data["models"] = list(self.models)
         data["blocks"] = [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in self.blocks]
         return data
 
@@ -180,6 +191,7 @@ class RunConfig:
             device=data.get("device"), dtype=data.get("dtype"), runtime=tuple(data.get("runtime", {}).items()),
             chat_template=bool(data.get("chat_template", False)),
             lm_eval=LmEvalSpec.from_dict(data["lm_eval"]) if data.get("lm_eval") else None,
+            models=tuple(data.get("models", ())),
         )
 
     def digest(self, runtime: dict[str, Any] | None = None) -> str:
@@ -274,7 +286,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     bad = _non_finite(data, "")
     if bad:  # YAML's .nan/.inf anywhere (overrides, plug-in hparams, suite options) are refused up front
         raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
-    model = _model(c, data, base_dir)
+    model, models = _model(c, data, base_dir)
     settings = _settings(c, data)
     runtime = _runtime(c, data)
     mode = _mode(c, data.get("mode", "single"))
@@ -287,7 +299,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
     chat_template = c.typed(data.get("chat_template", False), bool, "chat_template", "true or false")
     lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
-    return RunConfig(model=model, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
+    return RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
                      group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
                      batch=mode.batch,
                      rounds=mode.rounds, checkpoints=mode.checkpoints, chat_template=chat_template, lm_eval=lm_eval)
@@ -311,16 +323,47 @@ def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,
     return list(methods), list(suites), list(datasets)
 
 
-def _model(c: _Checker, data: dict, base_dir: Path | None) -> str:
-    """``model``: a registry name or ``tiny-*`` as is, else a path resolved against the config's folder."""
-    if "model" not in data:
-        raise c.fail("model", "required")
-    model = c.text(data["model"], "model")
+def _model(c: _Checker, data: dict, base_dir: Path | None) -> tuple[str, tuple[str, ...]]:
+    """``model``, or ``models`` (then ``model`` is ""): each a registry name or ``tiny-*`` as is, else a path
+    resolved against the config's folder. Nothing is loaded: validating a config needs no weights."""
+    if ("model" in data) == ("models" in data):
+        raise c.fail("model", "give either 'model' (one model) or 'models' (a list), not both" if "model" in data
+                     else "required (or a 'models' list)")
+    if "model" in data:
+        return _model_entry(c, data["model"], "model", base_dir), ()
+    raw = c.typed(data["models"], list, "models", "a list of models")
+    if not raw:
+        raise c.fail("models", "at least one model is required")
+    models = tuple(_model_entry(c, m, f"models[{i}]", base_dir) for i, m in enumerate(raw))
+    slugs = [model_slug(m).casefold() for m in models]  # casefold: one folder on case-insensitive file systems
+    for i, slug in enumerate(slugs):
+        if slug in slugs[:i]:
+            first = slugs.index(slug)
+            what = "appears twice" if models[first] == models[i] else f"has the output folder of {raw[first]!r}"
+            raise c.fail(f"models[{i}]", f"{raw[i]!r} {what} (each model once)")
+    return "", models
+
+
+def _model_entry(c: _Checker, raw: Any, key: str, base_dir: Path | None) -> str:
+    model = c.text(raw, key)
     from editscope.lm.loading import registry_names
 
     if model not in registry_names() and not model.startswith("tiny-"):
         model = _resolve(model, base_dir)
     return model
+
+
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def model_slug(model: str) -> str:
+    """The folder name of one ``models`` entry's run: the entry itself when it is a safe file name (registry names,
+    ``tiny-*``), else its last path parts made safe plus a hash of the whole entry (``org/name`` and ``org_name``,
+    or two folders of one name, get different folders)."""
+    if _SAFE.fullmatch(model) and len(model) <= 100:
+        return model
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(Path(model).parts[-2:])).strip("._-")[:60] or "model"
+    return f"{tail}-{hashlib.blake2b(model.encode(), digest_size=4).hexdigest()}"
 
 
 def _settings(c: _Checker, data: dict) -> dict[str, Any]:

@@ -18,6 +18,10 @@ a killed chain there. ``probe_only`` (``methods: [none]``): no edit; one row per
 holding only the pre-edit (``NAME_pre``) metrics and ``post: {}``. Pre-edit probes always come from the unedited
 model (before the group's first edit), so locality compares against the unedited model's answers in every mode.
 
+Every row names the model that produced it (``model``: run.json's ``model.name``; rows written before the field
+existed are the run's model). A config with a ``models`` list is one such run per model
+(:mod:`editscope.run.models`); :class:`Runner` runs one model.
+
 Resuming skips finished rows (key: dataset, case, method, plus the checkpoint's ``edits_applied``:
 :func:`~editscope.run.store.row_key`); a group with some rows missing is edited again (a lifelong chain from its
 last checkpoint file) and only the missing rows are written (edits are seeded per dataset/method/group and round, so
@@ -56,6 +60,7 @@ from editscope.run.chain import LifelongChain, naming, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.store import (
+    MODELS_JSON,
     RESULTS,
     RUN_JSON,
     ResultsWriter,
@@ -251,6 +256,9 @@ class Runner:
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  suite_factories: Mapping[str, SuiteFactory] | None = None, bundle: Bundle | None = None,
                  log: Callable[[str], None] | None = None) -> None:
+        if config.models:  # a models list is one run per model (editscope.run.models.run_models)
+            raise EditscopeError(f"{config.output}: a config with 'models' runs one model at a time: "
+                                 "editscope.run.models.run_models, or Runner(config.for_model(entry))")
         self.config = config
         self.out_dir = Path(out_dir if out_dir is not None else config.output)
         self.limit = limit
@@ -336,6 +344,8 @@ class Runner:
     def _check_existing(self) -> str | None:
         """The start time of the run already in the output directory (resume), after checking it is ours."""
         path = self.out_dir / RUN_JSON
+        if (self.out_dir / MODELS_JSON).is_file():
+            raise EditscopeError(f"{self.out_dir} holds a run of a 'models' list; use another output directory")
         if not path.is_file():
             if (self.out_dir / RESULTS).is_file():
                 raise EditscopeError(f"{self.out_dir}: holds {RESULTS} but no {RUN_JSON}; not resuming into it")
@@ -484,7 +494,8 @@ class Runner:
                 continue
             metrics = {name: clean_metrics(_pre_metrics(s, case, pre[name][k])) for name, s in block.suites.items()}
             rows.append({
-                "dataset": block.label, "case_id": case.case_id, "index": i, "method": NO_EDIT, "editor": NO_EDIT,
+                "dataset": block.label, "case_id": case.case_id, "index": i, "model": self.bundle.name,
+                "method": NO_EDIT, "editor": NO_EDIT,
                 "method_display": "unedited", "plugins": [], "mode": self.config.mode_label, "group": g,
                 "group_size": len(cases), "edit_seconds": 0.0, "eval_seconds": pre_seconds, "edit_info": {},
                 "requests": _requests(block.requests[i]), "hparams": {},
@@ -576,6 +587,7 @@ class Runner:
                 "dataset": block.label,
                 "case_id": case.case_id,
                 "index": i,
+                "model": self.bundle.name,  # as run.json's model.name (rows of older runs lack it: that model)
                 "method": label,
                 "editor": editor.name,
                 "method_display": editor.display(self._plugins[label]),

@@ -17,6 +17,7 @@ from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
 RUN_JSON = "run.json"
+MODELS_JSON = "models.json"  # the folder of a run with a models list (editscope.run.models)
 LOCK = ".editscope.lock"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
