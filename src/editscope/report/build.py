@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,7 +317,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
     for f in figs:
-        atomic_write_bytes(out / "figures" / f"{f.slug}.png", f.png)
+        atomic_write_bytes(out / "figures" / _png_name(f.slug), f.png)
 
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
     for r in summary:
@@ -345,7 +346,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
         tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + latex.pivot_tabulars(pivot) + [""]
 
     def add_figure(f: Figure) -> None:
-        md.extend([f"![{f.title}](figures/{f.slug}.png)", "", f"*{f.caption}*", ""])
+        md.extend([f"![{f.title}](figures/{_png_name(f.slug)})", "", f"*{f.caption}*", ""])
         b64 = base64.b64encode(f.png).decode("ascii")
         axes = png_axes(f.png) or []
         alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
@@ -396,6 +397,12 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
 
 
 TABLES_TEX = "tables.tex"
+
+
+def _png_name(slug: str) -> str:
+    """A figure's file name: labels such as ``counterfact [smollm2-135m]`` (runs of several models) hold spaces and
+    brackets, which a Markdown image link cannot."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", slug) + ".png"
 
 
 def _tex_compact(rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec], caption: str) -> str:
