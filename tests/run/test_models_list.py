@@ -177,3 +177,23 @@ def test_rows_without_a_model_field_are_the_runs_model(tmp_path, alone):
     runs = load_runs([old, alone["tiny-gpt2"]])
     assert {r["model"] for r in runs[0].rows} == {"tiny-llama"}
     assert {r["dataset"] for run in runs for r in run.rows} == {"counterfact [tiny-llama]", "counterfact [tiny-gpt2]"}
+
+
+def test_cli_run_and_report_of_a_models_config(tmp_path, capsys):
+    """``editscope run`` dispatches a models config (probe only, one case), a rerun skips both, ``report`` of the
+    folder works; ``merge`` of such a folder says to merge per model."""
+    from editscope.cli import main
+
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("models: [tiny-llama, tiny-gpt2]\nmethods: [none]\ndataset: counterfact\nslice: {limit: 1}\n"
+                   f"suites: [counterfact]\noutput: {tmp_path / 'out'}\n")
+    assert main(["run", str(cfg), "--no-progress"]) == 0
+    first = capsys.readouterr().out
+    assert "tiny-llama: 1 rows written" in first and "tiny-gpt2: 1 rows written" in first
+    assert main(["run", str(cfg), "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("complete already") == 2
+    assert main(["report", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "counterfact on counterfact [tiny-llama]" in md and "counterfact on counterfact [tiny-gpt2]" in md
+    assert main(["merge", str(tmp_path / "merged"), str(tmp_path / "out")]) == 2
+    assert "merge each model's folder" in capsys.readouterr().err

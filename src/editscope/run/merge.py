@@ -13,6 +13,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import strict_dumps
 from editscope.run.config import RunConfig
 from editscope.run.store import (
+    MODELS_JSON,
     RESULTS,
     RUN_JSON,
     read_json,
@@ -45,6 +46,10 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int,
         raise EditscopeError("merge: no shard directories given")
     if (out_dir / RESULTS).exists():
         raise EditscopeError(f"merge: {out_dir} already holds {RESULTS}; choose an empty output directory")
+    for d in shard_dirs:
+        if (Path(d) / MODELS_JSON).is_file():  # shards of a models list: one folder per model (editscope.run.models)
+            raise EditscopeError(f"merge: {d} holds the runs of a 'models' list: merge each model's folder on its "
+                                 f"own (editscope merge OUT/MODEL {d}/MODEL ...)")
     metas = [read_json(Path(d) / RUN_JSON) for d in shard_dirs]
     first = metas[0]
     for d, meta in zip(shard_dirs, metas, strict=True):
