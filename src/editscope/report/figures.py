@@ -165,7 +165,7 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
         if len(edits) <= 6:  # the checkpoints themselves: 100, 200, 300 rather than 100, 125, ..., 300
             ax.set_xticks(edits)
         else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # 10 checkpoint labels collide
     for ax in axes.flat[len(cols):]:
         ax.set_visible(False)
     handles = [plt.Line2D([0], [0], color=colors[m], marker="o", markersize=3) for m in methods]
