@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from editscope.cli import main
+from editscope.data.records import EditRequest
 from editscope.edit import EDITORS
 from editscope.edit.kn import KNHParams, select_neurons
 from editscope.errors import EditscopeError
@@ -136,3 +137,45 @@ def test_kn_through_the_cli(tiny_bundles, capsys):
                  "--subject", "Danielle Darrieux", "--target", " Japan", "--target-true", " France",
                  "--plugin", "app"]) == 2
     assert "does not optimise a loss" in capsys.readouterr().err
+
+
+def test_kn_attribution_cache_reuses_ig_only_on_the_same_weights(tiny_bundles, request_a, tmp_path, monkeypatch):
+    """The cached attributions give the ΔW a fresh computation gives (another λ included: ΔW is linear in λ by
+    Dai et al. §5.1), and edited weights (another fingerprint) do not hit the cache."""
+    from editscope.edit import kn
+
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "home"))
+    bundle = tiny_bundles["llama"]
+    editor = EDITORS["kn"]
+    hp = editor.load_hparams(bundle).replace(layers=[1, 2], share=0.0)
+    calls = []
+    real = kn._attributions
+    monkeypatch.setattr(kn, "_attributions", lambda *a: calls.append(1) or real(*a))
+    first = editor.compute_patch(bundle, request_a, hp)
+    again = editor.compute_patch(bundle, request_a, hp.replace(lambda_old=0.5, lambda_new=0.25))
+    assert len(calls) == 1
+    assert first.info["attributions_cached"] == [False] and again.info["attributions_cached"] == [True]
+    assert first.info["neurons"] == again.info["neurons"]
+    emb = bundle.model.get_output_embeddings().weight.detach()
+    old, new = first.info["old_token"][0], first.info["new_token"][0]
+    for name, delta in again.deltas.items():  # closed form at the new λ on the same neurons, signs from the first ΔW
+        for layer, neuron in again.info["neurons"][0]:
+            if bundle.arch.weight_name(layer) != name:
+                continue
+            sign = torch.sign(first.deltas[name][:, neuron] @ (emb[new] - emb[old]))
+            torch.testing.assert_close(delta[:, neuron], sign * (0.25 * emb[new] - 0.5 * emb[old]),
+                                       rtol=1e-6, atol=1e-7)
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "fresh"))  # no cache: IG again, the same ΔW
+    fresh = editor.compute_patch(bundle, request_a, hp.replace(lambda_old=0.5, lambda_new=0.25))
+    assert len(calls) == 2 and fresh.info["neurons"] == again.info["neurons"]
+    for name in fresh.deltas:
+        torch.testing.assert_close(fresh.deltas[name], again.deltas[name], rtol=0, atol=0)
+    other = EditRequest("The mother tongue of {} is", "Thomas Joannes Stieltjes", "English", "Dutch")
+    patch = editor.apply(bundle, other, hp)
+    try:  # the same request on edited weights: another fingerprint, so IG runs again
+        editor.compute_patch(bundle, request_a, hp)
+        assert len(calls) == 4
+    finally:
+        patch.revert(bundle)
+    editor.compute_patch(bundle, request_a, hp)  # reverted: the unedited weights' entry again
+    assert len(calls) == 4

@@ -25,18 +25,26 @@ No loss is optimised, so loss-term plug-ins (APP) do not apply: the registry dec
 
 Speed: IG is nearly all of an edit's time. On SmolLM2 (30 layers, m = 20, 3 prompts; 2 heavily shared cores) one
 edit took 260-320 s with whole-prompt IG rows and 87-107 s with one-token rows on a cached prefix (the default of
-:func:`editscope.locate.knowledge_neurons`, same numbers), IG still > 99% of it.
+:func:`editscope.locate.knowledge_neurons`, same numbers), IG still > 99% of it. The attributions depend on the
+weights, the prompts and the IG settings only, not on λ, t, p or the embedding choice, so they are cached on disk
+(``EDITSCOPE_HOME/kn/``, keyed by the weights' current fingerprint and those inputs): a second edit of the same
+fact on the same weights — another λ in ``editscope tune``, a rerun — skips IG and gives the same ΔW.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
+from editscope.atomic import atomic_write
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams
 from editscope.edit.objective import ObjectiveTerm
@@ -47,6 +55,7 @@ from editscope.lm.hooks import run_until
 from editscope.locate import LocatePrompt, encode_prompt
 from editscope.locate.attribution import knowledge_neurons
 from editscope.locate.prompt import answer_prob
+from editscope.paths import home
 
 OLD_ANSWERS = ("target_true", "argmax")
 EMBEDDINGS = ("output", "input")
@@ -76,7 +85,7 @@ class KNHParams(HParams):
     RANGES = {"steps": "[1, 10000]", "adaptive_threshold": "[0, 1]", "share": "[0, 1)", "lambda_old": "[0, 1e3]",
               "lambda_new": "[0, 1e3]", "max_neurons": "[1, inf)"}
     #: KN's λ: the shipped 2 over-edits small models (neighbours flip with the edit); layers: all are searched
-    TUNABLE = {"lambda_old": (0.25, 0.5, 1.0, 2.0), "lambda_new": (0.25, 0.5, 1.0, 2.0)}
+    TUNABLE = {"lambda_old": (0.1, 0.25, 0.5, 1.0, 2.0), "lambda_new": (0.1, 0.25, 0.5, 1.0, 2.0)}
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
@@ -125,13 +134,10 @@ def key_signs(engine: ScoringEngine, prompt: LocatePrompt, layers: Sequence[int]
     return torch.stack([torch.sign(store[name][0, prompt.last].float()) for name in names])
 
 
-def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
-                   ) -> tuple[list[tuple[int, int]], int, torch.Tensor]:
-    """The knowledge neurons of ``request``'s old fact, the old answer's token id and the key signs of the first
-    prompt ([len(hp.layers), mlp])."""
-    if hp.old_answer == "target_true" and request.target_true is None:
-        raise EditscopeError(f"kn: request {request.text!r} has no target_true (set old_answer: argmax to use the "
-                             "model's greedy prediction)")
+def _attributions(engine: ScoringEngine, request: EditRequest, hp: KNHParams
+                  ) -> tuple[list[np.ndarray], int, torch.Tensor]:
+    """IG attributions per prompt ([len(hp.layers), mlp] each), the old answer's token id and the key signs of the
+    first prompt ([len(hp.layers), mlp])."""
     attrs, old_id, signs = [], None, None
     answer = request.target_true if hp.old_answer == "target_true" else None
     for prefix in hp.prefixes:
@@ -142,8 +148,48 @@ def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
         prompt = dataclasses.replace(prompt, answer_id=old_id)
         with torch.enable_grad():
             result = knowledge_neurons(engine, prompt, steps=hp.steps, layers=list(hp.layers))
-        attrs.append(result.neurons[hp.layers])
-    return select_neurons(attrs, hp), int(old_id), signs
+        attrs.append(np.asarray(result.neurons[hp.layers], dtype=np.float32))
+    return attrs, int(old_id), signs
+
+
+def attribution_cache_path(engine: ScoringEngine, request: EditRequest, hp: KNHParams):
+    """Where :func:`_attributions` of ``request`` under ``hp`` on the weights as they are now is cached: keyed by
+    the weights' current fingerprint (edited weights have another) and every input the attributions depend on."""
+    key = {"prompt": request.prompt, "subject": request.subject, "target_true": request.target_true,
+           "layers": list(hp.layers), "steps": hp.steps, "prefixes": list(hp.prefixes), "old_answer": hp.old_answer}
+    digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=12).hexdigest()
+    return home() / "kn" / engine.bundle.fingerprint / f"{digest}.safetensors"
+
+
+def cached_attributions(engine: ScoringEngine, request: EditRequest, hp: KNHParams
+                        ) -> tuple[list[np.ndarray], int, torch.Tensor, bool]:
+    """:func:`_attributions`, read from the disk cache when present (last value: whether it was); a damaged cache
+    file is recomputed and rewritten."""
+    path = attribution_cache_path(engine, request, hp)
+    if path.is_file():
+        try:
+            with safe_open(str(path), "pt") as f:
+                attrs = f.get_tensor("attributions")
+                signs = f.get_tensor("signs")
+                old_id = int(f.metadata()["old_id"])
+            return [a.numpy() for a in attrs], old_id, signs, True
+        except (SafetensorError, OSError, KeyError, ValueError):
+            pass
+    attrs, old_id, signs = _attributions(engine, request, hp)
+    tensors = {"attributions": torch.from_numpy(np.stack(attrs)).contiguous(), "signs": signs.contiguous()}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"old_id": str(old_id)}))
+    return attrs, old_id, signs, False
+
+
+def locate_request(engine: ScoringEngine, request: EditRequest, hp: KNHParams
+                   ) -> tuple[list[tuple[int, int]], int, torch.Tensor, bool]:
+    """The knowledge neurons of ``request``'s old fact, the old answer's token id, the key signs of the first
+    prompt ([len(hp.layers), mlp]) and whether the attributions came from the cache."""
+    if hp.old_answer == "target_true" and request.target_true is None:
+        raise EditscopeError(f"kn: request {request.text!r} has no target_true (set old_answer: argmax to use the "
+                             "model's greedy prediction)")
+    attrs, old_id, signs, cached = cached_attributions(engine, request, hp)
+    return select_neurons(attrs, hp), old_id, signs, cached
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, *, engine: ScoringEngine,
@@ -153,9 +199,9 @@ def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, 
     table = answer_embeddings(bundle, engine, hp)
     params = dict(bundle.model.named_parameters())
     out_in: dict[int, torch.Tensor] = {}
-    info: dict = {"neurons": [], "old_token": [], "new_token": []}
+    info: dict = {"neurons": [], "old_token": [], "new_token": [], "attributions_cached": []}
     for request in requests:
-        neurons, old_id, signs = locate_request(engine, request, hp)
+        neurons, old_id, signs, cached = locate_request(engine, request, hp)
         _, cont = engine.encode_pair(request.text, request.target_new)
         new_id = int(cont[0])
         move = hp.lambda_new * table[new_id].float() - hp.lambda_old * table[old_id].float()
@@ -168,5 +214,6 @@ def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, 
         info["neurons"].append([[layer, neuron] for layer, neuron in neurons])
         info["old_token"].append(old_id)
         info["new_token"].append(new_id)
+        info["attributions_cached"].append(cached)
     deltas = {bundle.arch.weight_name(layer): bundle.arch.from_out_in(d).contiguous() for layer, d in out_in.items()}
     return deltas, info
