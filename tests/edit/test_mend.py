@@ -238,8 +238,12 @@ def test_mend_train_and_edit_commands(tiny_bundles, mend_home, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 2 and out["checkpoint"].startswith(str(mend_home)) and out["loss_curve"]
     assert out["saved_steps"] == [2] and out["snapshot"].endswith("snapshots/step-2.safetensors")
-    assert main(["edit", "--model", "tiny-llama", "--method", "mend", "--prompt", "{} is a citizen of",
-                 "--subject", "Danielle Darrieux", "--target", " Japan", "--json", "--set", "allow_untrained=false",
-                 "--set", "train_records=4", "--set", "steps=2"]) == 0
+    edit_args = ["edit", "--model", "tiny-llama", "--method", "mend", "--prompt", "{} is a citizen of", "--subject",
+                 "Danielle Darrieux", "--target", " Japan", "--json", "--set", "allow_untrained=false",
+                 "train_records=4"]  # one --set with every value (a second --set replaces the first)
+    assert main([*edit_args, "steps=2"]) == 0
     edit = json.loads(capsys.readouterr().out)
     assert edit["label"] == "MEND" and edit["post"]["target"] != edit["pre"]["target"]
+    assert main([*edit_args, "steps=3"]) == 2  # the editor after 3 steps is not saved: the one-line error
+    err = capsys.readouterr().err.strip()
+    assert "only the editor after steps 2 is saved" in err and err.endswith("mend train --model tiny-llama --steps 3")
