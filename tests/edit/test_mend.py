@@ -86,9 +86,10 @@ def _eq3_by_hand(nets, j: int, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor
 def test_update_equals_the_networks_rank_one_products(tiny_bundles, mend_home, family, request_):
     bundle = tiny_bundles[family]
     editor = EDITORS["mend"]
-    hp = editor.load_hparams(bundle).replace(allow_untrained=False)
+    hp = editor.load_hparams(bundle).replace(allow_untrained=False, steps=3)
     nets = new_nets(bundle, hp)
     _randomise(nets)
+    # a checkpoint at the asked step and no snapshots (a cache from before snapshots) is used
     save_checkpoint(checkpoint_dir(bundle, hp) / CHECKPOINT, nets, None, {"step": 3})
     patch = editor.compute_patch(bundle, request_, hp)
     assert patch.info["trained_steps"] == 3
@@ -204,7 +205,7 @@ def _mean_edit_loss(bundle, hp, nets, cases) -> float:
 
 def test_training_lowers_the_edit_loss_and_resumes_exactly(tiny_bundles, mend_home, request_a, monkeypatch):
     bundle = tiny_bundles["llama"]
-    hp = EDITORS["mend"].load_hparams(bundle).replace(train_records=6, checkpoint_every=4)
+    hp = EDITORS["mend"].load_hparams(bundle).replace(train_records=6, checkpoint_every=4, steps=12)
     cases = training_cases(hp)
     before = _mean_edit_loss(bundle, hp, new_nets(bundle, hp), cases)  # identity nets: one small gradient step
     first = train(bundle, hp, steps=6, progress=False)
@@ -236,8 +237,13 @@ def test_mend_train_and_edit_commands(tiny_bundles, mend_home, capsys):
                  "--set", "train_records=4"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 2 and out["checkpoint"].startswith(str(mend_home)) and out["loss_curve"]
-    assert main(["edit", "--model", "tiny-llama", "--method", "mend", "--prompt", "{} is a citizen of",
-                 "--subject", "Danielle Darrieux", "--target", " Japan", "--json", "--set", "allow_untrained=false",
-                 "--set", "train_records=4"]) == 0
+    assert out["saved_steps"] == [2] and out["snapshot"].endswith("snapshots/step-2.safetensors")
+    edit_args = ["edit", "--model", "tiny-llama", "--method", "mend", "--prompt", "{} is a citizen of", "--subject",
+                 "Danielle Darrieux", "--target", " Japan", "--json", "--set", "allow_untrained=false",
+                 "train_records=4"]  # one --set with every value (a second --set replaces the first)
+    assert main([*edit_args, "steps=2"]) == 0
     edit = json.loads(capsys.readouterr().out)
     assert edit["label"] == "MEND" and edit["post"]["target"] != edit["pre"]["target"]
+    assert main([*edit_args, "steps=3"]) == 2  # the editor after 3 steps is not saved: the one-line error
+    err = capsys.readouterr().err.strip()
+    assert "only the editor after steps 2 is saved" in err and err.endswith("mend train --model tiny-llama --steps 3")

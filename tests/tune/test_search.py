@@ -156,8 +156,15 @@ def test_tunable_declarations_are_checked_at_import():
 
     classes = [c for c in [e.hparams_class for e in EDITORS.values()] + [s.hparams_class for s in PLUGINS.values()]
                if c.__module__.startswith("editscope.")]  # shipped ones (tests register plug-ins of their own)
-    for cls in classes:  # every shipped editor (but MEND: training keys only) and plug-in declares knobs
-        assert cls.tunable() or cls.owner() == "mend", cls
+    for cls in classes:  # every shipped editor and plug-in declares knobs
+        assert cls.tunable(), cls
         assert set(cls.tunable()) <= {f.name for f in dataclasses.fields(cls)}, cls
     assert np.all([v in EDITORS["kn"].hparams_class.ranges()["lambda_new"]
                    for v in EDITORS["kn"].hparams_class.tunable()["lambda_new"]])
+    # MEND's training lengths are snapshots of one training run: multiples of the shipped checkpoint interval
+    import yaml
+
+    from editscope.edit.hparams import shipped_hparams_path
+
+    every = yaml.safe_load(shipped_hparams_path("mend", "smollm2-135m").read_text())["checkpoint_every"]
+    assert all(n % every == 0 for n in EDITORS["mend"].hparams_class.tunable()["steps"])

@@ -1,5 +1,6 @@
 """``editscope mend train``: train MEND's editor networks for a model on the zsRE training sample (resumable) and
-cache them under EDITSCOPE_HOME, keyed by the model's fingerprint; ``--method mend`` then uses them."""
+cache them under EDITSCOPE_HOME, keyed by the model's fingerprint, with a snapshot at every checkpointed step;
+``--method mend`` then uses the one at its hparams' ``steps``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     train = actions.add_parser(
         "train", help="train (or resume training) the editor for a model",
         description="Train MEND on the shared zsRE sample (rephrase: generalisation loss, loc: locality KL) on CPU, "
-        "with a progress bar; checkpoints (safetensors) resume automatically; writes loss_curve.png beside them.")
+        "with a progress bar; checkpoints (safetensors) resume automatically; a snapshot of the editor at every "
+        "checkpointed step lets an edit (and 'editscope tune') use any of them as 'steps'; writes loss_curve.png "
+        "beside them.")
     train.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
     add_device_arguments(train)
     train.add_argument("--steps", type=int, default=None, help="total training steps (default: the hparams' steps)")
@@ -29,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from editscope.edit import get_editor, parse_overrides
+    from editscope.edit.mend.core import saved_steps
     from editscope.edit.mend.train import train
     from editscope.lm import load
 
@@ -39,7 +43,8 @@ def _train(args: argparse.Namespace) -> int:
                    log=lambda msg: print(msg, flush=True))
     last = result.history[-min(len(result.history), 25):]
     mean = {k: sum(h[k] for h in last) / len(last) for k in ("loss", "edit", "loc", "pre")} if last else {}
-    out = {"model": bundle.name, "checkpoint": str(result.checkpoint), "steps": result.steps,
+    out = {"model": bundle.name, "checkpoint": str(result.checkpoint), "snapshot": str(result.snapshot),
+           "saved_steps": saved_steps(result.checkpoint.parent), "steps": result.steps,
            "seconds": result.seconds, "final_mean_of_last_25": mean,
            "loss_curve": str(result.curve) if result.curve else None}
     if args.json:
@@ -52,6 +57,8 @@ def _train(args: argparse.Namespace) -> int:
             print(f"last {len(last)} steps: L_e {mean['edit']:.3f} (NLL before the edit {mean['pre']:.3f}), "
                   f"L_loc {mean['loc']:.4f}")
         print(f"checkpoint: {result.checkpoint}")
+        print(f"editor after {args.steps or hp.steps} steps: {result.snapshot} (saved steps: "
+              f"{', '.join(map(str, out['saved_steps']))})")
         if result.curve:
             print(f"loss curve: {result.curve}")
     return 0

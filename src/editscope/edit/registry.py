@@ -16,7 +16,7 @@ module exposing ``compute`` and an ``HParams`` subclass, plus one line: ``regist
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +52,14 @@ class ComputeFn(Protocol):
                  ) -> tuple[dict[str, torch.Tensor], dict]: ...
 
 
+class PrepareFn(Protocol):
+    """``prepare(bundle, hparams, log, *, progress)``: what edits with each of ``hparams`` need done once before
+    them (MEND: training its editor networks to every ``steps`` asked); ``log`` receives progress lines."""
+
+    def __call__(self, bundle: Bundle, hparams: Sequence[HParams], log: Callable[[str], None], *,
+                 progress: bool = True) -> None: ...
+
+
 @dataclass(frozen=True)
 class Editor:
     """The declared contract of an editing method (see the module docstring).
@@ -63,6 +71,9 @@ class Editor:
     spread and the solves built on it): an architecture whose map declares an ``mlp_post_norm`` (Gemma 3
     normalises the MLP output before adding it) is refused; ROME and FT target the MLP module output itself
     (before that norm). ``families`` optionally restricts the architecture families further (None: all).
+    ``prepare`` is the training the editor needs before an edit (:class:`PrepareFn`; None: none): ``editscope
+    tune`` runs it for every candidate's hparams before its search, so candidates that differ in training length
+    compare trained editors. An ordinary run does not: a missing trained editor is an error naming the command.
     """
 
     name: str
@@ -74,6 +85,7 @@ class Editor:
     state_class: type[EditState] = NoState
     needs_linear_residual: bool = False
     families: frozenset[str] | None = None
+    prepare: PrepareFn | None = None
 
     # -- declarations read by the runner and the CLI -------------------------------------------------------
     @property
@@ -251,7 +263,8 @@ for _editor in (
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
            state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
-    Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True),  # its editing loss takes terms
+    Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True,  # its editing loss takes terms
+           prepare=mend.prepare),
 ):
     register_editor(_editor)
 

@@ -198,6 +198,19 @@ class Tuner:
                                      "declared grids changed); use another --out")
         atomic_write_text(path, _json(_finite(meta)))
 
+    def _prepare(self, cands: list[Candidate]) -> float:
+        """Run the editor's declared preparation (MEND: training to every candidate's ``steps``) for the
+        hparams of every candidate, before the search; returns the seconds it took."""
+        if self.editor.prepare is None:
+            return 0.0
+        t0 = self.clock()
+        hparams = [self.editor.hparams_class.from_dict({**self.base.to_dict(), **dict(c.hparams)},
+                                                       f"<tune candidate {c.id}>") for c in cands]
+        self.editor.prepare(self.bundle, hparams, self.log, progress=self.progress)
+        seconds = self.clock() - t0
+        self.log(f"{self.editor.display(self.plugins)}: prepared in {seconds:.0f} s (not counted in the budget)")
+        return seconds
+
     # -- evaluation -----------------------------------------------------------------------------------------
     def _config(self, cand: Candidate, slice_: dict) -> Any:
         from editscope.run.config import parse_config
@@ -268,6 +281,7 @@ class Tuner:
         slice_ = validation_slice(self.s.dataset, self.s.max_cases)
         grids, cands, layer_why = self._space()
         self._check_settings(grids, cands, slice_)
+        t0 += self._prepare(cands)  # cached training the candidates need: not the search's budget
         by_id = {c.id: c for c in cands}
         sizes = rung_sizes(self.s.first, self.s.eta, len(cands), self.s.max_cases)
         self.log(f"tune {self.editor.display(self.plugins)} on {self.bundle.name}: {len(cands)} candidates over "

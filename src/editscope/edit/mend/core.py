@@ -13,13 +13,18 @@ L = L_e + Σ terms, and the factors of every forward the loss reads (the edit pr
 concatenated, rows with a zero u or δ skipped (as MEND's reference code skips them). The gradient is taken at the
 unedited weights, where APP's L2 and L3 (drops/rises against the same unedited model) are 0 with zero gradient:
 only α·L1 moves the update, which is why the paper sets only α for MEND.
+
+**Training length.** Training writes, besides its resumable checkpoint, an immutable snapshot of the editor (networks
+and normaliser statistics, no Adam state) at every step it checkpoints: ``snapshots/step-<N>.safetensors``. An edit
+uses the editor trained exactly ``hp.steps`` steps (that snapshot, or the checkpoint when it is at that step), so
+``steps`` is a knob ``editscope tune`` can compare; :func:`prepare` trains what a set of hparams needs first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +44,10 @@ from editscope.lm.hooks import capture, hooks
 from editscope.paths import home
 
 CHECKPOINT = "editor.safetensors"
-#: hparams that change what training produces (``steps`` only says how long: training resumes to a larger one)
+SNAPSHOTS = "snapshots"
+"""Folder (beside :data:`CHECKPOINT`) of the editor as it was after each checkpointed step: ``step-<N>.safetensors``."""
+#: hparams that change what training produces (``steps`` only says how long: training resumes to a larger one, and
+#: the editor after each checkpointed step stays available as a snapshot)
 TRAINING_KEYS = ("layers", "rank", "shared", "edit_lr", "lr", "lr_lr", "c_edit", "c_loc", "train_dataset",
                  "train_records", "seed", "grad_clip")
 
@@ -73,9 +81,10 @@ class MendHParams(HParams):
     RANGES = {"rank": "[1, 100000]", "edit_lr": "(0, 10]", "lr": "(0, 10]", "lr_lr": "(0, 10]", "c_edit": "[0, 1e6]",
               "c_loc": "[0, 1e6]", "grad_clip": "(0, inf)", "steps": "[1, 1e7]", "train_records": "[1, inf)",
               "checkpoint_every": "[1, 1e7]", "seed": "[0, 1e18]"}
-    # No TUNABLE knobs yet: every key is a training key, and an edit loads the checkpoint trained so far whatever
-    # ``steps`` says, so candidates differing in steps would run the same editor. Tuning MEND's training steps needs
-    # a checkpoint per step count first.
+    #: Training length only: every other key is a training key (a new training run per value). An edit uses the
+    #: snapshot at exactly ``steps``; the values are multiples of the shipped SmolLM2 ``checkpoint_every`` (25), so
+    #: one training run to the largest (``prepare``, which ``editscope tune`` calls first) serves every candidate.
+    TUNABLE = {"steps": (50, 100, 150, 200)}
 
     def training_digest(self) -> str:
         data = {k: v for k, v in self.to_dict().items() if k in TRAINING_KEYS}
@@ -221,17 +230,93 @@ def load_checkpoint(path: Path, nets: MendNets, optimizer: torch.optim.Optimizer
     return meta
 
 
-def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
-    """The trained editor for this model and hparams, or the one-line error saying how to train it."""
-    nets = new_nets(bundle, hp)
-    path = checkpoint_dir(bundle, hp) / CHECKPOINT
+def snapshot_path(folder: Path, step: int) -> Path:
+    """The editor after ``step`` training steps (networks and normaliser statistics, no optimiser state)."""
+    return folder / SNAPSHOTS / f"step-{step}.safetensors"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint or snapshot holds, from its header alone (None: no such file)."""
     if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return int(json.loads((fh.metadata() or {}).get("meta", "{}"))["step"])
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+        raise EditscopeError(f"{path}: not a MEND checkpoint ({exc})") from None
+
+
+def saved_steps(folder: Path) -> list[int]:
+    """Every step count an edit can use from ``folder``: its snapshots and the checkpoint's step."""
+    steps = set()
+    for path in (folder / SNAPSHOTS).glob("step-*.safetensors"):
+        number = path.name[len("step-"):-len(".safetensors")]
+        if number.isdigit():
+            steps.add(int(number))
+    latest = checkpoint_step(folder / CHECKPOINT)
+    if latest is not None:
+        steps.add(latest)
+    return sorted(steps)
+
+
+def editor_path(bundle, hp: MendHParams) -> Path | None:
+    """The file holding the editor trained exactly ``hp.steps`` steps; None when nothing is trained for these
+    hparams and ``allow_untrained`` (the identity networks); else the one-line error saying what was asked, what is
+    available and how to train it."""
+    folder = checkpoint_dir(bundle, hp)
+    snapshot = snapshot_path(folder, hp.steps)
+    if snapshot.is_file():
+        return snapshot
+    available = saved_steps(folder)
+    if hp.steps in available:  # the checkpoint is at that step (a cache written before snapshots existed)
+        return folder / CHECKPOINT
+    train = f"editscope mend train --model {bundle.name} --steps {hp.steps}"
+    if not available:
         if hp.allow_untrained:
-            return nets, {"trained_steps": 0, "checkpoint": None}
-        raise EditscopeError(f"no trained MEND editor for {bundle.name} with these hparams ({path.parent}); train "
-                             f"one with: editscope mend train --model {bundle.name}")
+            return None
+        raise EditscopeError(f"no trained MEND editor for {bundle.name} with these hparams ({folder}); train one "
+                             f"with: {train}")
+    raise EditscopeError(f"MEND editor for {bundle.name}: steps={hp.steps} asked, but only the editor after steps "
+                         f"{', '.join(map(str, available))} is saved ({folder}); train it with: {train}")
+
+
+def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
+    """The editor trained exactly ``hp.steps`` steps for this model and hparams (:func:`editor_path`)."""
+    nets = new_nets(bundle, hp)
+    path = editor_path(bundle, hp)
+    if path is None:
+        return nets, {"trained_steps": 0, "checkpoint": None}
     meta = load_checkpoint(path, nets)
-    return nets, {"trained_steps": int(meta.get("step", 0)), "checkpoint": str(path)}
+    if int(meta.get("step", -1)) != hp.steps:
+        raise EditscopeError(f"{path}: holds the editor after step {meta.get('step')}, not {hp.steps} (a file "
+                             "renamed or copied by hand?)")
+    return nets, {"trained_steps": hp.steps, "checkpoint": str(path)}
+
+
+def prepare(bundle, hparams: Sequence[MendHParams], log: Callable[[str], None] = lambda _m: None, *,
+            progress: bool = True) -> None:
+    """Train the editor each of ``hparams`` needs (the editor's declared preparation, run by ``editscope tune``
+    before its search): per training digest, one resumable run to the largest ``steps`` asked, which leaves a
+    snapshot at every checkpointed step; an asked ``steps`` that is no checkpointed step is the one-line error of
+    :func:`editor_path`, before any edit."""
+    from editscope.edit.mend.train import train
+
+    groups: dict[str, list[MendHParams]] = {}
+    for hp in hparams:
+        groups.setdefault(hp.training_digest(), []).append(hp)
+    for group in groups.values():
+        longest = max(group, key=lambda hp: hp.steps)
+        folder = checkpoint_dir(bundle, longest)
+        asked = sorted({hp.steps for hp in group})
+        if set(asked) - set(saved_steps(folder)):
+            log(f"MEND: training the editor for {bundle.name} to {longest.steps} steps (edits need the editor after "
+                f"steps {', '.join(map(str, asked))}; resumable, cached in {folder})")
+            train(bundle, longest, steps=longest.steps, progress=progress, log=log)
+        missing = sorted(set(asked) - set(saved_steps(folder)))
+        if missing:  # the checkpoint had passed them before snapshots were kept: trained again, snapshots only
+            train(bundle, longest, steps=missing[-1], progress=progress, log=log)
+        for n in asked:  # the editor each one needs, or its one-line error (no checkpointed step), now
+            editor_path(bundle, longest.replace(steps=n, allow_untrained=False))
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MendHParams, state=None, *, engine: ScoringEngine,

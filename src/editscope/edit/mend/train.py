@@ -10,7 +10,11 @@ and the MEND loss on the edited weights W + ΔW (eq. 4):
 
 Adam on the networks (``lr``) and on the step sizes α (``lr_lr``). The checkpoint (networks, normaliser
 statistics, Adam moments, step and loss history) is written atomically every ``checkpoint_every`` steps and at the
-end; training resumes from it. Cases are visited in a seeded order, so a resumed run sees the same sequence.
+end; training resumes from it. Cases are visited in a seeded order, so a resumed run sees the same sequence. At each
+of those steps an immutable snapshot of what an edit needs (networks and normaliser statistics) is written too
+(``snapshots/step-<N>.safetensors``): an edit with ``steps: N`` uses it. Asked for a step count the checkpoint has
+passed without a snapshot of it (a cache from before snapshots), training runs again from step 0 to it, writing
+snapshots only (the same seeded sequence gives the same editor; the checkpoint stays where it was).
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from editscope.edit.mend.core import (
     CHECKPOINT,
     MendHParams,
     checkpoint_dir,
+    checkpoint_step,
     continuation_logprobs,
     gradient_factors,
     load_checkpoint,
     new_nets,
     pair_ids,
     save_checkpoint,
+    snapshot_path,
     target_nll,
     weight_updates,
 )
@@ -47,6 +53,7 @@ from editscope.lm.engine import ScoringEngine
 @dataclass
 class TrainResult:
     checkpoint: Path
+    snapshot: Path  # the editor after ``steps`` asked (what an edit with ``steps`` uses)
     steps: int
     seconds: float
     history: list[dict]
@@ -123,26 +130,46 @@ def plot_curve(path: Path, history: list[dict]) -> Path:
 
 def train(bundle, hp: MendHParams, *, steps: int | None = None, progress: bool = True, resume: bool = True,
           log: Callable[[str], None] = lambda _m: None) -> TrainResult:
-    """Train (or resume training) the editor for ``bundle`` up to ``steps`` (default ``hp.steps``) total steps."""
+    """Train (or resume training) the editor for ``bundle`` up to ``steps`` (default ``hp.steps``) total steps,
+    leaving a snapshot at every checkpointed step (module docstring)."""
     total = hp.steps if steps is None else steps
     if total < 1:
         raise EditscopeError(f"--steps must be >= 1, got {total}")
     folder = checkpoint_dir(bundle, hp)
     path = folder / CHECKPOINT
-    torch.manual_seed(hp.seed)
-    nets = new_nets(bundle, hp)
-    opt = optimizer_for(nets, hp)
+
+    def fresh():
+        torch.manual_seed(hp.seed)
+        nets = new_nets(bundle, hp)
+        return nets, optimizer_for(nets, hp)
+
+    nets, opt = fresh()
     start, history, seconds = 0, [], 0.0
+    snapshots_only = False  # training again to a step the checkpoint has passed: leave the checkpoint alone
     if resume and path.is_file():
-        meta = load_checkpoint(path, nets, opt)
-        start, history, seconds = int(meta["step"]), list(meta["history"]), float(meta["seconds"])
-        log(f"resuming from step {start} ({path})")
+        if (checkpoint_step(path) or 0) > total and not snapshot_path(folder, total).is_file():
+            log(f"the checkpoint ({path}) is past step {total} and holds no snapshot of it: training again from step "
+                f"0 to {total} for the snapshots (the checkpoint stays as it is)")
+            snapshots_only = True
+        else:
+            meta = load_checkpoint(path, nets, opt)
+            start, history, seconds = int(meta["step"]), list(meta["history"]), float(meta["seconds"])
+            log(f"resuming from step {start} ({path})")
     cases = training_cases(hp)
     order = case_order(len(cases), total, hp.seed)
     engine = ScoringEngine(bundle)
     nets.train()
 
+    def snapshot(step: int) -> None:
+        target = snapshot_path(folder, step)
+        if not target.is_file():  # immutable: the same training digest and step give the same editor
+            save_checkpoint(target, nets, None, {"step": step, "seconds": seconds, "hparams": hp.replace(
+                steps=step).to_dict(), "model": bundle.name, "fingerprint": bundle.base_fingerprint})
+
     def save(step: int) -> None:
+        snapshot(step)
+        if snapshots_only:
+            return
         meta = {"step": step, "history": history, "seconds": seconds, "hparams": hp.to_dict(),
                 "model": bundle.name, "fingerprint": bundle.base_fingerprint}
         save_checkpoint(path, nets, opt, meta)
@@ -171,7 +198,10 @@ def train(bundle, hp: MendHParams, *, steps: int | None = None, progress: bool =
     finally:
         if bar is not None:
             bar.close()
-    if start >= total and not path.is_file():
-        save(start)
-    curve = plot_curve(folder / "loss_curve.png", history) if history else None
-    return TrainResult(path, max(start, total), seconds, history, curve)
+    if start == total:  # resumed exactly at the asked step: its snapshot (a cache from before snapshots lacks it)
+        snapshot(start)
+    png = folder / "loss_curve.png"
+    if history and not snapshots_only:  # a run again for snapshots leaves the longer run's curve as it is
+        plot_curve(png, history)
+    curve = png if png.is_file() else None
+    return TrainResult(path, snapshot_path(folder, total), max(start, total), seconds, history, curve)
