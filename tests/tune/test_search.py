@@ -95,12 +95,11 @@ def test_score_rows_against_hand_computation():
     es, ps, ns, ns_pre = [1, 1, 0, 1], [.5, 1, .5, 1], [1, 0, 1, 1], [1, 1, 1, 0]
     rows = [{"ES_post": a, "PS_post": b, "NS_post": c, "NS_pre": d, "ES_pre": 0.0}
             for a, b, c, d in zip(es, ps, ns, ns_pre, strict=True)]
-    spec = next(m for m in CF_METRICS if m.name == "Score")
-    s = score_rows(rows, OBJECTIVES["counterfact"], spec)
+    s = score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS)
     assert s.n == 4 and math.isclose(s.score, 0.75)
     assert s.score_lo <= 0.75 <= s.score_hi
     m, lo, hi, _ = mean_ci(ns_pre)
-    assert (s.guard_pre, s.guard_pre_lo, s.guard_pre_hi) == pytest.approx((m, lo, hi))
+    assert (s.guard_ref, s.guard_ref_lo, s.guard_ref_hi) == pytest.approx((m, lo, hi))
     assert math.isclose(s.guard_floor, m - (hi - lo) / 2)
     assert s.local  # NS .75 = the unedited .75
 

@@ -165,3 +165,87 @@ def test_plugin_knobs_are_searched_and_recorded(tmp_path, tiny_llama):
     assert chosen_plugin["lam"] == result.chosen.to_dict()["plugins"]["evk_align"]["lam"]
     assert prov["search"]["grids"] == {"evk_align.lam": [0.03, 0.3]}
     assert prov["layers"] is None  # the editor's knobs (layers) are not searched with a plug-in attached
+
+
+def test_peak_tune_of_rome_app_with_the_editor_alone_as_reference(tmp_path, tiny_llama):
+    """ROME+APP on PEAK-CF: a reference run of ROME alone, the objective and reference in the provenance, and the
+    choice equal to one recomputed by hand from the row files (t interval of the reference's ES, a naive bootstrap
+    of hmean(ES, 1-AFF_hard, 1-ANF_hard))."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    out = tmp_path / "peak"
+    s = TuneSettings(model="tiny-llama", method="rome", out=str(out), budget_minutes=30,
+                     overrides={"layers": [1], "v_lr": 1.0, "v_steps": 10}, plugins=[("app", {})],
+                     knobs=["app.alpha"], grid={"app.alpha": (0.02, 5.0)}, dataset="peak-cf", first=6, eta=2,
+                     max_cases=6)
+    result = Tuner(s, bundle=tiny_llama, progress=False, log=lambda m: None).run()
+    ((n, scores),) = result.halving.rungs
+    assert n == 6 and len(scores) == 2 and result.evaluated == 2
+
+    def rows(path: Path) -> list[dict]:
+        return sorted(read_results(path / "results.jsonl"), key=lambda r: r["index"])
+
+    ref_rows = rows(out / "reference")
+    assert len(ref_rows) == 6 and all(r["plugins"] in ([], None) and r["method"] == "reference" for r in ref_rows)
+    assert (out / "reference" / "run.json").is_file()
+    cases = [r["case_id"] for r in ref_rows]
+
+    def col(rs: list[dict], key: str) -> list[float]:
+        return [r["metrics"]["peak"].get(key, math.nan) for r in rs]
+
+    ref_es = [x for x in col(ref_rows, "ES_post") if math.isfinite(x)]
+    ref_mean = sum(ref_es) / len(ref_es)
+    sd = float(np.std(ref_es, ddof=1)) if len(ref_es) > 1 else math.nan
+    half = stats.t.ppf(0.975, len(ref_es) - 1) * sd / math.sqrt(len(ref_es)) if len(ref_es) > 1 else math.nan
+    floor = ref_mean - (half if math.isfinite(half) else 0.0)
+
+    def hmean(es: list[float], aff: list[float], anf: list[float], sample) -> float:
+        means = []
+        for c, comp in ((es, False), (aff, True), (anf, True)):
+            v = [(1 - c[i]) if comp else c[i] for i in sample if math.isfinite(c[i])]
+            means.append(sum(v) / len(v) if v else math.nan)
+        if not all(math.isfinite(m) for m in means):
+            return math.nan
+        return 0.0 if min(means) == 0 else 3 / sum(1 / m for m in means)
+
+    def lower_bound_and_mean(es: list[float], aff: list[float], anf: list[float]) -> tuple[float, float]:
+        idx = np.random.default_rng(0).integers(0, len(es), size=(1000, len(es)))  # the declared seed and count
+        boot = [x for x in (hmean(es, aff, anf, sample) for sample in idx) if math.isfinite(x)]
+        return float(np.percentile(boot, 2.5)) if boot else -math.inf, hmean(es, aff, anf, range(len(es)))
+
+    hand: dict[str, tuple[float, float]] = {}
+    alphas = set()
+    for cid in scores:
+        cr = rows(out / "candidates" / cid)
+        assert [r["case_id"] for r in cr] == cases  # the same validation cases as the reference
+        alphas.add(cr[0]["plugins"][0]["alpha"])
+        es = col(cr, "ES_post")
+        es_mean = sum(x for x in es if math.isfinite(x)) / sum(math.isfinite(x) for x in es)
+        assert scores[cid].guard_floor == pytest.approx(floor) and scores[cid].guard == pytest.approx(es_mean)
+        if es_mean >= floor - 1e-12:
+            hand[cid] = lower_bound_and_mean(es, col(cr, "AFF_hard"), col(cr, "ANF_hard"))
+    assert alphas == {0.02, 5.0}
+    expected = max(hand, key=lambda c: hand[c]) if hand else None  # ties: the first candidate, as the tuner
+    assert result.chosen is not None and result.chosen.id == expected
+    assert result.reference[6].guard == pytest.approx(ref_mean)
+
+    prov = read_provenance(result.yaml_path)
+    assert prov["objective"]["guard"] == "ES" and prov["objective"]["guard_reference"] == "editor_alone"
+    assert prov["objective"]["components"] == ["ES", "1−AFF_hard", "1−ANF_hard"]
+    assert "editor alone" in prov["objective"]["text"]
+    assert prov["reference"]["run"] == "reference/" and prov["reference"]["plugins"] == []
+    (ref_score,) = prov["reference"]["scores"]
+    assert ref_score["cases"] == 6 and ref_score["metrics"]["ES"]["mean"] == pytest.approx(ref_mean)
+    assert prov["validation"]["dataset"] == "peak-cf" and prov["validation"]["offset"] >= 200
+    for c in prov["candidates"]:
+        m = c["scores"][0]["metrics"]
+        assert set(m) == {"ES", "AFF_hard", "ANF_hard"} and {"mean", "lo", "hi"} <= set(m["AFF_hard"])
+    assert prov["chosen"]["plugins"]["app"]["alpha"] == result.chosen.to_dict()["plugins"]["app"]["alpha"]
+    page = (out / "report.md").read_text()
+    assert "| reference | rome alone |" in page and "AFF_hard [95% CI]" in page and "ES editor alone" in page
+
+    again = Tuner(s, bundle=tiny_llama, progress=False, log=lambda m: None).run()  # rows reused, nothing recomputed
+    assert again.evaluated == 0 and len(rows(out / "reference")) == 6

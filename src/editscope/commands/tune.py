@@ -11,16 +11,21 @@ from editscope.ranges import option
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.edit.registry import EDITORS
+    from editscope.tune.driver import SUITE_OF_DATASET
 
     parser = sub.add_parser(
         "tune",
         help="choose hyperparameters for a model on validation cases (successive halving); resumable",
         description="Search the knobs an editor (and its plug-ins) declares: candidate layers from the causal-trace "
         "layer curve of facts the model knows, the published relative depth and a neighbourhood; the other knobs' "
-        "declared grids. Candidates run as ordinary run directories on CounterFact records no shipped experiment "
-        "config reports on, by successive halving; the choice maximises the lower 95%% CI bound of the Score among "
-        "candidates whose NS stays within the unedited model's CI. Writes OUT/tuned.yaml (loads with --hparams) "
-        "with a provenance block, and OUT/report.md. Rerunning the same command resumes.",
+        "declared grids. Candidates run as ordinary run directories on records of --dataset no shipped experiment "
+        "config reports on, by successive halving. The choice maximises the lower 95% bootstrap CI bound of an "
+        "objective behind a guard, per dataset: counterfact: Score = harmonic mean of ES, PS, NS, refusing a "
+        "candidate whose NS falls below the unedited model's by more than its 95% CI half-width; zsre: the same with "
+        "Efficacy, Paraphrase, Specificity; peak-cf (PEAK suite, for APP): harmonic mean of ES, 1-AFF_hard and "
+        "1-ANF_hard, refusing a candidate whose ES falls below the editor alone's (base hparams, no plug-ins; run "
+        "once as OUT/reference) by more than that mean's 95% CI half-width. Writes OUT/tuned.yaml (loads with "
+        "--hparams) with a provenance block, and OUT/report.md. Rerunning the same command resumes.",
     )
     parser.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
     parser.add_argument("--method", required=True, choices=sorted(EDITORS), help="editing method")
@@ -38,8 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(plug-in knobs as NAME.KEY)")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                         help="replace a knob's declared grid (layers: 'layers=[3];[4]'); repeatable")
-    parser.add_argument("--dataset", default="counterfact", choices=["counterfact", "zsre"],
-                        help="validation dataset (its paper Score and locality metric)")
+    parser.add_argument("--dataset", default="counterfact", choices=list(SUITE_OF_DATASET),
+                        help="validation dataset and objective: counterfact/zsre: the paper's Score, guarded by "
+                        "locality (NS/Specificity) against the unedited model; peak-cf: hmean(ES, 1-AFF_hard, "
+                        "1-ANF_hard) of the PEAK suite, guarded by ES against the editor without plug-ins (tune APP "
+                        "with --plugin app)")
     parser.add_argument("--first", type=option(int, "[2, 10000]"), default=8, help="cases of the first rung")
     parser.add_argument("--eta", type=option(int, "[2, 100]"), default=3, help="keep 1/ETA per rung, ETA× the cases")
     parser.add_argument("--max-cases", type=option(int, "[2, 100000]"), default=24, help="cases of the last rung")

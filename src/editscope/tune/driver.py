@@ -7,6 +7,8 @@ Layout of the output directory (everything resumable: a rerun skips what is done
     OUT/state.json             wall seconds spent so far, rung results (rewritten atomically)
     OUT/layer_curve.jsonl      traced facts of the layer curve (one line per fact; resumed)
     OUT/candidates/<id>/       one ordinary run directory per candidate (run.json, results.jsonl, summary.*)
+    OUT/reference/             the editor alone (base hparams, no plug-ins) on the same cases, when the objective's
+                               guard compares with it (PEAK: efficacy); an ordinary run directory too
     OUT/tuned.yaml             the chosen hparams + provenance
     OUT/report.md, search.png  the search curve and every candidate's scores
 """
@@ -45,7 +47,8 @@ TUNE_JSON, STATE_JSON, CURVE_JSONL, TUNED_YAML, REPORT_MD, SEARCH_PNG = (
     "tune.json", "state.json", "layer_curve.jsonl", "tuned.yaml", "report.md", "search.png")
 SCAN_FACTOR = 25
 """The layer curve looks for its known facts among at most this many times ``trace_facts`` pool records."""
-SUITE_OF_DATASET = {"counterfact": "counterfact", "zsre": "zsre"}
+SUITE_OF_DATASET = {"counterfact": "counterfact", "zsre": "zsre", "peak-cf": "peak"}
+REFERENCE_DIR = "reference"
 
 
 @dataclass
@@ -86,6 +89,7 @@ class TuneResult:
     halving: HalvingResult
     wall_seconds: float
     evaluated: int  # candidate evaluations that computed rows in this session
+    reference: dict[int, CandidateScore] = field(default_factory=dict)  # the editor alone per rung (cases -> score)
 
 
 def _json(data: Any) -> str:
@@ -117,6 +121,7 @@ class Tuner:
         self.clock = clock
         self.objective = OBJECTIVES[SUITE_OF_DATASET[settings.dataset]]
         self.evaluated = 0
+        self.reference: dict[int, CandidateScore] = {}
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -130,6 +135,9 @@ class Tuner:
             self.bundle = load(self.s.model, progress=self.log)
         self.editor.check_model(self.bundle)
         self.base = self.editor.load_hparams(self.bundle, self.s.hparams, self.s.overrides or None)
+        from editscope.run.suites import make_suite
+
+        self.specs = make_suite(self.objective.suite, {}).declarations.specs
 
     def _layer_curve(self) -> tuple[list[float] | None, dict[str, Any]]:
         """The MLP indirect effect per layer over ``trace_facts`` facts the model knows, drawn from the general
@@ -212,37 +220,47 @@ class Tuner:
         return seconds
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def _config(self, cand: Candidate, slice_: dict) -> Any:
+    def _config(self, cand: Candidate | None, slice_: dict) -> Any:
+        """The run config of a candidate, or (``cand`` None) of the reference: the editor alone, base hparams and
+        fixed overrides, no plug-ins."""
         from editscope.run.config import parse_config
 
         plugins = []
-        for p in self.plugins:
+        for p in self.plugins if cand is not None else ():
             values = {k: v for k, v in p.to_dict().items() if k != "name"}
             values.update(dict(dict(cand.plugins).get(p.name, ())))
             plugins.append({"name": p.name, **values})
-        method = {"name": self.s.method, "label": cand.id, "overrides": {**self.s.overrides, **dict(cand.hparams)}}
+        searched = dict(cand.hparams) if cand is not None else {}
+        label = cand.id if cand is not None else REFERENCE_DIR
+        method = {"name": self.s.method, "label": label, "overrides": {**self.s.overrides, **searched}}
         if self.s.hparams:
             method["hparams"] = str(Path(self.s.hparams).resolve())
         if plugins:
             method["plugins"] = plugins
-        data = {"model": self.s.model, "seed": self.s.seed, "output": str(self.out / "candidates" / cand.id),
+        data = {"model": self.s.model, "seed": self.s.seed, "output": str(self._dir(cand)),
                 "mode": "single", "methods": [method],
                 "dataset": slice_["dataset"], "slice": {"offset": slice_["offset"], "limit": slice_["limit"]},
                 "suites": [self.objective.suite]}
         if self.s.runtime:
             data["runtime"] = dict(self.s.runtime)
-        return parse_config(data, where=f"<tune candidate {cand.id}>")
+        return parse_config(data, where=f"<tune {'candidate ' + cand.id if cand is not None else 'reference'}>")
 
-    def _rows(self, cand: Candidate, n: int) -> list[dict[str, Any]]:
+    def _dir(self, cand: Candidate | None) -> Path:
+        return self.out / "candidates" / cand.id if cand is not None else self.out / REFERENCE_DIR
+
+    def _rows(self, cand: Candidate | None, n: int) -> list[dict[str, Any]]:
         from editscope.run.store import RESULTS, read_results
 
-        path = self.out / "candidates" / cand.id / RESULTS
+        path = self._dir(cand) / RESULTS
         rows = read_results(path) if path.is_file() else []
         return sorted((r for r in rows if r["index"] < n), key=lambda r: r["index"])
 
-    def _evaluate(self, cand: Candidate, n: int, slice_: dict, spent: Callable[[], float]) -> CandidateScore:
+    def _metrics(self, cand: Candidate | None, n: int, slice_: dict,
+                 spent: Callable[[], float]) -> list[dict[str, Any]]:
+        """The suite's metrics of the first ``n`` validation cases of a candidate (None: the reference), computing
+        the missing rows (only while budget is left)."""
         rows = self._rows(cand, n)
-        if len(rows) < n:  # rows to compute: only while budget is left
+        if len(rows) < n:
             if spent() >= self.s.budget_minutes * 60:
                 self.log(f"budget of {self.s.budget_minutes:g} min spent ({spent() / 60:.1f} min): stopping; rerun "
                          "with a larger --budget to go on")
@@ -251,14 +269,31 @@ class Tuner:
 
             Runner(self._config(cand, slice_), limit=n, bundle=self.bundle, progress=self.progress,
                    log=lambda _m: None).run()
-            self.evaluated += 1
+            if cand is not None:
+                self.evaluated += 1
             rows = self._rows(cand, n)
-        metrics = [r["metrics"][self.objective.suite] for r in rows]
-        from editscope.run.suites import make_suite
+        return [r["metrics"][self.objective.suite] for r in rows]
 
-        spec = next(x for x in make_suite(self.objective.suite, {}).declarations.specs
-                    if x.name == self.objective.score)
-        return score_rows(metrics, self.objective, spec)
+    def _reference(self, n: int, slice_: dict, spent: Callable[[], float]) -> list[dict[str, Any]] | None:
+        """The reference run's metrics on the first ``n`` cases when the guard compares with the editor alone
+        (scored and logged once per rung), else None."""
+        if self.objective.guard_reference != "editor_alone":
+            return None
+        metrics = self._metrics(None, n, slice_, spent)
+        if n not in self.reference:
+            self.reference[n] = ref = score_rows(metrics, self.objective, self.specs, reference=metrics)
+            self.log(f"[{n} cases] reference ({self.editor.display([])} alone): {self._line(ref)}")
+        return metrics
+
+    def _evaluate(self, cand: Candidate, n: int, slice_: dict, spent: Callable[[], float]) -> CandidateScore:
+        reference = self._reference(n, slice_, spent)
+        return score_rows(self._metrics(cand, n, slice_, spent), self.objective, self.specs, reference=reference)
+
+    def _line(self, s: CandidateScore) -> str:
+        """One candidate's numbers for the log: the score with its CI, then each reported metric's mean."""
+        per = "  ".join(f"{k} {100 * m:.1f}" for k, (m, _lo, _hi) in s.metrics.items())
+        return (f"{self.objective.score} {100 * s.score:.1f} [{100 * s.score_lo:.1f}, {100 * s.score_hi:.1f}]  "
+                f"{per}")
 
     # -- the search -----------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -295,9 +330,8 @@ class Tuner:
             score = self._evaluate(by_id[cid], n, slice_, spent)
             g = self.objective.guard
             self.log(f"[rung {rung_no[n] + 1}/{len(sizes)}, {n} cases] {cid} {by_id[cid].label()}: "
-                     f"{self.objective.score} {100 * score.score:.1f} [{100 * score.score_lo:.1f}, "
-                     f"{100 * score.score_hi:.1f}]  {g} {100 * score.guard:.1f} (unedited {100 * score.guard_pre:.1f},"
-                     f" floor {100 * score.guard_floor:.1f}) {'ok' if score.local else 'REFUSED (locality)'}"
+                     f"{self._line(score)}  ({g} {self.objective.reference_label} {100 * score.guard_ref:.1f}, floor "
+                     f"{100 * score.guard_floor:.1f}) {'ok' if score.local else f'REFUSED ({g} guard)'}"
                      f"  [{spent() / 60:.1f} of {self.s.budget_minutes:g} min]")
             self._save_state(state_path, spent(), None)
             return score
@@ -312,8 +346,8 @@ class Tuner:
             yaml_path = self._write_yaml(chosen, result, slice_, grids, layer_why, wall, sizes)
         from editscope.tune.page import write_page
 
-        write_page(self.out, result, by_id, chosen_id, self.objective, sizes, wall, self.s)
-        return TuneResult(self.out, chosen, yaml_path, result, wall, self.evaluated)
+        write_page(self.out, result, by_id, chosen_id, self.objective, sizes, wall, self.s, self.reference)
+        return TuneResult(self.out, chosen, yaml_path, result, wall, self.evaluated, dict(self.reference))
 
     def _save_state(self, path: Path, wall: float, result: HalvingResult | None) -> None:
         data: dict[str, Any] = {"wall_seconds": wall, "updated": datetime.now(UTC).isoformat(timespec="seconds")}
@@ -321,6 +355,8 @@ class Tuner:
             data["complete"] = result.complete
             data["rungs"] = [{"cases": n, "scores": {cid: s.to_dict() for cid, s in scores.items()}}
                              for n, scores in result.rungs]
+        if self.reference:
+            data["reference"] = {str(n): s.to_dict() for n, s in sorted(self.reference.items())}
         atomic_write_text(path, _json(_finite(data)))
 
     def _write_yaml(self, chosen: Candidate, result: HalvingResult, slice_: dict, grids: dict[str, tuple],
@@ -350,9 +386,8 @@ class Tuner:
             "plugins": plugins,
             "validation": {k: slice_[k] for k in ("dataset", "offset", "limit", "records")} | {
                 "reserved_by_shipped_configs": slice_["reserved"]},
-            "objective": {"text": self.objective.describe(), "suite": self.objective.suite,
-                          "score": self.objective.score, "components": list(self.objective.components),
-                          "guard": self.objective.guard, "select_by": "lower 95% CI bound of the score"},
+            "objective": self.objective.to_dict(),
+            "reference": self._reference_provenance(),
             "search": {"grids": {k: list(v) for k, v in grids.items()}, "rungs": sizes, "eta": self.s.eta,
                        "complete": result.complete, "seed": self.s.seed, "runtime": self.s.runtime},
             "layers": layer_why or None,
@@ -365,6 +400,16 @@ class Tuner:
         text = head + yaml.safe_dump(_finite(values), sort_keys=False, default_flow_style=None, width=120) + \
             yaml.safe_dump({"provenance": _finite(provenance)}, sort_keys=False, width=120)
         return atomic_write_text(self.out / TUNED_YAML, text)
+
+    def _reference_provenance(self) -> dict[str, Any]:
+        """What the guard compared with: the unedited model (the rows' ``_pre`` values, in every candidate's
+        scores as ``guard_ref``), or the editor-alone run with its scores per rung."""
+        if self.objective.guard_reference != "editor_alone":
+            return {"kind": "unedited", "what": f"the unedited model's {self.objective.guard}_pre on each candidate's "
+                    "cases (guard_ref in each candidate's scores)"}
+        return {"kind": "editor_alone", "run": f"{REFERENCE_DIR}/", "method": self.s.method,
+                "overrides": self.s.overrides, "plugins": [],
+                "scores": [{"cases": n, **s.to_dict()} for n, s in sorted(self.reference.items())]}
 
 
 __all__ = ["TuneResult", "TuneSettings", "Tuner"]

@@ -1,5 +1,8 @@
 """The report page of a search: every candidate's objective per rung (the search curve: score and its 95% CI
-against the number of validation cases seen) as ``search.png``, and ``report.md`` with the same numbers."""
+against the number of validation cases seen) as ``search.png``, and ``report.md`` with the same numbers: per rung
+the score, each reported metric's mean and CI (PEAK: ES, AFF_hard, ANF_hard, so the additivity cut and its
+efficacy cost read side by side), the guard's reference (the unedited model, or the editor-alone run, which gets
+its own row) and floor."""
 
 from __future__ import annotations
 
@@ -8,16 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text
-from editscope.tune.search import HalvingResult, Objective, rank_key
+from editscope.tune.search import CandidateScore, HalvingResult, Objective, rank_key
 
 
 def _pct(x: float) -> str:
     return "–" if not math.isfinite(x) else f"{100 * x:.1f}"
 
 
+def _ci(m: tuple[float, float, float] | None) -> str:
+    if m is None:
+        return "–"
+    mean, lo, hi = m
+    return _pct(mean) + (f" [{_pct(lo)}, {_pct(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
 def write_page(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: str | None, objective: Objective,
-               sizes: list[int], wall: float, settings: Any) -> Path:
-    """Write ``search.png`` and ``report.md`` under ``out``; returns the page's path."""
+               sizes: list[int], wall: float, settings: Any,
+               reference: dict[int, CandidateScore] | None = None) -> Path:
+    """Write ``search.png`` and ``report.md`` under ``out``; returns the page's path. ``reference``: the
+    editor-alone run's scores per rung size, when the guard compares with it."""
+    reference = reference or {}
     lines = [f"# editscope tune: {settings.method}"
              + "".join(f"+{name}" for name, _ in settings.plugins) + f" on {settings.model}", "",
              f"Objective: {objective.describe()}.", "",
@@ -29,25 +42,40 @@ def write_page(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: 
         lines += [f"**Chosen: {chosen}** ({by_id[chosen].label()}), hparams in `tuned.yaml`.", ""]
     else:
         lines += ["**No candidate chosen**: " + ("no rung finished." if not result.rungs else
-                                                  "every candidate of the last rung breaks the locality guard."), ""]
-    if _plot(out, result, by_id, chosen, objective):
+                                                  f"the {objective.guard} guard refuses every candidate of the "
+                                                  "last rung."), ""]
+    if objective.guard_reference == "editor_alone":
+        lines += [f"Reference: `reference/`, {settings.method} alone (base hparams, no plug-ins) on the same cases; "
+                  f"its mean {objective.guard} minus its 95% CI half-width is the floor a candidate must reach.", ""]
+    if _plot(out, result, by_id, chosen, objective, reference):
         lines += ["![search curve](search.png)", ""]
-    g = objective.guard
+    g, ref = objective.guard, objective.reference_label
+    names = objective.metrics
+    head = (f"| candidate | settings | {objective.score} | 95% CI | " + " | ".join(f"{m} [95% CI]" for m in names)
+            + f" | {g} {ref} | {g} floor | passes |")
+    rule = "|---|---|---:|---|" + "---:|" * len(names) + "---:|---:|---|"
+
+    def row(name: str, label: str, s: CandidateScore, passes: str) -> str:
+        return (f"| {name} | {label} | {_pct(s.score)} | [{_pct(s.score_lo)}, {_pct(s.score_hi)}] | "
+                + " | ".join(_ci(s.metrics.get(m)) for m in names)
+                + f" | {_pct(s.guard_ref)} | {_pct(s.guard_floor)} | {passes} |")
+
     for n, scores in result.rungs:
-        lines += [f"## {n} cases", "", f"| candidate | settings | {objective.score} | 95% CI | {g} | {g} unedited "
-                  f"| {g} floor | local |", "|---|---|---:|---|---:|---:|---:|---|"]
+        lines += [f"## {n} cases", "", head, rule]
+        if n in reference:
+            lines.append(row("reference", f"{settings.method} alone", reference[n], "–"))
         for cid in sorted(scores, key=lambda c: rank_key(scores[c]), reverse=True):
             s = scores[cid]
             mark = " ✓" if cid == chosen and n == result.rungs[-1][0] else ""
-            lines.append(f"| {cid}{mark} | {by_id[cid].label()} | {_pct(s.score)} | [{_pct(s.score_lo)}, "
-                         f"{_pct(s.score_hi)}] | {_pct(s.guard)} | {_pct(s.guard_pre)} | {_pct(s.guard_floor)} | "
-                         f"{'yes' if s.local else 'no'} |")
+            lines.append(row(f"{cid}{mark}", by_id[cid].label(), s, "yes" if s.local else "no"))
         lines.append("")
-    lines.append("Each candidate's rows: `candidates/<id>/` (an ordinary run directory; `editscope report` reads it).")
+    lines.append("Each candidate's rows: `candidates/<id>/` (an ordinary run directory; `editscope report` reads it)"
+                 + ("; the reference's: `reference/`." if reference else "."))
     return atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
-def _plot(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: str | None, objective: Objective) -> bool:
+def _plot(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: str | None, objective: Objective,
+          reference: dict[int, CandidateScore]) -> bool:
     if not result.rungs:
         return False
     from editscope.plotting import method_colors, plt, png
@@ -65,12 +93,16 @@ def _plot(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: str |
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o" if local else "x", capsize=2, color=colors[cid],
                     lw=2.2 if cid == chosen else 0.8, alpha=1.0 if cid == chosen else 0.6,
                     label=f"{by_id[cid].label()}{' (chosen)' if cid == chosen else ''}")
+    if reference:
+        ns = sorted(reference)
+        ax.plot(ns, [100 * reference[n].score for n in ns], ls="--", marker=".", color="0.4", lw=1,
+                label="editor alone (reference)")
     ax.set_xscale("log")
     ax.minorticks_off()  # only the rungs' sizes are labelled
     ax.set_xticks([n for n, _ in result.rungs], [str(n) for n, _ in result.rungs])
     ax.set_xlabel("validation cases")
     ax.set_ylabel(f"{objective.suite} {objective.score} (×100, 95% CI)")
-    ax.set_title("successive halving (x: refused by the locality guard)")
+    ax.set_title(f"successive halving (x: refused by the {objective.guard} guard)")
     if len(ids) <= 12:
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     atomic_write_bytes(out / "search.png", png(fig))

@@ -1,50 +1,120 @@
 """The search itself, as pure functions: the objective a candidate is scored by, the choice among scored
-candidates (by the lower end of the objective's confidence interval, behind a locality guard) and successive
-halving (Jamieson & Talwalkar 2016: every candidate sees the first rung's few cases, the best 1/η go on to η
-times as many, and so on), which evaluates candidates through a callback so it can be tested on a table."""
+candidates (by the lower end of the objective's confidence interval, behind a guard: locality, or efficacy for
+PEAK) and successive halving (Jamieson & Talwalkar 2016: every candidate sees the first rung's few cases, the
+best 1/η go on to η times as many, and so on), which evaluates candidates through a callback so it can be
+tested on a table."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from editscope.metrics.intervals import bootstrap_aggregate, mean_ci
-from editscope.metrics.registry import MetricSpec
+from editscope.metrics.registry import MetricSpec, hmean_of
+
+GuardReference = Literal["unedited", "editor_alone"]
+GUARD_REFERENCES: dict[str, str] = {
+    "unedited": "the unedited model (the rows' {guard}_pre values)",
+    "editor_alone": "the same editor alone (base hparams, no plug-ins) on the same validation cases",
+}
+
+
+@dataclass(frozen=True)
+class Component:
+    """One term of an objective's harmonic mean: a metric of the suite, or its complement ``1 - metric`` (for a
+    share where lower is better, e.g. PEAK's AFF/ANF), taken per case before the mean over cases."""
+
+    metric: str
+    complement: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"1−{self.metric}" if self.complement else self.metric
+
+    def transform(self, values: np.ndarray) -> np.ndarray:
+        return 1.0 - values if self.complement else values
 
 
 @dataclass(frozen=True)
 class Objective:
-    """What a candidate is scored by on one suite's rows: ``score`` (an aggregate metric with a bootstrap CI over
-    cases, e.g. CounterFact's Score = harmonic mean of ES, PS, NS) and a locality ``guard`` metric (NS): a
-    candidate whose mean guard metric lies below the unedited model's mean by more than the half-width of that
-    mean's 95% CI is refused. Candidates are ranked by the lower CI bound of ``score``, not its mean."""
+    """What a candidate is scored by on one suite's rows, and what may refuse it.
+
+    ``score``: the harmonic mean of the dataset-level means of ``components`` (each a metric or its complement),
+    with a bootstrap 95% CI over cases (:func:`~editscope.metrics.intervals.bootstrap_aggregate`, as the summary's
+    CounterFact Score); candidates are ranked by its lower CI bound, not its mean. ``guard``: a higher-is-better
+    metric of the suite; a candidate whose mean guard metric lies below the reference's mean by more than the
+    half-width of that mean's 95% CI is refused. ``guard_reference`` says what the reference is: the unedited model
+    (``"unedited"``, the rows' ``_pre`` column) or the same editor without the plug-ins (``"editor_alone"``, a
+    reference run on the same cases)."""
 
     suite: str
     score: str
-    components: tuple[str, ...]
+    components: tuple[Component, ...]
     guard: str
+    guard_reference: GuardReference = "unedited"
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.guard_reference not in GUARD_REFERENCES:
+            raise ValueError(f"guard_reference must be one of {', '.join(GUARD_REFERENCES)}")
+
+    @property
+    def reference_label(self) -> str:
+        """How tables name the guard's reference: ``unedited`` or ``editor alone``."""
+        return self.guard_reference.replace("_", " ")
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics reported per candidate (mean and CI): the components' metrics (uncomplemented), then the
+        guard when it is not one of them."""
+        names = [c.metric for c in self.components]
+        return tuple(names + ([self.guard] if self.guard not in names else []))
+
+    def aggregate_spec(self) -> MetricSpec:
+        """The score as an aggregate declaration (for :func:`bootstrap_aggregate`)."""
+        return MetricSpec(self.score, "", "harmonic mean", True, aggregate=hmean_of([c.label for c in self.components]))
 
     def describe(self) -> str:
-        return (f"maximise the lower 95% bootstrap CI bound of {self.suite} {self.score} "
-                f"(harmonic mean of {', '.join(self.components)}); refuse a candidate whose mean {self.guard} is "
-                f"below the unedited model's mean {self.guard} by more than that mean's 95% CI half-width")
+        ref = GUARD_REFERENCES[self.guard_reference].format(guard=self.guard)
+        return (f"maximise the lower 95% bootstrap CI bound of {self.suite} {self.score} (harmonic mean of the "
+                f"post-edit dataset-level means of {', '.join(c.label for c in self.components)}); refuse a candidate "
+                f"whose mean post-edit {self.guard} is below the mean {self.guard} of {ref} by more than that mean's "
+                f"95% CI half-width" + (f" ({self.why})" if self.why else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.describe(), "suite": self.suite, "score": self.score,
+                "components": [c.label for c in self.components],
+                "complemented": [c.metric for c in self.components if c.complement], "aggregate": "harmonic mean",
+                "guard": self.guard, "guard_reference": self.guard_reference,
+                "select_by": "lower 95% CI bound of the score"}
 
 
-#: Objectives per suite: the paper's Score with its locality metric as the guard.
+def _objective(suite: str, score: str, components: Sequence[str], guard: str,
+               guard_reference: GuardReference = "unedited", why: str = "") -> Objective:
+    comps = tuple(Component(c[2:], True) if c.startswith("1-") else Component(c) for c in components)
+    return Objective(suite, score, comps, guard, guard_reference, why)
+
+
+#: Objectives per suite: CounterFact's and zsRE's paper Score with their locality metric as the guard against the
+#: unedited model; PEAK (paper 003): efficacy with the additivity cut of the hard setting, ES guarded against the
+#: editor without its plug-ins (APP exists to cut AFF/ANF; its cost, if any, is efficacy).
 OBJECTIVES: dict[str, Objective] = {
-    "counterfact": Objective("counterfact", "Score", ("ES", "PS", "NS"), "NS"),
-    "zsre": Objective("zsre", "Score", ("Efficacy", "Paraphrase", "Specificity"), "Specificity"),
+    "counterfact": _objective("counterfact", "Score", ("ES", "PS", "NS"), "NS"),
+    "zsre": _objective("zsre", "Score", ("Efficacy", "Paraphrase", "Specificity"), "Specificity"),
+    "peak": _objective("peak", "Score", ("ES", "1-AFF_hard", "1-ANF_hard"), "ES", "editor_alone",
+                       why="AFF/ANF are shares where lower is better, so their complements enter the mean"),
 }
 
 
 @dataclass(frozen=True)
 class CandidateScore:
-    """One candidate's objective on ``n`` cases: the score's mean and CI, the guard metric's mean and CI, and the
-    unedited model's guard mean and CI on the same cases (its ``_pre`` values)."""
+    """One candidate's objective on ``n`` cases: the score's mean and CI, the guard metric's mean and CI, the
+    reference's guard mean and CI on the same cases (the unedited ``_pre`` values, or the editor-alone run's),
+    and ``metrics``: each of :attr:`Objective.metrics` as (mean, low, high) over the cases."""
 
     n: int
     score: float
@@ -53,41 +123,69 @@ class CandidateScore:
     guard: float
     guard_lo: float
     guard_hi: float
-    guard_pre: float
-    guard_pre_lo: float
-    guard_pre_hi: float
+    guard_ref: float
+    guard_ref_lo: float
+    guard_ref_hi: float
+    metrics: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def guard_floor(self) -> float:
-        """The lowest guard mean accepted: the unedited mean minus its CI half-width (no width: the mean)."""
-        half = (self.guard_pre_hi - self.guard_pre_lo) / 2
-        return self.guard_pre - (half if math.isfinite(half) else 0.0)
+        """The lowest guard mean accepted: the reference mean minus its CI half-width (no width: the mean)."""
+        half = (self.guard_ref_hi - self.guard_ref_lo) / 2
+        return self.guard_ref - (half if math.isfinite(half) else 0.0)
 
     @property
     def local(self) -> bool:
-        """Whether the candidate passes the locality guard."""
+        """Whether the candidate passes the guard (locality for CounterFact/zsRE, efficacy for PEAK)."""
         return self.guard >= self.guard_floor - 1e-12
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()},
-                "guard_floor": self.guard_floor, "local": self.local}
+        def fin(v: Any) -> Any:
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        data = {k: fin(v) for k, v in asdict(self).items() if k != "metrics"}
+        data["metrics"] = {k: {"mean": fin(m), "lo": fin(lo), "hi": fin(hi)} for k, (m, lo, hi) in self.metrics.items()}
+        return {**data, "guard_floor": fin(self.guard_floor), "local": self.local}
 
 
-def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective, spec: MetricSpec) -> CandidateScore:
-    """The objective of one candidate from its rows' metrics of ``objective.suite`` (``NAME_post``/``NAME_pre``
-    columns); ``spec`` is the suite's declaration of the aggregate score (its bootstrap CI)."""
-    def column(name: str) -> np.ndarray:
-        return np.array([np.nan if m.get(name) is None else float(m[name]) for m in metrics], dtype=np.float64)
+def _column(metrics: Sequence[dict[str, float | None]], name: str) -> np.ndarray:
+    return np.array([np.nan if m.get(name) is None else float(m[name]) for m in metrics], dtype=np.float64)
 
-    columns = np.stack([column(f"{c}_post") for c in objective.components], axis=1)
-    score, lo, hi = bootstrap_aggregate(columns, spec)
-    guard, g_lo, g_hi, _ = mean_ci(column(f"{objective.guard}_post").tolist())
-    pre, p_lo, p_hi, _ = mean_ci(column(f"{objective.guard}_pre").tolist())
-    return CandidateScore(len(metrics), score, lo, hi, guard, g_lo, g_hi, pre, p_lo, p_hi)
+
+def post_column(specs: Sequence[MetricSpec], metric: str) -> str:
+    """The row key of ``metric``'s edited-model value from the suite's declarations: ``NAME_post`` for a pre/post
+    metric, plain ``NAME`` for a post-only one (PEAK's AFF/ANF)."""
+    for spec in specs:
+        if spec.name == metric:
+            return spec.post
+    raise ValueError(f"objective: the suite declares no metric {metric!r}")
+
+
+def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective, specs: Sequence[MetricSpec],
+               reference: Sequence[dict[str, float | None]] | None = None) -> CandidateScore:
+    """The objective of one candidate from its rows' metrics of ``objective.suite``; ``specs`` are the suite's
+    declarations (which column holds a metric's post-edit value). ``reference``: the editor-alone run's rows on the
+    same cases, required when ``objective.guard_reference`` is ``"editor_alone"``."""
+    columns = np.stack([c.transform(_column(metrics, post_column(specs, c.metric))) for c in objective.components],
+                       axis=1)
+    score, lo, hi = bootstrap_aggregate(columns, objective.aggregate_spec())
+    guard_col = post_column(specs, objective.guard)
+    guard, g_lo, g_hi, _ = mean_ci(_column(metrics, guard_col).tolist())
+    if objective.guard_reference == "editor_alone":
+        if reference is None:
+            raise ValueError("objective: its guard compares with the editor alone, and no reference rows were given")
+        if len(reference) != len(metrics):
+            raise ValueError(f"objective: {len(reference)} reference rows for {len(metrics)} candidate rows")
+        ref = _column(reference, guard_col)
+    else:
+        ref = _column(metrics, f"{objective.guard}_pre")
+    r, r_lo, r_hi, _ = mean_ci(ref.tolist())
+    per = {name: tuple(mean_ci(_column(metrics, post_column(specs, name)).tolist())[:3]) for name in objective.metrics}
+    return CandidateScore(len(metrics), score, lo, hi, guard, g_lo, g_hi, r, r_lo, r_hi, per)
 
 
 def rank_key(s: CandidateScore) -> tuple[bool, float, float]:
-    """Sort key, best last: local before non-local, then the score's lower CI bound, then its mean (a NaN bound,
+    """Sort key, best last: guard-passing before refused, then the score's lower CI bound, then its mean (a NaN bound,
     fewer than 2 cases, ranks as -inf)."""
     lo = s.score_lo if math.isfinite(s.score_lo) else -math.inf
     mean = s.score if math.isfinite(s.score) else -math.inf
@@ -95,8 +193,8 @@ def rank_key(s: CandidateScore) -> tuple[bool, float, float]:
 
 
 def select(scores: dict[str, CandidateScore]) -> str | None:
-    """The chosen candidate: the local one with the highest lower CI bound of the score (ties: the higher mean,
-    then the first given); None when every candidate breaks locality."""
+    """The chosen candidate: the guard-passing one with the highest lower CI bound of the score (ties: the higher mean,
+    then the first given); None when the guard refuses every candidate."""
     local = [cid for cid, s in scores.items() if s.local]
     if not local:
         return None
@@ -163,5 +261,5 @@ def successive_halving(candidates: Sequence[str], sizes: Sequence[int], eta: int
     return result
 
 
-__all__ = ["OBJECTIVES", "CandidateScore", "HalvingResult", "Objective", "StopSearch", "rank_key", "rung_sizes",
-           "score_rows", "select", "successive_halving", "survivors"]
+__all__ = ["GUARD_REFERENCES", "OBJECTIVES", "CandidateScore", "Component", "HalvingResult", "Objective", "StopSearch",
+           "post_column", "rank_key", "rung_sizes", "score_rows", "select", "successive_halving", "survivors"]
