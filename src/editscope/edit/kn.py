@@ -84,8 +84,9 @@ class KNHParams(HParams):
     #: of the answer embeddings subtracted/added (a negative one reverses the edit).
     RANGES = {"steps": "[1, 10000]", "adaptive_threshold": "[0, 1]", "share": "[0, 1)", "lambda_old": "[0, 1e3]",
               "lambda_new": "[0, 1e3]", "max_neurons": "[1, inf)"}
-    #: KN's λ: the shipped 2 over-edits small models (neighbours flip with the edit); layers: all are searched
-    TUNABLE = {"lambda_old": (0.1, 0.25, 0.5, 1.0, 2.0), "lambda_new": (0.1, 0.25, 0.5, 1.0, 2.0)}
+    #: KN's λ: the reference code's 2 over-edits small models (neighbours flip with the edit; on SmolLM2 every λ of
+    #: 0.1 or more broke NS), so the grid reaches two decades lower; layers: all are searched
+    TUNABLE = {"lambda_old": (0.01, 0.03, 0.1, 0.3, 1.0, 2.0), "lambda_new": (0.01, 0.03, 0.1, 0.3, 1.0, 2.0)}
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
