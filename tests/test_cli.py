@@ -15,7 +15,9 @@ def test_every_command_has_help(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main([name, "--help"])
         assert exit_info.value.code == 0
-        assert "usage: editscope " + name in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "usage: editscope " + name in out
+        assert "%%" not in out, f"{name} --help prints a doubled percent sign"  # descriptions are not %-formatted
 
 
 def test_unknown_model_is_one_line_error(capsys):

@@ -13,8 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "report",
         help="write report.html (self-contained), report.md and tables.tex for one or more run directories",
         description="A pivot of every method against every headline metric (best bold; paired differences against a "
-        "baseline with 95%% intervals, † where the interval excludes 0), summaries per suite and method (mean with "
-        "95%% CI), a bar chart per metric, the 1-to-N answer distribution of a sampled case against its gold "
+        "baseline with 95% intervals, † where the interval excludes 0), summaries per suite and method (mean with "
+        "95% CI), a bar chart per metric, the 1-to-N answer distribution of a sampled case against its gold "
         "distribution, and the probability shift of correct vs "
         "false answers (PEAK).",
     )
