@@ -81,12 +81,13 @@ class MendHParams(HParams):
     RANGES = {"rank": "[1, 100000]", "edit_lr": "(0, 10]", "lr": "(0, 10]", "lr_lr": "(0, 10]", "c_edit": "[0, 1e6]",
               "c_loc": "[0, 1e6]", "grad_clip": "(0, inf)", "steps": "[1, 1e7]", "train_records": "[1, inf)",
               "checkpoint_every": "[1, 1e7]", "seed": "[0, 1e18]"}
-    #: Training length and what holds the edit back: ``c_loc`` (eq. 4's locality weight) and ``lr_lr`` (how fast
-    #: Adam may grow the step sizes α; on SmolLM2 they grew 1e-4 -> 5e-3 in 100 steps and every edit flipped its
-    #: neighbours). c_loc and lr_lr are training keys: ``prepare`` trains one editor per value pair, to the largest
+    #: Training length and the size of the edit: ``edit_lr`` (the initial step sizes α), ``lr_lr`` (Adam moves each
+    #: α by about lr_lr per step whatever its scale, so α ends near lr_lr·steps when the edit loss pulls it up: on
+    #: SmolLM2 1e-4 -> 5e-3 in 100 steps, and every edit flipped its neighbours) and ``c_loc`` (eq. 4's locality
+    #: weight). All but ``steps`` are training keys: ``prepare`` trains one editor per combination, to the largest
     #: ``steps``; the steps are multiples of the shipped SmolLM2 ``checkpoint_every`` (25), so an edit finds the
     #: snapshot at exactly its ``steps``.
-    TUNABLE = {"steps": (50, 100, 200), "c_loc": (1.0, 10.0, 100.0), "lr_lr": (1e-5, 1e-4)}
+    TUNABLE = {"steps": (50, 200), "edit_lr": (1e-6, 1e-5, 1e-4), "lr_lr": (1e-7, 1e-6, 1e-4), "c_loc": (1.0, 100.0)}
 
     def training_digest(self) -> str:
         data = {k: v for k, v in self.to_dict().items() if k in TRAINING_KEYS}
