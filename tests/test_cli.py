@@ -52,3 +52,13 @@ def test_configs_lists_every_shipped_config_with_what_it_reproduces(capsys, tmp_
                       "dataset: counterfact\nsuites: [counterfact]\n")
     row = describe(config, "mine")
     assert (row["reproduces"], row["wall_time"], row["methods"]) == ("My table.", "12 min on 2 cores", ["rome"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["edit", "--method", "rome", "--prompt", "{} is in", "--subject", "Paris", "--target", "Italy"],
+    ["inspect"], ["tune", "--method", "rome", "--budget", "1"], ["mend", "train"]])
+def test_repeated_set_keeps_every_override(argv):
+    """``--set a=1 b=2 --set c=3`` keeps all three (a repeated --set used to replace the earlier ones silently)."""
+    args = build_parser().parse_args([*argv, "--set", "a=1", "b=2", "--set", "c=3"])
+    assert args.set == ["a=1", "b=2", "c=3"]
+    assert build_parser().parse_args(argv).set == []

@@ -240,10 +240,10 @@ def test_mend_train_and_edit_commands(tiny_bundles, mend_home, capsys):
     assert out["saved_steps"] == [2] and out["snapshot"].endswith("snapshots/step-2.safetensors")
     edit_args = ["edit", "--model", "tiny-llama", "--method", "mend", "--prompt", "{} is a citizen of", "--subject",
                  "Danielle Darrieux", "--target", " Japan", "--json", "--set", "allow_untrained=false",
-                 "train_records=4"]  # one --set with every value (a second --set replaces the first)
-    assert main([*edit_args, "steps=2"]) == 0
+                 "train_records=4"]
+    assert main([*edit_args, "--set", "steps=2"]) == 0  # a second --set adds to the first
     edit = json.loads(capsys.readouterr().out)
     assert edit["label"] == "MEND" and edit["post"]["target"] != edit["pre"]["target"]
-    assert main([*edit_args, "steps=3"]) == 2  # the editor after 3 steps is not saved: the one-line error
+    assert main([*edit_args, "--set", "steps=3"]) == 2  # the editor after 3 steps is not saved: the one-line error
     err = capsys.readouterr().err.strip()
     assert "only the editor after steps 2 is saved" in err and err.endswith("mend train --model tiny-llama --steps 3")

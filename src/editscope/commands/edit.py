@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--check", nargs="*", default=[], metavar="PROMPT",
                         help="more prompts to score (a {} is filled with the subject)")
     parser.add_argument("--hparams", default=None, help="hparams YAML (default configs/hparams/METHOD/MODEL.yaml)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override hparams")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE", help="override hparams")
     parser.add_argument("--plugin", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
                         help="attach a loss-term plug-in with its hparams (repeatable; optimising methods only)")
     parser.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",

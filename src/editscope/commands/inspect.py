@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="other correct answers (1-to-N siblings, PEAK's correct list)")
     parser.add_argument("--hard-false", nargs="+", default=[], metavar="ANSWER", help="hard false answers (PEAK)")
     parser.add_argument("--hparams", default=None, help="hparams YAML (without RUN_DIR)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override hparams (without RUN_DIR)")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="override hparams (without RUN_DIR)")
     parser.add_argument("--out", default=".", metavar="DIR", help="folder for the card (default: .)")
     parser.add_argument("--name", default=None, help="file name stem (default: card-DATASET-CASE-METHOD)")
     parser.add_argument("--json", action="store_true", help="also write the card's numbers as JSON beside the page")

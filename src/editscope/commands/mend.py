@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_arguments(train)
     train.add_argument("--steps", type=int, default=None, help="total training steps (default: the hparams' steps)")
     train.add_argument("--hparams", help="hparams YAML (default: configs/hparams/mend/<model>.yaml)")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an hparam")
+    train.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="override hparams (repeatable)")
     train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--json", action="store_true", help="print the result as JSON")

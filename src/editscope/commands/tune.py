@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", "-o", default=None, metavar="DIR", help="output directory (default: "
                         "runs/tune-METHOD-MODEL)")
     parser.add_argument("--hparams", default=None, help="base hparams YAML (default: the shipped file)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="fixed overrides of the base hparams")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="fixed overrides of the base hparams (repeatable)")
     parser.add_argument("--knobs", default=None, metavar="K1,K2", help="search only these declared knobs "
                         "(plug-in knobs as NAME.KEY)")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
