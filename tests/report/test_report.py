@@ -149,3 +149,19 @@ def test_report_needs_results(tmp_path):
 
     with pytest.raises(EditscopeError, match="not a run directory"):
         build_report([tmp_path])
+
+
+def test_report_of_a_probe_only_one_to_n_run(tmp_path):
+    """``methods: [none]`` (paper 000 Table 3's probing) has no post-edit state: the report still builds, and its
+    1-to-N figure shows the model's distribution and Q."""
+    from editscope.lm import load
+
+    config = {"model": "tiny-llama", "methods": ["none"], "dataset": "peak-cf", "slice": {"limit": 2},
+              "suites": [{"name": "one_to_n", "options": {"k": 3}}]}
+    Runner(parse_config(config), out_dir=tmp_path / "run", bundle=load("tiny-llama"), progress=False,
+           log=lambda _m: None).run()
+    html, md = build_report([tmp_path / "run"], tmp_path / "report")
+    text = md.read_text(encoding="utf-8")
+    assert "## one_to_n on peak-cf" in text and "| unedited | 2 |" in text
+    figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("one-to-n-*.png"))
+    assert len(figures) == 1 and html.is_file()  # the build raised KeyError on the missing post-edit state before

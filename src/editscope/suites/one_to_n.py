@@ -268,11 +268,12 @@ class OneToNSuite(Suite):
         order = {m: i for i, m in enumerate(methods)}
         crows = sorted((r for r in rows if r["case_id"] == case_id), key=lambda r: order.get(r["method"], len(order)))
         pre = crows[0]["pre"][self.name]
-        posts = {r["method"]: r["post"][self.name] for r in crows}
+        # a probe-only run (``methods: [none]``) has no post-edit state: the figure shows the model and Q only
+        posts = {r["method"]: r["post"][self.name] for r in crows if self.name in (r.get("post") or {})}
         query = next(p["prompt"] for p in pre["prompts"] if p["role"] == "rewrite")
         reqs = crows[0].get("requests") or []
         note = ""
-        if reqs:
+        if reqs and posts:  # a probe-only run edited nothing
             targets = ", ".join(r["target_new"] for r in reqs)
             note = f"edit: {'append' if len(reqs) == 1 else 'write'} “{targets}”"
         return [SuiteFigure(
