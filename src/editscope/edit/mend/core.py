@@ -83,7 +83,7 @@ class MendHParams(HParams):
               "checkpoint_every": "[1, 1e7]", "seed": "[0, 1e18]"}
     #: Training length and the size of the edit: ``edit_lr`` (the initial step sizes α), ``lr_lr`` (Adam moves each
     #: α by about lr_lr per step whatever its scale, so α ends near lr_lr·steps when the edit loss pulls it up: on
-    #: SmolLM2 1e-4 -> 5e-3 in 100 steps, and every edit flipped its neighbours) and ``c_loc`` (eq. 4's locality
+    #: SmolLM2 1e-4 -> ~4e-3 in 100 steps, and every edit flipped its neighbours) and ``c_loc`` (eq. 4's locality
     #: weight). All but ``steps`` are training keys: ``prepare`` trains one editor per combination, to the largest
     #: ``steps``; the steps are multiples of the shipped SmolLM2 ``checkpoint_every`` (25), so an edit finds the
     #: snapshot at exactly its ``steps``.
