@@ -123,6 +123,6 @@ def test_cli_help_names_each_objective(capsys):
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "{counterfact,zsre,peak-cf}" in text
+    assert "{counterfact,zsre,peak-cf,counterfact-evk}" in text
     assert "harmonic mean of ES, 1-AFF_hard and 1-ANF_hard" in text and "editor alone" in text
     assert "95%%" not in text  # the description is printed as written, not %-formatted

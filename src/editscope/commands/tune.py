@@ -11,7 +11,7 @@ from editscope.ranges import option
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.edit.registry import EDITORS
-    from editscope.tune.driver import SUITE_OF_DATASET
+    from editscope.tune.driver import TARGETS
 
     parser = sub.add_parser(
         "tune",
@@ -24,8 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "candidate whose NS falls below the unedited model's by more than its 95% CI half-width; zsre: the same with "
         "Efficacy, Paraphrase, Specificity; peak-cf (PEAK suite, for APP): harmonic mean of ES, 1-AFF_hard and "
         "1-ANF_hard, refusing a candidate whose ES falls below the editor alone's (base hparams, no plug-ins; run "
-        "once as OUT/reference) by more than that mean's 95% CI half-width. Writes OUT/tuned.yaml (loads with "
-        "--hparams) with a provenance block, and OUT/report.md. Rerunning the same command resumes.",
+        "once as OUT/reference) by more than that mean's 95% CI half-width; counterfact-evk (CounterFact and "
+        "EVK-Bench suites, for EVK-Align): harmonic mean of ES, EVK_ES and EVK_TS, with the same ES guard. Writes "
+        "OUT/tuned.yaml (loads with --hparams) with a provenance block, and OUT/report.md. Rerunning the same "
+        "command resumes.",
     )
     parser.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
     parser.add_argument("--method", required=True, choices=sorted(EDITORS), help="editing method")
@@ -44,11 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(plug-in knobs as NAME.KEY)")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                         help="replace a knob's declared grid (layers: 'layers=[3];[4]'); repeatable")
-    parser.add_argument("--dataset", default="counterfact", choices=list(SUITE_OF_DATASET),
+    parser.add_argument("--dataset", default="counterfact", choices=list(TARGETS),
                         help="validation dataset and objective: counterfact/zsre: the paper's Score, guarded by "
                         "locality (NS/Specificity) against the unedited model; peak-cf: hmean(ES, 1-AFF_hard, "
                         "1-ANF_hard) of the PEAK suite, guarded by ES against the editor without plug-ins (tune APP "
-                        "with --plugin app)")
+                        "with --plugin app); counterfact-evk: hmean(ES, EVK_ES, EVK_TS) of CounterFact edits, the "
+                        "same ES guard (tune EVK-Align with --plugin evk_align)")
     parser.add_argument("--first", type=option(int, "[2, 10000]"), default=8, help="cases of the first rung")
     parser.add_argument("--eta", type=option(int, "[2, 100]"), default=3, help="keep 1/ETA per rung, ETA× the cases")
     parser.add_argument("--max-cases", type=option(int, "[2, 100000]"), default=24, help="cases of the last rung")

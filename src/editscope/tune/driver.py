@@ -47,7 +47,9 @@ TUNE_JSON, STATE_JSON, CURVE_JSONL, TUNED_YAML, REPORT_MD, SEARCH_PNG = (
     "tune.json", "state.json", "layer_curve.jsonl", "tuned.yaml", "report.md", "search.png")
 SCAN_FACTOR = 25
 """The layer curve looks for its known facts among at most this many times ``trace_facts`` pool records."""
-SUITE_OF_DATASET = {"counterfact": "counterfact", "zsre": "zsre", "peak-cf": "peak"}
+#: ``--dataset`` choice -> (the registered dataset its validation records come from, its key in OBJECTIVES)
+TARGETS: dict[str, tuple[str, str]] = {"counterfact": ("counterfact", "counterfact"), "zsre": ("zsre", "zsre"),
+                                       "peak-cf": ("peak-cf", "peak"), "counterfact-evk": ("counterfact", "evk")}
 REFERENCE_DIR = "reference"
 
 
@@ -111,15 +113,16 @@ class Tuner:
 
     def __init__(self, settings: TuneSettings, *, bundle: Any = None, progress: bool = True,
                  log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        if settings.dataset not in SUITE_OF_DATASET:
-            raise EditscopeError(f"--dataset {settings.dataset!r}: tune scores {', '.join(SUITE_OF_DATASET)}")
+        if settings.dataset not in TARGETS:
+            raise EditscopeError(f"--dataset {settings.dataset!r}: tune scores {', '.join(TARGETS)}")
         self.s = settings
         self.out = Path(settings.out)
         self.bundle = bundle
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.clock = clock
-        self.objective = OBJECTIVES[SUITE_OF_DATASET[settings.dataset]]
+        self.data_name, objective = TARGETS[settings.dataset]
+        self.objective = OBJECTIVES[objective]
         self.evaluated = 0
         self.reference: dict[int, CandidateScore] = {}
 
@@ -137,7 +140,7 @@ class Tuner:
         self.base = self.editor.load_hparams(self.bundle, self.s.hparams, self.s.overrides or None)
         from editscope.run.suites import make_suite
 
-        self.specs = make_suite(self.objective.suite, {}).declarations.specs
+        self.specs = tuple(spec for suite in self.objective.suites for spec in make_suite(suite, {}).declarations.specs)
 
     def _layer_curve(self) -> tuple[list[float] | None, dict[str, Any]]:
         """The MLP indirect effect per layer over ``trace_facts`` facts the model knows, drawn from the general
@@ -240,7 +243,7 @@ class Tuner:
         data = {"model": self.s.model, "seed": self.s.seed, "output": str(self._dir(cand)),
                 "mode": "single", "methods": [method],
                 "dataset": slice_["dataset"], "slice": {"offset": slice_["offset"], "limit": slice_["limit"]},
-                "suites": [self.objective.suite]}
+                "suites": list(self.objective.suites)}
         if self.s.runtime:
             data["runtime"] = dict(self.s.runtime)
         return parse_config(data, where=f"<tune {'candidate ' + cand.id if cand is not None else 'reference'}>")
@@ -272,7 +275,7 @@ class Tuner:
             if cand is not None:
                 self.evaluated += 1
             rows = self._rows(cand, n)
-        return [r["metrics"][self.objective.suite] for r in rows]
+        return [{k: v for suite in self.objective.suites for k, v in r["metrics"][suite].items()} for r in rows]
 
     def _reference(self, n: int, slice_: dict, spent: Callable[[], float]) -> list[dict[str, Any]] | None:
         """The reference run's metrics on the first ``n`` cases when the guard compares with the editor alone
@@ -313,7 +316,7 @@ class Tuner:
         def spent() -> float:
             return before + self.clock() - t0
 
-        slice_ = validation_slice(self.s.dataset, self.s.max_cases)
+        slice_ = validation_slice(self.data_name, self.s.max_cases)
         grids, cands, layer_why = self._space()
         self._check_settings(grids, cands, slice_)
         t0 += self._prepare(cands)  # cached training the candidates need: not the search's budget

@@ -101,7 +101,7 @@ def _plot(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: str |
     ax.minorticks_off()  # only the rungs' sizes are labelled
     ax.set_xticks([n for n, _ in result.rungs], [str(n) for n, _ in result.rungs])
     ax.set_xlabel("validation cases")
-    ax.set_ylabel(f"{objective.suite} {objective.score} (×100, 95% CI)")
+    ax.set_ylabel(f"{objective.suite_label} {objective.score} (×100, 95% CI)")
     ax.set_title(f"successive halving (x: refused by the {objective.guard} guard)")
     if len(ids) <= 12:
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)

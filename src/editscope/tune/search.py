@@ -57,10 +57,20 @@ class Objective:
     guard: str
     guard_reference: GuardReference = "unedited"
     why: str = ""
+    extra_suites: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.guard_reference not in GUARD_REFERENCES:
             raise ValueError(f"guard_reference must be one of {', '.join(GUARD_REFERENCES)}")
+
+    @property
+    def suites(self) -> tuple[str, ...]:
+        """Every suite a candidate's run measures; their metrics are merged per case (names must not collide)."""
+        return (self.suite, *self.extra_suites)
+
+    @property
+    def suite_label(self) -> str:
+        return "+".join(self.suites)
 
     @property
     def reference_label(self) -> str:
@@ -80,13 +90,13 @@ class Objective:
 
     def describe(self) -> str:
         ref = GUARD_REFERENCES[self.guard_reference].format(guard=self.guard)
-        return (f"maximise the lower 95% bootstrap CI bound of {self.suite} {self.score} (harmonic mean of the "
+        return (f"maximise the lower 95% bootstrap CI bound of {self.suite_label} {self.score} (harmonic mean of the "
                 f"post-edit dataset-level means of {', '.join(c.label for c in self.components)}); refuse a candidate "
                 f"whose mean post-edit {self.guard} is below the mean {self.guard} of {ref} by more than that mean's "
                 f"95% CI half-width" + (f" ({self.why})" if self.why else ""))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.describe(), "suite": self.suite, "score": self.score,
+        return {"text": self.describe(), "suite": self.suite, "suites": list(self.suites), "score": self.score,
                 "components": [c.label for c in self.components],
                 "complemented": [c.metric for c in self.components if c.complement], "aggregate": "harmonic mean",
                 "guard": self.guard, "guard_reference": self.guard_reference,
@@ -94,19 +104,25 @@ class Objective:
 
 
 def _objective(suite: str, score: str, components: Sequence[str], guard: str,
-               guard_reference: GuardReference = "unedited", why: str = "") -> Objective:
+               guard_reference: GuardReference = "unedited", why: str = "",
+               extra_suites: tuple[str, ...] = ()) -> Objective:
     comps = tuple(Component(c[2:], True) if c.startswith("1-") else Component(c) for c in components)
-    return Objective(suite, score, comps, guard, guard_reference, why)
+    return Objective(suite, score, comps, guard, guard_reference, why, extra_suites)
 
 
 #: Objectives per suite: CounterFact's and zsRE's paper Score with their locality metric as the guard against the
 #: unedited model; PEAK (paper 003): efficacy with the additivity cut of the hard setting, ES guarded against the
-#: editor without its plug-ins (APP exists to cut AFF/ANF; its cost, if any, is efficacy).
+#: editor without its plug-ins (APP exists to cut AFF/ANF; its cost, if any, is efficacy); EVK (paper 004, for
+#: EVK-Align): CounterFact efficacy with the EVK-Bench Embedding and Text Stability of the same edits (eq 9), ES
+#: guarded against the editor alone (a plug-in that weakens the edit raises stability for free).
 OBJECTIVES: dict[str, Objective] = {
     "counterfact": _objective("counterfact", "Score", ("ES", "PS", "NS"), "NS"),
     "zsre": _objective("zsre", "Score", ("Efficacy", "Paraphrase", "Specificity"), "Specificity"),
     "peak": _objective("peak", "Score", ("ES", "1-AFF_hard", "1-ANF_hard"), "ES", "editor_alone",
                        why="AFF/ANF are shares where lower is better, so their complements enter the mean"),
+    "evk": _objective("counterfact", "EVK score", ("ES", "EVK_ES", "EVK_TS"), "ES", "editor_alone",
+                      why="EVK_ES/EVK_TS are the evk suite's pre/post cosines of the same cases",
+                      extra_suites=("evk",)),
 }
 
 
@@ -163,9 +179,9 @@ def post_column(specs: Sequence[MetricSpec], metric: str) -> str:
 
 def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective, specs: Sequence[MetricSpec],
                reference: Sequence[dict[str, float | None]] | None = None) -> CandidateScore:
-    """The objective of one candidate from its rows' metrics of ``objective.suite``; ``specs`` are the suite's
-    declarations (which column holds a metric's post-edit value). ``reference``: the editor-alone run's rows on the
-    same cases, required when ``objective.guard_reference`` is ``"editor_alone"``."""
+    """The objective of one candidate from its rows' metrics of ``objective.suites`` (merged per case); ``specs``
+    are those suites' declarations (which column holds a metric's post-edit value). ``reference``: the editor-alone
+    run's rows on the same cases, required when ``objective.guard_reference`` is ``"editor_alone"``."""
     columns = np.stack([c.transform(_column(metrics, post_column(specs, c.metric))) for c in objective.components],
                        axis=1)
     score, lo, hi = bootstrap_aggregate(columns, objective.aggregate_spec())
