@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from editscope.edit.hparams import read_provenance
+from editscope.edit.plugins import PLUGINS
 from editscope.run.store import read_results
 from editscope.suites.counterfact import METRICS as CF_METRICS
 from editscope.suites.evk import EvkSuite
@@ -102,4 +103,7 @@ def test_evk_tune_of_rome_evk_align(tmp_path, tiny_llama):
     assert prov["objective"]["suites"] == ["counterfact", "evk"]
     assert prov["validation"]["dataset"] == "counterfact"
     assert set(prov["candidates"][0]["scores"][0]["metrics"]) == {"ES", "EVK_ES", "EVK_TS"}
+    # the tuned file feeds the plug-in's values back (from:), equal to the chosen candidate's
+    plugin = PLUGINS["evk_align"].attach({"from": str(result.yaml_path)})
+    assert plugin.hparams.lam == result.chosen.to_dict()["plugins"]["evk_align"]["lam"] and plugin.hparams.n == 1
     assert math.isfinite(result.reference[4].guard)

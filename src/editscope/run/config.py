@@ -28,7 +28,8 @@ Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) 
         hparams: hp/memit.yaml   # default configs/hparams/{name}/{model}.yaml; relative to this file
         overrides: {v_steps: 10}
         plugins:                 # loss-term plug-ins (editscope.edit.plugins), optimising editors only
-          - {name: app, weight: 0.1}   # the plug-in's name plus its hparams
+          - {name: app, alpha: 0.02}   # the plug-in's name plus its hparams
+          - {name: evk_align, from: tune-out/tuned.yaml}  # values editscope tune chose (relative to this file)
     plugin_modules: [my.plugins] # Python modules imported first (they register plug-ins, editors, suites...)
     datasets:                    # one block per dataset; or the keys dataset/slice/suites at top level
       - dataset: counterfact     # registered name or JSON file (relative to this file), or a mapping
@@ -487,7 +488,7 @@ def _method(c: _Checker, m: Any, key: str, known: list[str], base_dir: Path | No
     name = c.text(m["name"], f"{key}.name")
     if name not in known:
         raise c.fail(f"{key}.name", f"unknown edit method {name!r}; available: {', '.join(known)}")
-    plugins = _plugins(c, m.get("plugins", []) or [], name, f"{key}.plugins")
+    plugins = _plugins(c, m.get("plugins", []) or [], name, f"{key}.plugins", base_dir)
     label = c.text(m.get("label", "+".join([name, *(p["name"] for p in plugins)])), f"{key}.label")
     hp = m.get("hparams")
     if hp is not None:
@@ -607,10 +608,11 @@ def _suites(c: _Checker, raw: Any, key: str, known: list[str]) -> tuple[SuiteSpe
     return tuple(specs)
 
 
-def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, Any], ...]:
+def _plugins(c: _Checker, raw: Any, method: str, key: str, base_dir: Path | None) -> tuple[dict[str, Any], ...]:
     """A method's ``plugins: [{name: X, hparam: value, ...}]``, validated against the plug-in registry and the
-    editor's declaration (plug-ins need an optimising editor); hparams are stored complete (defaults filled)."""
-    from editscope.edit.plugins import get_plugin
+    editor's declaration (plug-ins need an optimising editor); hparams are stored complete (defaults filled; a
+    ``from:`` tuned file, relative to the config's folder, resolved into its values)."""
+    from editscope.edit.plugins import FROM_KEY, get_plugin
     from editscope.edit.registry import EDITORS
 
     raw = c.typed(raw, list, key, "a list of plug-ins ({name: X, hparam: value, ...})")
@@ -618,9 +620,12 @@ def _plugins(c: _Checker, raw: Any, method: str, key: str) -> tuple[dict[str, An
     for i, entry in enumerate(raw):
         ekey = f"{key}[{i}]"
         entry, name = _named(c, entry, ekey, "a plug-in name or a mapping {name: X, hparam: value, ...}")
+        values = {k: v for k, v in entry.items() if k != "name"}
+        if isinstance(values.get(FROM_KEY), str):
+            values[FROM_KEY] = _resolve(values[FROM_KEY], base_dir)
         try:
             spec = get_plugin(name)
-            plugin = spec.attach({k: v for k, v in entry.items() if k != "name"}, f"{c.where}: key {ekey!r}")
+            plugin = spec.attach(values, f"{c.where}: key {ekey!r}")
         except EditscopeError as exc:
             msg = str(exc)
             raise (EditscopeError(msg) if msg.startswith(c.where) else c.fail(f"{ekey}.name", msg)) from exc

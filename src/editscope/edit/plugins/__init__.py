@@ -8,7 +8,9 @@ imports a module that calls :func:`register_plugin`).
 
 Attach plug-ins with ``editor.apply(..., plugins=[("name", {key: value}), spec, ...])``, with ``plugins:`` in a
 run config's method entry, or with ``editscope edit --plugin NAME[:key=value,...]``. Each attached plug-in is a
-:class:`Plugin` (spec + validated hparams); its term is made fresh for every edit.
+:class:`Plugin` (spec + validated hparams); its term is made fresh for every edit. The key ``from`` (:data:`FROM_KEY`)
+starts the values from those ``editscope tune`` chose: ``--plugin evk_align:from=OUT/tuned.yaml`` takes the plug-in's
+values from that file's ``provenance.plugins``, and any other key given beside it overrides them.
 """
 
 from __future__ import annotations
@@ -16,12 +18,31 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from editscope.edit.hparams import Params, parse_key_value
+from editscope.edit.hparams import Params, parse_key_value, read_provenance
 from editscope.edit.objective import ObjectiveTerm
 from editscope.errors import EditscopeError
 from editscope.registry import Registry
+
+#: the plug-in value naming a tuned hparams file to start from (see the module docstring)
+FROM_KEY = "from"
+
+
+def tuned_values(path: str | Path, name: str, where: str) -> dict[str, Any]:
+    """The values of plug-in ``name`` recorded in the ``provenance.plugins`` of ``path`` (an ``editscope tune``
+    output, ``tuned.yaml``); a one-line error naming the file when it has none."""
+    path = Path(path)
+    if not path.is_file():
+        raise EditscopeError(f"{where}: key {FROM_KEY!r}: file not found: {path}")
+    provenance = read_provenance(path) or {}
+    entries = provenance.get("plugins")
+    found = [e for e in entries if isinstance(e, dict) and e.get("name") == name] if isinstance(entries, list) else []
+    if not found:
+        raise EditscopeError(f"{where}: key {FROM_KEY!r}: {path} records no values of plug-in {name!r} (expected "
+                             "a tuned.yaml of editscope tune with that plug-in attached: provenance.plugins)")
+    return {k: v for k, v in found[0].items() if k != "name"}
 
 
 @dataclass
@@ -40,9 +61,13 @@ class PluginSpec:
     doc: str = ""
 
     def attach(self, values: Mapping[str, Any] | None = None, where: str | None = None) -> Plugin:
-        """This plug-in with hparams ``values`` (defaults for missing keys), validated."""
-        hp = self.hparams_class.from_dict(dict(values or {}), where or f"<plug-in {self.name}>")
-        return Plugin(self, hp)
+        """This plug-in with hparams ``values`` (defaults for missing keys; ``from``: a tuned file's values
+        first, :func:`tuned_values`), validated."""
+        where = where or f"<plug-in {self.name}>"
+        values = dict(values or {})
+        if FROM_KEY in values:
+            values = {**tuned_values(str(values.pop(FROM_KEY)), self.name, where), **values}
+        return Plugin(self, self.hparams_class.from_dict(values, where))
 
 
 @dataclass(frozen=True)
@@ -134,8 +159,8 @@ def combined_label(editor_label: str, plugins: Sequence[Plugin]) -> str:
     return "+".join([editor_label, *(p.spec.label for p in plugins)])
 
 
-__all__ = ["PLUGINS", "Plugin", "PluginHParams", "PluginLike", "PluginSpec", "attach", "combined_label",
-           "get_plugin", "import_plugin_modules", "parse_plugin_arg", "register_plugin"]
+__all__ = ["FROM_KEY", "PLUGINS", "Plugin", "PluginHParams", "PluginLike", "PluginSpec", "attach", "combined_label",
+           "get_plugin", "import_plugin_modules", "parse_plugin_arg", "register_plugin", "tuned_values"]
 
 # The shipped plug-ins register themselves on import (after the definitions above, which they use).
 from editscope.edit.plugins import app as _app  # noqa: E402,F401
