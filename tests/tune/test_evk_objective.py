@@ -23,6 +23,11 @@ EVK = OBJECTIVES["evk"]
 SPECS = (*CF_METRICS, *EvkSuite().metrics_declared)
 
 
+def wilson_low(p: float, n: int, z: float = 1.959963984540054) -> float:
+    """The low end of the Wilson score interval (Wilson 1927), written out: z the normal 97.5% quantile."""
+    return (p + z * z / (2 * n) - z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
+
+
 def merged_rows(es, evk_es, evk_ts):
     """Per case, the counterfact suite's ES_pre/ES_post and the evk suite's post-only cosines, merged."""
     return [{"ES_pre": 0.0, "ES_post": a, "EVK_ES": b, "EVK_TS": c} for a, b, c in zip(es, evk_es, evk_ts, strict=True)]
@@ -44,10 +49,10 @@ def test_harmonic_mean_and_guard_by_hand():
     s = score_rows(rows, EVK, SPECS, reference=ref)
     assert s.score == pytest.approx(3 / (4 / 3 + 4 / 3 + 5 / 4))
     assert s.metrics["EVK_ES"][0] == pytest.approx(.75) and s.metrics["EVK_TS"][0] == pytest.approx(.8)
-    # the reference's ES has no spread: the floor is its mean (1.0), and 0.75 is refused
-    assert s.guard_ref == 1.0 and s.guard_floor == 1.0 and not s.local
-    weaker = score_rows(merged_rows([1, 1, 1, 1], [.5] * 4, [.5] * 4), EVK, SPECS, reference=ref)
-    assert weaker.local and weaker.score == pytest.approx(3 / (1 + 2 + 2))
+    # the reference's ES has no spread: the floor is the low end of the Wilson interval of 4/4, 4 / (4 + z^2) = .51
+    assert s.guard_ref == 1.0 and s.guard_floor == pytest.approx(wilson_low(1.0, 4)) and s.local
+    weaker = score_rows(merged_rows([1, 0, 0, 1], [.95] * 4, [.95] * 4), EVK, SPECS, reference=ref)
+    assert not weaker.local and weaker.score == pytest.approx(3 / (2 + 1 / .95 + 1 / .95))
 
 
 def test_cli_help_names_the_evk_objective(capsys):
@@ -75,9 +80,8 @@ def test_evk_tune_of_rome_evk_align(tmp_path, tiny_llama):
     ref = rows(out / "reference")
     assert len(ref) == 4 and all(set(r["metrics"]) == {"counterfact", "evk"} for r in ref)
     ref_es = np.array([r["metrics"]["counterfact"]["ES_post"] for r in ref])
-    half = (0.0 if ref_es.std() == 0 else
-            2.3533634348018264 * ref_es.std(ddof=1) / 2)  # Student t 97.5%, 3 degrees of freedom; sqrt(4) = 2
-    floor = ref_es.mean() - half
+    floor = (wilson_low(ref_es.mean(), 4) if ref_es.std() == 0 else  # Student t 97.5%, 3 df; sqrt(4) = 2
+             ref_es.mean() - 2.3533634348018264 * ref_es.std(ddof=1) / 2)
 
     def columns(rs: list[dict]) -> np.ndarray:
         return np.array([[r["metrics"]["counterfact"]["ES_post"], r["metrics"]["evk"]["EVK_ES"],

@@ -16,6 +16,7 @@ from editscope.tune.search import OBJECTIVES, Component, score_rows, select
 
 PEAK = OBJECTIVES["peak"]
 T_975_4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables)
+Z_975 = 1.959963984540054  # standard normal, 97.5% quantile (tables)
 
 
 def peak_rows(es, aff, anf, es_pre=None):
@@ -73,9 +74,14 @@ def test_harmonic_mean_of_complements_by_hand():
 
 def test_efficacy_guard_compares_with_the_editor_alone():
     rows = peak_rows([1, 1, 0, 1, 1], [.1] * 5, [.1] * 5, es_pre=[0, 0, 0, 0, 0])
-    # the reference hits every case: mean 1, no spread -> floor 1; the candidate's ES .8 is refused
+    # the reference hits every case: mean 1, no spread, so t's interval has no width; the floor is the low end of
+    # the Wilson interval of 5/5, n / (n + z^2) = 5 / (5 + 1.96^2) = .5655: the candidate's ES .8 passes, .4 does not
     s = score_rows(rows, PEAK, PEAK_METRICS, reference=peak_rows([1] * 5, [.9] * 5, [.9] * 5))
-    assert s.guard == pytest.approx(.8) and s.guard_ref == 1.0 and s.guard_floor == 1.0 and not s.local
+    assert s.guard == pytest.approx(.8) and s.guard_ref == 1.0 and s.local
+    assert s.guard_floor == pytest.approx(5 / (5 + Z_975 ** 2))
+    s = score_rows(peak_rows([1, 0, 0, 1, 0], [.1] * 5, [.1] * 5), PEAK, PEAK_METRICS,
+                   reference=peak_rows([1] * 5, [.9] * 5, [.9] * 5))
+    assert not s.local
     # reference ES 1,1,0,1,1: mean .8, sd sqrt(.2), half-width t(.975, 4) * sqrt(.2) / sqrt(5) = .2 * t
     s = score_rows(peak_rows([0, 1, 0, 1, 0], [.1] * 5, [.1] * 5), PEAK, PEAK_METRICS,
                    reference=peak_rows([1, 1, 0, 1, 1], [.9] * 5, [.9] * 5))
@@ -95,12 +101,14 @@ def test_efficacy_guard_compares_with_the_editor_alone():
 
 
 def test_selection_refuses_a_candidate_that_loses_too_much_efficacy():
-    reference = peak_rows([1] * 6, [.9] * 6, [.8] * 6)  # the editor alone: every edit lands, AFF/ANF high
-    # "strong": the deepest additivity cut (AFF = ANF = 0), but one edit of six fails: ES 5/6 < floor 1
+    reference = peak_rows([1] * 30, [.9] * 30, [.8] * 30)  # the editor alone: every edit lands, AFF/ANF high
+    # "strong": the deepest additivity cut (AFF = ANF = 0), but 4 edits of 30 fail: ES 26/30 = .867 is below the
+    # floor, the low end of the Wilson interval of 30/30, 30 / (30 + z^2) = .886
     # "mild": every edit lands, AFF = ANF = .5 -> Score hmean(1, .5, .5) = .6 on every resample
-    scores = {"strong": score_rows(peak_rows([1, 1, 1, 1, 1, 0], [0] * 6, [0] * 6), PEAK, PEAK_METRICS, reference),
-              "mild": score_rows(peak_rows([1] * 6, [.5] * 6, [.5] * 6), PEAK, PEAK_METRICS, reference)}
-    assert math.isclose(scores["strong"].score, 3 / (6 / 5 + 1 + 1))
+    scores = {"strong": score_rows(peak_rows([1] * 26 + [0] * 4, [0] * 30, [0] * 30), PEAK, PEAK_METRICS, reference),
+              "mild": score_rows(peak_rows([1] * 30, [.5] * 30, [.5] * 30), PEAK, PEAK_METRICS, reference)}
+    assert scores["strong"].guard_floor == pytest.approx(30 / (30 + Z_975 ** 2))
+    assert math.isclose(scores["strong"].score, 3 / (30 / 26 + 1 + 1))
     assert scores["mild"].score == pytest.approx(.6) and scores["mild"].score_lo == pytest.approx(.6)
     assert scores["strong"].score_lo > scores["mild"].score_lo  # it would win on the score alone
     assert not scores["strong"].local and scores["mild"].local
@@ -114,7 +122,9 @@ def test_counterfact_objective_unchanged_by_the_generalisation():
             for a, b, c in zip([1, 0, 1], [1, 1, .5], [0, 1, 1], strict=True)]
     s = score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS)
     assert math.isclose(s.score, 3 / (3 / 2 + 6 / 5 + 3 / 2))  # means 2/3, 5/6, 2/3
-    assert s.guard_ref == 1.0 and s.guard == pytest.approx(2 / 3) and not s.local
+    # NS_pre 1 on all 3 cases: the floor is Wilson's 3 / (3 + z^2) = .438, so NS 2/3 passes
+    assert s.guard_ref == 1.0 and s.guard == pytest.approx(2 / 3) and s.local
+    assert s.guard_floor == pytest.approx(3 / (3 + Z_975 ** 2))
 
 
 def test_cli_help_names_each_objective(capsys):

@@ -11,12 +11,13 @@ import pytest
 
 from editscope.edit.hparams import TUNE_LAYERS, Params
 from editscope.errors import EditscopeError
-from editscope.metrics.intervals import mean_ci
+from editscope.metrics.intervals import mean_ci, wilson_interval
 from editscope.suites.counterfact import METRICS as CF_METRICS
 from editscope.tune.search import (
     OBJECTIVES,
     CandidateScore,
     StopSearch,
+    reference_ci,
     rung_sizes,
     score_rows,
     select,
@@ -167,3 +168,17 @@ def test_tunable_declarations_are_checked_at_import():
 
     every = yaml.safe_load(shipped_hparams_path("mend", "smollm2-135m").read_text())["checkpoint_every"]
     assert all(n % every == 0 for n in EDITORS["mend"].hparams_class.tunable()["steps"])
+
+
+def test_a_share_with_no_spread_keeps_a_width_by_wilson():
+    # unedited NS 1 on all 6 cases: t's interval has no width; Wilson's low end for 6/6 is 6 / (6 + z^2) = .6097,
+    # so one neighbour lost (5/6 = .833) passes and three lost (.5) do not; a non-share metric keeps t's (no width)
+    z = 1.959963984540054
+    rows = [{"ES_post": 1.0, "PS_post": 1.0, "NS_post": ns, "NS_pre": 1.0} for ns in [1, 1, 1, 1, 1, 0]]
+    s = score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS)
+    assert s.guard_floor == pytest.approx(6 / (6 + z * z)) and s.local
+    rows = [dict(r, NS_post=ns) for r, ns in zip(rows, [1, 1, 1, 0, 0, 0], strict=True)]
+    assert not score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS).local
+    assert reference_ci(np.full(6, 2.0)) == (2.0, 2.0, 2.0)
+    lo, hi = wilson_interval(0.5, 10)  # a textbook value: 5/10 -> [0.2366, 0.7634]
+    assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)

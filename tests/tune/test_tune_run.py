@@ -201,6 +201,10 @@ def test_peak_tune_of_rome_app_with_the_editor_alone_as_reference(tmp_path, tiny
     sd = float(np.std(ref_es, ddof=1)) if len(ref_es) > 1 else math.nan
     half = stats.t.ppf(0.975, len(ref_es) - 1) * sd / math.sqrt(len(ref_es)) if len(ref_es) > 1 else math.nan
     floor = ref_mean - (half if math.isfinite(half) else 0.0)
+    if sd == 0:  # no spread: the low end of the Wilson score interval of the share (Wilson 1927), written out
+        z, n_ref = stats.norm.ppf(0.975), len(ref_es)
+        floor = (ref_mean + z * z / (2 * n_ref) - z * math.sqrt(ref_mean * (1 - ref_mean) / n_ref
+                                                               + z * z / (4 * n_ref ** 2))) / (1 + z * z / n_ref)
 
     def hmean(es: list[float], aff: list[float], anf: list[float], sample) -> float:
         means = []

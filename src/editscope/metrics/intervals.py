@@ -11,6 +11,8 @@
 * :func:`paired_mean_ci` / :func:`paired_bootstrap_aggregate` -- the difference between two methods (or a method
   and the unedited model) measured on the same cases: the t interval of the per-case differences, and the
   bootstrap interval of the difference of aggregates over one shared resample of the cases;
+* :func:`wilson_interval` -- the Wilson score interval of a proportion (Wilson 1927), which keeps a width where
+  a t interval has none (a share of 0 or 1 over few cases);
 * :func:`clip_interval` -- an interval cut to the values a metric can take.
 
 Values that are None, NaN or inf are left out (they mean "no value for this case")."""
@@ -45,6 +47,19 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     sd = float(x.std(ddof=1))
     half = float(st.t.ppf(0.5 + confidence / 2, x.size - 1)) * sd / math.sqrt(x.size)
     return mean, mean - half, mean + half, sd
+
+
+def wilson_interval(share: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``share`` observed over ``n`` trials (Wilson 1927, JASA 22:209):
+    (p̂ + z²/2n ∓ z·√(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n), z the two-sided normal quantile of ``confidence``.
+    For p̂ = 1 the low end is n / (n + z²). NaN for n < 1 or a share outside [0, 1]."""
+    if n < 1 or not 0.0 <= share <= 1.0:
+        return math.nan, math.nan
+    z = float(st.norm.ppf(0.5 + confidence / 2))
+    centre = share + z * z / (2 * n)
+    spread = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    scale = 1 + z * z / n
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
 
 
 def geometric_mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:

@@ -46,7 +46,7 @@ def write_page(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: 
                                                   "last rung."), ""]
     if objective.guard_reference == "editor_alone":
         lines += [f"Reference: `reference/`, {settings.method} alone (base hparams, no plug-ins) on the same cases; "
-                  f"its mean {objective.guard} minus its 95% CI half-width is the floor a candidate must reach.", ""]
+                  f"the low end of its mean {objective.guard}'s 95% CI is the floor a candidate must reach.", ""]
     if _plot(out, result, by_id, chosen, objective, reference):
         lines += ["![search curve](search.png)", ""]
     g, ref = objective.guard, objective.reference_label

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from editscope.metrics.intervals import bootstrap_aggregate, mean_ci
+from editscope.metrics.intervals import bootstrap_aggregate, mean_ci, wilson_interval
 from editscope.metrics.registry import MetricSpec, hmean_of
 
 GuardReference = Literal["unedited", "editor_alone"]
@@ -46,8 +46,8 @@ class Objective:
     ``score``: the harmonic mean of the dataset-level means of ``components`` (each a metric or its complement),
     with a bootstrap 95% CI over cases (:func:`~editscope.metrics.intervals.bootstrap_aggregate`, as the summary's
     CounterFact Score); candidates are ranked by its lower CI bound, not its mean. ``guard``: a higher-is-better
-    metric of the suite; a candidate whose mean guard metric lies below the reference's mean by more than the
-    half-width of that mean's 95% CI is refused. ``guard_reference`` says what the reference is: the unedited model
+    metric of the suite; a candidate whose mean guard metric lies below the low end of the reference mean's 95% CI
+    (:func:`reference_ci`) is refused. ``guard_reference`` says what the reference is: the unedited model
     (``"unedited"``, the rows' ``_pre`` column) or the same editor without the plug-ins (``"editor_alone"``, a
     reference run on the same cases)."""
 
@@ -93,7 +93,8 @@ class Objective:
         return (f"maximise the lower 95% bootstrap CI bound of {self.suite_label} {self.score} (harmonic mean of the "
                 f"post-edit dataset-level means of {', '.join(c.label for c in self.components)}); refuse a candidate "
                 f"whose mean post-edit {self.guard} is below the mean {self.guard} of {ref} by more than that mean's "
-                f"95% CI half-width" + (f" ({self.why})" if self.why else ""))
+                f"95% CI half-width (for a share with no spread over the cases, below the low end of its Wilson score "
+                f"interval)" + (f" ({self.why})" if self.why else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.describe(), "suite": self.suite, "suites": list(self.suites), "score": self.score,
@@ -146,9 +147,9 @@ class CandidateScore:
 
     @property
     def guard_floor(self) -> float:
-        """The lowest guard mean accepted: the reference mean minus its CI half-width (no width: the mean)."""
-        half = (self.guard_ref_hi - self.guard_ref_lo) / 2
-        return self.guard_ref - (half if math.isfinite(half) else 0.0)
+        """The lowest guard mean accepted: the low end of the reference's 95% CI (for its t interval, the mean
+        minus the half-width; no interval: the mean)."""
+        return self.guard_ref_lo if math.isfinite(self.guard_ref_lo) else self.guard_ref
 
     @property
     def local(self) -> bool:
@@ -177,6 +178,17 @@ def post_column(specs: Sequence[MetricSpec], metric: str) -> str:
     raise ValueError(f"objective: the suite declares no metric {metric!r}")
 
 
+def reference_ci(values: np.ndarray) -> tuple[float, float, float]:
+    """The guard reference's mean and 95% CI over cases: Student t's, except for a share (values in [0, 1]) with no
+    spread, where t's interval has no width and would refuse any candidate that loses one case (a model that
+    answers every neighbour of a small rung): there the Wilson score interval of that share over the cases."""
+    mean, lo, hi, _ = mean_ci(values.tolist())
+    x = values[np.isfinite(values)]
+    if x.size >= 2 and lo == hi and np.all((x >= 0) & (x <= 1)):
+        lo, hi = wilson_interval(mean, int(x.size))
+    return mean, lo, hi
+
+
 def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective, specs: Sequence[MetricSpec],
                reference: Sequence[dict[str, float | None]] | None = None) -> CandidateScore:
     """The objective of one candidate from its rows' metrics of ``objective.suites`` (merged per case); ``specs``
@@ -195,7 +207,7 @@ def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective,
         ref = _column(reference, guard_col)
     else:
         ref = _column(metrics, f"{objective.guard}_pre")
-    r, r_lo, r_hi, _ = mean_ci(ref.tolist())
+    r, r_lo, r_hi = reference_ci(ref)
     per = {name: tuple(mean_ci(_column(metrics, post_column(specs, name)).tolist())[:3]) for name in objective.metrics}
     return CandidateScore(len(metrics), score, lo, hi, guard, g_lo, g_hi, r, r_lo, r_hi, per)
 
@@ -278,4 +290,5 @@ def successive_halving(candidates: Sequence[str], sizes: Sequence[int], eta: int
 
 
 __all__ = ["GUARD_REFERENCES", "OBJECTIVES", "CandidateScore", "Component", "HalvingResult", "Objective", "StopSearch",
-           "post_column", "rank_key", "rung_sizes", "score_rows", "select", "successive_halving", "survivors"]
+           "post_column", "rank_key", "reference_ci", "rung_sizes", "score_rows", "select", "successive_halving",
+           "survivors"]
