@@ -182,3 +182,11 @@ def test_a_share_with_no_spread_keeps_a_width_by_wilson():
     assert reference_ci(np.full(6, 2.0)) == (2.0, 2.0, 2.0)
     lo, hi = wilson_interval(0.5, 10)  # a textbook value: 5/10 -> [0.2366, 0.7634]
     assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+
+
+def test_reported_intervals_stay_inside_a_share():
+    # PS 1 on 7 of 8 cases: t's interval is .875 ± 2.3646 * .35355 / sqrt(8) = [.579, 1.171], shown cut at 1
+    rows = [{"ES_post": 1.0, "PS_post": ps, "NS_post": 1.0, "NS_pre": 1.0} for ps in [1] * 7 + [0]]
+    m, lo, hi = score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS).metrics["PS"]
+    assert m == pytest.approx(.875) and lo == pytest.approx(.875 - 2.3646243 * math.sqrt(1 / 8) / math.sqrt(8))
+    assert hi == 1.0

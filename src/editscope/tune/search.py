@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from editscope.metrics.intervals import bootstrap_aggregate, mean_ci, wilson_interval
+from editscope.metrics.intervals import bootstrap_aggregate, clip_interval, mean_ci, wilson_interval
 from editscope.metrics.registry import MetricSpec, hmean_of
 
 GuardReference = Literal["unedited", "editor_alone"]
@@ -169,13 +169,23 @@ def _column(metrics: Sequence[dict[str, float | None]], name: str) -> np.ndarray
     return np.array([np.nan if m.get(name) is None else float(m[name]) for m in metrics], dtype=np.float64)
 
 
+def _spec(specs: Sequence[MetricSpec], metric: str) -> MetricSpec:
+    for spec in specs:
+        if spec.name == metric:
+            return spec
+    raise ValueError(f"objective: the suite declares no metric {metric!r}")
+
+
 def post_column(specs: Sequence[MetricSpec], metric: str) -> str:
     """The row key of ``metric``'s edited-model value from the suite's declarations: ``NAME_post`` for a pre/post
     metric, plain ``NAME`` for a post-only one (PEAK's AFF/ANF)."""
-    for spec in specs:
-        if spec.name == metric:
-            return spec.post
-    raise ValueError(f"objective: the suite declares no metric {metric!r}")
+    return _spec(specs, metric).post
+
+
+def _reported(values: np.ndarray, spec: MetricSpec) -> tuple[float, float, float]:
+    """A reported metric's mean and t interval, cut to the values it can take (a share's CI never passes 1)."""
+    mean, lo, hi, _ = mean_ci(values.tolist())
+    return (mean, *clip_interval(lo, hi, spec.range))
 
 
 def reference_ci(values: np.ndarray) -> tuple[float, float, float]:
@@ -208,7 +218,7 @@ def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective,
     else:
         ref = _column(metrics, f"{objective.guard}_pre")
     r, r_lo, r_hi = reference_ci(ref)
-    per = {name: tuple(mean_ci(_column(metrics, post_column(specs, name)).tolist())[:3]) for name in objective.metrics}
+    per = {m: _reported(_column(metrics, post_column(specs, m)), _spec(specs, m)) for m in objective.metrics}
     return CandidateScore(len(metrics), score, lo, hi, guard, g_lo, g_hi, r, r_lo, r_hi, per)
 
 
