@@ -16,13 +16,17 @@ def write(tmp_path, text: str):
     return path
 
 
+#: the layer counts of the real registry models with shipped files (from their configs)
+REAL_DEPTHS = {"smollm2-135m": 30, "gemma3-270m": 18}
+
+
 def test_every_shipped_config_validates(tiny_bundles):
     # the paper models' files (GPT-2 XL, GPT-J, Llama-3-8B depths) are checked in test_derived_hparams.py
     files = sorted(p for p in config_root().glob("*/*.yaml") if p.stem not in ("gpt2-xl", "gpt-j-6b", "llama3-8b"))
     assert len(files) >= 6 * 5
     for path in files:
         editor = get_editor(path.parent.name)
-        n_layers = 30 if path.stem == "smollm2-135m" else tiny_bundles["llama"].n_layers
+        n_layers = REAL_DEPTHS.get(path.stem, tiny_bundles["llama"].n_layers)
         hp = load_yaml(path, editor.hparams_class, None, n_layers)
         assert hp.layers and max(hp.layers) < n_layers
 

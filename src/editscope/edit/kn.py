@@ -86,7 +86,9 @@ class KNHParams(HParams):
               "lambda_new": "[0, 1e3]", "max_neurons": "[1, inf)"}
     #: KN's λ: the reference code's 2 over-edits small models (neighbours flip with the edit; on SmolLM2 every λ of
     #: 0.1 or more broke NS), so the grid reaches two decades lower; layers: all are searched
-    TUNABLE = {"lambda_old": (0.01, 0.03, 0.1, 0.3, 1.0, 2.0), "lambda_new": (0.01, 0.03, 0.1, 0.3, 1.0, 2.0)}
+    #: λ below 0.01 is for models whose neurons move the answer more: Gemma3-270M chose λ_new 0.003.
+    TUNABLE = {"lambda_old": (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 2.0),
+               "lambda_new": (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 2.0)}
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
