@@ -179,7 +179,7 @@ def test_a_share_with_no_spread_keeps_a_width_by_wilson():
     assert s.guard_floor == pytest.approx(6 / (6 + z * z)) and s.local
     rows = [dict(r, NS_post=ns) for r, ns in zip(rows, [1, 1, 1, 0, 0, 0], strict=True)]
     assert not score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS).local
-    assert reference_ci(np.full(6, 2.0)) == (2.0, 2.0, 2.0)
+    assert reference_ci(np.full(6, 1.0), share=False) == (1.0, 1.0, 1.0)  # not declared a share: t's, no width
     lo, hi = wilson_interval(0.5, 10)  # a textbook value: 5/10 -> [0.2366, 0.7634]
     assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
 

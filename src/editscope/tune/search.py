@@ -188,14 +188,14 @@ def _reported(values: np.ndarray, spec: MetricSpec) -> tuple[float, float, float
     return (mean, *clip_interval(lo, hi, spec.range))
 
 
-def reference_ci(values: np.ndarray) -> tuple[float, float, float]:
-    """The guard reference's mean and 95% CI over cases: Student t's, except for a share (values in [0, 1]) with no
-    spread, where t's interval has no width and would refuse any candidate that loses one case (a model that
-    answers every neighbour of a small rung): there the Wilson score interval of that share over the cases."""
+def reference_ci(values: np.ndarray, share: bool) -> tuple[float, float, float]:
+    """The guard reference's mean and 95% CI over cases: Student t's, except for a share (``share``: the metric is
+    declared on [0, 1]) with no spread, where t's interval has no width and would refuse any candidate that loses one
+    case (a model that answers every neighbour of a small rung): there the Wilson score interval of that share."""
     mean, lo, hi, _ = mean_ci(values.tolist())
-    x = values[np.isfinite(values)]
-    if x.size >= 2 and lo == hi and np.all((x >= 0) & (x <= 1)):
-        lo, hi = wilson_interval(mean, int(x.size))
+    n = int(np.isfinite(values).sum())
+    if share and n >= 2 and lo == hi:
+        lo, hi = wilson_interval(mean, n)
     return mean, lo, hi
 
 
@@ -217,7 +217,7 @@ def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective,
         ref = _column(reference, guard_col)
     else:
         ref = _column(metrics, f"{objective.guard}_pre")
-    r, r_lo, r_hi = reference_ci(ref)
+    r, r_lo, r_hi = reference_ci(ref, _spec(specs, objective.guard).range == (0.0, 1.0))
     per = {m: _reported(_column(metrics, post_column(specs, m)), _spec(specs, m)) for m in objective.metrics}
     return CandidateScore(len(metrics), score, lo, hi, guard, g_lo, g_hi, r, r_lo, r_hi, per)
 
