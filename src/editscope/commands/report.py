@@ -1,5 +1,7 @@
 """``editscope report RUN_DIR [RUN_DIR ...] [--out DIR] [--baseline METHOD]``: HTML + Markdown report of one or
-more runs, with ``tables.tex`` (booktabs tabulars of the pivot and every compact table) beside it."""
+more runs, with ``tables.tex`` (booktabs tabulars of the pivot and every compact table) beside it;
+``editscope report --reproduction PAGE [--runs-root DIR]``: the measured blocks of a reproduction page
+regenerated from the runs they name."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "baseline with 95% intervals, † where the interval excludes 0), summaries per suite and method (mean with "
         "95% CI), a bar chart per metric, the 1-to-N answer distribution of a sampled case against its gold "
         "distribution, and the probability shift of correct vs "
-        "false answers (PEAK).",
+        "false answers (PEAK). With --reproduction: rewrite the measured blocks of a page such as "
+        "docs/reproduction.md from the runs each block names (marked '<!-- editscope:measured RUN_DIR... "
+        "[baseline=METHOD] [figures=none] -->' ... '<!-- editscope:end -->'; see docs/reproduction.md).",
     )
-    parser.add_argument("runs", metavar="RUN_DIR", nargs="+",
+    parser.add_argument("runs", metavar="RUN_DIR", nargs="*",
                         help="run output directories (the OUTPUT of a 'models' list: each model's run, keyed by model)")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default: the first RUN_DIR)")
     parser.add_argument("--baseline", metavar="METHOD",
@@ -30,12 +34,47 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "with --seed, for each of its methods, under OUT/cards/, and link them from the report")
     parser.add_argument("--cards-for", nargs="+", default=[], metavar="CASE_ID",
                         help="the same for these case ids (with or without --cards)")
+    parser.add_argument("--reproduction", metavar="PAGE",
+                        help="regenerate the measured blocks of this Markdown page from the runs they name, in place "
+                        "(blocks whose runs are absent keep their text; figures go beside the page under "
+                        "reproduction/); takes no RUN_DIR")
+    parser.add_argument("--runs-root", metavar="DIR", default=".",
+                        help="with --reproduction: the folder the blocks' run paths are relative to (default: .)")
     parser.set_defaults(func=_run)
+
+
+def _reproduction(args: argparse.Namespace) -> int:
+    import sys
+
+    from editscope.errors import EditscopeError
+    from editscope.report.reproduction import regenerate
+
+    if args.runs:
+        print("editscope report: error: --reproduction takes no RUN_DIR (each block names its runs; see "
+              "--runs-root)", file=sys.stderr)
+        return 2
+    try:
+        outcomes = regenerate(args.reproduction, args.runs_root,
+                              log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except EditscopeError as exc:
+        print(f"editscope report: error: {exc}", file=sys.stderr)
+        return 2
+    for o in outcomes:
+        print(o.describe(args.reproduction))
+    kept = sum(not o.runs for o in outcomes)
+    print(f"{len(outcomes) - kept} of {len(outcomes)} measured blocks regenerated; {kept} kept")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
+
+    if args.reproduction:
+        return _reproduction(args)
+    if not args.runs:
+        print("editscope report: error: give one or more RUN_DIR (or --reproduction PAGE)", file=sys.stderr)
+        return 2
 
     from editscope.report import build_report
     from editscope.report.build import TABLES_TEX

@@ -33,6 +33,7 @@ from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
 from editscope.run.summary import (
     TABLE_NOTE,
+    CurveMap,
     SummaryRow,
     compact_markdown,
     compact_table,
@@ -245,7 +246,7 @@ def _html_pivot(pivot: Pivot) -> str:
     return "".join(out) + f"<p class='protocol'>{html.escape(pivot.baseline_note)}</p>"
 
 
-def _md_pivot(pivot: Pivot) -> list[str]:
+def md_pivot(pivot: Pivot) -> list[str]:
     lines: list[str] = []
     for chunk in pivot.chunks():
         headers = [f"{pivot.columns[j].group}: {pivot.columns[j].header}" for j in chunk]
@@ -282,21 +283,28 @@ def _run_meta(run: Run) -> list[tuple[str, str]]:
             ("time", f"{m.get('started')} – {m.get('finished')}"), ("versions", versions)]
 
 
-def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
-                 suite_factories: Mapping[str, SuiteFactory] | None = None,
-                 baseline: str | None = None,
-                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
-    compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
-    the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
-    unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
-    runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
-    path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
-    "Edit cards" section."""
+@dataclass
+class Analysis:
+    """Everything a report shows, computed once from the runs: the summary (mean and CI per method and metric),
+    the pivot against the baseline, the curves of sequential runs, the protocol notes and the figures."""
+    runs: list[Run]
+    methods: list[str]
+    rows: list[dict[str, Any]]
+    specs: DeclaredMetrics
+    summary: list[SummaryRow]
+    pivot: Pivot | None
+    notes: dict[tuple[str, str], list[str]]
+    curves: CurveMap
+    figures: list[Figure]
+
+
+def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mapping[str, SuiteFactory] | None = None,
+            baseline: str | None = None) -> Analysis:
+    """Load the runs and compute the report's tables and figures (:func:`build_report` and the reproduction page
+    both render this)."""
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
     runs = load_runs(run_dirs)
-    out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
@@ -304,7 +312,6 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets)
     pivot = build_pivot(rows, summary, specs, methods, baseline=baseline,
                         model_level=_model_level({(r.dataset, r.suite) for r in summary}))
-    notes = protocol_notes(rows)
     figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
     curves = summarize_by_edits(rows, specs=specs, method_order=methods, dataset_order=datasets)
     figs += [Figure(f"curve-{dataset}-{suite}", f"{suite} on {dataset} vs number of edits",
@@ -316,8 +323,26 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
+    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs)
+
+
+def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
+                 suite_factories: Mapping[str, SuiteFactory] | None = None,
+                 baseline: str | None = None,
+                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
+    """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
+    compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
+    the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
+    unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
+    runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
+    path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
+    "Edit cards" section."""
+    a = analyse(run_dirs, seed=seed, suite_factories=suite_factories, baseline=baseline)
+    runs, methods, summary, pivot, notes, figs, curves, specs = (a.runs, a.methods, a.summary, a.pivot, a.notes,
+                                                                 a.figures, a.curves, a.specs)
+    out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
     for f in figs:
-        atomic_write_bytes(out / "figures" / _png_name(f.slug), f.png)
+        atomic_write_bytes(out / "figures" / png_name(f.slug), f.png)
 
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
     for r in summary:
@@ -341,12 +366,12 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
     if pivot is not None:
         baseline_line = f"Baseline of the differences: {pivot.baseline}."
-        md += ["## All methods × headline metrics", "", baseline_line, ""] + _md_pivot(pivot)
+        md += ["## All methods × headline metrics", "", baseline_line, ""] + md_pivot(pivot)
         h.append(f"<h2>All methods × headline metrics</h2><p>{html.escape(baseline_line)}</p>{_html_pivot(pivot)}")
         tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + latex.pivot_tabulars(pivot) + [""]
 
     def add_figure(f: Figure) -> None:
-        md.extend([f"![{f.title}](figures/{_png_name(f.slug)})", "", f"*{f.caption}*", ""])
+        md.extend([f"![{f.title}](figures/{png_name(f.slug)})", "", f"*{f.caption}*", ""])
         b64 = base64.b64encode(f.png).decode("ascii")
         axes = png_axes(f.png) or []
         alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
@@ -399,7 +424,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
 TABLES_TEX = "tables.tex"
 
 
-def _png_name(slug: str) -> str:
+def png_name(slug: str) -> str:
     """A figure's file name: labels such as ``counterfact [smollm2-135m]`` (runs of several models) hold spaces and
     brackets, which a Markdown image link cannot."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", slug) + ".png"

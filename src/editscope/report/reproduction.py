@@ -1,0 +1,178 @@
+"""The measured blocks of a reproduction page, regenerated from run directories (``editscope report
+--reproduction PAGE``).
+
+A page such as ``docs/reproduction.md`` is prose its authors write (the paper's numbers, the readings, the
+verdicts) with blocks of measured tables inside it::
+
+    <!-- editscope:measured runs/lifelong-counterfact* baseline=memit -->
+    (generated: replaced on every regeneration)
+    <!-- editscope:end -->
+
+A block names one or more run directories, relative to the runs root; shell patterns are allowed, so a config run
+in shards (one folder per method, one per core) is one block. Options: ``baseline=METHOD`` (the pivot's paired
+differences) and ``figures=none``. Regenerating replaces the text between the markers with the report's pivot of
+every method against every headline metric (:func:`editscope.report.build.analyse`, the tables of ``editscope
+report``), the table after each number of edits of a sequential run, the protocol lines, and the curve and
+retention figures, written beside the page under ``reproduction/<block>/``. A block none of whose runs exist keeps
+its text, so a page regenerates from whatever runs a user has; everything outside the blocks is left byte for
+byte."""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from editscope.atomic import atomic_write_bytes, atomic_write_text
+from editscope.errors import EditscopeError
+from editscope.report.build import Analysis, analyse, md_pivot, png_name
+from editscope.run.summary import curve_markdown
+
+START = re.compile(r"^<!-- editscope:measured (?P<args>.+?) -->\s*$")
+END = "<!-- editscope:end -->"
+OPTIONS = {"baseline", "figures"}
+FIGURE_DIR = "reproduction"
+"""Folder beside the page that holds each block's figures, one sub-folder per block."""
+
+
+@dataclass
+class Block:
+    line: int  # 1-based line of the start marker
+    start: int  # index of the start marker's line
+    end: int  # index of the end marker's line
+    patterns: list[str]
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The block's figure folder: the first pattern's last component, pattern characters dropped."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "", Path(self.patterns[0]).name).strip("._-") or f"block-{self.line}"
+
+
+@dataclass
+class Outcome:
+    line: int
+    patterns: list[str]
+    runs: list[Path]  # empty: the block was kept as it was
+
+    def describe(self, page: Path) -> str:
+        where = f"{page}:{self.line}"
+        if not self.runs:
+            return f"{where}: kept (no run matches {' '.join(self.patterns)})"
+        return f"{where}: regenerated from {', '.join(str(p) for p in self.runs)}"
+
+
+def parse_blocks(text: str, page: str | Path = "page") -> list[Block]:
+    """The measured blocks of a page, with a ``page:line`` error for a block without its end, a nested block or
+    an unknown option."""
+    lines = text.split("\n")
+    blocks, open_block = [], None
+    for i, line in enumerate(lines):
+        m = START.match(line)
+        if m:
+            if open_block is not None:
+                raise EditscopeError(f"{page}:{i + 1}: a measured block starts inside the one opened at line "
+                                     f"{open_block.line} (close it with '{END}')")
+            patterns, options = [], {}
+            for word in m["args"].split():
+                key, eq, value = word.partition("=")
+                if not eq:
+                    patterns.append(word)
+                elif key in OPTIONS and value:
+                    options[key] = value
+                else:
+                    raise EditscopeError(f"{page}:{i + 1}: option {word!r}: expected one of "
+                                         f"{', '.join(sorted(OPTIONS))} as KEY=VALUE")
+            if not patterns:
+                raise EditscopeError(f"{page}:{i + 1}: a measured block names no run directory")
+            if options.get("figures", "curves") not in ("curves", "none"):
+                raise EditscopeError(f"{page}:{i + 1}: figures={options['figures']}: expected 'curves' or 'none'")
+            open_block = Block(i + 1, i, -1, patterns, options)
+        elif line.strip() == END:
+            if open_block is None:
+                raise EditscopeError(f"{page}:{i + 1}: '{END}' without a measured block before it")
+            open_block.end = i
+            blocks.append(open_block)
+            open_block = None
+    if open_block is not None:
+        raise EditscopeError(f"{page}:{open_block.line}: measured block has no '{END}' after it")
+    return blocks
+
+
+def _run_dirs(patterns: list[str], root: Path) -> list[Path]:
+    """The run directories (folders with a run.json, or a ``models`` list's folder) the patterns match."""
+    out: list[Path] = []
+    for pattern in patterns:
+        full = pattern if Path(pattern).is_absolute() else str(root / pattern)
+        for match in sorted(glob.glob(full)):
+            path = Path(match)
+            if path.is_dir() and path not in out and any(path.glob("**/run.json")):
+                out.append(path)
+    return out
+
+
+def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) -> list[str]:
+    """The block's Markdown (and its figures, written under ``figure_dir``)."""
+    lines = []
+    for run in a.runs:
+        m = run.meta
+        version = (m.get("versions") or {}).get("editscope", "?")
+        lines.append(f"*Run `{run.path.name}`: {m.get('model', {}).get('name')}, {len(run.rows)} rows, status "
+                     f"{m.get('status')}, finished {m.get('finished') or '–'}, editscope {version}.*  ")
+    lines.append("")
+    if a.pivot is not None:
+        lines += md_pivot(a.pivot)
+    for (dataset, suite), points in a.curves.items():
+        curve = curve_markdown(points, a.methods, a.specs.get((dataset, suite)))
+        if curve:
+            lines += [f"{suite} on {dataset}, after each number of edits:", "", *curve, ""]
+    notes = list(dict.fromkeys(n for ns in a.notes.values() for n in ns))
+    lines += [f"*{n}*  " for n in notes] + ([""] if notes else [])
+    if block.options.get("figures", "curves") == "curves":
+        for f in a.figures:
+            if f.slug.startswith(("curve-", "retention-")):
+                name = png_name(f.slug)
+                atomic_write_bytes(figure_dir / name, f.png)
+                lines += [f"![{f.title}]({link_prefix}/{name})", ""]
+    while lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def regenerate(page: str | Path, root: str | Path = ".", *,
+               log: Callable[[str], None] = lambda _m: None) -> list[Outcome]:
+    """Rewrite the measured blocks of ``page`` from the runs under ``root``; return what each block did. The page
+    is written (atomically) only when a block changed."""
+    page, root = Path(page), Path(root)
+    if not page.is_file():
+        raise EditscopeError(f"{page}: no such page")
+    text = page.read_text(encoding="utf-8")
+    blocks = parse_blocks(text, page)
+    if not blocks:
+        raise EditscopeError(f"{page}: no measured blocks (mark one with '<!-- editscope:measured RUN_DIR -->' "
+                             f"... '{END}')")
+    lines = text.split("\n")
+    out, outcomes, done = [], [], 0
+    for block in blocks:
+        runs = _run_dirs(block.patterns, root)
+        out += lines[done:block.start + 1]
+        line = len(out)  # the start marker's line in the new page
+        if runs:
+            log(f"{page}:{block.line}: {len(runs)} run(s) for {' '.join(block.patterns)}")
+            try:
+                a = analyse([str(p) for p in runs], baseline=block.options.get("baseline"))
+            except EditscopeError as exc:
+                raise EditscopeError(f"{page}:{block.line}: {exc}") from exc
+            folder = page.parent / FIGURE_DIR / block.name
+            out += render_block(a, block, folder, f"{FIGURE_DIR}/{block.name}")
+        else:
+            out += lines[block.start + 1:block.end]
+        done = block.end
+        outcomes.append(Outcome(line, block.patterns, runs))
+    out += lines[done:]
+    new = "\n".join(out)
+    if new != text:
+        atomic_write_text(page, new)
+    return outcomes
