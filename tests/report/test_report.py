@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from editscope.report import build_report
-from editscope.run import Runner, parse_config
+from editscope.run import Runner, parse_config, read_results
 
 CONFIG = {
     "model": "tiny-llama",
@@ -163,5 +163,12 @@ def test_report_of_a_probe_only_one_to_n_run(tmp_path):
     html, md = build_report([tmp_path / "run"], tmp_path / "report")
     text = md.read_text(encoding="utf-8")
     assert "## one_to_n on peak-cf" in text and "| unedited | 2 |" in text
+    # the pivot's unedited row holds the probed values (naive means of the rows); no row for the 'none' method
+    rows = read_results(tmp_path / "run" / "results.jsonl")
+    pivot = text.split("## All methods × headline metrics")[1].split("\n## ")[0]
+    unedited = next(line for line in pivot.split("\n") if line.startswith("| unedited |")).strip("|").split("|")
+    nkl = sum(r["metrics"]["one_to_n"]["NKL_pre"] for r in rows) / len(rows)
+    assert unedited[1].strip() == f"{nkl:.2f}"
+    assert "| none |" not in pivot
     figures = sorted(p.name for p in (tmp_path / "report" / "figures").glob("one-to-n-*.png"))
     assert len(figures) == 1 and html.is_file()  # the build raised KeyError on the missing post-edit state before

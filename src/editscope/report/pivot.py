@@ -247,14 +247,15 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
     has_pre = any(c.spec.pre is not None for c in columns)
     if has_pre:
         pivot.rows.append(UNEDITED)
-    pivot.rows += present
+    # a method with no post-edit value in any column (``none``, a probe-only run) has only the unedited row's values
+    pivot.rows += [m for m in present if any((c.dataset, c.suite, m, c.spec.post) in cell for c in columns)]
     cases = _case_table(rows)
     for j, c in enumerate(columns):
         with_values = [m for m in present if (c.dataset, c.suite, m, c.spec.post) in cell]
-        if c.spec.pre is not None and with_values:  # pre values are shared: the method with most cases
-            ref = max(with_values, key=lambda m: cell[(c.dataset, c.suite, m, c.spec.post)].n)
-            if (c.dataset, c.suite, ref, c.spec.pre) in cell:
-                pivot.cells[(UNEDITED, j)] = cell[(c.dataset, c.suite, ref, c.spec.pre)]
+        with_pre = [m for m in present if c.spec.pre is not None and (c.dataset, c.suite, m, c.spec.pre) in cell]
+        if with_pre:  # pre values are shared: the method with most cases
+            ref = max(with_pre, key=lambda m: cell[(c.dataset, c.suite, m, c.spec.pre)].n)
+            pivot.cells[(UNEDITED, j)] = cell[(c.dataset, c.suite, ref, c.spec.pre)]
         for m in with_values:
             pivot.cells[(m, j)] = cell[(c.dataset, c.suite, m, c.spec.post)]
             level = (c.dataset, c.suite) in model_level
