@@ -116,6 +116,22 @@ def test_blocks_are_regenerated_from_the_runs_they_name(shards):
     assert page.read_text() == text
 
 
+def test_a_run_without_rows_yet_is_left_out(shards):
+    started = shards / "runs" / "lifelong-rect"
+    started.mkdir()
+    (started / "run.json").write_text("{}")
+    (started / "results.jsonl").write_text("")
+    try:
+        page = _page(shards)
+        outcomes = regenerate(page, shards)
+        assert [p.name for p in outcomes[0].runs] == ["lifelong-alphaedit", "lifelong-memit"]
+        assert "lifelong-rect" not in page.read_text()
+    finally:
+        for f in started.iterdir():
+            f.unlink()
+        started.rmdir()
+
+
 def test_the_cli_regenerates_a_page(shards, capsys):
     page = _page(shards)
     assert main(["report", "--reproduction", str(page), "--runs-root", str(shards)]) == 0

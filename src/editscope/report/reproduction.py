@@ -102,13 +102,14 @@ def parse_blocks(text: str, page: str | Path = "page") -> list[Block]:
 
 
 def _run_dirs(patterns: list[str], root: Path) -> list[Path]:
-    """The run directories (folders with a run.json, or a ``models`` list's folder) the patterns match."""
+    """The run directories (folders with a run.json, or a ``models`` list's folder) the patterns match that hold
+    results (a run just started, with no row yet, is left out)."""
     out: list[Path] = []
     for pattern in patterns:
         full = pattern if Path(pattern).is_absolute() else str(root / pattern)
         for match in sorted(glob.glob(full)):
             path = Path(match)
-            if path.is_dir() and path not in out and any(path.glob("**/run.json")):
+            if path.is_dir() and path not in out and any(f.stat().st_size for f in path.glob("**/results.jsonl")):
                 out.append(path)
     return out
 
