@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from editscope.report.build import CSS
+from editscope.report.style import CSS
 
 SECTIONS = ("request", "logprobs", "generation", "siblings", "peak-answers", "evk-stability", "causal-trace", "delta-w",
             "collateral-damage", "metrics")
