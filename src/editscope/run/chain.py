@@ -8,6 +8,11 @@ next round, and only then is the chain's state saved to ``chains/<dataset>-g<gro
 (:class:`ChainCheckpoint`; temp file + rename, one file per chain, overwritten at each checkpoint, deleted when
 the chain's final rows are written). A kill therefore loses at most the rounds since the last checkpoint.
 
+A checkpoint probes the cases edited since the previous checkpoint and re-probes the earlier ones, up to
+``reprobe`` of them (1,000 by default); beyond, a fixed random sample of ``reprobe`` (:func:`reprobe_positions`),
+the same for every method, so that 10,000 edits in batches of 100 with a checkpoint every round cost 100 probes of
+at most 1,100 cases rather than half a million. The final rows (after the last round) cover every case.
+
 On a rerun a chain whose file exists restarts from it: the runner has already computed the pre-edit probes on
 the loaded weights, the folded ΔW of the file is applied (checked: the loaded weights must match the file's
 pre-edit checksums, and the restored weights its post-edit checksums, bit for bit), the editor state and the
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -190,6 +196,21 @@ def templates_from_json(entries: list[list[Any]]) -> dict:
             for name, spec, seed, start, texts in entries}
 
 
+def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, seed: int) -> list[int]:
+    """Positions (in edit order) of the edited cases a checkpoint probes: the ``n_new`` edited since the previous
+    checkpoint (the efficacy of the batch just written; every case is thus first probed right after its edit, which
+    the retention matrix counts on), and the earlier ones: all up to ``limit``; beyond, the ``limit`` of them with
+    the smallest keys of one fixed random key per position of the group (from ``seed``: the config seed, dataset
+    and group, not the method, so every method re-probes the same cases and they pair). The sample is nested: an
+    earlier case left out at one checkpoint is never probed at a later one, so each sampled case's retention is
+    followed from its edit on."""
+    earlier = n_edited - n_new
+    if earlier <= limit:
+        return list(range(n_edited))
+    keys = np.random.default_rng(seed).random(group_size)[:earlier]
+    return sorted(np.argsort(keys, kind="stable")[:limit].tolist()) + list(range(earlier, n_edited))
+
+
 class LifelongChain:
     """The rounds of one ``sequential_batches`` group with one method (see the module docstring).
 
@@ -253,9 +274,10 @@ class LifelongChain:
                                    "templates": templates_to_json(runner.runtime.templates)}
         ChainCheckpoint.capture(runner.bundle, self.state, meta).save(self.path)
 
-    def rounds(self, new_state: Any) -> Iterator[tuple[int, int, int, dict[str, list], float]]:
+    def rounds(self, new_state: Any) -> Iterator[tuple[int, int, list[int], dict[str, list], float]]:
         """Edit round after round (from the last checkpoint, if any); yield each checkpoint's probe
-        ``(round, edits applied, n cases probed, post probes, seconds per case)`` whose rows are wanted, and save
+        ``(round, edits applied, positions in members of the cases probed, post probes, seconds per case)`` whose
+        rows are wanted, and save
         the checkpoint file once the caller asks for the next (its rows are written by then)."""
         runner, block = self.runner, self.block
         done = self._resume()
@@ -279,10 +301,11 @@ class LifelongChain:
             if not (self.every and r % self.every == 0 and r < len(self.chunks)):
                 continue
             # the checkpoint-evaluation point: every suite probes the cases edited so far on the chained model
-            n_done = self.log.n_cases
-            if any((i, applied) in self.todo for i in self.members[:n_done]):
-                cases = [block.cases[i] for i in self.members[:n_done]]
-                yield (r, applied, n_done, *runner.probe(block, self.label, self.g, cases, self.engine, f"round {r}"))
+            positions = runner.reprobed(block, self.g, self.members, self.log.n_cases)
+            if any((self.members[k], applied) in self.todo for k in positions):
+                cases = [block.cases[self.members[k]] for k in positions]
+                yield (r, applied, positions,
+                       *runner.probe(block, self.label, self.g, cases, self.engine, f"round {r}"))
             self._save(r, applied)  # after its rows are written: a kill from here on resumes after round r
 
     def finished(self) -> None:

@@ -13,7 +13,9 @@ Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) 
     seed: 0                      # seeds every edit (derived per dataset/method/group: resumable, shardable)
     output: runs/demo            # output directory (relative to the working directory)
     mode: single                 # single | {batch: N} | {sequential: N} | probe_only
-                                 # | {sequential_batches: {batch: B, rounds: T, checkpoints: k}}
+                                 # | {sequential_batches: {batch: B, rounds: T, checkpoints: k, reprobe: N}}
+                                 #   (a checkpoint probes the cases edited since the last one and re-probes
+                                 #   the earlier ones: all up to N (1000), beyond a fixed random sample of N)
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
     chat_template: false         # wrap prompts in the tokenizer's chat template (instruct models); --chat-template
     lm_eval:                     # sequential_batches only: lm-evaluation-harness tasks at chain checkpoints
@@ -69,7 +71,8 @@ BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
 MODES = ("single", "batch", "sequential", "sequential_batches", "probe_only")
-SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints"}
+SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe"}
+REPROBE = 1000  # cases a checkpoint re-probes at most (sequential_batches ``reprobe``)
 NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
 PROBE_GROUP = 16  # cases probed together in probe_only mode (one resume unit)
 
@@ -131,10 +134,12 @@ class RunConfig:
     output: str = "runs/run"
     save_patches: bool = False
     plugin_modules: tuple[str, ...] = ()
-    # sequential_batches: ``rounds`` edits of ``batch`` cases each, evaluated every ``checkpoints`` rounds
+    # sequential_batches: ``rounds`` edits of ``batch`` cases each, evaluated every ``checkpoints`` rounds on the
+    # cases edited so far (the earlier ones: a fixed random sample of ``reprobe`` once there are more)
     batch: int = 0
     rounds: int = 0
     checkpoints: int = 0
+    reprobe: int = REPROBE
     device: str | None = None  # where the model runs (editscope.lm.device); None: $EDITSCOPE_DEVICE, else auto
     dtype: str | None = None  # the model weights' precision; None: float32
     #: runtime settings the config gives (editscope.edit.runtime); the values in force, with the environment's
@@ -158,6 +163,8 @@ class RunConfig:
         if self.mode != "sequential_batches":  # other configs keep the digest they had before this mode
             for key in ("batch", "rounds", "checkpoints"):
                 data.pop(key)
+        if self.mode != "sequential_batches" or self.batch * (self.rounds - 1) <= self.reprobe:
+            data.pop("reprobe")  # recorded where it changes what is probed (older runs keep their digest)
         data["methods"] = [m.to_dict() for m in self.methods]
         data["plugin_modules"] = list(self.plugin_modules)
         if not self.plugin_modules:
@@ -189,6 +196,7 @@ class RunConfig:
             mode=data["mode"], group_size=data["group_size"], seed=data["seed"], output=data["output"],
             save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
             batch=data.get("batch", 0), rounds=data.get("rounds", 0), checkpoints=data.get("checkpoints", 0),
+            reprobe=data.get("reprobe", REPROBE),
             device=data.get("device"), dtype=data.get("dtype"), runtime=tuple(data.get("runtime", {}).items()),
             chat_template=bool(data.get("chat_template", False)),
             lm_eval=LmEvalSpec.from_dict(data["lm_eval"]) if data.get("lm_eval") else None,
@@ -302,8 +310,8 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
     return RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
                      group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
-                     batch=mode.batch,
-                     rounds=mode.rounds, checkpoints=mode.checkpoints, chat_template=chat_template, lm_eval=lm_eval)
+                     batch=mode.batch, rounds=mode.rounds, checkpoints=mode.checkpoints, reprobe=mode.reprobe,
+                     chat_template=chat_template, lm_eval=lm_eval)
 
 
 def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,
@@ -391,6 +399,7 @@ class _Mode:
     batch: int = 0
     rounds: int = 0
     checkpoints: int = 0
+    reprobe: int = REPROBE
 
 
 def _runtime(c: _Checker, data: dict) -> tuple[tuple[str, Any], ...]:
@@ -434,8 +443,9 @@ def _mode(c: _Checker, raw: Any) -> _Mode:
     batch = c.count(n["batch"], "mode.sequential_batches.batch", 1)
     rounds = c.count(n["rounds"], "mode.sequential_batches.rounds", 1)
     checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
+    reprobe = c.count(n.get("reprobe", REPROBE), "mode.sequential_batches.reprobe", 1)
     # one group = one sequence of edits from the unedited model
-    return _Mode(mode, batch * rounds, batch, rounds, checkpoints)
+    return _Mode(mode, batch * rounds, batch, rounds, checkpoints, reprobe)
 
 
 def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:

@@ -56,7 +56,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import REASONS_KEY
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
-from editscope.run.chain import LifelongChain, naming, remove_chain_files
+from editscope.run.chain import LifelongChain, naming, remove_chain_files, reprobe_positions
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.store import (
@@ -397,12 +397,12 @@ class Runner:
         done = {row_key(r) for r in existing}
         methods = [m.label for m in self.config.methods]
 
-        def missing(block: Block, members: list[int], label: str) -> set[tuple[int, int | None]]:
-            return {(i, e) for i, e in self._units(block, members)
+        def missing(block: Block, g: int, members: list[int], label: str) -> set[tuple[int, int | None]]:
+            return {(i, e) for i, e in self._units(block, g, members)
                     if unit_key(block.label, block.cases[i].case_id, label, e) not in done}
 
-        pending = sum(len(missing(b, members, m)) for b in blocks for _, members in b.groups for m in methods)
-        total = sum(len(self._units(b, members)) for b in blocks for _, members in b.groups) * len(methods)
+        pending = sum(len(missing(b, g, members, m)) for b in blocks for g, members in b.groups for m in methods)
+        total = sum(len(self._units(b, g, members)) for b in blocks for g, members in b.groups) * len(methods)
         atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, "running", len(existing))))
         if done:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
@@ -423,7 +423,7 @@ class Runner:
         try:
             with ResultsWriter(self.out_dir / RESULTS) as writer:
                 tasks = [(b, g, members, todo) for b, block in enumerate(blocks) for g, members in block.groups
-                         if any((todo := {m: missing(block, members, m) for m in methods}).values())]
+                         if any((todo := {m: missing(block, g, members, m) for m in methods}).values())]
                 # closing(): on an error here the edit generators restore the weights now, not when the
                 # traceback holding their frames is collected
                 with closing(self._execute(blocks, tasks, editors, hparams, engine)) as produced:
@@ -473,7 +473,7 @@ class Runner:
                 yield from self._edit_group(block, g, members, cases, pre, label, editors[label],
                                             hparams[label], engine, todo[label])
 
-    def _units(self, block: Block, members: list[int]) -> list[tuple[int, int | None]]:
+    def _units(self, block: Block, g: int, members: list[int]) -> list[tuple[int, int | None]]:
         """The rows one method writes for a group: (case index, None) for the rows after the group's last edit,
         plus (case index, edits_applied) for the checkpoint rows of ``sequential_batches``."""
         units: list[tuple[int, int | None]] = [(i, None) for i in members]
@@ -482,8 +482,15 @@ class Runner:
             n_rounds = -(-len(members) // b)
             for r in range(k, n_rounds, k):  # checkpoints before the last round (that one is the final rows)
                 applied = sum(len(block.requests[i]) for i in members[:r * b])
-                units += [(i, applied) for i in members[:r * b]]
+                units += [(members[p], applied) for p in self.reprobed(block, g, members, r * b)]
         return units
+
+    def reprobed(self, block: Block, g: int, members: list[int], n_edited: int) -> list[int]:
+        """Positions in ``members`` of the cases a checkpoint after ``n_edited`` cases re-probes
+        (:func:`~editscope.run.chain.reprobe_positions`)."""
+        new = min(self.config.checkpoints * self.config.batch, n_edited)  # edited since the previous checkpoint
+        return reprobe_positions(n_edited, new, self.config.reprobe, len(members),
+                                 self.seed_of(block.label, g, "reprobe"))
 
     def _probe_rows(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list],
                     pre_seconds: float, todo: set[tuple[int, int | None]]) -> list[dict[str, Any]]:
@@ -562,7 +569,8 @@ class Runner:
                 if label not in self._state_templates:
                     self._state_templates[label] = state.without_edits()
                 final_edits = sum(len(block.requests[i]) for i in members)
-                final = (len(log.records), final_edits, len(cases), *self._probe(block, label, g, cases, engine))
+                final = (len(log.records), final_edits, list(range(len(cases))),
+                         *self._probe(block, label, g, cases, engine))
             finally:
                 for patch in reversed(log.loose):
                     if patch.applied:
@@ -574,14 +582,16 @@ class Runner:
 
     def _rows(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list], label: str,
               editor, hp, todo: set[tuple[int, int | None]], log: _GroupEdits,
-              probe: tuple[int, int, int, dict[str, list], float], *, checkpoint: bool) -> list[dict[str, Any]]:
-        """The rows in ``todo`` of one probe ``(round, edits applied, n cases probed, post, s/case)``."""
-        rnd, edits, n_cases, post, eval_seconds = probe
+              probe: tuple[int, int, list[int], dict[str, list], float], *, checkpoint: bool) -> list[dict[str, Any]]:
+        """The rows in ``todo`` of one probe ``(round, edits applied, positions in members of the cases probed,
+        post, s/case)``; ``post[name][j]`` is the probe of the j-th of those positions."""
+        rnd, edits, positions, post, eval_seconds = probe
         rows = []
-        for k, (i, case) in enumerate(zip(members[:n_cases], cases[:n_cases], strict=True)):
+        for j, k in enumerate(positions):
+            i, case = members[k], cases[k]
             if (i, edits if checkpoint else None) not in todo:
                 continue
-            metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][k]))
+            metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][j]))
                        for name, s in block.suites.items()}
             row = {
                 "dataset": block.label,
@@ -605,7 +615,7 @@ class Runner:
                 "protocol": self._protocol(block),  # DESIGN rule 10
                 "metrics": metrics,
                 "pre": {name: pre[name][k] for name in block.suites},
-                "post": {name: post[name][k] for name in block.suites},
+                "post": {name: post[name][j] for name in block.suites},
             }
             if self.config.mode == "sequential_batches":  # what was on the model when this row was probed
                 row |= {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}

@@ -1,0 +1,106 @@
+"""``sequential_batches: {reprobe: N}``: a checkpoint probes the cases edited since the previous one and re-probes
+the earlier ones, all up to N, beyond a fixed, nested random sample of N, the same for every method. The sampled rows
+equal those of a run that re-probes everything, the retention matrix still attributes every case to its batch, a
+rerun writes nothing, and the setting is in the digest only where it changes what is probed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from editscope.errors import EditscopeError
+from editscope.run import Runner, parse_config, read_results
+from editscope.run.chain import reprobe_positions
+from editscope.run.summary import retention
+
+BATCH, ROUNDS, LIMIT = 2, 5, 3
+
+
+def test_reprobe_positions_by_hand():
+    # up to the limit every earlier case is re-probed, and the new ones always
+    assert reprobe_positions(6, 2, 4, 10, seed=1) == [0, 1, 2, 3, 4, 5]
+    # beyond it, the limit earlier positions with the smallest keys of the group's key vector, then the new ones
+    keys = np.random.default_rng(7).random(10)
+    earlier = sorted(range(6), key=lambda p: keys[p])[:3]
+    assert reprobe_positions(8, 2, 3, 10, seed=7) == sorted(earlier) + [6, 7]
+
+
+def test_the_sample_is_nested_and_sized():
+    previous: list[int] = []
+    for n_edited in range(10, 2001, 10):
+        positions = reprobe_positions(n_edited, 10, 100, 2000, seed=3)
+        earlier = [p for p in positions if p < n_edited - 10]
+        assert positions[-10:] == list(range(n_edited - 10, n_edited))  # the new cases, all of them
+        assert len(earlier) == min(100, n_edited - 10) and len(set(positions)) == len(positions)
+        # nested: a case probed now that existed at the previous checkpoint was probed there too, so one left out
+        # once is never probed again
+        assert set(earlier) <= set(previous) or n_edited == 10
+        previous = positions
+
+
+def _config(reprobe: int | None, methods=("memit", "alphaedit")) -> dict:
+    mode = {"batch": BATCH, "rounds": ROUNDS, "checkpoints": 1} | ({"reprobe": reprobe} if reprobe else {})
+    return {"model": "tiny-llama", "seed": 0, "mode": {"sequential_batches": mode},
+            "methods": [{"name": m, "overrides": {"v_steps": 3}} for m in methods],
+            "datasets": [{"dataset": "counterfact", "slice": {"limit": BATCH * ROUNDS}, "suites": ["counterfact"]}]}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_bundles, tmp_path_factory):
+    out = {}
+    for name, reprobe in (("all", None), ("sampled", LIMIT)):
+        path = tmp_path_factory.mktemp(name)
+        Runner(parse_config(_config(reprobe)), out_dir=path, bundle=tiny_bundles["llama"], progress=False,
+               log=lambda _m: None).run()
+        out[name] = (path, read_results(path / "results.jsonl"))
+    return out
+
+
+def test_checkpoints_probe_the_new_cases_and_a_sample_of_the_earlier(runs):
+    rows = runs["sampled"][1]
+    full = {(r["method"], r["case_id"], r["edits_applied"], r["checkpoint"]): r for r in runs["all"][1]}
+    probed = {}
+    for method in ("memit", "alphaedit"):
+        for edits in range(BATCH, BATCH * ROUNDS, BATCH):
+            probed[(method, edits)] = sorted(r["index"] for r in rows
+                                             if r["method"] == method and r["edits_applied"] == edits)
+        finals = [r for r in rows if r["method"] == method and not r["checkpoint"]]
+        assert sorted(r["index"] for r in finals) == list(range(BATCH * ROUNDS))  # the final rows: every case
+    for edits in range(BATCH, BATCH * ROUNDS, BATCH):
+        got = probed[("memit", edits)]
+        assert got == probed[("alphaedit", edits)]  # the same cases for every method: they pair
+        earlier = edits - BATCH
+        assert got[-BATCH:] == list(range(earlier, edits))  # the batch just written, all of it
+        assert len(got) == min(edits, LIMIT + BATCH)
+    # nested: an earlier case re-probed at 8 edits was re-probed at 6
+    assert set(probed[("memit", 8)][:-BATCH]) <= set(probed[("memit", 6)])
+    # every sampled row equals the row of the run that re-probes everything (same edits, same probes)
+    for r in rows:
+        twin = full[(r["method"], r["case_id"], r["edits_applied"], r["checkpoint"])]
+        for name, value in r["metrics"]["counterfact"].items():
+            assert value == pytest.approx(twin["metrics"]["counterfact"][name], rel=1e-6, abs=1e-6), name
+    assert len(rows) < len(runs["all"][1])
+
+
+def test_retention_attributes_every_sampled_case_to_its_batch(runs):
+    rows = runs["sampled"][1]
+    matrix = retention(rows, "counterfact", "ES_post")[("counterfact", "counterfact", "memit")]
+    for (i, j), value in matrix.items():
+        want = [r["metrics"]["counterfact"]["ES_post"] for r in rows if r["method"] == "memit"
+                and r["edits_applied"] == j and r["index"] // BATCH == i // BATCH - 1]
+        assert want and value == pytest.approx(sum(want) / len(want))
+    assert {i for i, _ in matrix} == set(range(BATCH, BATCH * ROUNDS + 1, BATCH))
+
+
+def test_a_rerun_of_a_sampled_run_writes_nothing(runs, tiny_bundles):
+    path, rows = runs["sampled"]
+    Runner(parse_config(_config(LIMIT)), out_dir=path, bundle=tiny_bundles["llama"], progress=False,
+           log=lambda _m: None).run()
+    assert len(read_results(path / "results.jsonl")) == len(rows)
+
+
+def test_reprobe_is_in_the_digest_only_where_it_samples():
+    assert parse_config(_config(LIMIT)).digest() != parse_config(_config(None)).digest()
+    assert parse_config(_config(BATCH * (ROUNDS - 1))).digest() == parse_config(_config(None)).digest()
+    with pytest.raises(EditscopeError, match="mode.sequential_batches.reprobe"):
+        parse_config(_config(None) | {"mode": {"sequential_batches": {"batch": 2, "rounds": 2, "reprobe": 0}}})
