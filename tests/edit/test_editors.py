@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -186,6 +187,11 @@ def test_prune_state_keeps_model_at_w0_plus_restrained_sum(tiny_bundles, request
             assert state.sigma_max[name] == pytest.approx(float(torch.linalg.matrix_norm(w.double(), ord=2)))
             want = w.double() + restrain(state.accumulated[name], state.sigma_max[name])
             assert torch.allclose(params[name].double(), want, atol=1e-6)
+        # the row scalars: singular values above the bound, and the largest one's share of it (numpy's SVD)
+        svs = {n: np.linalg.svd(state.accumulated[n].numpy(), compute_uv=False) for n in w0}
+        info = patches[-1].info
+        assert info["restrained_total"] == sum(int((svs[n] > state.sigma_max[n]).sum()) for n in w0)
+        assert info["top_sv_ratio"] == pytest.approx(max(svs[n][0] / state.sigma_max[n] for n in w0), rel=1e-9)
     finally:
         for p in reversed(patches):
             p.revert(bundle)

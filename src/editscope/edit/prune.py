@@ -81,6 +81,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: Pr
     raw, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms)
     out = {}
     info["restrained"] = {}
+    ratio = 0.0
     for name, delta in raw.items():
         if name not in state.sigma_max:  # first edit of this parameter: W₀ is the current weight
             state.sigma_max[name] = float(torch.linalg.matrix_norm(params[name].detach().double(), ord=2))
@@ -90,5 +91,10 @@ def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: Pr
         restrained = restrain(state.accumulated[name], state.sigma_max[name])
         out[name] = (restrained - state.applied[name]).float().contiguous()
         state.applied[name] = restrained
-        info["restrained"][name] = int((torch.linalg.svdvals(state.accumulated[name]) > state.sigma_max[name]).sum())
+        sv = torch.linalg.svdvals(state.accumulated[name])
+        info["restrained"][name] = int((sv > state.sigma_max[name]).sum())
+        ratio = max(ratio, float(sv[0]) / state.sigma_max[name])
+    # scalars, kept in every result row: whether the restraint acts yet (it does once the ratio exceeds 1)
+    info["restrained_total"] = sum(info["restrained"].values())
+    info["top_sv_ratio"] = ratio  # max over layers of σ₁(accumulated ΔW) / σ₁(W₀)
     return out, info
