@@ -28,6 +28,7 @@ from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
 from editscope.edit.hparams import HParams, load_yaml, resolve_hparams, shipped_hparams_path
 from editscope.edit.mend import core as mend
+from editscope.edit.mend.train import prepare as mend_prepare
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.plugins import Plugin, PluginLike, attach, combined_label
@@ -264,7 +265,7 @@ for _editor in (
            state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
     Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True,  # its editing loss takes terms
-           prepare=mend.prepare),
+           prepare=mend_prepare),
 ):
     register_editor(_editor)
 

@@ -9,13 +9,13 @@ from editscope.edit.mend.core import (
                                       load_checkpoint,
                                       load_editor,
                                       new_nets,
-                                      prepare,
                                       save_checkpoint,
                                       saved_steps,
                                       snapshot_path,
                                       weight_updates,
 )
 from editscope.edit.mend.nets import LowRankMLP, MendNets, Normaliser
+from editscope.edit.mend.train import prepare
 
 __all__ = ["LowRankMLP", "MendHParams", "MendNets", "Normaliser", "checkpoint_dir", "compute", "gradient_factors",
            "load_checkpoint", "load_editor", "new_nets", "prepare", "save_checkpoint", "saved_steps", "snapshot_path",

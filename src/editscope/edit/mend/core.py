@@ -17,14 +17,15 @@ only α·L1 moves the update, which is why the paper sets only α for MEND.
 **Training length.** Training writes, besides its resumable checkpoint, an immutable snapshot of the editor (networks
 and normaliser statistics, no Adam state) at every step it checkpoints: ``snapshots/step-<N>.safetensors``. An edit
 uses the editor trained exactly ``hp.steps`` steps (that snapshot, or the checkpoint when it is at that step), so
-``steps`` is a knob ``editscope tune`` can compare; :func:`prepare` trains what a set of hparams needs first.
+``steps`` is a knob ``editscope tune`` can compare; ``prepare`` (:mod:`.train`) trains what a set of hparams needs
+first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -294,32 +295,6 @@ def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
         raise EditscopeError(f"{path}: holds the editor after step {meta.get('step')}, not {hp.steps} (a file "
                              "renamed or copied by hand?)")
     return nets, {"trained_steps": hp.steps, "checkpoint": str(path)}
-
-
-def prepare(bundle, hparams: Sequence[MendHParams], log: Callable[[str], None] = lambda _m: None, *,
-            progress: bool = True) -> None:
-    """Train the editor each of ``hparams`` needs (the editor's declared preparation, run by ``editscope tune``
-    before its search): per training digest, one resumable run to the largest ``steps`` asked, which leaves a
-    snapshot at every checkpointed step; an asked ``steps`` that is no checkpointed step is the one-line error of
-    :func:`editor_path`, before any edit."""
-    from editscope.edit.mend.train import train
-
-    groups: dict[str, list[MendHParams]] = {}
-    for hp in hparams:
-        groups.setdefault(hp.training_digest(), []).append(hp)
-    for group in groups.values():
-        longest = max(group, key=lambda hp: hp.steps)
-        folder = checkpoint_dir(bundle, longest)
-        asked = sorted({hp.steps for hp in group})
-        if set(asked) - set(saved_steps(folder)):
-            log(f"MEND: training the editor for {bundle.name} to {longest.steps} steps (edits need the editor after "
-                f"steps {', '.join(map(str, asked))}; resumable, cached in {folder})")
-            train(bundle, longest, steps=longest.steps, progress=progress, log=log)
-        missing = sorted(set(asked) - set(saved_steps(folder)))
-        if missing:  # the checkpoint had passed them before snapshots were kept: trained again, snapshots only
-            train(bundle, longest, steps=missing[-1], progress=progress, log=log)
-        for n in asked:  # the editor each one needs, or its one-line error (no checkpointed step), now
-            editor_path(bundle, longest.replace(steps=n, allow_untrained=False))
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MendHParams, state=None, *, engine: ScoringEngine,

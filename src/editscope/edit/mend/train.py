@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,11 +37,13 @@ from editscope.edit.mend.core import (
     checkpoint_dir,
     checkpoint_step,
     continuation_logprobs,
+    editor_path,
     gradient_factors,
     load_checkpoint,
     new_nets,
     pair_ids,
     save_checkpoint,
+    saved_steps,
     snapshot_path,
     target_nll,
     weight_updates,
@@ -205,3 +207,27 @@ def train(bundle, hp: MendHParams, *, steps: int | None = None, progress: bool =
         plot_curve(png, history)
     curve = png if png.is_file() else None
     return TrainResult(path, snapshot_path(folder, total), max(start, total), seconds, history, curve)
+
+
+def prepare(bundle, hparams: Sequence[MendHParams], log: Callable[[str], None] = lambda _m: None, *,
+            progress: bool = True) -> None:
+    """Train the editor each of ``hparams`` needs (the editor's declared preparation, run by ``editscope tune``
+    before its search): per training digest, one resumable run to the largest ``steps`` asked, which leaves a
+    snapshot at every checkpointed step; an asked ``steps`` that is no checkpointed step is the one-line error of
+    :func:`editor_path`, before any edit."""
+    groups: dict[str, list[MendHParams]] = {}
+    for hp in hparams:
+        groups.setdefault(hp.training_digest(), []).append(hp)
+    for group in groups.values():
+        longest = max(group, key=lambda hp: hp.steps)
+        folder = checkpoint_dir(bundle, longest)
+        asked = sorted({hp.steps for hp in group})
+        if set(asked) - set(saved_steps(folder)):
+            log(f"MEND: training the editor for {bundle.name} to {longest.steps} steps (edits need the editor after "
+                f"steps {', '.join(map(str, asked))}; resumable, cached in {folder})")
+            train(bundle, longest, steps=longest.steps, progress=progress, log=log)
+        missing = sorted(set(asked) - set(saved_steps(folder)))
+        if missing:  # the checkpoint had passed them before snapshots were kept: trained again, snapshots only
+            train(bundle, longest, steps=missing[-1], progress=progress, log=log)
+        for n in asked:  # the editor each one needs, or its one-line error (no checkpointed step), now
+            editor_path(bundle, longest.replace(steps=n, allow_untrained=False))
