@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from editscope.metrics.intervals import bootstrap_aggregate, geometric_mean_ci, mean_ci
+from editscope.metrics.intervals import bootstrap_aggregate, geometric_mean_ci, mean_ci, stratified_mean_ci
 from editscope.metrics.registry import MetricSpec, hmean_of
 
 
@@ -47,6 +47,52 @@ def test_bootstrap_aggregate_is_seeded_and_brackets_the_value():
     assert bootstrap_aggregate(cols, spec) == (value, lo, hi)
     one = bootstrap_aggregate(cols[:1], spec)
     assert math.isnan(one[1]) and math.isnan(one[2])
+
+
+def test_bootstrap_aggregate_equals_a_naive_loop_over_resamples():
+    spec = MetricSpec("S", "002", "C", True, aggregate=hmean_of(["ES", "PS"]), pairing="post_only")
+    cols = np.random.default_rng(2).uniform(0.2, 1.0, size=(15, 2))
+    cols[4, 0] = math.nan
+    value, lo, hi = bootstrap_aggregate(cols, spec, n_boot=200, seed=5)
+    idx = np.random.default_rng(5).integers(0, 15, size=(200, 15))
+    stats = []
+    for draw in idx:
+        m = [np.nanmean(cols[draw, 0]), np.nanmean(cols[draw, 1])]
+        stats.append(2 / (1 / m[0] + 1 / m[1]))
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(stats, [2.5, 97.5])), rel=1e-12)
+
+
+def test_stratified_mean_ci_by_hand():
+    # stratum a: 3 of its 3 members; b: 2 sampled of 8 members (Cochran 1977, eqs 5.1 and 5.6 without the fpc)
+    values = [1.0, 2.0, 3.0, 10.0, 14.0, math.nan]
+    labels = ["a", "a", "a", "b", "b", "b"]
+    mean, lo, hi, sd = stratified_mean_ci(values, (labels, {"a": 3, "b": 8}))
+    assert mean == pytest.approx((3 * 2.0 + 8 * 12.0) / 11)
+    se = math.sqrt((3 / 11) ** 2 * 1.0 / 3 + (8 / 11) ** 2 * 8.0 / 2)
+    half = st.t.ppf(0.975, 3) * se  # df: (3 − 1) + (2 − 1)
+    assert (lo, hi) == pytest.approx((mean - half, mean + half))
+    # sd: within-strata variance plus between-strata, each stratum weighed by its size
+    assert sd == pytest.approx(math.sqrt(3 / 11 * 1 + 8 / 11 * 8 + 3 / 11 * (2 - mean) ** 2
+                                         + 8 / 11 * (12 - mean) ** 2))
+    # one stratum sampled in full is the plain mean
+    xs = [0.3, 0.9, 0.4, 0.7]
+    assert stratified_mean_ci(xs, (["s"] * 4, {"s": 4}))[:3] == pytest.approx(mean_ci(xs)[:3])
+
+
+def test_stratified_geometric_mean_and_bootstrap_weigh_strata_by_size():
+    g, _, _, _ = geometric_mean_ci([10.0, 1000.0, -1.0], strata=(["a", "b", "b"], {"a": 1, "b": 3}))
+    assert g == pytest.approx(math.exp((math.log(10) + 3 * math.log(1000)) / 4))
+    spec = MetricSpec("S", "002", "C", True, aggregate=hmean_of(["ES", "PS"]), pairing="post_only")
+    cols = np.array([[1.0, 0.5], [0.5, 0.5], [0.2, 0.9], [0.4, math.nan]])
+    strata = (["new", "new", "old", "old"], {"new": 2, "old": 10})
+    value, lo, hi = bootstrap_aggregate(cols, spec, strata=strata)
+    es = (2 / 12) * 0.75 + (10 / 12) * 0.3
+    ps = (2 / 12 * 0.5 + 10 / 12 * 0.9)  # the old stratum's PS from its one finite value
+    assert value == pytest.approx(2 / (1 / es + 1 / ps))
+    assert lo <= value <= hi
+    # a resample draws within strata: the new stratum's two ES values never leave it
+    unweighted = bootstrap_aggregate(cols, spec)
+    assert unweighted[0] != pytest.approx(value)
 
 
 def test_paired_mean_ci_is_t_interval_of_differences_over_complete_pairs():

@@ -5,13 +5,16 @@ rerun writes nothing, and the setting is in the digest only where it changes wha
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from scipy import stats as st
 
 from editscope.errors import EditscopeError
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.chain import reprobe_positions
-from editscope.run.summary import retention
+from editscope.run.summary import retention, summarize_by_edits
 
 BATCH, ROUNDS, LIMIT = 2, 5, 3
 
@@ -90,6 +93,31 @@ def test_retention_attributes_every_sampled_case_to_its_batch(runs):
                 and r["edits_applied"] == j and r["index"] // BATCH == i // BATCH - 1]
         assert want and value == pytest.approx(sum(want) / len(want))
     assert {i for i, _ in matrix} == set(range(BATCH, BATCH * ROUNDS + 1, BATCH))
+
+
+def test_a_sampled_curve_point_weighs_the_new_batch_and_the_sample_by_the_cases_they_stand_for(runs):
+    """At 8 edits the checkpoint probed the 2 new cases and 3 of the 6 earlier ones: its curve point is
+    (2·mean(new) + 6·mean(sample)) / 8 with the stratified t interval, not the plain mean of the 5 rows."""
+    rows = runs["sampled"][1]
+    points = summarize_by_edits(rows)[("counterfact", "counterfact")]
+    for edits in (6, 8):
+        got = next(r for r in points[edits] if r.method == "memit" and r.metric == "PS_post")
+        probed = [r for r in rows if r["method"] == "memit" and r["edits_applied"] == edits]
+        new = [r["metrics"]["counterfact"]["PS_post"] for r in probed if r["index"] >= edits - BATCH]
+        old = [r["metrics"]["counterfact"]["PS_post"] for r in probed if r["index"] < edits - BATCH]
+        w_new, w_old = BATCH / edits, (edits - BATCH) / edits
+        assert len(old) == LIMIT < edits - BATCH
+        assert got.ci == "t-strata" and got.n == len(new) + len(old)
+        assert got.mean == pytest.approx(w_new * np.mean(new) + w_old * np.mean(old))
+        se = math.sqrt(w_new ** 2 * np.var(new, ddof=1) / len(new) + w_old ** 2 * np.var(old, ddof=1) / len(old))
+        half = st.t.ppf(0.975, len(new) + len(old) - 2) * se
+        assert (got.ci95_low, got.ci95_high) == pytest.approx((got.mean - half, got.mean + half))  # no specs: unclipped
+    # points that probed every earlier case (up to the limit, and the final rows) keep the plain t interval, as in
+    # the run that re-probes everything
+    for edits in (2, 4, BATCH * ROUNDS):
+        assert {r.ci for r in points[edits] if r.metric == "PS_post"} == {"t"}
+    full = summarize_by_edits(runs["all"][1])[("counterfact", "counterfact")]
+    assert {r.ci for rs in full.values() for r in rs} <= {"t", "bootstrap"}
 
 
 def test_a_rerun_of_a_sampled_run_writes_nothing(runs, tiny_bundles):

@@ -4,6 +4,9 @@
   standard deviation, ddof = 1); undefined (NaN) for n < 2;
 * :func:`geometric_mean_ci` -- the same on natural logs, exponentiated (a geometric mean with a multiplicative
   interval), for quantities such as perplexities that span orders of magnitude;
+* :func:`stratified_mean_ci` -- the mean of a population cut into strata, each known by a random sample of its
+  members (a lifelong checkpoint beyond ``reprobe``: the batch just written in full, a sample of the earlier
+  cases): each stratum weighed by its size, not by its sample;
 * :func:`bootstrap_aggregate` -- an aggregate of per-component means (the CounterFact/zsRE Score: the harmonic
   mean of ES, PS, NS, paper 002 appendix C) with a seeded percentile bootstrap interval over cases
   (Efron & Tibshirani 1993, ch. 13: the (1−c)/2 and (1+c)/2 percentiles of the statistic over resamples of the
@@ -20,7 +23,7 @@ Values that are None, NaN or inf are left out (they mean "no value for this case
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats as st
@@ -31,6 +34,11 @@ N_BOOTSTRAP = 1000
 """Resamples of :func:`bootstrap_aggregate` unless told otherwise."""
 BOOTSTRAP_SEED = 0
 """Seed of :func:`bootstrap_aggregate`'s resampling unless told otherwise (summaries are reproducible)."""
+
+
+Strata = tuple[Sequence[Hashable], Mapping[Hashable, int]]
+"""(the stratum of each value, the population size of each stratum): what :func:`stratified_mean_ci` and
+:func:`bootstrap_aggregate` need to weigh a stratified sample."""
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
@@ -62,36 +70,107 @@ def wilson_interval(share: float, n: int, confidence: float = 0.95) -> tuple[flo
     return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
 
 
-def geometric_mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
+def geometric_mean_ci(values: Sequence[float], confidence: float = 0.95, *,
+                      strata: Strata | None = None) -> tuple[float, float, float, float]:
     """(geometric mean, low, high, std of log) of the positive finite ``values``: :func:`mean_ci` of their
-    natural logs, exponentiated (an ``inf`` PPL, an overflow, is left out like a NaN)."""
-    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
-    mean, lo, hi, sd = mean_ci(logs, confidence)
+    natural logs (:func:`stratified_mean_ci` with ``strata``), exponentiated (an ``inf`` PPL, an overflow, is left
+    out like a NaN)."""
+    labels = strata[0] if strata is not None else [None] * len(values)
+    kept = [(math.log(v), h) for v, h in zip(values, labels, strict=True)
+            if v is not None and math.isfinite(v) and v > 0]
+    logs = [x for x, _ in kept]
+    if strata is None:
+        mean, lo, hi, sd = mean_ci(logs, confidence)
+    else:
+        mean, lo, hi, sd = stratified_mean_ci(logs, ([h for _, h in kept], strata[1]), confidence)
     g, g_lo, g_hi = (math.exp(x) if math.isfinite(x) else math.nan for x in (mean, lo, hi))
     return g, g_lo, g_hi, sd
 
 
-def bootstrap_aggregate(columns: np.ndarray, spec: MetricSpec, *, n_boot: int = N_BOOTSTRAP,
-                        seed: int = BOOTSTRAP_SEED, confidence: float = 0.95) -> tuple[float, float, float]:
+def stratified_mean_ci(values: Sequence[float], strata: Strata,
+                       confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, low, high, std) of a population cut into strata h of N_h members, known by a simple random sample of
+    n_h members each: ``strata`` = (the stratum of each of ``values``, N_h per stratum). Non-finite values are left
+    out with their stratum's sample.
+
+    The stratified mean Σ_h W_h·x̄_h, W_h = N_h / Σ N_h (over the strata with a value), with the Student t
+    interval of its standard error √(Σ_h W_h²·s_h²/n_h) on Σ_h (n_h − 1) degrees of freedom (Cochran 1977,
+    *Sampling Techniques*, §5.3 and §5.4; without the finite-population correction: as in :func:`mean_ci` the
+    cases stand for the population of cases they were drawn from). A stratum with one value adds no variance.
+    std: √(Σ_h W_h·s_h² + Σ_h W_h·(x̄_h − mean)²), the population's standard deviation so estimated."""
+    labels, sizes = strata
+    groups: dict[Hashable, list[float]] = {}
+    for v, h in zip(values, labels, strict=True):
+        if v is not None and math.isfinite(v):
+            groups.setdefault(h, []).append(float(v))
+    if not groups:
+        return math.nan, math.nan, math.nan, math.nan
+    total = sum(sizes[h] for h in groups)
+    w = {h: sizes[h] / total for h in groups}
+    m = {h: float(np.mean(x)) for h, x in groups.items()}
+    var = {h: float(np.var(x, ddof=1)) if len(x) > 1 else 0.0 for h, x in groups.items()}
+    mean = sum(w[h] * m[h] for h in groups)
+    df = sum(len(x) - 1 for x in groups.values())
+    sd = math.sqrt(sum(w[h] * var[h] + w[h] * (m[h] - mean) ** 2 for h in groups))
+    if df < 1:
+        return mean, math.nan, math.nan, sd
+    se = math.sqrt(sum(w[h] ** 2 * var[h] / len(groups[h]) for h in groups))
+    half = float(st.t.ppf(0.5 + confidence / 2, df)) * se
+    return mean, mean - half, mean + half, sd
+
+
+def _stratum_positions(n: int, strata: Strata | None) -> list[tuple[np.ndarray, float]]:
+    """(positions, population size) of each stratum; without strata one stratum of all ``n`` cases."""
+    if strata is None:
+        return [(np.arange(n), float(n))]
+    labels, sizes = strata
+    members: dict[Hashable, list[int]] = {}
+    for i, h in enumerate(labels):
+        members.setdefault(h, []).append(i)
+    return [(np.asarray(pos), float(sizes[h])) for h, pos in members.items()]
+
+
+def _stratified_means(sample: np.ndarray, strata: list[tuple[np.ndarray, float]]) -> np.ndarray:
+    """Per-component means of ``sample`` ([..., cases, components]): each stratum's mean over its finite values,
+    the strata weighed by population size over those with a value (NaN where none has one)."""
+    total = np.zeros(sample.shape[:-2] + sample.shape[-1:])
+    weight = np.zeros_like(total)
+    for pos, size in strata:
+        part = sample[..., pos, :]
+        finite = np.isfinite(part)
+        counts = finite.sum(axis=-2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(finite, part, 0.0).sum(axis=-2) / counts
+        if len(strata) == 1:  # the plain mean, to the last bit
+            return means
+        total += np.where(counts > 0, size * means, 0.0)
+        weight += np.where(counts > 0, size, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / weight
+
+
+def bootstrap_aggregate(columns: np.ndarray, spec: MetricSpec, *, strata: Strata | None = None,
+                        n_boot: int = N_BOOTSTRAP, seed: int = BOOTSTRAP_SEED,
+                        confidence: float = 0.95) -> tuple[float, float, float]:
     """(value, low, high) of an aggregate metric from ``columns`` ([cases, components], NaN = no value).
 
     The value is the aggregate of the per-component means over cases (each over its finite values: ROME's
     summaries average every metric over the cases that have it, then take the harmonic mean, paper 002
     appendix C); the CI is the percentile interval of the same statistic over ``n_boot`` resamples of the
-    cases with replacement (seeded; NaN for fewer than 2 cases)."""
+    cases with replacement (seeded; NaN for fewer than 2 cases). With ``strata`` (a stratified sample, see
+    :func:`stratified_mean_ci`) a component's mean is the stratified one and each resample draws within the
+    strata."""
     assert spec.aggregate is not None
-    means = [float(np.mean(c[np.isfinite(c)])) for c in columns.T]
-    value = spec.aggregate.compute(means)
     n = columns.shape[0]
+    groups = _stratum_positions(n, strata)
+    value = spec.aggregate.compute([float(x) for x in _stratified_means(columns, groups)])
     if n < 2:
         return value, math.nan, math.nan
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    sample = columns[idx]  # [n_boot, n, components]
-    finite = np.isfinite(sample)
-    counts = finite.sum(axis=1)
-    sums = np.where(finite, sample, 0.0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boot_means = sums / counts  # NaN where a resample holds no value of a component
+    rng = np.random.default_rng(seed)
+    idx = np.empty((n_boot, n), dtype=np.int64)
+    for pos, _ in groups:  # one stratum (no strata): the plain resample of all cases
+        idx[:, pos] = pos[rng.integers(0, pos.size, size=(n_boot, pos.size))]
+    boot_means = _stratified_means(columns[idx], groups)
     stats = np.array([spec.aggregate.compute(m) for m in boot_means])
     stats = stats[np.isfinite(stats)]
     if stats.size == 0:

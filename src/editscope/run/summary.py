@@ -20,7 +20,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,15 @@ from typing import Any
 import numpy as np
 
 from editscope.atomic import atomic_write_text
-from editscope.metrics.intervals import N_BOOTSTRAP, bootstrap_aggregate, clip_interval, geometric_mean_ci, mean_ci
+from editscope.metrics.intervals import (
+    N_BOOTSTRAP,
+    Strata,
+    bootstrap_aggregate,
+    clip_interval,
+    geometric_mean_ci,
+    mean_ci,
+    stratified_mean_ci,
+)
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 from editscope.suites import measures_whole_model
@@ -50,8 +59,9 @@ class SummaryRow:
     ci95_low: float
     ci95_high: float
     std: float
-    #: "t" (Student t over cases), "t-log" (on log values: geometric mean), "bootstrap", or "model" (a suite that
-    #: measures the whole model, one value carried by every case: no interval)
+    #: "t" (Student t over cases), "t-log" (on log values: geometric mean), "t-strata" (a stratified sample: a
+    #: lifelong checkpoint beyond ``reprobe``), "bootstrap", or "model" (a suite that measures the whole model, one
+    #: value carried by every case: no interval)
     ci: str = "t"
 
     @property
@@ -75,12 +85,14 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
     order, undeclared ones after them as stored; checkpoint rows left out). Aggregate metrics of ``specs`` are
     computed from the dataset-level means of their components (:func:`bootstrap_aggregate`)."""
     cases: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    strata_of: dict[tuple[str, str, str], list[tuple[Hashable, int] | None]] = {}
     stored: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         if row.get("checkpoint"):  # sequential_batches rows probed before the last round: curves, not tables
             continue
         for suite, metrics in row["metrics"].items():
             cases.setdefault((row["dataset"], suite, row["method"]), []).append(metrics)
+            strata_of.setdefault((row["dataset"], suite, row["method"]), []).append(row.get(_STRATUM))
             order = stored.setdefault((row["dataset"], suite), [])
             order.extend(k for k in metrics if k not in order)
     seen_d = list(dict.fromkeys(list(dataset_order) + [k[0] for k in cases]))
@@ -90,6 +102,7 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
     for key in sorted(cases, key=lambda k: (seen_d.index(k[0]), seen_s.index(k[1]), seen_m.index(k[2]))):
         dataset, suite, method = key
         per_case = cases[key]
+        case_strata = strata_of[key]
         decl = _declarations(specs, dataset, suite)
         whole_model = measures_whole_model(suite)
         columns: list[tuple[str, MetricSpec | None]] = []
@@ -105,21 +118,25 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
                 n = int(np.isfinite(matrix).sum(axis=0).min()) if matrix.size else 0
                 if n == 0:
                     continue
-                value, lo, hi = bootstrap_aggregate(matrix, spec)
+                value, lo, hi = bootstrap_aggregate(matrix, spec, strata=_strata(case_strata))
                 lo, hi = clip_interval(lo, hi, spec.range)
                 out.append(SummaryRow(dataset, suite, method, column, n, value, lo, hi, math.nan, "bootstrap"))
                 continue
             vals = [_value(m[column]) for m in per_case if column in m]
             if not vals:
                 continue
+            strata = _strata([h for m, h in zip(per_case, case_strata, strict=True) if column in m])
             if whole_model and len({v for v in vals if math.isfinite(v)}) <= 1:
                 # one measurement of the whole model carried by every case (a lifelong checkpoint): no interval
                 # over cases; in single mode each case has its own edit, and the t interval below applies
                 mean, lo, hi, sd = float(np.nanmean(vals)), math.nan, math.nan, math.nan
                 kind = "model"
             elif spec is not None and spec.unit in LOG_UNITS:
-                mean, lo, hi, sd = geometric_mean_ci(vals)
+                mean, lo, hi, sd = geometric_mean_ci(vals, strata=strata)
                 kind = "t-log"
+            elif strata is not None:
+                mean, lo, hi, sd = stratified_mean_ci(vals, strata)
+                kind = "t-strata"
             else:
                 mean, lo, hi, sd = mean_ci(vals)
                 kind = "t"
@@ -130,6 +147,34 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
     return out
 
 
+_STRATUM = "_stratum"
+"""Private row key set by :func:`summarize_by_edits` on the rows of a checkpoint that re-probed a sample of the
+earlier cases: (stratum, its population size), so :func:`summarize` weighs each stratum by its size."""
+
+
+def _strata(entries: Sequence[tuple[Hashable, int] | None]) -> Strata | None:
+    """The :data:`Strata` of a group of rows, or None where they are no stratified sample."""
+    if not entries or any(e is None for e in entries):
+        return None
+    return [label for label, _ in entries], {label: size for label, size in entries}
+
+
+def _checkpoint_strata(point: list[dict[str, Any]], first: Mapping[tuple, int], edits: int) -> list[dict[str, Any]]:
+    """The rows probed with ``edits`` edits on the model, each marked with its stratum where a checkpoint re-probed
+    only a sample of the earlier cases (``sequential_batches.reprobe``): per (dataset, method, group), the cases
+    first probed now (the batch just written, all probed) and the earlier ones (a sample). Unmarked, the curve
+    point would be the plain mean over both and lean toward the newest batch."""
+    def stratum(row: dict[str, Any]) -> tuple:
+        key = (row["dataset"], row["method"], row.get("group"))
+        return (*key, first[(*key, str(row["case_id"]))] == edits)
+
+    population = Counter((d, m, g, f == edits) for (d, m, g, _c), f in first.items() if f <= edits)
+    probed = Counter(stratum(r) for r in point)
+    if all(probed[h] == population[h] for h in probed):
+        return point
+    return [{**r, _STRATUM: (h, population[h])} for r in point for h in (stratum(r),)]
+
+
 CurveMap = dict[tuple[str, str], dict[int, list[SummaryRow]]]
 """(dataset label, suite name) -> {edits on the model: that point's summary rows} (:func:`summarize_by_edits`)."""
 
@@ -138,14 +183,21 @@ def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None 
                        method_order: Sequence[str] = (), dataset_order: Sequence[str] = ()) -> CurveMap:
     """The curves of metric vs number of edits of ``sequential_batches`` runs: rows grouped by
     ``edits_applied`` (checkpoint rows and the final rows alike: what was on the model when they were probed),
-    each group summarised like :func:`summarize`. Only (dataset, suite) pairs with two or more points."""
+    each group summarised like :func:`summarize`. Only (dataset, suite) pairs with two or more points. A point whose
+    checkpoint re-probed a sample of the earlier cases (``reprobe``) is their stratified mean: the batch just
+    written and the sample each weigh by the number of cases they stand for (:func:`stratified_mean_ci`)."""
     by_edits: dict[int, list[dict[str, Any]]] = {}
+    first: dict[tuple, int] = {}  # (dataset, method, group, case): edits on the model when first probed
     for row in rows:
         if row.get("edits_applied") is not None:
-            by_edits.setdefault(int(row["edits_applied"]), []).append({**row, "checkpoint": False})
+            edits = int(row["edits_applied"])
+            by_edits.setdefault(edits, []).append({**row, "checkpoint": False})
+            key = (row["dataset"], row["method"], row.get("group"), str(row["case_id"]))
+            first[key] = min(first.get(key, edits), edits)
     out: CurveMap = {}
     for edits in sorted(by_edits):
-        for r in summarize(by_edits[edits], specs=specs, method_order=method_order, dataset_order=dataset_order):
+        point = _checkpoint_strata(by_edits[edits], first, edits)
+        for r in summarize(point, specs=specs, method_order=method_order, dataset_order=dataset_order):
             out.setdefault((r.dataset, r.suite), {}).setdefault(edits, []).append(r)
     return {key: points for key, points in out.items() if len(points) >= 2}
 
@@ -256,7 +308,7 @@ def paper_cell(r: SummaryRow, spec: MetricSpec) -> str:
     if r.n < MIN_CI_N or not (math.isfinite(r.ci95_low) and math.isfinite(r.ci95_high)):
         return text
     lo, hi = clip_interval(r.ci95_low, r.ci95_high, spec.range)
-    if r.ci == "t" and (lo, hi) == (r.ci95_low, r.ci95_high) and symmetric(r):
+    if r.ci in ("t", "t-strata") and (lo, hi) == (r.ci95_low, r.ci95_high) and symmetric(r):
         return f"{text} ± {paper_num(r.half_width, spec.paper_scale)}"
     return f"{text} [{paper_num(lo, spec.paper_scale)}, {paper_num(hi, spec.paper_scale)}]"
 
