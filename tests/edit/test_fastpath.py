@@ -12,7 +12,7 @@ from editscope.edit.context import context_templates
 from editscope.edit.objective import FORWARDS, EssenceKL, build_context, setup_terms
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.partial_forward import FullForward, SuffixForward, start_block
+from editscope.lm.partial_forward import FullForward, SuffixForward, lanes_of, start_block
 
 FAMILIES = ["llama", "gpt2", "gptj", "gemma3"]
 
@@ -162,3 +162,78 @@ def test_edit_equals_full_forward_path(tiny_bundles, request_a, method, family):
         for name, d in other.deltas.items():
             assert d.norm() > 0
             assert (fast.deltas[name] - d).norm() <= tol * d.norm(), (path, name)
+
+
+def _brute_force_lanes(counts: list[int], overhead: int) -> int:
+    """The least Σ (rows × widest + overhead) over every partition of the rows into lanes (any subsets, not only
+    runs of the sorted lengths): the optimum :func:`lanes_of` must reach."""
+    best = None
+
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for part in partitions(rest):
+            yield [[first], *part]
+            for i in range(len(part)):
+                yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+
+    for part in partitions(list(range(len(counts)))):
+        cost = sum(len(lane) * max(counts[r] for r in lane) + overhead for lane in part)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("overhead", [0, 3, 10, 1000])
+def test_lanes_reach_the_least_padded_cost(overhead):
+    rng = torch.Generator().manual_seed(overhead)
+    for _ in range(20):
+        counts = torch.randint(1, 9, (7,), generator=rng).tolist()
+        lanes = lanes_of(counts, overhead)
+        assert sorted(r for lane in lanes for r in lane) == list(range(len(counts)))  # every row once
+        cost = sum(len(lane) * max(counts[r] for r in lane) + overhead for lane in lanes)
+        assert cost == _brute_force_lanes(counts, overhead)
+    # by hand: two short rows and two long ones; one lane pads the short rows to 6 (24 tokens), two lanes cost
+    # 2·2 + 2·6 = 16 tokens plus one more call
+    assert lanes_of([2, 6, 2, 6], overhead=5) == [[0, 2], [1, 3]]
+    assert lanes_of([2, 6, 2, 6], overhead=9) == [[0, 2, 1, 3]]
+
+
+def test_lanes_of_a_batched_group_equal_the_full_forward(tiny_bundles):
+    """Three requests' rows in one suffix forward cut into several lanes, with one δ per row: the states and each δ's
+    gradient equal the full forward's, also after :meth:`SuffixForward.select` drops a request."""
+    from editscope.edit.objective.optimise import concat_batches
+
+    requests = [EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France"),
+                EditRequest("The mother tongue of {} is", "Thomas Joannes Stieltjes", "English", "Dutch"),
+                EditRequest("{} plays the", "Toko Yasuda", "piano", "guitar")]
+    engine = ScoringEngine(tiny_bundles["llama"])
+    templates = context_templates(engine, [[5, 3]], 0)
+    ctxs = [build_context(engine, r, templates, "blocks.1.resid_post") for r in requests]
+    batch = concat_batches([c.batch for c in ctxs], engine.pad_id)
+    positions = [p for c in ctxs for p in c.subject_positions]
+    last = [e for c in ctxs for e in c.last_read]
+    fast = SuffixForward(engine, batch, positions, "blocks.1.resid_post", last, lane_overhead=0)
+    assert len(fast.lanes) > 1 and len({lane.ids.shape[1] for lane in fast.lanes}) > 1
+    assert sum(lane.ids.numel() for lane in fast.lanes) < fast.ids.numel()  # less padding than one lane
+    full = FullForward(engine, batch, positions, "blocks.1.resid_post")
+    cols = torch.arange(batch.input_ids.shape[1])
+    weights = torch.linspace(-1, 1, engine.model.config.hidden_size)
+
+    def check(fwd, ref, ends):
+        read = cols[None, :] <= torch.tensor(ends)[:, None]
+        out = []
+        for f in (fwd, ref):
+            d = (torch.randn(len(ends), weights.shape[0], generator=torch.Generator().manual_seed(3)) * 0.5
+                 ).requires_grad_(True)
+            hidden = f.hidden(d)
+            ((hidden * weights).sum(-1) * read).sum().backward()
+            out.append((hidden.detach()[read], d.grad))
+        (h, g), (h_ref, g_ref) = out
+        assert (h - h_ref).abs().max() <= 1e-5 * h_ref.abs().max()
+        assert (g - g_ref).norm() <= 1e-5 * g_ref.norm()
+
+    check(fast, full, last)
+    keep = [r for r in range(len(positions)) if r >= len(ctxs[0].subject_positions)]  # the first request stopped
+    check(fast.select(keep), full.select(keep), [last[r] for r in keep])

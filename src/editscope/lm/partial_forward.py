@@ -26,7 +26,8 @@ rows, where supported):
 
 - :class:`FullForward`: the whole model with a hook adding δ (exact everywhere; the baseline).
 - :class:`SuffixForward`: the suffix of each row from block S (exact at positions ≤ ``last_read[r]``; later
-  positions hold the unedited states).
+  positions hold the unedited states), its rows run in lanes of similar suffix length (:func:`lanes_of`), each
+  padded only to its own longest suffix.
 - :class:`SharedContextForward`: rows that continue one shared context, the context computed once per step.
 
 Weights stay frozen (``Bundle`` loads them with ``requires_grad=False``): the backward pass computes δ's gradient
@@ -113,36 +114,87 @@ def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ~allowed, torch.finfo(dtype).min)[:, None]
 
 
+LANE_OVERHEAD_TOKENS = 24
+"""What one more forward call per step costs, in padded suffix tokens (the launch and hook overhead of a call through
+the blocks, and the lower efficiency of a smaller matmul), as :func:`lanes_of` weighs it against the padding a
+lane saves; measured on SmolLM2 on one thread (benchmarks/bench_lifelong.py part (b))."""
+
+
+def lanes_of(counts: Sequence[int], overhead: int = LANE_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Rows (indices into ``counts``, each row's suffix length) cut into lanes, each run as one forward padded to its
+    longest row: the partition of the rows sorted by length that minimises Σ_lanes (rows × width + ``overhead``)
+    (a dynamic programme over the sorted lengths; rows of equal length never split). Right-padding every row to the
+    batch's longest suffix wastes ~40% of a step's tokens on CounterFact requests, whose short essence rows
+    ("{subject} is a") and long rewrite rows share a batch."""
+    order = sorted(range(len(counts)), key=lambda r: (counts[r], r))
+    c = [counts[r] for r in order]
+    n = len(c)
+    best, cut = [0] + [0] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        best[j], cut[j] = min((best[i] + (j - i) * c[j - 1] + overhead, i) for i in range(j)
+                              if i == 0 or c[i - 1] != c[i])
+    lanes, j = [], n
+    while j > 0:
+        lanes.append(order[cut[j]:j])
+        j = cut[j]
+    return lanes[::-1]
+
+
+class _Lane:
+    """Rows of a :class:`SuffixForward` that run as one forward per step, padded to their own longest suffix, their
+    queries attending to their own prefix keys/values (the first ``prefix`` cached positions)."""
+
+    def __init__(self, fwd: SuffixForward, rows: Sequence[int]) -> None:
+        idx = torch.tensor(list(rows), dtype=torch.long, device=fwd.ids.device)
+        starts, counts = [fwd.starts[r] for r in rows], [fwd.counts[r] for r in rows]
+        width, self.prefix = max(counts), max(starts)
+        self.rows = idx
+        self.ids, self.position_ids = fwd.ids[idx, :width], fwd.position_ids[idx, :width]
+        self.entry = fwd.entry[idx, :width]
+        self.prefix_kv = [(k[idx, :, : self.prefix], v[idx, :, : self.prefix]) for k, v in fwd.prefix_kv]
+        # Mask [b, 1, width, prefix + width]: row r's cached keys before its own p_r, then causal suffix keys.
+        device = idx.device
+        allowed = torch.zeros((len(rows), width, self.prefix + width), dtype=torch.bool, device=device)
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
+        for i, (p, n) in enumerate(zip(starts, counts, strict=True)):
+            allowed[i, :n, :p] = True
+            allowed[i, :n, self.prefix:self.prefix + n] = causal[:n, :n]
+            allowed[i, n:, self.prefix + n:] = torch.eye(width - n, dtype=torch.bool, device=device)  # sees itself
+        self.mask = _additive_mask(allowed, fwd.engine.model.dtype)
+        self.read = fwd.valid[idx, :width].nonzero(as_tuple=True)  # (lane row, column) of each computed state
+        self.targets = (idx[self.read[0]], self.position_ids[self.read])  # (batch row, position) of each
+
+
 class SuffixForward:
     """The fixed part of one batch's forward (prefix keys/values, block S's input at the suffix, unedited final
-    states) and the per-step forward of the suffixes through blocks S..n−1. Build with :meth:`build`; ``None``
-    there means: use the full forward."""
+    states) and the per-step forward of the suffixes through blocks S..n−1, in lanes of rows of similar suffix
+    length (:func:`lanes_of`). Build with :meth:`build`; ``None`` there means: use the full forward."""
 
     def __init__(self, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int], hook_point: str,
-                 last_read: Sequence[int]) -> None:
+                 last_read: Sequence[int], *, lane_overhead: int = LANE_OVERHEAD_TOKENS) -> None:
         self.engine = engine
         self.hook_point = hook_point
+        self.lane_overhead = lane_overhead
         self.start, self.fold = start_block(hook_point, engine.n_layers)  # type: ignore[misc]
-        starts = [int(p) for p in positions]
-        counts = [int(e) - p + 1 for e, p in zip(last_read, starts, strict=True)]
-        if min(counts) < 1:
-            raise ValueError(f"last read positions {list(last_read)} before the subject positions {starts}")
-        n_rows, width = len(starts), max(counts)
-        self.prefix = max(starts)  # cached key/value length (row r uses the first starts[r] of them)
+        self.starts = [int(p) for p in positions]
+        self.counts = [int(e) - p + 1 for e, p in zip(last_read, self.starts, strict=True)]
+        if min(self.counts) < 1:
+            raise ValueError(f"last read positions {list(last_read)} before the subject positions {self.starts}")
+        n_rows, width = len(self.starts), max(self.counts)
+        prefix = max(self.starts)  # cached key/value length (row r uses the first starts[r] of them)
 
         # One unedited forward: prefix keys/values at every layer, block S's input, final states of all positions.
-        cache = DynamicCache() if self.prefix else None  # full (non-sliding) layers: the mask sets the window
+        cache = DynamicCache() if prefix else None  # full (non-sliding) layers: the mask sets the window
         entry = f"blocks.{self.start}.resid_pre"
         self.base_hidden, self.as_tuple, store = _unedited_forward(engine, batch, [entry], cache)
-        self.prefix_kv = [(k[..., : self.prefix, :], v[..., : self.prefix, :])
-                          for k, v, *_ in cache] if cache is not None else []
+        self.prefix_kv = [(k[..., :prefix, :], v[..., :prefix, :]) for k, v, *_ in cache] if cache is not None else []
 
         # Suffix tokens right-padded to ``width``; their absolute positions continue each row's prefix.
         device = batch.input_ids.device
         ids = torch.full((n_rows, width), engine.pad_id, dtype=torch.long, device=device)
         pos = torch.zeros((n_rows, width), dtype=torch.long, device=device)
         valid = torch.zeros((n_rows, width), dtype=torch.bool, device=device)
-        for r, (p, n) in enumerate(zip(starts, counts, strict=True)):
+        for r, (p, n) in enumerate(zip(self.starts, self.counts, strict=True)):
             ids[r, :n] = batch.input_ids[r, p:p + n]
             pos[r, :n] = torch.arange(p, p + n, device=device)
             pos[r, n:] = p + n  # padding: never read
@@ -151,17 +203,13 @@ class SuffixForward:
         entry_states = store[entry]
         self.entry = torch.stack([entry_states[r, pos[r].clamp(max=entry_states.shape[1] - 1)]
                                   for r in range(n_rows)])  # block S's fixed input at the suffix [B, width, d]
+        self._layout()
 
-        # Mask [B, 1, width, prefix + width]: row r's cached keys before its own p_r, then causal suffix keys.
-        allowed = torch.zeros((n_rows, width, self.prefix + width), dtype=torch.bool, device=device)
-        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
-        for r, (p, n) in enumerate(zip(starts, counts, strict=True)):
-            allowed[r, :n, :p] = True
-            allowed[r, :n, self.prefix:self.prefix + n] = causal[:n, :n]
-            allowed[r, n:, self.prefix + n:] = torch.eye(width - n, dtype=torch.bool, device=device)  # sees itself
-        self.mask = _additive_mask(allowed, engine.model.dtype)
-        self.rows, self.cols = valid.nonzero(as_tuple=True)
-        self.targets = (self.rows, self.position_ids[self.rows, self.cols])
+    def _layout(self) -> None:
+        """The lanes of the current rows and where their computed states go in [B, T, d]."""
+        self.lanes = [_Lane(self, rows) for rows in lanes_of(self.counts, self.lane_overhead)]
+        self.targets = (torch.cat([lane.targets[0] for lane in self.lanes]),
+                        torch.cat([lane.targets[1] for lane in self.lanes]))
 
     @classmethod
     def build(cls, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int], hook_point: str,
@@ -179,23 +227,20 @@ class SuffixForward:
         return cls(engine, batch, positions, hook_point, last_read)
 
     def select(self, rows: Sequence[int]) -> SuffixForward:
-        """The same suffix forward restricted to ``rows`` (in that order): what a batched optimisation keeps
-        running once some of its requests have stopped early."""
+        """The same suffix forward restricted to ``rows`` (in that order), in lanes of its own: what a batched
+        optimisation keeps running once some of its requests have stopped early."""
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.ids.device)
         out = copy.copy(self)
+        out.starts, out.counts = [self.starts[r] for r in rows], [self.counts[r] for r in rows]
         out.ids, out.position_ids, out.valid = self.ids[idx], self.position_ids[idx], self.valid[idx]
-        out.entry, out.mask, out.base_hidden = self.entry[idx], self.mask[idx], self.base_hidden[idx]
+        out.entry, out.base_hidden = self.entry[idx], self.base_hidden[idx]
         out.prefix_kv = [(k[idx], v[idx]) for k, v in self.prefix_kv]
-        out.rows, out.cols = out.valid.nonzero(as_tuple=True)
-        out.targets = (out.rows, out.position_ids[out.rows, out.cols])
+        out._layout()
         return out
 
-    def hidden(self, delta: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [B, T, d] of the batch with δ added at each row's subject position: positions up
-        to each row's last read one computed now (differentiable in δ), the others from the unedited forward.
-        ``delta`` is one vector [d] for every row or one per row [B, d] (several requests optimised together)."""
-        n_rows = self.ids.shape[0]
-        rows = torch.arange(n_rows, device=self.ids.device)
+    def _run_lane(self, lane: _Lane, delta: torch.Tensor) -> torch.Tensor:
+        """The lane's suffix states [b, width, d] with δ (a vector [d] or one per lane row [b, d])."""
+        rows = torch.arange(lane.ids.shape[0], device=lane.ids.device)
 
         def add(x: torch.Tensor) -> torch.Tensor:
             x = x.clone()
@@ -203,21 +248,29 @@ class SuffixForward:
             return x
 
         def enter(_x: torch.Tensor) -> torch.Tensor:
-            return add(self.entry) if self.fold else self.entry
+            return add(lane.entry) if self.fold else lane.entry
 
         fns = {f"blocks.{self.start}.resid_pre": enter}
         if not self.fold:
             fns[self.hook_point] = add
-        cache = DynamicCache(ddp_cache_data=self.prefix_kv) if self.prefix else None
+        cache = DynamicCache(ddp_cache_data=lane.prefix_kv) if lane.prefix else None
         model, arch = self.engine.model, self.engine.arch
         with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
-            out = self.engine.base_forward(
-                input_ids=self.ids,  # embedded, then replaced by block S's recorded input
-                attention_mask=self.mask,
-                position_ids=self.position_ids,
+            return self.engine.base_forward(
+                input_ids=lane.ids,  # embedded, then replaced by block S's recorded input
+                attention_mask=lane.mask,
+                position_ids=lane.position_ids,
                 **cache_kwargs(self.engine.base_module, cache),
             ).last_hidden_state
-        return self.base_hidden.index_put(self.targets, out[self.rows, self.cols])
+
+    def hidden(self, delta: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [B, T, d] of the batch with δ added at each row's subject position: positions up
+        to each row's last read one computed now, lane by lane (differentiable in δ), the others from the unedited
+        forward. ``delta`` is one vector [d] for every row or one per row [B, d] (several requests optimised
+        together)."""
+        computed = [self._run_lane(lane, delta if delta.dim() == 1 else delta[lane.rows])[lane.read]
+                    for lane in self.lanes]
+        return self.base_hidden.index_put(self.targets, torch.cat(computed))
 
 
 class SharedContextForward:
