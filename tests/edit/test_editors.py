@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.alphaedit import alphaedit_update, null_space_projector
 from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys
@@ -198,6 +199,47 @@ def test_prune_state_keeps_model_at_w0_plus_restrained_sum(tiny_bundles, request
 
 
 # -- FT -------------------------------------------------------------------------------------------------
+def test_ft_on_a_batch_equals_a_loop_with_one_forward_per_request(tiny_bundles):
+    """FT's ΔW on three requests, their rows stacked into one forward per step, against FT-L written out with one
+    forward per request (mean over requests of the target NLL, Adam, the L∞ clamp after each step)."""
+    bundle = tiny_bundles["llama"]
+    editor = get_editor("ft")
+    hp = editor.load_hparams(bundle).replace(steps=6, stop_loss=0.0, norm_constraint=1e-2, lr=5e-3)
+    requests = [EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France"),
+                EditRequest("The mother tongue of {} is", "Thomas Joannes Stieltjes", "English", "Dutch"),
+                EditRequest("{} plays the", "Toko Yasuda", "piano", "guitar")]
+    got = editor.compute_patch(bundle, requests, hp).deltas
+
+    engine = ScoringEngine(bundle)
+    (name,) = got
+    weight = dict(bundle.model.named_parameters())[name]
+    w0 = weight.detach().clone()
+    batches = [engine.prepare([(r.text, r.target_new)]) for r in requests]
+    try:
+        weight.requires_grad_(True)
+        opt = torch.optim.Adam([weight], lr=hp.lr)
+        for _ in range(hp.steps - 1):  # the last step's loss is only read (FT's early-stop check), never applied
+            opt.zero_grad()
+            with torch.enable_grad():
+                loss = 0.0
+                for b in batches:
+                    logp = engine.logits_from_hidden(engine.batch_hidden(b)).float().log_softmax(-1)
+                    start, n = b.context_lengths[0], b.continuation_lengths[0]
+                    ids = b.input_ids[0, start:start + n]
+                    loss = loss - logp[0, start - 1:start + n - 1].gather(-1, ids[:, None]).mean()
+                (loss / len(batches)).backward()
+            opt.step()
+            with torch.no_grad():
+                weight.copy_(torch.clamp(weight, w0 - hp.norm_constraint, w0 + hp.norm_constraint))
+        want = (weight.detach() - w0).clone()
+    finally:
+        with torch.no_grad():
+            weight.requires_grad_(False)
+            weight.copy_(w0)
+    assert want.abs().max() > 0
+    assert float((got[name] - want).norm() / want.norm()) <= 1e-5
+
+
 def test_ft_respects_the_norm_bound(tiny_bundles, request_a):
     bundle = tiny_bundles["llama"]
     editor = get_editor("ft")

@@ -231,21 +231,27 @@ def count_forwards(bundle):
     return counter, bundle.model.model.layers[0].register_forward_hook(hook)
 
 
-def test_ft_sets_up_once_and_runs_one_forward_per_request_per_step(tiny_bundles):
+def test_ft_sets_up_once_and_runs_one_forward_per_step_for_its_requests(tiny_bundles):
+    """FT stacks its requests' rows into one forward per step when every term is ``batched``; a term that is not
+    (it runs forwards of its own per request) puts each request in a forward of its own."""
     bundle = tiny_bundles["llama"]
     editor = get_editor("ft")
     hp = editor.load_hparams(bundle).replace(steps=3, stop_loss=0.0)
     other = EditRequest("The mother tongue of {} is", "Thomas Joannes Stieltjes", "English", "Dutch")
-    l2_plugin.CALLS.clear()
-    counter, handle = count_forwards(bundle)
-    try:
-        editor.compute_patch(bundle, [REQUEST, other], hp, plugins=["count", ("l2", {"weight": 1.0})])
-    finally:
-        handle.remove()
     subjects = [REQUEST.subject, other.subject]
-    assert [c for c in l2_plugin.CALLS if c[0] == "setup"] == [("setup", s) for s in subjects]
-    assert [c for c in l2_plugin.CALLS if c[0] == "call"] == [("call", s) for _ in range(3) for s in subjects]
-    assert counter["n"] == 3 * 2  # three terms, two requests, three steps: one forward per request per step
+    for batched, forwards in ((True, 3), (False, 3 * 2)):
+        l2_plugin.CALLS.clear()
+        counter, handle = count_forwards(bundle)
+        original = l2_plugin.CountTerm.batched
+        try:
+            l2_plugin.CountTerm.batched = batched
+            editor.compute_patch(bundle, [REQUEST, other], hp, plugins=["count", ("l2", {"weight": 1.0})])
+        finally:
+            l2_plugin.CountTerm.batched = original
+            handle.remove()
+        assert [c for c in l2_plugin.CALLS if c[0] == "setup"] == [("setup", s) for s in subjects]
+        assert [c for c in l2_plugin.CALLS if c[0] == "call"] == [("call", s) for _ in range(3) for s in subjects]
+        assert counter["n"] == forwards  # three steps: one forward per step, or one per request per step
 
 
 def test_rome_sets_up_once_per_request(tiny_bundles):

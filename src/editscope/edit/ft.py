@@ -6,8 +6,11 @@ W of ``blocks.L`` MLP down projection is trained with Adam on the target NLL of 
 is clamped to ‖W − W₀‖_∞ ≤ ``norm_constraint`` (the L∞ constraint of FT-L). The model is restored on return;
 the patch holds W_final − W₀.
 
-Every term's ``setup`` runs once per request before training (unedited weights); each step runs one forward
-per request batch, shared by all terms (the loss is the mean over requests of the summed terms).
+Every term's ``setup`` runs once per request before training (unedited weights); each step runs one forward per
+group of requests (their rows stacked and right-padded up to the engine's token budget, as the v*/z optimiser groups
+them; one request per group when a plug-in term is not ``batched``), shared by all terms (the loss is the mean over
+requests of the summed terms). Rows never attend to each other, so the loss equals the one-request-at-a-time sum to
+float rounding; a batch of 100 short CounterFact prompts runs in a few forwards instead of 100.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import TUNE_LAYERS, HParams
-from editscope.edit.objective import ObjectiveTerm, TargetNLL, VStep, setup_terms, weights_context
+from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms, weights_context
+from editscope.edit.objective.optimise import concat_batches, request_groups
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 
@@ -46,6 +50,20 @@ def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:
     return sum(term(step) for term in terms)
 
 
+def _group_loss(engine: ScoringEngine, ctxs: Sequence[VContext], terms: Sequence[ObjectiveTerm]) -> torch.Tensor:
+    """Σ over ``ctxs`` of their summed terms, from one forward of their rows stacked (each context reads its own
+    rows, at its own width)."""
+    if len(ctxs) == 1:
+        return _step_loss(VStep(ctxs[0], None, engine.batch_hidden(ctxs[0].batch)), terms)
+    hidden = engine.batch_hidden(concat_batches([c.batch for c in ctxs], engine.pad_id))
+    loss, offset = 0.0, 0
+    for ctx in ctxs:
+        rows, width = ctx.batch.input_ids.shape
+        loss = loss + _step_loss(VStep(ctx, None, hidden[offset:offset + rows, :width]), terms)
+        offset += rows
+    return loss
+
+
 def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, *, engine: ScoringEngine,
             runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
@@ -55,6 +73,10 @@ def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, 
     ctxs = [weights_context(engine, r, terms, forward=runtime.strategy) for r in requests]
     for ctx in ctxs:
         setup_terms(ctx, terms)
+    if all(term.batched for term in terms):
+        groups = [[ctxs[i] for i in g] for g in request_groups(ctxs, engine.token_budget)]
+    else:
+        groups = [[ctx] for ctx in ctxs]
     history = []
     try:
         for n in names:
@@ -63,8 +85,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, 
         for i in range(hp.steps):
             opt.zero_grad()
             with torch.enable_grad():
-                loss = sum(_step_loss(VStep(ctx, None, engine.batch_hidden(ctx.batch)), terms) for ctx in ctxs)
-                loss = loss / len(ctxs)
+                loss = sum(_group_loss(engine, group, terms) for group in groups) / len(ctxs)
             history.append(float(loss.detach()))
             if float(loss.detach()) < hp.stop_loss or i == hp.steps - 1:
                 break
