@@ -15,6 +15,7 @@ are skipped."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Callable
@@ -64,11 +65,13 @@ def append_record(path: str | Path, record: Any, dumps: Dumps | None = None) -> 
 
 def read_lines(path: str | Path, *, repair: bool = False) -> list[tuple[int, Any]]:
     """``(line number, record)`` of every record of ``path`` (1-based line numbers; [] when the file does not
-    exist), under the module's torn-last-line policy; ``repair`` cuts a dropped last line off the file."""
+    exist), under the module's torn-last-line policy; ``repair`` cuts a dropped last line off the file. A path
+    ending in ``.gz`` is read gzip-decompressed (and never repaired)."""
     path = Path(path)
     if not path.is_file():
         return []
-    data = path.read_bytes()
+    packed = path.suffix == ".gz"  # a finished file kept compressed (an archived run): read as it is, never cut
+    data = gzip.decompress(path.read_bytes()) if packed else path.read_bytes()
     lines = data.split(b"\n")  # the piece after the last newline is b"" when the file ends in one
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     out: list[tuple[int, Any]] = []
@@ -89,7 +92,7 @@ def read_lines(path: str | Path, *, repair: bool = False) -> list[tuple[int, Any
             keep = start
             break
         out.append((i + 1, record))
-    if repair and keep < len(data):
+    if repair and keep < len(data) and not packed:
         with open(path, "r+b") as fh:
             fh.truncate(keep)
             fh.flush()

@@ -6,6 +6,7 @@ keeps its text, and malformed blocks fail with the page and line."""
 from __future__ import annotations
 
 import re
+import shutil
 from statistics import mean
 
 import pytest
@@ -14,6 +15,7 @@ from editscope.cli import main
 from editscope.errors import EditscopeError
 from editscope.report.reproduction import parse_blocks, regenerate
 from editscope.run import Runner, parse_config, read_results
+from editscope.run.store import run_rows
 
 BATCH, ROUNDS = 3, 2
 
@@ -167,3 +169,36 @@ def test_a_page_without_blocks_is_an_error(tmp_path):
     page = _page(tmp_path, "# nothing measured\n")
     with pytest.raises(EditscopeError, match="no measured blocks"):
         regenerate(page, tmp_path)
+
+
+def test_a_block_regenerates_from_its_archive_once_the_runs_are_gone(shards, tmp_path):
+    """Regenerating archives each run beside the block (rows without raw probes); with the run directories gone
+    the block regenerates to the same text from the archive, and a new run joins the archived ones."""
+    root = tmp_path / "root"
+    shutil.copytree(shards / "runs", root / "runs")
+    page = _page(root)
+    regenerate(page, root)
+    text = page.read_text()
+    archive = page.parent / "reproduction" / "lifelong" / "runs"
+    assert sorted(p.name for p in archive.iterdir()) == ["lifelong-alphaedit", "lifelong-memit"]
+    for name in ("lifelong-alphaedit", "lifelong-memit"):
+        full = read_results(root / "runs" / name / "results.jsonl")
+        slim = run_rows(archive / name)
+        assert [r["metrics"] for r in slim] == [r["metrics"] for r in full]
+        assert all(r["pre"] == {} and r["post"] == {} for r in slim) and any(r["pre"] for r in full)
+
+    shutil.rmtree(root / "runs" / "lifelong-alphaedit")
+    outcomes = regenerate(page, root)  # memit live, alphaedit from the archive
+    assert [p.name for p in outcomes[0].archived] == ["lifelong-alphaedit"]
+    assert "the archive (lifelong-alphaedit)" in outcomes[0].describe(page)
+    assert page.read_text() == text
+    shutil.rmtree(root / "runs")
+    outcomes = regenerate(page, root)  # both from the archive
+    assert len(outcomes[0].archived) == 2 and page.read_text() == text
+
+    # a run of a new name joins the archived ones (its rows are in the table after each number of edits)
+    shutil.copytree(shards / "runs" / "lifelong-memit", root / "runs" / "lifelong-memit-again")
+    page = _page(root, PAGE.replace(" baseline=memit", ""))  # two memit runs: no one baseline
+    outcomes = regenerate(page, root)
+    assert [p.name for p in outcomes[0].runs] == ["lifelong-alphaedit", "lifelong-memit", "lifelong-memit-again"]
+    assert "| memit [lifelong-memit-again] | 6 |" in page.read_text()

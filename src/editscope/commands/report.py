@@ -36,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the same for these case ids (with or without --cards)")
     parser.add_argument("--reproduction", metavar="PAGE",
                         help="regenerate the measured blocks of this Markdown page from the runs they name, in place "
-                        "(blocks whose runs are absent keep their text; figures go beside the page under "
-                        "reproduction/); takes no RUN_DIR")
+                        "(figures go beside the page under reproduction/BLOCK/, and an archive of each run, its rows "
+                        "without raw probes, under reproduction/BLOCK/runs/: a run no longer on disk is read from "
+                        "there; a block with neither keeps its text); takes no RUN_DIR")
     parser.add_argument("--runs-root", metavar="DIR", default=".",
                         help="with --reproduction: the folder the blocks' run paths are relative to (default: .)")
     parser.set_defaults(func=_run)

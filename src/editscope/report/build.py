@@ -30,7 +30,7 @@ from editscope.report import figures, latex
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
 from editscope.report.style import CSS
 from editscope.run.models import expand_run_dirs
-from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
+from editscope.run.store import RESULTS, RUN_JSON, read_json, run_rows
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
 from editscope.run.summary import (
     TABLE_NOTE,
@@ -70,7 +70,7 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
     runs = []
     for path in expand_run_dirs(run_dirs):
         meta = read_json(path / RUN_JSON)
-        rows = read_results(path / RESULTS)
+        rows = run_rows(path)
         if not rows:
             raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
         name = str(meta.get("model", {}).get("name"))

@@ -13,9 +13,14 @@ in shards (one folder per method, one per core) is one block. Options: ``baselin
 differences) and ``figures=none``. Regenerating replaces the text between the markers with the report's pivot of
 every method against every headline metric (:func:`editscope.report.build.analyse`, the tables of ``editscope
 report``), the table after each number of edits of a sequential run, the protocol lines, and the curve and
-retention figures, written beside the page under ``reproduction/<block>/``. A block none of whose runs exist keeps
-its text, so a page regenerates from whatever runs a user has; everything outside the blocks is left byte for
-byte."""
+retention figures, written beside the page under ``reproduction/<block>/``. Everything outside the blocks is left
+byte for byte.
+
+Run directories do not outlive the machine they ran on, so each block keeps an archive of the runs it was made from
+under ``reproduction/<block>/runs/<run name>/`` (:func:`editscope.run.archive.archive_run`: run.json and the rows
+without raw probes). A regeneration reads the runs its patterns match and, for every name none of them has, the
+archived one; so a block grows run by run across machines, and a later run of the same name replaces its archive.
+A block with neither keeps its text."""
 
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from pathlib import Path
 from editscope.atomic import atomic_write_bytes, atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.report.build import Analysis, analyse, md_pivot, png_name
+from editscope.run.archive import archive_run
+from editscope.run.store import has_rows
 from editscope.run.summary import curve_markdown
 
 START = re.compile(r"^<!-- editscope:measured (?P<args>.+?) -->\s*$")
@@ -35,6 +42,8 @@ END = "<!-- editscope:end -->"
 OPTIONS = {"baseline", "figures"}
 FIGURE_DIR = "reproduction"
 """Folder beside the page that holds each block's figures, one sub-folder per block."""
+ARCHIVE_DIR = "runs"
+"""Sub-folder of a block's folder that holds the archives of the runs it was made from."""
 
 
 @dataclass
@@ -56,12 +65,16 @@ class Outcome:
     line: int
     patterns: list[str]
     runs: list[Path]  # empty: the block was kept as it was
+    archived: list[Path] = field(default_factory=list)  # of ``runs``, those read from the block's archive
 
     def describe(self, page: Path) -> str:
         where = f"{page}:{self.line}"
         if not self.runs:
             return f"{where}: kept (no run matches {' '.join(self.patterns)})"
-        return f"{where}: regenerated from {', '.join(str(p) for p in self.runs)}"
+        live = [p for p in self.runs if p not in self.archived]
+        parts = ([", ".join(str(p) for p in live)] if live else []) + \
+            ([f"the archive ({', '.join(p.name for p in self.archived)})"] if self.archived else [])
+        return f"{where}: regenerated from {' and '.join(parts)}"
 
 
 def parse_blocks(text: str, page: str | Path = "page") -> list[Block]:
@@ -109,9 +122,17 @@ def _run_dirs(patterns: list[str], root: Path) -> list[Path]:
         full = pattern if Path(pattern).is_absolute() else str(root / pattern)
         for match in sorted(glob.glob(full)):
             path = Path(match)
-            if path.is_dir() and path not in out and any(f.stat().st_size for f in path.glob("**/results.jsonl")):
+            if path.is_dir() and path not in out and has_rows(path):
                 out.append(path)
     return out
+
+
+def _archived(folder: Path, live: list[Path]) -> list[Path]:
+    """The archived runs of a block (``folder``/runs/*) whose names no run in ``live`` has."""
+    names = {p.name for p in live}
+    runs = folder / ARCHIVE_DIR
+    return [p for p in sorted(runs.iterdir()) if p.is_dir() and p.name not in names and has_rows(p)] \
+        if runs.is_dir() else []
 
 
 def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) -> list[str]:
@@ -157,21 +178,25 @@ def regenerate(page: str | Path, root: str | Path = ".", *,
     lines = text.split("\n")
     out, outcomes, done = [], [], 0
     for block in blocks:
-        runs = _run_dirs(block.patterns, root)
+        folder = page.parent / FIGURE_DIR / block.name
+        live = _run_dirs(block.patterns, root)
+        archived = _archived(folder, live)
+        runs = sorted(live + archived, key=lambda p: p.name)  # one order whichever of them are live
         out += lines[done:block.start + 1]
         line = len(out)  # the start marker's line in the new page
         if runs:
-            log(f"{page}:{block.line}: {len(runs)} run(s) for {' '.join(block.patterns)}")
+            log(f"{page}:{block.line}: {len(live)} run(s) for {' '.join(block.patterns)}, {len(archived)} archived")
             try:
                 a = analyse([str(p) for p in runs], baseline=block.options.get("baseline"))
             except EditscopeError as exc:
                 raise EditscopeError(f"{page}:{block.line}: {exc}") from exc
-            folder = page.parent / FIGURE_DIR / block.name
             out += render_block(a, block, folder, f"{FIGURE_DIR}/{block.name}")
+            for run in live:
+                archive_run(run, folder / ARCHIVE_DIR / run.name)
         else:
             out += lines[block.start + 1:block.end]
         done = block.end
-        outcomes.append(Outcome(line, block.patterns, runs))
+        outcomes.append(Outcome(line, block.patterns, runs, archived))
     out += lines[done:]
     new = "\n".join(out)
     if new != text:

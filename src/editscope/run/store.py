@@ -16,6 +16,7 @@ from editscope.finite import with_reasons
 from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
+ARCHIVE = "results.slim.jsonl.gz"  # a run's rows without raw probes, compressed (editscope.run.archive)
 RUN_JSON = "run.json"
 MODELS_JSON = "models.json"  # the folder of a run with a models list (editscope.run.models)
 LOCK = ".editscope.lock"
@@ -71,6 +72,21 @@ def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False
     twice in every summary, so it is an error naming both lines, unless ``dedupe`` keeps the first of each
     (with ``repair`` the file is then rewritten without the later copies)."""
     return _read_results(Path(path), repair=repair, dedupe=dedupe)[0]
+
+
+def run_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run directory: its ``results.jsonl``, or, where it has none, its archive (``ARCHIVE``: the rows
+    without their raw probes, :func:`editscope.run.archive.archive_run`)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RESULTS).is_file() and (run_dir / ARCHIVE).is_file():
+        return read_results(run_dir / ARCHIVE)
+    return read_results(run_dir / RESULTS)
+
+
+def has_rows(folder: str | Path) -> bool:
+    """Whether ``folder`` or a folder below it (a models list's runs) holds a non-empty results file or archive."""
+    folder = Path(folder)
+    return any(f.stat().st_size for name in (RESULTS, ARCHIVE) for f in folder.glob(f"**/{name}"))
 
 
 def drop_duplicates(path: str | Path) -> int:
