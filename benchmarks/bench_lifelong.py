@@ -12,6 +12,8 @@
     The two one-at-a-time structures may be timed on ``--ref-sample`` of the requests (their cost per request does
     not depend on the batch). Prints ``ratio X.XX`` = z seconds per request, reference / editscope, and the
     relative ΔW differences on a batch of the sampled requests (must be <= 1e-4).
+    It also prints the FLOP ratio of the two structures (:func:`flop_counts`): what the work itself allows an exact
+    computation of the same optimiser steps to save, the ceiling of the ratio where matmuls dominate (SmolLM2).
 (c) Peak resident memory (VmHWM) after every round of (a): flat memory means the last is within ~10% of the first.
 
 Usage: .venv/bin/python benchmarks/bench_lifelong.py [--model smollm2-135m] [--method alphaedit] [--batch 100]
@@ -131,6 +133,39 @@ def _rel_diff(a: dict, b: dict) -> float:
     return sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b) ** 0.5 / den
 
 
+def flop_counts(bundle, editor, hp, reqs) -> tuple[float, float]:
+    """Matmul FLOPs of one optimiser step over ``reqs`` (forward + backward; weights frozen, so a backward matmul
+    costs what its forward does), (reference cost structure, editscope): the reference runs every token of every row
+    through all blocks and the LM head forward, then the blocks after δ's and the LM head backward, all positions
+    (its tensors are whole rows); editscope runs the lanes' padded suffix tokens through the blocks after δ's and the
+    LM head at the positions the loss reads, forward and backward. The ratio is the most an exact computation of the
+    same steps can save; attention's score matmuls and the elementwise work are left out (a few % here)."""
+    from editscope.edit.context import context_templates
+    from editscope.edit.objective import VSpec, build_context, request_groups
+    from editscope.lm.engine import ScoringEngine
+    from editscope.lm.partial_forward import lanes_of, start_block
+
+    engine = ScoringEngine(bundle)
+    blocks = bundle.model.get_submodule(bundle.arch.blocks)
+    per_token_block = 2 * sum(m.weight.numel() for m in blocks[0].modules() if isinstance(m, torch.nn.Linear))
+    head = 2 * bundle.model.get_output_embeddings().weight.numel()
+    templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start)
+    spec = VSpec.of(hp, f"blocks.{hp.layers[-1]}.resid_post", templates)
+    ctxs = [build_context(engine, r, spec.templates, spec.hook_point, terms=spec.terms()) for r in reqs]
+    n, after = bundle.n_layers, bundle.n_layers - start_block(spec.hook_point, bundle.n_layers)[0]
+    reference = editscope = 0.0
+    for group in request_groups(ctxs, engine.token_budget):
+        counts, read = [], 0
+        for c in (ctxs[i] for i in group):
+            tokens = int(c.batch.attention_mask.sum())
+            reference += tokens * (n + after) * per_token_block + 2 * tokens * head
+            counts += [e - p + 1 for e, p in zip(c.last_read, c.subject_positions, strict=True)]
+            read += sum(c.batch.continuation_lengths[r] for r in range(c.n_rewrite)) + len(c.essence_rows)
+        padded = sum(len(lane) * max(counts[r] for r in lane) for lane in lanes_of(counts))
+        editscope += 2 * (padded * after * per_token_block + read * head)
+    return reference, editscope
+
+
 def part_b(bundle, args) -> None:
     """z per request: editscope on the whole batch of ``--z-batch`` requests; the two one-request-at-a-time
     structures on ``--ref-sample`` of them (all by default). One request at a time, a request's cost does not depend
@@ -166,6 +201,10 @@ def part_b(bundle, args) -> None:
           f"{diffs['editscope']:.1e}, one at a time {diffs['one at a time']:.1e}")
     print(f"(b) ratio {per['reference'] / per['editscope']:.2f} (z per request, reference / editscope); batching "
           f"alone {per['one at a time'] / per['editscope']:.2f}")
+    reference, ours = flop_counts(bundle, editor, hp, reqs)
+    print(f"(b) matmul FLOPs per step, batch of {len(reqs)}: reference {reference / 1e9:.1f} G, editscope "
+          f"{ours / 1e9:.1f} G: FLOP ratio {reference / ours:.2f}, what the work itself allows an exact computation to "
+          "save (where per-call overheads dominate, as on a tiny model, the measured ratio can exceed it)")
     if not max(diffs.values()) <= 1e-4:
         raise SystemExit(f"(b) the ΔW disagree: {max(diffs.values()):.2e} > 1e-4")
 

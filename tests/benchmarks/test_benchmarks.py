@@ -49,5 +49,7 @@ def test_bench_lifelong_runs_on_tiny_batches():
     out = _run("bench_lifelong.py", "--model", "tiny-llama", "--batch", "3", "--rounds", "2", "--z-batch", "3",
                "--threads", "1")
     assert "(b) ratio " in out and "relative ΔW difference" in out
+    flop_ratio = float(out.split("FLOP ratio ")[1].split()[0].rstrip(","))
+    assert flop_ratio > 1  # the suffix, not whole rows, runs each step
     assert "(a) alphaedit: 6 edits in 2 batches of 3" in out and "edits/min" in out
     assert "(c) peak RSS after 3 edits" in out and "(c) peak RSS after 6 edits" in out
