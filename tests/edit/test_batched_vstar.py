@@ -17,11 +17,13 @@ from editscope.edit.context import context_templates
 from editscope.edit.objective import (
     FORWARDS,
     AdamSettings,
+    Solved,
     VSpec,
     VStep,
     build_context,
     default_terms,
     independent_edits,
+    optimisation_summary,
     optimise,
     request_groups,
     setup_terms,
@@ -124,6 +126,40 @@ def test_batched_deltas_equal_one_at_a_time_with_early_stop(tiny_bundles, family
     one = build_context(engine, REQUESTS[1], templates, HOOK, forward=FORWARDS[path])
     alone = optimise([one], [default_terms(0.0625, 0.5)], _settings(stop_loss), token_budget=engine.token_budget)
     assert _rel(alone[0], want[1][0]) < 1e-5
+
+
+def test_optimisation_summary_counts_steps_and_capped_requests_of_the_plain_loop(tiny_bundles):
+    """The rows' optimisation scalars, from the optimiser's histories, against the plain loop's own: steps
+    evaluated per request, the share that used every step without reaching stop_loss, the final losses."""
+    engine, templates = _engine(tiny_bundles["llama"])
+    free = _one_at_a_time(engine, templates, stop_loss=-1.0)
+    stopper, stop_loss = _early_stop_threshold([h for _, h in free])
+    want = _one_at_a_time(engine, templates, stop_loss)
+    ctxs = [build_context(engine, r, templates, HOOK) for r in REQUESTS]
+    deltas = optimise(ctxs, [default_terms(0.0625, 0.5) for _ in ctxs], _settings(stop_loss),
+                      token_budget=engine.token_budget)
+    got = optimisation_summary([Solved(c.v_init, d, c.store["losses"]) for c, d in zip(ctxs, deltas, strict=True)],
+                               _settings(stop_loss))
+    lengths = [len(h) for _, h in want]
+    assert got["v_steps_mean"] == pytest.approx(sum(lengths) / 3)
+    assert got["v_step_capped"] == pytest.approx(2 / 3)  # every request but the one that stops early
+    assert got["v_loss_final_mean"] == pytest.approx(sum(h[-1] for _, h in want) / 3, rel=1e-5)
+    assert got["v_loss_final_max"] == pytest.approx(max(h[-1] for _, h in want), rel=1e-5)
+    assert want[stopper][1][-1] < stop_loss <= min(h[-1] for i, (_, h) in enumerate(want) if i != stopper)
+
+
+@pytest.mark.parametrize(("method", "stop_loss", "steps_mean", "capped"),
+                         [("memit", 0.0, STEPS, 1.0), ("memit", 1e6, 1, 0.0), ("rome", 0.0, STEPS, 1.0)])
+def test_editors_record_how_their_optimisation_went(tiny_bundles, method, stop_loss, steps_mean, capped):
+    """A stop_loss of 0 (no loss is below it) runs every step (all capped); one every loss is under stops each
+    request at its first evaluation: the patch's info (the rows' ``edit_info``) says so."""
+    bundle = tiny_bundles["llama"]
+    editor = get_editor(method)
+    hp = editor.load_hparams(bundle).replace(v_steps=STEPS, stop_loss=stop_loss, context_templates=[[5, 3]])
+    info = editor.compute_patch(bundle, REQUESTS if method == "memit" else REQUESTS[0], hp).info
+    assert info["v_steps_mean"] == steps_mean and info["v_step_capped"] == capped
+    assert len(info["requests"]) == (3 if method == "memit" else 1)
+    assert info["v_loss_final_max"] >= info["v_loss_final_mean"] > 0
 
 
 def test_request_groups_follow_token_budget_and_cap(tiny_bundles):

@@ -29,7 +29,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, subject_keys, subject_states, template_weights, temporarily_added
 from editscope.edit.hparams import VStarHParams
-from editscope.edit.objective import ObjectiveTerm, VSpec, solve_requests
+from editscope.edit.objective import ObjectiveTerm, VSpec, optimisation_summary, solve_requests
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
@@ -72,6 +72,7 @@ def compute_targets(bundle, engine: ScoringEngine, runtime: EditRuntime, request
     for s in solved:
         info.setdefault("requests", []).append({"losses": s.losses, "delta_norm": float(s.delta.norm()),
                                                 "v_init_norm": float(s.v_init.norm())})
+    info.update(optimisation_summary(solved, spec.adam))
     return torch.stack([s.v_init + s.delta for s in solved])
 
 

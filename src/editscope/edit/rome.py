@@ -29,7 +29,7 @@ import torch
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys, subject_states, temporarily_added
 from editscope.edit.hparams import VStarHParams
-from editscope.edit.objective import ObjectiveTerm, VSpec, solve_requests
+from editscope.edit.objective import ObjectiveTerm, VSpec, optimisation_summary, solve_requests
 from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
@@ -71,6 +71,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
     weight = dict(bundle.model.named_parameters())[name]
     total = torch.zeros(weight.shape, dtype=torch.float64, device=weight.device)
     info: dict = {"templates": templates, "requests": []}
+    all_solved = []
     with temporarily_added(bundle, {}) as add:
         spec = VSpec.of(hp, f"blocks.{layer}.mlp_out", templates)
         for j, request in enumerate(requests):
@@ -78,6 +79,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
             # with the first requests of the other cases of the window (objective.independent_edits)
             peers = (lambda groups: [g[0] for g in groups]) if j == 0 else None
             solved = solve_requests(engine, runtime, [request], spec, extra_terms, peers=peers)[0]
+            all_solved.append(solved)
             delta = solved.delta
             v_star = solved.v_init + delta
             k_star = subject_keys(engine, [request], templates, [layer])[0, 0]
@@ -94,4 +96,5 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
             info.setdefault("vectors", {}).setdefault("k_star", []).append(k_star)
             info["vectors"].setdefault("k_apply", []).append(k_apply)
             info["vectors"].setdefault("v_star", []).append(v_star)
+    info.update(optimisation_summary(all_solved, spec.adam))
     return {name: total.float().contiguous()}, info

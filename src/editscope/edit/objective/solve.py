@@ -50,6 +50,21 @@ class Solved:
     losses: list[dict[str, float]]
 
 
+def optimisation_summary(solved: Sequence[Solved], adam: AdamSettings) -> dict[str, float]:
+    """Scalars of how the optimisation of ``solved`` went, for the rows' ``edit_info`` (what a choice of
+    ``v_steps`` / ``stop_loss`` turns on): the mean number of loss evaluations per request (a request that stops
+    early evaluates its loss once more than it updates δ, as the reference loop), the share of requests that
+    used every step without reaching ``stop_loss``, and the mean and largest final loss."""
+    if not solved:
+        return {}
+    final = [sum(s.losses[-1].values()) for s in solved]
+    capped = [len(s.losses) >= adam.steps and f >= adam.stop_loss for s, f in zip(solved, final, strict=True)]
+    return {"v_steps_mean": sum(len(s.losses) for s in solved) / len(solved),
+            "v_step_capped": sum(capped) / len(solved),
+            "v_loss_final_mean": sum(final) / len(final),
+            "v_loss_final_max": max(final)}
+
+
 @dataclass
 class IndependentEdits:
     """Request groups the caller will edit one group at a time, each on the model as it is when the window
