@@ -135,8 +135,10 @@ def _now() -> str:
 
 
 def _scalars(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The finite scalars of an edit's ``info``, by key name: a chain's checkpoint stores them sorted, so a resumed
+    run writes them in the order a fresh one does."""
     out = {}
-    for key, value in info.items():
+    for key, value in sorted(info.items()):
         if isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value)):
             out[key] = value
     return out
