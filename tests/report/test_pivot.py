@@ -135,3 +135,37 @@ def test_difference_text_never_prints_a_bound_that_excludes_zero_as_zero():
     assert p.diff_text("a", 1) == "×1.004 [1.0001, 1.008]†"
     p.diffs[("a", 0)] = Diff(-0.02, -0.05, 0.01, 300)
     assert p.diff_text("a", 0) == "−2.0 [−5.0, 1.0]"
+
+
+
+def test_one_baseline_per_editor_pairs_each_method_with_its_own():
+    # five methods of three editors: a+x and b+x are each compared with their own editor's a / b; c's editor has
+    # no baseline named
+    post = {"a": POST["a"], "b": POST["b"],
+            "a+x": {k: v * 0.5 if k == "RFF" else v for k, v in POST["a"].items()},
+            "b+x": {k: v + 0.1 if k == "RFF" else v for k, v in POST["b"].items()},
+            "c": POST["b"]}
+    editor = {"a": "ed_a", "a+x": "ed_a", "b": "ed_b", "b+x": "ed_b", "c": "ed_c"}
+    rs = []
+    for m, values in post.items():
+        for i in range(N):
+            metrics = {f"{k}_pre": float(PRE[k][i]) for k in PRE}
+            metrics |= {(k if k == "RFF" else f"{k}_post"): float(v[i]) for k, v in values.items()}
+            rs.append({"dataset": "d", "case_id": f"c{i}", "method": m, "editor": editor[m], "metrics": {"s": metrics}})
+    methods = list(post)
+    summary = summarize(rs, specs={KEY: SPECS}, method_order=methods)
+    p = build_pivot(rs, summary, {KEY: SPECS}, methods, baseline="a, b")
+    assert p.baseline == "a, b" and "own editor" in p.baseline_note
+    assert not any((m, 4) in p.diffs for m in ("a", "b", "c"))  # the baselines, and c without one
+    # RFF of a+x is half of a's per case; b+x's is b's plus 0.1: the naive per-case differences
+    assert p.diffs[("a+x", 4)].value == pytest.approx((-0.5 * POST["a"]["RFF"]).mean())
+    assert p.diffs[("b+x", 4)].value == pytest.approx(0.1)
+    # one baseline alone still pairs every other method with it, whatever the editor
+    single = build_pivot(rs, summary, {KEY: SPECS}, methods, baseline="a")
+    assert single.diffs[("b+x", 4)].value == pytest.approx((post["b+x"]["RFF"] - POST["a"]["RFF"]).mean())
+    assert single.diffs[("c", 4)].value == pytest.approx((POST["b"]["RFF"] - POST["a"]["RFF"]).mean())
+    # two baselines of one editor are ambiguous; an unknown one names the methods
+    with pytest.raises(EditscopeError, match=r"'a' and 'a\+x' are both ed_a methods"):
+        build_pivot(rs, summary, {KEY: SPECS}, methods, baseline="a,a+x")
+    with pytest.raises(EditscopeError, match=r"no method 'zzz'"):
+        build_pivot(rs, summary, {KEY: SPECS}, methods, baseline="a,zzz")

@@ -20,14 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "distribution, and the probability shift of correct vs "
         "false answers (PEAK). With --reproduction: rewrite the measured blocks of a page such as "
         "docs/reproduction.md from the runs each block names (marked '<!-- editscope:measured RUN_DIR... "
-        "[baseline=METHOD] [figures=none] -->' ... '<!-- editscope:end -->'; see docs/reproduction.md).",
+        "[baseline=METHOD[,METHOD...]] [figures=none] -->' ... '<!-- editscope:end -->'; see docs/reproduction.md).",
     )
     parser.add_argument("runs", metavar="RUN_DIR", nargs="*",
                         help="run output directories (the OUTPUT of a 'models' list: each model's run, keyed by model)")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default: the first RUN_DIR)")
-    parser.add_argument("--baseline", metavar="METHOD",
+    parser.add_argument("--baseline", metavar="METHOD[,METHOD...]",
                         help="method the pivot table's paired differences are taken against (default: the unedited "
-                        "model, i.e. each metric's value before the edit)")
+                        "model, i.e. each metric's value before the edit); several, one per editor (e.g. "
+                        "rome+app,memit+app), pair each method with its own editor's")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled case study (default: 0)")
     parser.add_argument("--cards", type=option(int, "[1, inf)"), metavar="N", default=None,
                         help="also write the edit cards (editscope inspect) of N cases of the first RUN_DIR sampled "

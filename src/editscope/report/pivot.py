@@ -11,6 +11,9 @@ its interval excludes 1.
 
 The baseline is the unedited model (each metric's ``_pre`` value of the same case; metrics without one get no
 difference) unless a method is named, whose ``_post`` values are then paired with each other method's by case.
+Several named methods, one per editor (``rome+app,memit+app``), pair each method with the baseline of its own
+editor (the rows' ``editor``), as an ablation compares each variant with its editor's full method; a method whose
+editor has no baseline gets no difference.
 A suite that measures the model as a whole (``model_level``: every case of a run carries the same value) gets
 the difference without interval or †: its cases are not independent samples; so does a difference over fewer than
 ``MIN_CI_N`` cases, as the compact tables print no interval for such anecdotal numbers."""
@@ -44,7 +47,8 @@ horizontal scrolling on a 1,400 px screen."""
 
 
 class BaselineError(EditscopeError):
-    """``--baseline`` names no method of the runs (a bad command-line argument: exit status 2)."""
+    """``--baseline`` names no method of the runs, or two of one editor (a bad command-line argument: exit
+    status 2)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Diff:
 
 @dataclass
 class Pivot:
-    baseline: str  # UNEDITED or a method label
+    baseline: str  # UNEDITED, a method label, or labels joined by ", " (one per editor)
     columns: list[Column]
     rows: list[str]  # UNEDITED first where any column has pre values, then the methods
     cells: dict[tuple[str, int], SummaryRow] = field(default_factory=dict)
@@ -102,8 +106,12 @@ class Pivot:
     def note(self, chunk: Sequence[int] | None = None) -> str:
         """:attr:`baseline_note` for the columns ``chunk`` (default: all): the model-level remark only where one of
         them is model-level."""
-        what = (f"{self.baseline} (its value on the same case)" if self.baseline != UNEDITED
-                else "the unedited model (each metric's value before the edit, on the same case)")
+        if self.baseline == UNEDITED:
+            what = "the unedited model (each metric's value before the edit, on the same case)"
+        elif ", " in self.baseline:
+            what = f"the baseline of the method's own editor ({self.baseline}; its value on the same case)"
+        else:
+            what = f"{self.baseline} (its value on the same case)"
         columns = [self.columns[j] for j in (range(len(self.columns)) if chunk is None else chunk)]
         level = dict.fromkeys(c.group for c in columns if (c.dataset, c.suite) in self.model_level)
         return (f"Δ: paired difference against {what}, in the column's units, with its 95% interval (t over the "
@@ -228,14 +236,38 @@ def paired_diff(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], 
     return d
 
 
+def baselines_by_method(rows: Iterable[dict[str, Any]], methods: Sequence[str],
+                        baseline: str | None) -> dict[str, str]:
+    """method -> the method its paired differences are taken against ({} for the unedited model). ``baseline``:
+    one label (every method against it) or comma-separated labels of different editors (each method against the
+    one of its own editor, from the rows' ``editor``); a label not among ``methods`` or two labels of one editor
+    is a :class:`BaselineError`."""
+    if baseline is None:
+        return {}
+    names = [b.strip() for b in baseline.split(",") if b.strip()]
+    for b in names:
+        if b not in methods:
+            raise BaselineError(f"--baseline: no method {b!r} in these runs; methods: {', '.join(methods)}")
+    if len(names) == 1:
+        return {m: names[0] for m in methods if m != names[0]}
+    editor = {r["method"]: r.get("editor", r["method"]) for r in rows}
+    of_editor: dict[str, str] = {}
+    for b in names:
+        e = editor.get(b, b)
+        if e in of_editor:
+            raise BaselineError(f"--baseline: {of_editor[e]!r} and {b!r} are both {e} methods; name one baseline "
+                                "per editor")
+        of_editor[e] = b
+    return {m: of_editor[editor.get(m, m)] for m in methods
+            if m not in names and editor.get(m, m) in of_editor}
+
+
 def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], specs: SpecMap,
                 methods: Sequence[str], *, baseline: str | None = None,
                 model_level: Iterable[tuple[str, str]] = ()) -> Pivot | None:
     """The pivot of the final rows of a report (None when no (dataset, suite) declares a headline metric).
-    ``baseline``: a method label, or None for the unedited model; a label not among ``methods`` is an error
-    naming the ones there are."""
-    if baseline is not None and baseline not in methods:
-        raise BaselineError(f"--baseline: no method {baseline!r} in these runs; methods: {', '.join(methods)}")
+    ``baseline``: None for the unedited model, else as :func:`baselines_by_method`."""
+    against = baselines_by_method(rows, methods, baseline)
     model_level = set(model_level)
     keys = list(dict.fromkeys((r.dataset, r.suite) for r in summary))
     columns = [Column(d, s, spec) for d, s in keys for spec in _headline(specs.get((d, s), ()))]
@@ -243,7 +275,8 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
         return None
     present = [m for m in methods if any(r.method == m for r in summary)]
     cell = {(r.dataset, r.suite, r.method, r.metric): r for r in summary}
-    pivot = Pivot(baseline or UNEDITED, columns, [], model_level=model_level & set(keys))
+    label = UNEDITED if baseline is None else ", ".join(b.strip() for b in baseline.split(",") if b.strip())
+    pivot = Pivot(label, columns, [], model_level=model_level & set(keys))
     has_pre = any(c.spec.pre is not None for c in columns)
     if has_pre:
         pivot.rows.append(UNEDITED)
@@ -267,9 +300,9 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
                 d = paired_diff([mine[i] for i in ids], [mine[i] for i in ids], c.spec.post, c.spec.pre, c.spec,
                                 model_level=level)
             else:
-                if m == baseline:
+                if m not in against:  # a baseline itself, or an editor without one
                     continue
-                theirs = cases.get((c.dataset, c.suite, baseline), {})
+                theirs = cases.get((c.dataset, c.suite, against[m]), {})
                 ids = [i for i in mine if i in theirs]
                 d = paired_diff([mine[i] for i in ids], [theirs[i] for i in ids], c.spec.post, c.spec.post, c.spec,
                                 model_level=level)

@@ -10,11 +10,11 @@ verdicts) with blocks of measured tables inside it::
 
 A block names one or more run directories, relative to the runs root; shell patterns are allowed, so a config run
 in shards (one folder per method, one per core) is one block. Options: ``baseline=METHOD`` (the pivot's paired
-differences) and ``figures=none``. Regenerating replaces the text between the markers with the report's pivot of
-every method against every headline metric (:func:`editscope.report.build.analyse`, the tables of ``editscope
-report``), the table after each number of edits of a sequential run, the protocol lines, and the curve and
-retention figures, written beside the page under ``reproduction/<block>/``. Everything outside the blocks is left
-byte for byte.
+differences; ``baseline=A,B`` names one per editor) and ``figures=none``. Regenerating replaces the text between
+the markers with the report's pivot of every method against every headline metric
+(:func:`editscope.report.build.analyse`, the tables of ``editscope report``), the table after each number of edits
+of a sequential run, the protocol lines, and the curve and retention figures, written beside the page under
+``reproduction/<block>/``. Everything outside the blocks is left byte for byte.
 
 Run directories do not outlive the machine they ran on, so each block keeps an archive of the runs it was made from
 under ``reproduction/<block>/runs/<run name>/`` (:func:`editscope.run.archive.archive_run`: run.json and the rows
