@@ -236,6 +236,11 @@ def paired_diff(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], 
     return d
 
 
+def baseline_names(baseline: str) -> list[str]:
+    """The method labels of a ``--baseline`` value (comma-separated, spaces around a label ignored)."""
+    return [b.strip() for b in baseline.split(",") if b.strip()]
+
+
 def baselines_by_method(rows: Iterable[dict[str, Any]], methods: Sequence[str],
                         baseline: str | None) -> dict[str, str]:
     """method -> the method its paired differences are taken against ({} for the unedited model). ``baseline``:
@@ -244,7 +249,7 @@ def baselines_by_method(rows: Iterable[dict[str, Any]], methods: Sequence[str],
     is a :class:`BaselineError`."""
     if baseline is None:
         return {}
-    names = [b.strip() for b in baseline.split(",") if b.strip()]
+    names = baseline_names(baseline)
     for b in names:
         if b not in methods:
             raise BaselineError(f"--baseline: no method {b!r} in these runs; methods: {', '.join(methods)}")
@@ -275,7 +280,7 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
         return None
     present = [m for m in methods if any(r.method == m for r in summary)]
     cell = {(r.dataset, r.suite, r.method, r.metric): r for r in summary}
-    label = UNEDITED if baseline is None else ", ".join(b.strip() for b in baseline.split(",") if b.strip())
+    label = UNEDITED if baseline is None else ", ".join(baseline_names(baseline))
     pivot = Pivot(label, columns, [], model_level=model_level & set(keys))
     has_pre = any(c.spec.pre is not None for c in columns)
     if has_pre:
