@@ -1,0 +1,82 @@
+"""GPU rows agree with CPU rows (runs only where CUDA exists; docs/scale.md gives the tolerance).
+
+Each editor, with its shipped SmolLM2 hparams, runs the same small config twice through the runner: once on a
+float32 SmolLM2 on the CPU, once on a float32 copy on the GPU. Every numeric metric of every row (CounterFact +
+EVK, zsRE, PEAK + 1-to-N suites) must agree to ``ATOL + RTOL·|cpu|``. The two runs share nothing but the
+statistics cache (the device is not part of the fingerprint), so the GPU's matrix products, attention kernels
+and v*/z optimisation are all compared against the CPU's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from editscope.run import Runner, parse_config, read_results
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs on a GPU machine)")]
+
+ATOL, RTOL = 0.02, 0.02  # the documented GPU-vs-CPU tolerance (docs/scale.md, "Device and precision")
+METHODS = ["rome", "memit", "alphaedit", "ft", "prune", "rect", "evk_edit", "kn"]
+TIMING = ("seconds", "time", "_s")
+
+
+def config(method: str) -> dict:
+    return {"model": "smollm2-135m", "seed": 0, "output": f"runs/gpu-{method}", "mode": "single",
+            "methods": [method],
+            "datasets": [
+                {"dataset": "counterfact", "slice": {"offset": 0, "limit": 2}, "suites": ["counterfact", "evk"]},
+                {"dataset": "zsre", "slice": {"offset": 0, "limit": 1}, "suites": ["zsre"]},
+                {"dataset": "peak-cf", "slice": {"offset": 0, "limit": 1},
+                 "suites": ["peak", {"name": "one_to_n", "options": {"edits": "append"}}]}]}
+
+
+def numbers(tree, prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of a row's metrics, keyed by their path (timings left out)."""
+    if isinstance(tree, dict):
+        out: dict[str, float] = {}
+        for key, value in tree.items():
+            out |= numbers(value, f"{prefix}/{key}")
+        return out
+    if isinstance(tree, list):
+        return {k: v for i, x in enumerate(tree) for k, v in numbers(x, f"{prefix}[{i}]").items()}
+    if isinstance(tree, bool) or not isinstance(tree, (int, float)) or prefix.endswith(TIMING):
+        return {}
+    return {prefix: float(tree)}
+
+
+@pytest.fixture(scope="module")
+def bundles():
+    from editscope.lm import load
+
+    return {"cpu": load("smollm2-135m", device="cpu"), "cuda": load("smollm2-135m", device="cuda")}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gpu_rows_agree_with_cpu_rows(bundles, method, tmp_path):
+    rows = {}
+    for device, bundle in bundles.items():
+        out = tmp_path / device
+        Runner(parse_config(config(method)), out_dir=out, bundle=bundle, progress=False, log=lambda _m: None).run()
+        rows[device] = read_results(out / "results.jsonl")
+        assert str(next(bundle.model.parameters()).device).startswith(device)
+    assert len(rows["cpu"]) == len(rows["cuda"]) == 4
+    worst, where = 0.0, ""
+    for cpu_row, gpu_row in zip(rows["cpu"], rows["cuda"], strict=True):
+        assert (cpu_row["dataset"], cpu_row["index"]) == (gpu_row["dataset"], gpu_row["index"])
+        cpu, gpu = numbers(cpu_row["metrics"]), numbers(gpu_row["metrics"])
+        assert cpu.keys() == gpu.keys() and cpu
+        for key, want in cpu.items():
+            got = gpu[key]
+            if math.isnan(want):
+                assert math.isnan(got), key
+                continue
+            gap = abs(got - want)
+            if gap > worst:
+                worst, where = gap, f"{cpu_row['dataset']}#{cpu_row['index']}{key}"
+            assert gap <= ATOL + RTOL * abs(want), (method, cpu_row["dataset"], cpu_row["index"], key, want, got)
+    print(f"\nGPU-vs-CPU {method}: {sum(len(numbers(r['metrics'])) for r in rows['cpu'])} numbers, "
+          f"largest gap {worst:.3g} at {where}")
