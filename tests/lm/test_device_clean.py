@@ -4,6 +4,9 @@
   ``device=`` (or carries a ``# host`` comment saying why it may stay on the host, e.g. a seeded CPU generator's
   noise moved right after, or an empty placeholder). Index tensors built with ``torch.tensor`` may stay on the
   host: PyTorch moves CPU index tensors to the indexed tensor's device.
+* a static scan of the whole package: every ``.numpy()`` reads a tensor already on the host (``.cpu()`` in its
+  receiver chain, or a ``# host`` comment saying why it is there). The first run on a real GPU found such a call
+  in the EVK suite, outside the modules the constructor scan covered.
 * a bfloat16 model on CPU: the same class of bug (a float32 tensor meeting bfloat16 weights) fails loudly, and an
   edit + evaluation must give the float32 numbers within bfloat16's precision.
 """
@@ -60,6 +63,38 @@ def test_no_tensor_constructor_assumes_the_host():
     files = sorted({p for pattern in SCANNED for p in SRC.glob(pattern)})
     assert len(files) > 15
     problems = [msg for path in files for msg in host_constructors(path)]
+    assert not problems, "\n".join(problems)
+
+
+def device_numpy_calls(path: Path, root: Path = SRC) -> list[str]:
+    """``X.numpy()`` calls without ``.cpu()`` in X's call chain and without a ``# host`` comment on their lines."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "numpy"):
+            continue
+        chain, on_host = node.func.value, False
+        while isinstance(chain, (ast.Call, ast.Attribute, ast.Subscript)):
+            if isinstance(chain, ast.Call) and isinstance(chain.func, ast.Attribute) and chain.func.attr == "cpu":
+                on_host = True
+            chain = chain.func if isinstance(chain, ast.Call) else chain.value
+        if on_host or any("# host" in lines[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
+            continue
+        found.append(f"{path.relative_to(root)}:{node.lineno}: .numpy() of a tensor that may be on the GPU")
+    return found
+
+
+def test_numpy_scanner_flags_a_device_tensor(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text("a = h[:, 0].float().numpy()\nb = h[:, 0].float().cpu().numpy()\nc = t.numpy()  # host\n"
+                   "d = f(x.cpu()).numpy()\ne = x.cpu()[0].numpy()\n")
+    assert device_numpy_calls(bad, tmp_path) == ["m.py:1: .numpy() of a tensor that may be on the GPU",
+                                                 "m.py:4: .numpy() of a tensor that may be on the GPU"]
+
+
+def test_no_numpy_call_assumes_the_host():
+    problems = [msg for path in sorted(SRC.rglob("*.py")) for msg in device_numpy_calls(path)]
     assert not problems, "\n".join(problems)
 
 

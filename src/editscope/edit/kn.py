@@ -175,7 +175,7 @@ def cached_attributions(engine: ScoringEngine, request: EditRequest, hp: KNHPara
                 attrs = f.get_tensor("attributions")
                 signs = f.get_tensor("signs")
                 old_id = int(f.metadata()["old_id"])
-            return [a.numpy() for a in attrs], old_id, signs, True
+            return [a.numpy() for a in attrs], old_id, signs, True  # host: read from a file
         except (SafetensorError, OSError, KeyError, ValueError):
             pass
     attrs, old_id, signs = _attributions(engine, request, hp)

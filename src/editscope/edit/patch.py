@@ -47,7 +47,7 @@ def tensor_checksum(tensor: torch.Tensor) -> str:
     t = tensor.detach().contiguous().cpu()
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # host: t is .cpu() above
     return h.hexdigest()
 
 

@@ -292,7 +292,7 @@ def fingerprint_model(model: nn.Module) -> str:
         digest.update(name.encode())
         tensor = param.detach().contiguous().cpu()
         digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")  # host: .cpu() above
     return digest.hexdigest()
 
 

@@ -244,7 +244,7 @@ class SuffixForward:
 
         def add(x: torch.Tensor) -> torch.Tensor:
             x = x.clone()
-            x[rows, 0] = x[rows, 0] + delta.to(x.dtype)  # the subject's last token is each suffix's first
+            x[rows, 0] = x[rows, 0] + delta.to(x)  # the subject's last token is each suffix's first
             return x
 
         def enter(_x: torch.Tensor) -> torch.Tensor:
@@ -375,7 +375,7 @@ class SharedContextForward:
 
         def add(x: torch.Tensor) -> torch.Tensor:
             x = x.clone()
-            x[:, 0] = x[:, 0] + delta.to(x.dtype)
+            x[:, 0] = x[:, 0] + delta.to(x)
             return x
 
         fns: dict = {}
@@ -409,7 +409,7 @@ def add_at(delta: torch.Tensor, positions: Sequence[int]):
     def add(x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
         rows = torch.arange(len(positions), device=x.device)
-        x[rows, cols.to(x.device)] = x[rows, cols.to(x.device)] + delta.to(x.dtype)
+        x[rows, cols.to(x.device)] = x[rows, cols.to(x.device)] + delta.to(x)
         return x
 
     return add

@@ -100,7 +100,7 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
     keys = _keys(engine, prompt)
     n_layers = keys.shape[0]
     layers = list(range(n_layers)) if layers is None else list(layers)
-    alphas = ig_alphas(steps, rule)
+    alphas = ig_alphas(steps, rule).to(keys.device)
     attr = torch.zeros_like(keys)
     window = engine.arch.sliding_window(engine.model.config)
     suffix = suffix and (window is None or len(prompt.ids) <= window)
@@ -134,7 +134,7 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
             attr[layer] = keys[layer] * grad.mean(0)
         bar.update(len(chunk))
     bar.close()
-    return _result("kn", engine, prompt, attr.double().numpy(), steps=steps, rule=rule, layers=layers)
+    return _result("kn", engine, prompt, attr.double().cpu().numpy(), steps=steps, rule=rule, layers=layers)
 
 
 def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt, *, progress: bool = False) -> LocateResult:

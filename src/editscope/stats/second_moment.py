@@ -108,7 +108,8 @@ def _param_digest(memo: dict, name: str, param: torch.Tensor) -> str:
     if known is not None and known[:2] == state:
         return known[2]
     t = param.detach().contiguous().cpu()
-    digest = hashlib.blake2b(t.view(torch.uint8).numpy().data if t.numel() else b"", digest_size=16).hexdigest()
+    digest = hashlib.blake2b(t.view(torch.uint8).numpy().data if t.numel() else b"",  # host: t is .cpu() above
+                             digest_size=16).hexdigest()
     memo[name] = (*state, digest)
     return digest
 
@@ -140,7 +141,7 @@ def _legacy_checksum(bundle: Bundle, layer: int) -> str:
         t = param.detach().contiguous().cpu()
         h.update(f"{name}:{t.dtype}{tuple(t.shape)};".encode())
         if t.numel():
-            h.update(t.view(torch.uint8).numpy().data)
+            h.update(t.view(torch.uint8).numpy().data)  # host: t is .cpu() above
     return h.hexdigest()
 
 

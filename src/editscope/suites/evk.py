@@ -204,7 +204,7 @@ class EvkSuite(Suite):
             chunk = slice(start, start + _ROWS_PER_FORWARD)
             h = engine.hidden_states(contexts[chunk], [layer], kind=STATES[self.state][0],
                                      context_embeds=embeds[chunk])
-            out.append(h[:, 0].float().numpy())
+            out.append(h[:, 0].float().cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
     # -- metrics -----------------------------------------------------------------------------------

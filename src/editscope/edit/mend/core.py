@@ -103,7 +103,8 @@ def pair_ids(engine: ScoringEngine, context: str, continuation: str) -> tuple[to
     ctx, cont = engine.encode_pair(context, continuation)
     if not ctx:
         raise EditscopeError(f"mend: empty context before {continuation!r}")
-    return torch.tensor([list(ctx) + list(cont[:-1])]), torch.tensor(list(cont))
+    device = engine.bundle.device  # fed to the model and gathered against its logits: on its device
+    return (torch.tensor([list(ctx) + list(cont[:-1])], device=device), torch.tensor(list(cont), device=device))
 
 
 def continuation_logprobs(model, ids: torch.Tensor, n_cont: int,
