@@ -184,7 +184,8 @@ def loss_factors(bundle, engine: ScoringEngine, request: EditRequest, layers: Se
 def new_nets(bundle, hp: MendHParams) -> MendNets:
     weight = bundle.arch.as_out_in(dict(bundle.model.named_parameters())[bundle.arch.weight_name(hp.layers[0])])
     d_out, d_in = weight.shape
-    return MendNets(len(hp.layers), d_in, d_out, hp.rank, hp.edit_lr, hp.shared, hp.seed)
+    # seeded on the host (the same initial networks on every device), then beside the weights they edit
+    return MendNets(len(hp.layers), d_in, d_out, hp.rank, hp.edit_lr, hp.shared, hp.seed).to(weight.device)
 
 
 def weight_updates(bundle, nets: MendNets, hp: MendHParams, us, deltas) -> dict[str, torch.Tensor]:
