@@ -96,7 +96,7 @@ def naive_logprob(bundle, text: str, answer: str, pos: int, delta: torch.Tensor,
     handle = model.model.layers[LAYER].mlp.register_forward_hook(add)
     try:
         with torch.no_grad():
-            lp = model(input_ids=torch.tensor([ids])).logits[0].double().log_softmax(-1)
+            lp = model(input_ids=torch.tensor([ids], device=bundle.device)).logits[0].double().log_softmax(-1)
     finally:
         handle.remove()
     tokens = [float(lp[i - 1, ids[i]]) for i in range(n_ctx, len(ids))]
@@ -114,7 +114,8 @@ def test_term_equals_an_independent_computation(tiny_bundles, mode):
     state = ctx.store["app"]
     # o* and repeats leave O; O_h loses what is in O (the peak suite's rule)
     assert state.correct == ["France", "Greece", "Syria"] and state.hard_false == ["Iraq", "Lebanon"]
-    delta = torch.randn(bundle.model.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 3.0
+    delta = torch.randn(bundle.model.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(bundle.device)
+    delta = delta * 3.0
     value = term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
     pos = len(bundle.tokenizer(REQUEST.subject)["input_ids"]) - 1
     zero = torch.zeros_like(delta)
@@ -152,7 +153,8 @@ def test_side_batch_on_the_fast_path_equals_the_full_forward(tiny_bundles, arch,
         gen = torch.Generator().manual_seed(1)
         out = []
         for _ in range(2):
-            delta = (torch.randn(engine.model.config.hidden_size, generator=gen) * 3.0).requires_grad_(True)
+            delta = torch.randn(engine.model.config.hidden_size, generator=gen).to(engine.bundle.device)
+            delta = (delta * 3.0).requires_grad_(True)
             value = term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
             value.backward()
             out.append((float(value.detach()), delta.grad.clone()))
@@ -175,7 +177,8 @@ def test_side_batch_with_different_contexts_takes_the_suffix_forward(tiny_bundle
     positions = [subject_last_token_index(engine, REQUEST.prompt, REQUEST.subject),
                  subject_last_token_index(engine, prefixed, REQUEST.subject)]
     assert positions[0] != positions[1]
-    delta = torch.randn(engine.model.config.hidden_size, generator=torch.Generator().manual_seed(3)) * 3.0
+    delta = torch.randn(engine.model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    delta = delta.to(engine.bundle.device) * 3.0
     fast = ctx.run(batch, positions, delta, fixed=True)
     assert [type(held[1]) for held in ctx._side.values()] == [SuffixForward]
     full = FullForward(engine, batch, positions, ctx.hook_point).hidden(delta)
@@ -194,7 +197,7 @@ def test_l2_and_l3_are_exactly_zero_before_the_first_step(tiny_bundles, path):
     ctx = build_context(engine, REQUEST, ["{}", "A short prefix. {}"], f"blocks.{LAYER}.mlp_out",
                         forward=FORWARDS[path])
     setup_terms(ctx, [term])
-    delta = torch.zeros(engine.model.config.hidden_size, requires_grad=True)
+    delta = torch.zeros(engine.model.config.hidden_size, requires_grad=True, device=engine.bundle.device)
     term(VStep(ctx, delta, ctx.run(ctx.batch, ctx.subject_positions, delta)))
     parts = ctx.store["app"].history[-1]
     assert parts["L2"] == 0.0 and parts["L3"] == 0.0 and parts["L1"] > 0
@@ -216,7 +219,8 @@ def test_ft_side_batch_on_the_shared_context_path_equals_the_full_forward(tiny_b
                            forward=FORWARDS[path])
             setup_terms(ctx, [term])
             with torch.no_grad():
-                weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(2)) * 0.5)
+                noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(2)) * 0.5
+                weight.add_(noise.to(weight.device))
             weight.requires_grad_(True)
             value = term(VStep(ctx, None, engine.batch_hidden(ctx.batch)))
             value.backward()

@@ -44,7 +44,8 @@ HOOK = "blocks.1.mlp_out"
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm())
 
 
 def _engine(bundle) -> tuple[ScoringEngine, list[str]]:
@@ -58,9 +59,11 @@ def _plain_loop(engine, ctx, terms, stop_loss: float) -> tuple[torch.Tensor, lis
     with torch.no_grad():
         ctx.store["unedited_hidden"] = engine.batch_hidden(ctx.batch).detach()
     setup_terms(ctx, terms)
-    delta = torch.zeros(ctx.v_init.shape[0], requires_grad=True)
+    device = engine.bundle.device
+    delta = torch.zeros(ctx.v_init.shape[0], requires_grad=True, device=device)
     opt = torch.optim.Adam([delta], lr=0.5)
-    rows, cols = torch.arange(len(ctx.subject_positions)), torch.tensor(ctx.subject_positions)
+    rows = torch.arange(len(ctx.subject_positions), device=device)
+    cols = torch.tensor(ctx.subject_positions, device=device)
 
     def add(x: torch.Tensor) -> torch.Tensor:
         x = x.clone()

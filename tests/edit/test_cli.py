@@ -31,7 +31,7 @@ def test_edit_json_and_patch_round_trip(tiny_bundles, tmp_path, capsys):
     base = tiny_bundles["llama"]
     name = next(iter(patch.deltas))
     base_w = dict(base.model.named_parameters())[name]
-    assert torch.equal(dict(edited.model.named_parameters())[name], base_w + patch.deltas[name])
+    assert torch.equal(dict(edited.model.named_parameters())[name].cpu(), base_w.cpu() + patch.deltas[name].cpu())
     assert main(["patch", "revert", str(patch_file), "--model", str(edited_dir), "--out", str(reverted_dir)]) == 0
     reverted = load(str(reverted_dir))
     assert all(torch.equal(p, dict(base.model.named_parameters())[n]) for n, p in reverted.model.named_parameters())

@@ -51,7 +51,7 @@ def lookup_idx(tok, template: str, subject: str) -> int:
     return len(ids(tok, prefix)) + len(ids(tok, word)) - 1
 
 
-def batch(tok, texts: list[str]) -> dict:
+def batch(tok, texts: list[str], device: torch.device) -> dict:
     rows = [ids(tok, t) for t in texts]
     width = max(map(len, rows))
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -59,7 +59,7 @@ def batch(tok, texts: list[str]) -> dict:
     for r, row in enumerate(rows):
         input_ids[r, : len(row)] = torch.tensor(row)
         mask[r, : len(row)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask}
+    return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
 
 
 def mlp_io(model, layer: int, tok, prompts: list[str], subject: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,11 +69,11 @@ def mlp_io(model, layer: int, tok, prompts: list[str], subject: str) -> tuple[to
     handle = module.register_forward_hook(lambda m, i, o: seen.update(i=i[0].detach(), o=o.detach()))
     try:
         with torch.no_grad():
-            model(**batch(tok, [p.format(subject) for p in prompts]))
+            model(**batch(tok, [p.format(subject) for p in prompts], model.device))
     finally:
         handle.remove()
     idx = [lookup_idx(tok, p, subject) for p in prompts]
-    rows = torch.arange(len(prompts))
+    rows = torch.arange(len(prompts), device=model.device)
     return seen["i"][rows, idx].double(), seen["o"][rows, idx].double()
 
 
@@ -83,7 +83,7 @@ def block_out(model, layer: int, tok, prompt: str, subject: str) -> torch.Tensor
         lambda m, i, o: seen.update(h=(o[0] if isinstance(o, tuple) else o).detach()))
     try:
         with torch.no_grad():
-            model(**batch(tok, [prompt.format(subject)]))
+            model(**batch(tok, [prompt.format(subject)], model.device))
     finally:
         handle.remove()
     return seen["h"][0, lookup_idx(tok, prompt, subject)].double()
@@ -94,16 +94,17 @@ def compute_target(model, tok, req, templates, hp, module, kl_at_subject: bool) 
     target_ids = ids(tok, " " + req.target_new)
     rewriting = [c.format(req.prompt) + tok.decode(target_ids[:-1]) for c in templates]
     all_prompts = rewriting + ["{} is a"]
-    inputs = batch(tok, [p.format(req.subject) for p in all_prompts])
+    inputs = batch(tok, [p.format(req.subject) for p in all_prompts], model.device)
     n = len(rewriting)
     targets = torch.full((n, inputs["input_ids"].shape[1]), -100)
     for i in range(n):
         ex_len = int(inputs["attention_mask"][i].sum())
         targets[i, ex_len - len(target_ids): ex_len] = torch.tensor(target_ids)
+    targets = targets.to(model.device)
     lookup = [lookup_idx(tok, p, req.subject) for p in all_prompts]
     kl_pos = lookup[-1] if kl_at_subject else int(inputs["attention_mask"][-1].sum()) - 1
 
-    delta = torch.zeros(model.config.hidden_size, requires_grad=True)
+    delta = torch.zeros(model.config.hidden_size, requires_grad=True, device=model.device)
     state = {"init": None}
 
     def edit(mod, inp, out):
@@ -151,7 +152,7 @@ def reference_rome(bundle, req, templates, cov, hp, paper: bool, bare_key: bool 
     target = compute_target(model, tok, req, templates, hp, blocks(model)[layer].mlp, kl_at_subject=not paper)
     keys, _ = mlp_io(model, layer, tok, [c.format(req.prompt) for c in templates], req.subject)
     k_star = keys.mean(0)
-    u = torch.linalg.solve(cov.double(), k_star)
+    u = torch.linalg.solve(cov.double().to(k_star.device), k_star)
     if not bare_key:  # eq. 2: Λ = (v* − W k*) / ((C⁻¹k*)ᵀ k*)
         w_k = down_proj(model, layer)(k_star.float()[None])[0].detach().double()
         return torch.outer(target - w_k, u) / (u @ k_star)
@@ -182,7 +183,7 @@ def reference_memit_family(bundle, reqs, templates, groups, covs, hp, paper: boo
             layer_ks = torch.stack(ks, dim=1)
             cur_zs = torch.stack([block_out(model, z_layer, tok, r.prompt, r.subject) for r in reqs], dim=1)
             resid = (zs - cur_zs) / (len(hp.layers) - i)
-            upd = solve(layer, layer_ks, resid, covs[layer].double())
+            upd = solve(layer, layer_ks, resid, covs[layer].double().to(layer_ks.device))
             with torch.no_grad():
                 module = down_proj(model, layer)
                 stored = upd.T if type(module).__name__ == "Conv1D" else upd
@@ -207,13 +208,14 @@ def alphaedit_solve(threshold, l2):
         u, s, _ = torch.linalg.svd(cov, full_matrices=False)
         small = u[:, s < threshold]
         p = small @ small.T
-        eye = torch.eye(ks.shape[0], dtype=torch.float64)
+        eye = torch.eye(ks.shape[0], dtype=torch.float64, device=ks.device)
         return torch.linalg.solve(p @ (ks @ ks.T) + l2 * eye, p @ ks @ resid.T).T  # (in, out) -> (out, in)
     return solve
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm())
 
 
 # -- tests -----------------------------------------------------------------------------------------------------
@@ -297,11 +299,11 @@ def test_essence_kl_reads_at_declared_position(tiny_bundles, request_a):
     tok = bundle.tokenizer
     text = f"{request_a.subject} is a"
     with torch.no_grad():
-        logits = bundle.model(torch.tensor([ids(tok, text)])).logits[0].log_softmax(-1)
+        logits = bundle.model(torch.tensor([ids(tok, text)], device=bundle.device)).logits[0].log_softmax(-1)
     subj = len(ids(tok, request_a.subject)) - 1
     for at, pos in (("subject", subj), ("next", len(ids(tok, text)) - 1)):
         got = EssenceKL(at=at).logprobs(VStep(ctx, None, hidden))[0]
-        assert torch.allclose(got, logits[pos], atol=1e-4), at
+        assert torch.allclose(got.cpu(), logits[pos].cpu(), atol=1e-4), at
     with pytest.raises(ValueError):
         EssenceKL(at="elsewhere")
 

@@ -38,9 +38,10 @@ def test_rome_is_rank_one_and_maps_k_star_to_v_star(tiny_bundles, request_a, fam
                           [layer])[0, 0]
     w_k = mlp_out_of_keys(bundle, layer, k_star[None])[0]  # W k* (+ bias) before the edit
     patch = editor.compute_patch(bundle, request_a, hp, engine=engine)
-    assert torch.allclose(patch.info["vectors"]["k_star"][0], k_star)
-    v_star = patch.info["vectors"]["v_star"][0]
-    delta = bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]).double()
+    assert torch.allclose(patch.info["vectors"]["k_star"][0].cpu(), k_star.cpu())
+    k_star, w_k = k_star.cpu(), w_k.cpu()  # the checks below are on the CPU, with C from second_moment
+    v_star = patch.info["vectors"]["v_star"][0].cpu()
+    delta = bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]).double().cpu()
     s = torch.linalg.svdvals(delta)
     assert s[1] / s[0] < 1e-5  # rank one
     assert torch.allclose(delta @ k_star, v_star - w_k, rtol=1e-4, atol=1e-5)
@@ -89,11 +90,11 @@ def test_memit_single_layer_end_to_end(tiny_bundles, request_a):
     editor = get_editor("memit")
     hp = editor.load_hparams(bundle).replace(layers=[2])
     patch = editor.compute_patch(bundle, request_a, hp)
-    keys, resid = patch.info["vectors"]["keys.2"], patch.info["vectors"]["resid.2"]
+    keys, resid = patch.info["vectors"]["keys.2"].cpu(), patch.info["vectors"]["resid.2"].cpu()
     cov = second_moment(bundle, 2, token_budget=hp.mom2_tokens, progress=False)
     u = torch.linalg.solve(cov, keys[:, 0])
     want = torch.outer(resid[:, 0], u) / (hp.mom2_update_weight + keys[:, 0] @ u)
-    got = patch.deltas[bundle.arch.weight_name(2)].double()
+    got = patch.deltas[bundle.arch.weight_name(2)].double().cpu()
     assert torch.allclose(got, want.float().double(), rtol=1e-4, atol=1e-8)
 
 
@@ -130,7 +131,7 @@ def test_alphaedit_end_to_end_and_sequential_state(tiny_bundles, request_a, requ
             u, s, _ = torch.linalg.svd(cov)
             preserved = u[:, s >= hp.nullspace_threshold]
             assert 0 < preserved.shape[1] < cov.shape[0]
-            d = bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]).double()
+            d = bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]).double().cpu()
             assert d.abs().max() > 0 and (d @ preserved).abs().max() < 1e-5 * d.abs().max() * math.sqrt(d.shape[1])
             assert state.cache_c[layer].abs().max() > 0
         assert state.n_edits == 1
@@ -189,7 +190,7 @@ def test_prune_state_keeps_model_at_w0_plus_restrained_sum(tiny_bundles, request
             want = w.double() + restrain(state.accumulated[name], state.sigma_max[name])
             assert torch.allclose(params[name].double(), want, atol=1e-6)
         # the row scalars: singular values above the bound, and the largest one's share of it (numpy's SVD)
-        svs = {n: np.linalg.svd(state.accumulated[n].numpy(), compute_uv=False) for n in w0}
+        svs = {n: np.linalg.svd(state.accumulated[n].cpu().numpy(), compute_uv=False) for n in w0}
         info = patches[-1].info
         assert info["restrained_total"] == sum(int((svs[n] > state.sigma_max[n]).sum()) for n in w0)
         assert info["top_sv_ratio"] == pytest.approx(max(svs[n][0] / state.sigma_max[n] for n in w0), rel=1e-9)

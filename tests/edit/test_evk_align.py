@@ -77,25 +77,26 @@ def _copies_logprobs(ctx, term, delta: torch.Tensor) -> torch.Tensor:
 
     with torch.no_grad(), hooks(engine.model, engine.arch, {ctx.hook_point: add}):
         hidden = engine.batch_hidden(batch)
-    read = torch.tensor([n - 1 for n in batch.context_lengths])
-    return engine.logits_from_hidden(hidden[torch.arange(len(embeds)), read]).double().log_softmax(-1)
+    read = torch.tensor([n - 1 for n in batch.context_lengths], device=hidden.device)
+    rows = torch.arange(len(embeds), device=hidden.device)
+    return engine.logits_from_hidden(hidden[rows, read]).double().log_softmax(-1)
 
 
 def test_identity_edit_gives_zero_and_a_real_delta_gives_the_hand_kl(ctx_and_term):
     ctx, term = ctx_and_term
     copies = ctx.store[term.name]
     assert len(copies.drifts) == 4 and set(copies.drifts) <= {"subject", "relation", "all"}
-    zero = torch.zeros(ctx.v_init.shape[0])
+    zero = torch.zeros(ctx.v_init.shape[0], device=ctx.engine.bundle.device)
     hidden = ctx.run(ctx.batch, ctx.subject_positions, zero)
     copies.calls = 0
     assert abs(float(term(VStep(ctx, zero, hidden)))) < 1e-9  # p_θ is read off the unedited forward
     # a non-zero δ: λ · mean_i KL over TopK(p_pre) with k2 = 7 (second call, past switch_step = 1)
-    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(0))
+    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(0)).to(ctx.engine.bundle.device)
     hidden = ctx.run(ctx.batch, ctx.subject_positions, delta)
     got = float(term(VStep(ctx, delta, hidden)))
     post = _copies_logprobs(ctx, term, delta)
     pre = _copies_logprobs(ctx, term, torch.zeros_like(delta))
-    assert copies.pre.double().numpy() == pytest.approx(pre.numpy(), abs=1e-4)
+    assert copies.pre.double().cpu().numpy() == pytest.approx(pre.cpu().numpy(), abs=1e-4)
     want = 0.0
     for r in range(4):
         idx = pre[r].topk(7).indices

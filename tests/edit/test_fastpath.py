@@ -25,8 +25,9 @@ def _context(bundle, request, hook_point: str):
 
 def _read(ctx) -> torch.Tensor:
     """[B, T] True at the positions the objective reads up to: <= ctx.last_read[r] (what step.hidden holds)."""
-    cols = torch.arange(ctx.batch.input_ids.shape[1])
-    return cols[None, :] <= torch.tensor(ctx.last_read)[:, None]
+    device = ctx.batch.input_ids.device
+    cols = torch.arange(ctx.batch.input_ids.shape[1], device=device)
+    return cols[None, :] <= torch.tensor(ctx.last_read, device=device)[:, None]
 
 
 def _both(ctx, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -39,7 +40,7 @@ def _both(ctx, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
         ctx.release()
         d = delta.clone().requires_grad_(True)
         hidden = ctx.run(ctx.batch, ctx.subject_positions, d)
-        weights = torch.linspace(-1, 1, hidden.shape[-1])
+        weights = torch.linspace(-1, 1, hidden.shape[-1], device=hidden.device)
         loss = ((hidden * weights).sum(-1) * read).sum()
         loss.backward()
         out += [hidden.detach(), d.grad]
@@ -56,7 +57,8 @@ def test_suffix_forward_equals_full_forward(tiny_bundles, request_a, family, kin
     bundle = tiny_bundles[family]
     engine, ctx = _context(bundle, request_a, f"blocks.{layer}.{kind}")
     assert min(ctx.subject_positions) > 0  # a real prefix to reuse
-    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(1)) * ctx.v_init.norm()
+    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(1)).to(bundle.device)
+    delta = delta * ctx.v_init.norm()
     fast, fast_grad, full, full_grad = _both(ctx, delta.float())
     read = _read(ctx)
     assert isinstance(ctx._main, SuffixForward)
@@ -98,7 +100,7 @@ def test_essence_setup_reuses_the_unedited_forward(tiny_bundles, request_a):
     handle = engine.model.get_submodule(engine.arch.base).register_forward_hook(lambda *a: calls.append(1))
     try:
         setup_terms(ctx, [term])
-        ctx.run(ctx.batch, ctx.subject_positions, torch.zeros(ctx.v_init.shape[0]))
+        ctx.run(ctx.batch, ctx.subject_positions, torch.zeros(ctx.v_init.shape[0], device=engine.bundle.device))
     finally:
         handle.remove()
     assert len(calls) == 2  # the unedited forward (cache + setup) and one step
@@ -113,7 +115,7 @@ def test_other_batches_take_the_full_forward(tiny_bundles, request_a):
     engine, ctx = _context(tiny_bundles["llama"], request_a, "blocks.1.mlp_out")
     other = engine.prepare([("Danielle Darrieux speaks", " French"), ("Danielle Darrieux lives in", " Paris")])
     pos = [3, 3]
-    delta = torch.ones(ctx.v_init.shape[0])
+    delta = torch.ones(ctx.v_init.shape[0], device=engine.bundle.device)
     got = ctx.run(other, pos, delta)
     ctx.forward = FORWARDS["plain"]
     want = ctx.run(other, pos, delta)
@@ -129,7 +131,7 @@ def test_rows_beyond_the_sliding_window_take_the_full_forward(tiny_bundles):
     engine, ctx = _context(bundle, request, "blocks.1.mlp_out")
     assert int(ctx.batch.attention_mask.sum(-1).max()) > window
     assert SuffixForward.build(engine, ctx.batch, ctx.subject_positions, ctx.hook_point) is None
-    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(2))
+    delta = torch.randn(ctx.v_init.shape[0], generator=torch.Generator().manual_seed(2)).to(bundle.device)
     fast, _, full, _ = _both(ctx, delta)
     assert isinstance(ctx._main, FullForward) and torch.equal(fast, full)
 
@@ -218,15 +220,16 @@ def test_lanes_of_a_batched_group_equal_the_full_forward(tiny_bundles):
     assert len(fast.lanes) > 1 and len({lane.ids.shape[1] for lane in fast.lanes}) > 1
     assert sum(lane.ids.numel() for lane in fast.lanes) < fast.ids.numel()  # less padding than one lane
     full = FullForward(engine, batch, positions, "blocks.1.resid_post")
-    cols = torch.arange(batch.input_ids.shape[1])
-    weights = torch.linspace(-1, 1, engine.model.config.hidden_size)
+    device = engine.bundle.device
+    cols = torch.arange(batch.input_ids.shape[1], device=device)
+    weights = torch.linspace(-1, 1, engine.model.config.hidden_size, device=device)
 
     def check(fwd, ref, ends):
-        read = cols[None, :] <= torch.tensor(ends)[:, None]
+        read = cols[None, :] <= torch.tensor(ends, device=device)[:, None]
         out = []
         for f in (fwd, ref):
-            d = (torch.randn(len(ends), weights.shape[0], generator=torch.Generator().manual_seed(3)) * 0.5
-                 ).requires_grad_(True)
+            d = (torch.randn(len(ends), weights.shape[0], generator=torch.Generator().manual_seed(3)).to(device)
+                 * 0.5).requires_grad_(True)
             hidden = f.hidden(d)
             ((hidden * weights).sum(-1) * read).sum().backward()
             out.append((hidden.detach()[read], d.grad))

@@ -61,7 +61,8 @@ def test_kn_changes_only_selected_value_vectors_by_the_update_formula(tiny_bundl
         patch.revert(bundle)
         try:
             with torch.no_grad():
-                bundle.model(input_ids=torch.tensor([engine.context_ids(hp.prefixes[0] + request_a.text)]))
+                ids = engine.context_ids(hp.prefixes[0] + request_a.text)
+                bundle.model(input_ids=torch.tensor([ids], device=bundle.device))
         finally:
             for h in handles:
                 h.remove()

@@ -28,20 +28,22 @@ def mend_home(tmp_path, monkeypatch):
 def _randomise(nets, seed: int = 1) -> None:
     """Fixed, non-identity editor weights and normaliser statistics."""
     gen = torch.Generator().manual_seed(seed)
+    device = nets.lrs.device
     with torch.no_grad():
         for p in nets.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
         nets.lrs.copy_(torch.tensor([1e-3, -2e-3]))
         for j in range(len(nets.u_norm)):
-            nets.u_norm[j].update(torch.randn(7, nets.d_in, generator=gen) * 0.5 + 0.1)
-            nets.d_norm[j].update(torch.randn(7, nets.d_out, generator=gen) * 0.1)
+            nets.u_norm[j].update((torch.randn(7, nets.d_in, generator=gen) * 0.5 + 0.1).to(device))
+            nets.d_norm[j].update((torch.randn(7, nets.d_out, generator=gen) * 0.1).to(device))
 
 
 def _factors_by_hand(bundle, layer: int, text: str, target: str):
     """u, δ of one down projection from plain module hooks, and ∂loss/∂W by autograd on the weight itself."""
     engine = ScoringEngine(bundle)
     ctx, cont = engine.encode_pair(text, target)
-    ids = torch.tensor([list(ctx) + list(cont[:-1])])
+    device = bundle.device
+    ids = torch.tensor([list(ctx) + list(cont[:-1])], device=device)
     module = bundle.arch.layer_module(bundle.model, layer, "mlp_out")
     seen = {}
 
@@ -56,7 +58,7 @@ def _factors_by_hand(bundle, layer: int, text: str, target: str):
     try:
         with torch.enable_grad():
             logits = bundle.model(input_ids=ids).logits[0, -len(cont):].log_softmax(-1)
-            loss = -logits[torch.arange(len(cont)), torch.tensor(cont)].mean()
+            loss = -logits[torch.arange(len(cont), device=device), torch.tensor(cont, device=device)].mean()
             loss.backward()
     finally:
         handle.remove()
@@ -72,6 +74,7 @@ def _eq3_by_hand(nets, j: int, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor
         std = (n.m2 / (n.count - 1)).sqrt().float()
         return (x - n.mean.float()) / (std + 1e-7)
 
+    u, d = u.to(nets.lrs.device), d.to(nets.lrs.device)  # the activations, where the networks are
     z = torch.cat([norm(u, nets.u_norm[j]), norm(d, nets.d_norm[j])], -1)
     m = nets.mlps[0]
     h = z + torch.relu(nets.s1[j] * (z @ m.v1.T @ m.u1.T + m.b1) + nets.o1[j])
@@ -100,7 +103,7 @@ def test_update_equals_the_networks_rank_one_products(tiny_bundles, mend_home, f
             expected = _eq3_by_hand(nets, j, u, d)
             got = bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)])
             # δ from two forwards agrees to ~1e-5 relative (logits_to_keep vs full logits); ΔW to 1e-4 of its scale
-            torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()))
+            torch.testing.assert_close(got.cpu(), expected.cpu(), rtol=1e-3, atol=1e-4 * float(expected.abs().max()))
             if n_rows == 1:  # one position: the update is exactly one rank-one product
                 sv = torch.linalg.svdvals(got.double())
                 assert sv[1] < 1e-5 * sv[0]
@@ -113,8 +116,8 @@ def test_untrained_editor_is_one_gradient_step_and_missing_editor_says_how_to_tr
     patch = EDITORS["mend"].compute_patch(bundle, request_a, hp)  # allow_untrained: identity nets, no normalising
     layer = hp.layers[0]
     _, _, grad_w, _ = _factors_by_hand(bundle, layer, request_a.text, request_a.target_new)
-    torch.testing.assert_close(bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]),
-                               -hp.edit_lr * grad_w, rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)]).cpu(),
+                               (-hp.edit_lr * grad_w).cpu(), rtol=1e-4, atol=1e-9)
     with pytest.raises(EditscopeError, match=r"editscope mend train --model tiny-llama") as err:
         EDITORS["mend"].compute_patch(bundle, request_a, hp.replace(allow_untrained=False))
     assert "\n" not in str(err.value)
@@ -123,8 +126,11 @@ def test_untrained_editor_is_one_gradient_step_and_missing_editor_says_how_to_tr
 def _seq_logprob(bundle, engine, text: str, answer: str) -> torch.Tensor:
     """log P(answer | text), summed over its tokens, from one plain forward (differentiable)."""
     ctx, cont = engine.encode_pair(text, answer)
-    logits = bundle.model(input_ids=torch.tensor([list(ctx) + list(cont)])).logits[0].float().log_softmax(-1)
-    return logits[torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1), torch.tensor(cont)].sum()
+    device = bundle.device
+    logits = bundle.model(input_ids=torch.tensor([list(ctx) + list(cont)], device=device)).logits[0].float()
+    logits = logits.log_softmax(-1)
+    rows = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=device)
+    return logits[rows, torch.tensor(cont, device=device)].sum()
 
 
 def test_app_l1_is_added_to_mends_editing_loss(tiny_bundles, mend_home):
@@ -148,9 +154,10 @@ def test_app_l1_is_added_to_mends_editing_loss(tiny_bundles, mend_home):
     try:
         with torch.enable_grad():
             ctx, cont = engine.encode_pair(request.text, request.target_new)
-            ids = torch.tensor([list(ctx) + list(cont[:-1])])
+            device = bundle.device
+            ids = torch.tensor([list(ctx) + list(cont[:-1])], device=device)
             lp = bundle.model(input_ids=ids).logits[0, -len(cont):].float().log_softmax(-1)
-            nll = -lp[torch.arange(len(cont)), torch.tensor(cont)].mean()
+            nll = -lp[torch.arange(len(cont), device=device), torch.tensor(cont, device=device)].mean()
             correct = [_seq_logprob(bundle, engine, request.text, a) for a in request.correct_answers]
             false = [_seq_logprob(bundle, engine, request.text, a) for a in request.hard_false]
             l1 = sum(torch.relu(2.0 - c + f) for c in correct for f in false) / (len(correct) * len(false))
@@ -162,7 +169,7 @@ def test_app_l1_is_added_to_mends_editing_loss(tiny_bundles, mend_home):
     assert with_l1.info["terms"][0]["app"] == pytest.approx(0.5 * float(l1.detach()), rel=1e-4)
     for name, grad in zip(names, grads, strict=True):
         scale = float(grad.abs().max()) * hp.edit_lr
-        torch.testing.assert_close(with_l1.deltas[name], -hp.edit_lr * grad, rtol=1e-3, atol=1e-4 * scale)
+        torch.testing.assert_close(with_l1.deltas[name].cpu(), (-hp.edit_lr * grad).cpu(), rtol=1e-3, atol=1e-4 * scale)
         torch.testing.assert_close(zero.deltas[name], plain.deltas[name], rtol=1e-4, atol=1e-5 * scale)
         torch.testing.assert_close(with_all.deltas[name], with_l1.deltas[name], rtol=0, atol=1e-6 * scale)
         assert not torch.allclose(with_l1.deltas[name], plain.deltas[name], rtol=1e-2, atol=1e-2 * scale)

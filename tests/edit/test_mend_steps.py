@@ -67,7 +67,7 @@ def test_an_edit_uses_the_editor_trained_exactly_steps(tiny_bundles, mend_home, 
     expected = _deltas(bundle, hp.replace(steps=2))
     nets = new_nets(bundle, hp)
     load_checkpoint(only2.checkpoint, nets)
-    assert all(torch.equal(snapshot2[f"net.{k}"], v) for k, v in nets.state_dict().items())
+    assert all(torch.equal(snapshot2[f"net.{k}"], v.cpu()) for k, v in nets.state_dict().items())
     for name, delta in expected.items():
         assert float(delta.abs().max()) > 0
         torch.testing.assert_close(at2[name], delta, rtol=0, atol=1e-6 * float(delta.abs().max()))

@@ -13,7 +13,7 @@ from editscope.lm import load
 
 
 def checksums(model) -> dict[str, str]:
-    return {n: hashlib.sha256(p.detach().numpy().tobytes()).hexdigest() for n, p in model.named_parameters()}
+    return {n: hashlib.sha256(p.detach().cpu().numpy().tobytes()).hexdigest() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("method", sorted(EDITORS))
@@ -55,12 +55,12 @@ def test_save_load_round_trip(tiny_bundles, request_a, tmp_path):
     assert loaded.method == "memit" and loaded.fingerprint == bundle.fingerprint
     assert loaded.hparams == patch.hparams and loaded.requests[0]["subject"] == "Danielle Darrieux"
     assert set(loaded.deltas) == set(patch.deltas)
-    assert all(torch.equal(loaded.deltas[n], patch.deltas[n]) for n in patch.deltas)
+    assert all(torch.equal(loaded.deltas[n].cpu(), patch.deltas[n].cpu()) for n in patch.deltas)
     originals = {n: p.detach().clone() for n, p in bundle.model.named_parameters() if n in patch.deltas}
     loaded.apply(bundle)
     params = dict(bundle.model.named_parameters())
     name = next(iter(patch.deltas))
-    assert torch.equal(params[name], originals[name] + patch.deltas[name])
+    assert torch.equal(params[name].cpu(), originals[name].cpu() + patch.deltas[name].cpu())
     with pytest.raises(EditscopeError, match="already applied"):
         loaded.apply(bundle)
     # a second patch computed on the original state refuses the edited state

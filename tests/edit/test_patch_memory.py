@@ -38,6 +38,7 @@ def test_fifty_sequential_patches_revert_bit_exact_and_hold_no_copy_of_w():
         w = params[name].detach()
         scale = 10.0 ** (-4 + (i % 5))  # |Δ| from 1e-4·|W| to ~1·|W|: 0.04 % to 30 % of entries round
         rank1 = torch.outer(torch.randn(w.shape[0], generator=gen), torch.randn(w.shape[1], generator=gen))
+        rank1 = rank1.to(w.device)
         delta = rank1 * scale * w.abs().mean()
         naive = (w + delta) - delta
         fixed += int((naive.view(torch.int32) != w.view(torch.int32)).sum())
@@ -99,7 +100,7 @@ def test_folded_chain_holds_one_original_per_parameter_and_restores_bit_exact():
     with bundle.folding():
         for i in range(12):
             name = names[i % len(names)]
-            delta = torch.randn(params[name].shape, generator=gen) * 10.0 ** (-3 + i % 4)
+            delta = (torch.randn(params[name].shape, generator=gen) * 10.0 ** (-3 + i % 4)).to(params[name].device)
             patch = patch_on(bundle, {name: delta})
             patch.apply(bundle)
             expected[name] += delta

@@ -38,7 +38,7 @@ def naive(bundle, request: EditRequest) -> dict[str, torch.Tensor]:
     ids = tok(text + " " + request.target_new)["input_ids"]
     pos = len(tok(request.subject)["input_ids"]) - 1
     mlp = model.model.layers[LAYER].mlp  # tiny-llama: the module whose output ROME's v lives at
-    delta = torch.zeros(model.config.hidden_size, requires_grad=True)
+    delta = torch.zeros(model.config.hidden_size, requires_grad=True, device=bundle.device)
     seen = {}
 
     def add(_m, _a, out):
@@ -53,7 +53,7 @@ def naive(bundle, request: EditRequest) -> dict[str, torch.Tensor]:
     handles = [mlp.register_forward_hook(add), mlp.down_proj.register_forward_pre_hook(key)]
     try:
         with torch.enable_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+            logits = model(input_ids=torch.tensor([ids], device=bundle.device)).logits[0].float()
             lp = logits.log_softmax(-1)
             n_ctx = len(ctx_ids)
             nll = -torch.stack([lp[i - 1, ids[i]] for i in range(n_ctx, len(ids))]).mean()
@@ -61,8 +61,8 @@ def naive(bundle, request: EditRequest) -> dict[str, torch.Tensor]:
     finally:
         for h in handles:
             h.remove()
-    return {"g": grad.double(), "k": seen["k"].double(), "v0": seen["v0"].double(),
-            "W": mlp.down_proj.weight.detach().double()}
+    return {"g": grad.double().cpu(), "k": seen["k"].double().cpu(), "v0": seen["v0"].double().cpu(),
+            "W": mlp.down_proj.weight.detach().double().cpu()}
 
 
 def hand_delta_w(ref: dict[str, torch.Tensor], weight: float, center: float) -> torch.Tensor:
@@ -122,7 +122,7 @@ def test_l2_through_run_config_changes_delta_w_as_computed_by_hand(tiny_bundles,
     with_l2, plain = load_config(path, suites=SUITES).methods
     name = bundle.arch.weight_name(LAYER)
     for spec, weight in ((with_l2, w), (plain, 0.0)):
-        got = edit_from_config(bundle, spec).deltas[name].double()
+        got = edit_from_config(bundle, spec).deltas[name].double().cpu()
         want = hand_delta_w(reference, weight, c)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 

@@ -19,7 +19,7 @@ from editscope.paths import data_file
 def weights_hash(model) -> str:
     h = hashlib.sha256()
     for _, p in sorted(model.named_parameters()):
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()
 
 

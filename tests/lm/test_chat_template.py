@@ -31,7 +31,7 @@ def naive(bundle, prompt: str, answer: str) -> list[float]:
     ctx = tok(text, add_special_tokens=False)["input_ids"]
     cont = tok(answer, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
-        lp = bundle.model(torch.tensor([ctx + cont])).logits[0].double().log_softmax(-1)
+        lp = bundle.model(torch.tensor([ctx + cont], device=bundle.device)).logits[0].double().log_softmax(-1)
     return [float(lp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)]
 
 
@@ -73,7 +73,8 @@ def test_subject_position_is_in_the_wrapped_sequence(chat_bundle):
     assert tok.decode(ids[index]).strip() == "Tower"
     states = engine.hidden_states([template.format(subject)], [1], kind="resid_post", positions=[index])
     with torch.no_grad():
-        ref = chat_bundle.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[2][0, index]
+        ref = chat_bundle.model(torch.tensor([ids], device=chat_bundle.device),
+                                output_hidden_states=True).hidden_states[2][0, index]
     torch.testing.assert_close(states[0, 0], ref, atol=1e-4, rtol=1e-4)
 
 

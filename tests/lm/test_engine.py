@@ -26,7 +26,7 @@ def naive_logprobs(bundle, context: str, continuation: str) -> list[float]:
     whole = tok(context + continuation)["input_ids"]
     cont = whole[len(ctx):]
     with torch.no_grad():
-        logits = bundle.model(torch.tensor([whole])).logits[0].double()
+        logits = bundle.model(torch.tensor([whole], device=bundle.device)).logits[0].double()
     lp = logits.log_softmax(-1)
     return [float(lp[len(ctx) - 1 + j, cont[j]]) for j in range(len(cont))]
 
@@ -63,7 +63,7 @@ def test_argmax_flags_match_naive(tiny):
     score = engine.score([(ctx, cont)])[0]
     ids_ctx, ids_cont = engine.encode_pair(ctx, cont)
     with torch.no_grad():
-        logits = tiny.model(torch.tensor([ids_ctx + ids_cont])).logits[0]
+        logits = tiny.model(torch.tensor([ids_ctx + ids_cont], device=tiny.device)).logits[0]
     expected = [int(logits[len(ids_ctx) - 1 + j].argmax()) == ids_cont[j] for j in range(len(ids_cont))]
     assert list(score.token_is_argmax) == expected
 
@@ -88,7 +88,7 @@ def test_inputs_embeds_path_equals_token_path(tiny):
         np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-5)
     # Perturbed embeddings must change the numbers (the path is really used).
     ids = engine.encode_pair(*reqs[0])[0]
-    noise = torch.randn(len(ids), tiny.hidden_size, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(len(ids), tiny.hidden_size, generator=torch.Generator().manual_seed(0)).to(tiny.device)
     noisy = engine.embed(ids) + 0.5 * noise
     moved = engine.score([ScoreRequest(*reqs[0], noisy)])[0]
     assert abs(moved.sum - plain[0].sum) > 1e-3
@@ -99,8 +99,8 @@ def test_next_token_logprobs_equal_naive(tiny):
     lp = engine.next_token_logprobs(CONTEXTS)
     for i, ctx in enumerate(CONTEXTS):
         with torch.no_grad():
-            ref = tiny.model(torch.tensor([engine.encode(ctx)])).logits[0, -1].log_softmax(-1)
-        torch.testing.assert_close(lp[i], ref, atol=1e-4, rtol=0)
+            ref = tiny.model(torch.tensor([engine.encode(ctx)], device=tiny.device)).logits[0, -1].log_softmax(-1)
+        torch.testing.assert_close(lp[i].cpu(), ref.cpu(), atol=1e-4, rtol=0)
     values, indices = engine.next_token_logprobs(CONTEXTS, top_k=5)
     torch.testing.assert_close(values, lp.topk(5).values)
     embeds = [engine.embed(c) for c in CONTEXTS]
@@ -113,13 +113,13 @@ def test_hidden_states_equal_output_hidden_states(tiny):
     states = engine.hidden_states(CONTEXTS, layers)
     keys = engine.hidden_states(CONTEXTS, [1], kind="mlp_key", positions=[0, -2, 1])
     for i, ctx in enumerate(CONTEXTS):
-        ids = torch.tensor([engine.encode(ctx)])
+        ids = torch.tensor([engine.encode(ctx)], device=tiny.device)
         with torch.no_grad():
             hs = tiny.model(ids, output_hidden_states=True).hidden_states
         for j, layer in enumerate(layers):  # hidden_states[l + 1] is the output of block l (not the last)
             # relative too: Gemma's residual stream is scaled by sqrt(hidden), so padded-batch fp32 rounding
             # reaches 1.3e-5 absolute at 2.6e-6 relative (seen with 2 threads)
-            torch.testing.assert_close(states[i, j], hs[layer + 1][0, -1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(states[i, j].cpu(), hs[layer + 1][0, -1].cpu(), atol=1e-5, rtol=1e-5)
         # mlp_key: read the down projection's input with a plain torch hook (not editscope's).
         seen: dict[str, torch.Tensor] = {}
 
@@ -133,7 +133,7 @@ def test_hidden_states_equal_output_hidden_states(tiny):
         finally:
             handle.remove()
         pos = [0, -2, 1][i]
-        torch.testing.assert_close(keys[i, 0], seen["k"][0, pos], atol=1e-6, rtol=0)
+        torch.testing.assert_close(keys[i, 0].cpu(), seen["k"][0, pos].cpu(), atol=1e-6, rtol=0)
 
 
 def test_greedy_generation_equals_argmax_loop(tiny):
@@ -143,7 +143,7 @@ def test_greedy_generation_equals_argmax_loop(tiny):
         ids = engine.encode(ctx)
         for _ in range(4):
             with torch.no_grad():
-                ids.append(int(tiny.model(torch.tensor([ids])).logits[0, -1].argmax()))
+                ids.append(int(tiny.model(torch.tensor([ids], device=tiny.device)).logits[0, -1].argmax()))
         assert text == tiny.tokenizer.decode(ids[len(engine.encode(ctx)):], skip_special_tokens=True)
     a = engine.generate(CONTEXTS[:1], max_new_tokens=6, top_k=20, seed=3)
     b = engine.generate(CONTEXTS[:1], max_new_tokens=6, top_k=20, seed=3)
@@ -214,7 +214,7 @@ def test_empty_context_is_scored_from_the_start_token(tiny):
     for text, score in zip(texts, scores, strict=False):
         ids = tok(text)["input_ids"]
         with torch.no_grad():
-            lp = tiny.model(torch.tensor([[start] + ids])).logits[0].double().log_softmax(-1)
+            lp = tiny.model(torch.tensor([[start] + ids], device=tiny.device)).logits[0].double().log_softmax(-1)
         ref = [float(lp[j, ids[j]]) for j in range(len(ids))]
         assert score.token_ids == ids  # no space added: the text starts a document
         np.testing.assert_allclose(score.token_logprobs, ref, atol=1e-4)

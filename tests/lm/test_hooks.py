@@ -16,7 +16,7 @@ TEXT = "The Eiffel Tower is located in the city of"
 
 
 def ids_of(bundle, text: str = TEXT) -> torch.Tensor:
-    return torch.tensor([bundle.tokenizer(text)["input_ids"]])
+    return torch.tensor([bundle.tokenizer(text)["input_ids"]], device=bundle.device)
 
 
 def capture_all(bundle, names=None, **kw):

@@ -33,7 +33,7 @@ def offline_hub(tmp_path, monkeypatch, tiny_bundles):
 def test_hub_id_loads_from_cache_offline(offline_hub, tiny_bundles):
     bundle = load("tinyorg/tiny-llama")
     assert bundle.name == "tinyorg/tiny-llama"
-    ids = torch.tensor([[464, 3139, 286, 4881, 318]])
+    ids = torch.tensor([[464, 3139, 286, 4881, 318]], device=bundle.device)
     with torch.no_grad():
         got = bundle.model(input_ids=ids).logits
         want = tiny_bundles["llama"].model(input_ids=ids).logits

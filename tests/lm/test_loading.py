@@ -63,7 +63,7 @@ def test_local_folder_round_trip(tmp_path, tiny_bundles):
     bundle.model.save_pretrained(tmp_path)
     bundle.tokenizer.save_pretrained(tmp_path)
     again = load(str(tmp_path))
-    ids = torch.tensor([bundle.tokenizer("Hello world")["input_ids"]])
+    ids = torch.tensor([bundle.tokenizer("Hello world")["input_ids"]], device=bundle.device)
     with torch.no_grad():
         torch.testing.assert_close(again.model(ids).logits, bundle.model(ids).logits)
     assert again.fingerprint == bundle.fingerprint
@@ -71,7 +71,7 @@ def test_local_folder_round_trip(tmp_path, tiny_bundles):
 
 def test_hooks_are_removed_on_exit_and_on_error(tiny):
     model, arch = tiny.model, tiny.arch
-    ids = torch.tensor([[10, 20, 30]])
+    ids = torch.tensor([[10, 20, 30]], device=tiny.device)
 
     def n_hooks():  # transformers installs hooks of its own; count ours by difference
         return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
@@ -90,7 +90,7 @@ def test_hooks_are_removed_on_exit_and_on_error(tiny):
 
 
 def test_capture_equals_output_hidden_states(tiny):
-    ids = torch.tensor([[5, 6, 7, 8]])
+    ids = torch.tensor([[5, 6, 7, 8]], device=tiny.device)
     with capture(tiny.model, tiny.arch, ["embed", "blocks.0.resid_post"]) as store, torch.no_grad():
         hs = tiny.model(ids, output_hidden_states=True).hidden_states
     with torch.no_grad():  # token embeddings only (GPT-2 adds positions after this point)

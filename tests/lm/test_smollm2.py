@@ -52,7 +52,7 @@ def test_cli_score_json_equals_plain_transformers(smollm2, capsys):
         ctx = tok("The capital of France is")["input_ids"]
         whole = tok("The capital of France is " + row["candidate"])["input_ids"]
         with torch.no_grad():
-            lp = smollm2.model(torch.tensor([whole])).logits[0].log_softmax(-1)
+            lp = smollm2.model(torch.tensor([whole], device=smollm2.device)).logits[0].log_softmax(-1)
         ref = [float(lp[len(ctx) - 1 + j, whole[len(ctx) + j]]) for j in range(len(whole) - len(ctx))]
         assert row["n_tokens"] == len(ref)
         assert row["logprob_sum"] == pytest.approx(sum(ref), abs=1e-4)

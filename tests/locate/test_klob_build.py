@@ -77,7 +77,7 @@ def _naive_recalled(engine, text: str, answer: str) -> bool:
     ids = list(ctx)
     for token in cont:
         with torch.no_grad():
-            logits = engine.model(input_ids=torch.tensor([ids])).logits[0, -1]
+            logits = engine.model(input_ids=torch.tensor([ids], device=engine.bundle.device)).logits[0, -1]
         if int(logits.argmax()) != token:
             return False
         ids.append(token)
@@ -99,7 +99,8 @@ def _greedy_answer(engine, text: str, n: int = 2) -> str:
     out = []
     for _ in range(n):
         with torch.no_grad():
-            out.append(int(engine.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax()))
+            out.append(int(engine.model(input_ids=torch.tensor([ids + out], device=engine.bundle.device))
+                           .logits[0, -1].argmax()))
     return engine.tokenizer.decode(out)
 
 

@@ -31,7 +31,7 @@ def test_restoring_everything_gives_clean_and_nothing_gives_corrupted(tiny):
     np.testing.assert_allclose(tracer.restored_probs(every), tracer.clean_prob, rtol=1e-5)
     # corrupted run, computed naively: one forward per noise sample with the noisy embeddings fed directly
     start, end = prompt.subject_span
-    clean_embeds = engine.model.get_input_embeddings()(torch.tensor(prompt.ids)).detach()
+    clean_embeds = engine.model.get_input_embeddings()(torch.tensor(prompt.ids, device=tiny.device)).detach()
     naive = []
     for s in range(tracer.samples):
         embeds = clean_embeds.clone()
@@ -72,7 +72,7 @@ def test_integrated_gradients_completeness(tiny, rule, steps, tol):
     prompt = encode_prompt(engine, TEMPLATE, SUBJECT, ANSWER)
     layers = [0, tiny.n_layers - 1]
     result = knowledge_neurons(engine, prompt, steps=steps, rule=rule, layers=layers)
-    ids = torch.tensor([prompt.ids])
+    ids = torch.tensor([prompt.ids], device=tiny.device)
     with torch.no_grad():
         f_x = float(engine.model(input_ids=ids).logits[0, -1].float().softmax(-1)[prompt.answer_id])
     for layer in layers:

@@ -133,7 +133,7 @@ def test_old_format_patch_without_delta_checksums_still_applies(bundle, patch, t
     try:
         params = dict(bundle.model.named_parameters())
         for name, delta in patch.deltas.items():
-            assert torch.equal(params[name].detach(), before[name] + delta)
+            assert torch.equal(params[name].detach().cpu(), before[name].cpu() + delta.cpu())
     finally:
         loaded.revert(bundle)
     assert _same(bundle.model, before)

@@ -39,7 +39,7 @@ def test_checkpoint_restores_a_folded_chain_bit_exact(tmp_path):
         for i in range(8):  # several patches per parameter, |Δ| from 1e-4·|W| to larger than W
             name = names[i % len(names)]
             scale = params[name].detach().abs().mean() * 10.0 ** (i % 5 - 3)
-            delta = torch.randn(params[name].shape, generator=gen) * scale
+            delta = torch.randn(params[name].shape, generator=gen).to(scale.device) * scale
             patch = patch_on(bundle, {name: delta})
             patch.apply(bundle)
             digests.append(patch.digest)

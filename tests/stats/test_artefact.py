@@ -40,10 +40,10 @@ def naive_mom2(bundle, layer, corpus):
     down = bundle.model.get_submodule(bundle.arch.layer_module_path(layer, "mlp_out"))
     handle = down.register_forward_pre_hook(lambda _m, a: keys.append(a[0].detach().reshape(-1, a[0].shape[-1])))
     with torch.no_grad():
-        bundle.model(input_ids=rows)
+        bundle.model(input_ids=rows.to(bundle.device))
     handle.remove()
     k = torch.cat(keys).double()
-    return k.T @ k / k.shape[0]
+    return (k.T @ k / k.shape[0]).cpu()  # where second_moments returns C
 
 
 def test_round_trip(corpus_dir, tmp_path, monkeypatch, capsys):

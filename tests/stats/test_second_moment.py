@@ -24,16 +24,16 @@ def stats_home(tiny_bundles, monkeypatch, tmp_path):
 def naive_second_moment(bundle, rows: torch.Tensor, layer: int) -> torch.Tensor:
     """One full forward per row, then Σ_t k_t k_tᵀ token by token (float64) / N."""
     dim = bundle.arch.mlp_size(bundle.config)
-    total = torch.zeros(dim, dim, dtype=torch.float64)
+    total = torch.zeros(dim, dim, dtype=torch.float64, device=bundle.device)
     n = 0
     name = f"blocks.{layer}.mlp_key"
     for row in rows:
         with torch.no_grad(), capture(bundle.model, bundle.arch, [name]) as store:
-            bundle.model(input_ids=row[None])
+            bundle.model(input_ids=row[None].to(bundle.device))
         for k in store[name][0]:
             total += torch.outer(k.double(), k.double())
             n += 1
-    return total / n
+    return (total / n).cpu()  # where second_moments returns C
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -25,7 +25,7 @@ def independent_checksum(bundle, layer: int) -> str:
     h = hashlib.blake2b(digest_size=16)
     for name, p in bundle.model.named_parameters():
         if not name.startswith(later):
-            raw = p.detach().contiguous().view(torch.uint8).numpy().tobytes()
+            raw = p.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
             h.update(f"{name}:{p.dtype}{tuple(p.shape)}:{hashlib.blake2b(raw, digest_size=16).hexdigest()};".encode())
     return sm.CHECKSUM_FORMAT + h.hexdigest()
 

@@ -39,7 +39,7 @@ def plain(bundle, engine, prompt: str, answer: str) -> tuple[bool, float]:
     ctx = engine.encode(prompt)
     ids = engine.encode(prompt + " " + answer)
     with torch.no_grad():
-        logp = bundle.model(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+        logp = bundle.model(torch.tensor([ids], device=bundle.device)).logits[0].double().log_softmax(-1)
     steps = range(len(ctx), len(ids))
     return (all(int(logp[i - 1].argmax()) == ids[i] for i in steps), float(sum(logp[i - 1, ids[i]] for i in steps)))
 

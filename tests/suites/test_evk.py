@@ -156,7 +156,7 @@ def _hf_states(bundle, engine, contexts, embeds, state: str) -> np.ndarray:
         e = engine.embed(text) if e is None else e
         with torch.no_grad(), capture(bundle.model, bundle.arch, [last]) as store:
             hs = bundle.model(inputs_embeds=e[None], output_hidden_states=True).hidden_states
-        out.append((hs[-1] if state == "final_norm" else store[last])[0, -1].double().numpy())
+        out.append((hs[-1] if state == "final_norm" else store[last])[0, -1].double().cpu().numpy())
     return np.stack(out)
 
 

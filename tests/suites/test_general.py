@@ -42,9 +42,9 @@ def _naive_text(bundle, engine, paragraphs):
     for text in paragraphs:
         ids = [engine.start_id] + engine.encode(text)
         with torch.no_grad():
-            logp = bundle.model(torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)
-        target = torch.tensor(ids[1:])
-        nll -= float(logp[torch.arange(len(target)), target].sum())
+            logp = bundle.model(torch.tensor([ids], device=bundle.device)).logits[0, :-1].double().log_softmax(-1)
+        target = torch.tensor(ids[1:], device=bundle.device)
+        nll -= float(logp[torch.arange(len(target), device=bundle.device), target].sum())
         hits += int((logp.argmax(-1) == target).sum())
         tokens += len(target)
     return nll, tokens, hits
@@ -55,7 +55,7 @@ def _top1(bundle, engine, prompt: str, answer: str) -> bool:
     ctx = engine.encode(prompt)
     ids = engine.encode(prompt + " " + answer)
     with torch.no_grad():
-        pred = bundle.model(torch.tensor([ids])).logits[0].argmax(-1)
+        pred = bundle.model(torch.tensor([ids], device=bundle.device)).logits[0].argmax(-1)
     return all(int(pred[i - 1]) == ids[i] for i in range(len(ctx), len(ids)))
 
 

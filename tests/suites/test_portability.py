@@ -26,7 +26,7 @@ def naive_argmax(bundle, prompt: str, answer: str) -> tuple[list[int], list[int]
     n_ctx = len(tok(prompt)["input_ids"])
     assert full[:n_ctx] == tok(prompt)["input_ids"]
     with torch.no_grad():
-        logits = bundle.model(input_ids=torch.tensor([full])).logits[0]
+        logits = bundle.model(input_ids=torch.tensor([full], device=bundle.device)).logits[0]
     return full[n_ctx:], [int(logits[j - 1].argmax()) for j in range(n_ctx, len(full))]
 
 

@@ -61,7 +61,7 @@ def _naive_argmax(bundle, context: str, continuation: str) -> list[bool]:
     ctx = tok(context)["input_ids"]
     whole = tok(context + continuation)["input_ids"]
     with torch.no_grad():
-        logits = bundle.model(torch.tensor([whole])).logits[0]
+        logits = bundle.model(torch.tensor([whole], device=bundle.device)).logits[0]
     return [int(logits[len(ctx) - 1 + j].argmax()) == whole[len(ctx) + j] for j in range(len(whole) - len(ctx))]
 
 
