@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,30 +34,59 @@ SCANNED = ["lm/engine.py", "edit/*.py", "edit/plugins/*.py", "stats/*.py", "loca
 CONSTRUCTORS = {"zeros", "ones", "full", "empty", "eye", "arange", "rand", "randn", "randint", "linspace"}
 
 
-def host_constructors(path: Path, root: Path = SRC) -> list[str]:
-    """``torch.<constructor>(...)`` calls without ``device=`` and without a ``# host`` comment on their lines."""
+def scan(path: Path, root: Path, flag: Callable[[ast.Call], str | None]) -> list[str]:
+    """``path:line: message`` for each call ``flag`` names, unless a ``# host`` comment on its lines says why."""
     text = path.read_text()
     lines = text.splitlines()
     found = []
     for node in ast.walk(ast.parse(text)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
-                and node.func.attr in CONSTRUCTORS):
-            continue
-        if any(k.arg == "device" for k in node.keywords):
-            continue
-        if any("# host" in lines[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
-            continue
-        found.append(f"{path.relative_to(root)}:{node.lineno}: torch.{node.func.attr}(...) without device=")
+        message = flag(node) if isinstance(node, ast.Call) else None
+        if message and not any("# host" in lines[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {message}")
     return found
 
 
-def test_scanner_flags_a_bare_constructor(tmp_path):
+def bare_constructor(node: ast.Call) -> str | None:
+    """``torch.<constructor>(...)`` without ``device=``."""
+    func = node.func
+    if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "torch"
+            and func.attr in CONSTRUCTORS and not any(k.arg == "device" for k in node.keywords)):
+        return f"torch.{func.attr}(...) without device="
+    return None
+
+
+def device_numpy(node: ast.Call) -> str | None:
+    """``X.numpy()`` without ``.cpu()`` in X's call chain."""
+    if not (isinstance(node.func, ast.Attribute) and node.func.attr == "numpy"):
+        return None
+    chain = node.func.value
+    while isinstance(chain, (ast.Call, ast.Attribute, ast.Subscript)):
+        if isinstance(chain, ast.Call) and isinstance(chain.func, ast.Attribute) and chain.func.attr == "cpu":
+            return None
+        chain = chain.func if isinstance(chain, ast.Call) else chain.value
+    return ".numpy() of a tensor that may be on the GPU"
+
+
+def host_constructors(path: Path, root: Path = SRC) -> list[str]:
+    return scan(path, root, bare_constructor)
+
+
+def device_numpy_calls(path: Path, root: Path = SRC) -> list[str]:
+    return scan(path, root, device_numpy)
+
+
+@pytest.mark.parametrize(("scanner", "source", "flagged"), [
+    (host_constructors, "import torch\nx = torch.zeros(3)\ny = torch.ones(2, device=x.device)\n"
+     "z = torch.eye(2)  # host\nw = torch.full(\n    (2,), 1.0,\n)\n",
+     ["m.py:2: torch.zeros(...) without device=", "m.py:5: torch.full(...) without device="]),
+    (device_numpy_calls, "a = h[:, 0].float().numpy()\nb = h[:, 0].float().cpu().numpy()\nc = t.numpy()  # host\n"
+     "d = f(x.cpu()).numpy()\ne = x.cpu()[0].numpy()\n",
+     ["m.py:1: .numpy() of a tensor that may be on the GPU", "m.py:4: .numpy() of a tensor that may be on the GPU"]),
+])
+def test_scanners_flag_what_they_should(tmp_path, scanner, source, flagged):
     bad = tmp_path / "m.py"
-    bad.write_text("import torch\nx = torch.zeros(3)\ny = torch.ones(2, device=x.device)\nz = torch.eye(2)  # host\n"
-                   "w = torch.full(\n    (2,), 1.0,\n)\n")
-    assert host_constructors(bad, tmp_path) == ["m.py:2: torch.zeros(...) without device=",
-                                                "m.py:5: torch.full(...) without device="]
+    bad.write_text(source)
+    assert scanner(bad, tmp_path) == flagged
 
 
 def test_no_tensor_constructor_assumes_the_host():
@@ -64,33 +94,6 @@ def test_no_tensor_constructor_assumes_the_host():
     assert len(files) > 15
     problems = [msg for path in files for msg in host_constructors(path)]
     assert not problems, "\n".join(problems)
-
-
-def device_numpy_calls(path: Path, root: Path = SRC) -> list[str]:
-    """``X.numpy()`` calls without ``.cpu()`` in X's call chain and without a ``# host`` comment on their lines."""
-    text = path.read_text()
-    lines = text.splitlines()
-    found = []
-    for node in ast.walk(ast.parse(text)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "numpy"):
-            continue
-        chain, on_host = node.func.value, False
-        while isinstance(chain, (ast.Call, ast.Attribute, ast.Subscript)):
-            if isinstance(chain, ast.Call) and isinstance(chain.func, ast.Attribute) and chain.func.attr == "cpu":
-                on_host = True
-            chain = chain.func if isinstance(chain, ast.Call) else chain.value
-        if on_host or any("# host" in lines[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
-            continue
-        found.append(f"{path.relative_to(root)}:{node.lineno}: .numpy() of a tensor that may be on the GPU")
-    return found
-
-
-def test_numpy_scanner_flags_a_device_tensor(tmp_path):
-    bad = tmp_path / "m.py"
-    bad.write_text("a = h[:, 0].float().numpy()\nb = h[:, 0].float().cpu().numpy()\nc = t.numpy()  # host\n"
-                   "d = f(x.cpu()).numpy()\ne = x.cpu()[0].numpy()\n")
-    assert device_numpy_calls(bad, tmp_path) == ["m.py:1: .numpy() of a tensor that may be on the GPU",
-                                                 "m.py:4: .numpy() of a tensor that may be on the GPU"]
 
 
 def test_no_numpy_call_assumes_the_host():
