@@ -53,3 +53,13 @@ def test_bench_lifelong_runs_on_tiny_batches():
     assert flop_ratio > 1  # the suffix, not whole rows, runs each step
     assert "(a) alphaedit: 6 edits in 2 batches of 3" in out and "edits/min" in out
     assert "(c) peak RSS after 3 edits" in out and "(c) peak RSS after 6 edits" in out
+
+
+@pytest.mark.slow
+def test_bench_device_runs_every_asked_editor_and_precision():
+    out = _run("bench_device.py", "--model", "tiny-llama", "--device", "cpu", "--cases", "2",
+               "--methods", "rome,ft", "--dtypes", "bfloat16")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["rome"], ["ft"])}
+    assert set(rows) == {"rome", "ft"} and all(r[-1] == "bit-exact" for r in rows.values())
+    assert float(rows["rome"][1]) > 0 and rows["rome"][2] == "nan"  # s/edit measured; no CUDA peak on a CPU
+    assert out.splitlines()[-1].startswith("bfloat16") and out.rstrip().endswith("revert bit-exact")
