@@ -238,7 +238,10 @@ def test_ft_on_a_batch_equals_a_loop_with_one_forward_per_request(tiny_bundles):
             weight.requires_grad_(False)
             weight.copy_(w0)
     assert want.abs().max() > 0
-    assert float((got[name] - want).norm() / want.norm()) <= 1e-5
+    # Adam divides each step by sqrt(v): an element whose gradient sits near float32 noise moves by up to lr
+    # either way, so the batched and the looped forward (summed in another order, which also depends on the
+    # thread count) differ by ~1e-5 of the norm; a packing or position bug differs by O(1).
+    assert float((got[name] - want).norm() / want.norm()) <= 1e-4
 
 
 def test_ft_respects_the_norm_bound(tiny_bundles, request_a):
