@@ -131,6 +131,31 @@ def test_report_of_two_runs_labels_methods_by_run(run_dir, tmp_path):
     assert len(decode_images(html_path.read_text())) == 5
 
 
+def test_runs_split_by_dataset_block_report_as_the_whole_run(run_dir, tmp_path):
+    """A config run as one run per dataset block (one per core) keeps its method labels, and its pivot rows equal
+    the rows of the run of both blocks at once (an edit's seed depends on its dataset, method and group only)."""
+    from editscope.lm import load
+
+    bundle = load("tiny-llama")
+    parts = []
+    for block in CONFIG["datasets"]:
+        out = tmp_path / block["dataset"]
+        Runner(parse_config({**CONFIG, "datasets": [block]}), out_dir=out, bundle=bundle, progress=False,
+               log=lambda _m: None).run()
+        parts.append(out)
+    _, split_md = build_report(parts, tmp_path / "split")
+    _, whole_md = build_report([run_dir], tmp_path / "whole")
+
+    def pivot_rows(md: str) -> list[str]:
+        lines = md.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("| method") and "peak" in line)
+        return [line for line in lines[start:] if line.startswith(("| rome", "| unedited"))][:2]
+
+    split, whole = pivot_rows(split_md.read_text()), pivot_rows(whole_md.read_text())
+    assert "[" not in "".join(r.split("|")[1] for r in split)
+    assert split == whole and len(split) == 2
+
+
 def test_report_has_no_suite_names():
     """Suite-specific figures come from the suites' ``figures`` hooks; the report code names no suite."""
     from pathlib import Path

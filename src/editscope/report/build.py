@@ -65,8 +65,9 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
     """Read each run (the folder of a ``models`` list: each model's run, :func:`~editscope.run.models.
     expand_run_dirs`). Runs of more than one model are keyed by model: every dataset label becomes
     ``label [model]``, so each model gets its own tables, its own unedited row and its own pivot columns, and
-    differences pair cases within one model. When several runs of one model use one method label, labels become
-    ``label [run dir name]``."""
+    differences pair cases within one model. When several runs of one model hold rows of one method label on one
+    dataset, that label becomes ``label [run dir name]`` in each of them; runs that split a config by dataset block
+    (one run per dataset) keep their labels, so the pivot joins them as one run's."""
     runs = []
     for path in expand_run_dirs(run_dirs):
         meta = read_json(path / RUN_JSON)
@@ -81,13 +82,14 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
         for run in runs:
             _key_by_model(run)
     if len(runs) > 1:
-        seen: dict[tuple[str, str], int] = {}
+        seen: dict[tuple[str, str, str], int] = {}
         for run in runs:
-            for key in {(r["model"], r["method"]) for r in run.rows}:
+            for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
                 seen[key] = seen.get(key, 0) + 1
         for run in runs:
+            clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
             for r in run.rows:
-                if seen[(r["model"], r["method"])] > 1:
+                if (r["model"], r["method"]) in clash:
                     r["method"] = f"{r['method']} [{run.path.name}]"
     return runs
 
