@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -133,7 +135,8 @@ def test_hidden_states_equal_output_hidden_states(tiny):
         finally:
             handle.remove()
         pos = [0, -2, 1][i]
-        torch.testing.assert_close(keys[i, 0].cpu(), seen["k"][0, pos].cpu(), atol=1e-6, rtol=0)
+        # rtol: a GPU picks float32 kernels by batch shape (2.4e-6 absolute at 2.9e-6 relative on an H200, Gemma)
+        torch.testing.assert_close(keys[i, 0].cpu(), seen["k"][0, pos].cpu(), atol=1e-6, rtol=1e-5)
 
 
 def test_greedy_generation_equals_argmax_loop(tiny):
@@ -148,6 +151,26 @@ def test_greedy_generation_equals_argmax_loop(tiny):
     a = engine.generate(CONTEXTS[:1], max_new_tokens=6, top_k=20, seed=3)
     b = engine.generate(CONTEXTS[:1], max_new_tokens=6, top_k=20, seed=3)
     assert a == b
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_top_k_sampling_equals_transformers_sampling(tiny, seed):
+    """Top-k draws are made on the host (editscope.lm.sampling), so that a GPU samples what the CPU does: on any
+    device they must be transformers' own top-k sampling of the model on the CPU after torch.manual_seed: the same
+    tokens, and the same state of the default generator afterwards (later draws of a run do not move)."""
+    engine = ScoringEngine(tiny)
+    on_host = tiny.model if next(tiny.model.parameters()).device.type == "cpu" else copy.deepcopy(tiny.model).cpu()
+    for ctx in CONTEXTS[:2]:
+        got = engine.generate([ctx], max_new_tokens=8, top_k=5, seed=seed)[0]
+        after_got = torch.rand(4)
+        ids = torch.tensor([engine.encode(ctx)])
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = on_host.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=True,
+                                      top_k=5, top_p=1.0, temperature=1.0, pad_token_id=engine.pad_id)
+        after_want = torch.rand(4)
+        assert got == tiny.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert torch.equal(after_got, after_want)
 
 
 def test_differentiable_batch_logprobs_equal_score(tiny):

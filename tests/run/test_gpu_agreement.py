@@ -5,8 +5,8 @@ float32 SmolLM2 on the CPU, once on a float32 copy on the GPU (CounterFact + EVK
 The two runs share nothing but the statistics cache (the device is not part of the fingerprint).
 
 Two tolerances, because the two halves of a row differ in kind:
-* pre-edit numbers come from forwards alone: each agrees to ``PRE_ATOL`` (a device bug in the scoring path
-  breaks this);
+* pre-edit numbers come from forwards alone: each agrees to ``PRE_TOL``, relative above 1 (a perplexity of
+  11,882 differed by 3e-3 on an H200, 3e-7 relative); a device bug in the scoring path breaks this;
 * post-edit numbers come after a v*/z optimisation that amplifies float32 rounding (Adam steps, an early stop at
   a loss threshold, argmax decisions at a margin), so a single case may flip. Each number's gap is normalised
   (``|gpu - cpu| / max(1, |cpu|)``: shares and probabilities as they are, perplexities relative) and their mean
@@ -26,7 +26,7 @@ from editscope.run import Runner, parse_config, read_results
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs on a GPU machine)")]
 
-PRE_ATOL, POST_MEAN_GAP = 1e-3, 0.05  # the documented GPU-vs-CPU tolerances (docs/scale.md, "On a GPU")
+PRE_TOL, POST_MEAN_GAP = 1e-3, 0.05  # the documented GPU-vs-CPU tolerances (docs/scale.md, "On a GPU")
 METHODS = ["rome", "memit", "alphaedit", "ft", "prune", "rect", "evk_edit", "kn"]
 TIMING = ("seconds", "time", "_s")
 
@@ -83,7 +83,8 @@ def test_gpu_rows_agree_with_cpu_rows(bundles, method, tmp_path):
                 assert math.isnan(want) and math.isnan(got), key
                 continue
             if key.endswith("_pre"):
-                assert abs(got - want) <= PRE_ATOL, (method, cpu_row["dataset"], cpu_row["index"], key, want, got)
+                assert abs(got - want) <= PRE_TOL * max(1.0, abs(want)), (method, cpu_row["dataset"],
+                                                                          cpu_row["index"], key, want, got)
                 continue
             gap = abs(got - want) / max(1.0, abs(want))
             post_gaps.append(gap)
@@ -93,3 +94,16 @@ def test_gpu_rows_agree_with_cpu_rows(bundles, method, tmp_path):
     print(f"\nGPU-vs-CPU {method}: {len(post_gaps)} post-edit numbers, mean gap {mean_gap:.3g}, "
           f"largest {worst:.3g} at {where}")
     assert mean_gap <= POST_MEAN_GAP, (method, mean_gap, worst, where)
+
+
+def test_context_templates_equal_on_cpu_and_gpu(bundles):
+    """The sampled context templates of ROME/MEMIT (and so their edits' objective) do not depend on the device:
+    CUDA's generator gave other templates than the CPU's for the same seed until sampling drew on the host."""
+    from editscope.edit import get_editor
+    from editscope.edit.context import context_templates
+    from editscope.lm.engine import ScoringEngine
+
+    hp = get_editor("memit").load_hparams(bundles["cpu"])
+    spec = (hp.context_templates, hp.template_seed, hp.template_start)
+    assert context_templates(ScoringEngine(bundles["cpu"]), *spec) == context_templates(
+        ScoringEngine(bundles["cuda"]), *spec)

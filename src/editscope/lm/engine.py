@@ -599,11 +599,14 @@ class ScoringEngine(Scorer):
         """Continuations of each prompt: greedy, or top-k sampled with a seed (reproducible)."""
         rows = self._context_forward(prompts, None)
         ids, mask, _, _ = self._inputs(rows, "left")
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, attention_mask=mask)
-        if top_k is None:
-            kwargs.update(do_sample=False)
-        else:
-            kwargs.update(do_sample=True, top_k=top_k, top_p=1.0, temperature=1.0)
+        # do_sample stays off: top-k draws are made by HostTopK, the same on every device
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, attention_mask=mask, do_sample=False)
+        if top_k is not None:
+            from transformers import LogitsProcessorList
+
+            from editscope.lm.sampling import HostTopK
+
+            kwargs.update(logits_processor=LogitsProcessorList([HostTopK(top_k)]))
             torch.manual_seed(0 if seed is None else seed)
         out = self.model.generate(ids, **kwargs)
         return [self.tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]

@@ -1,0 +1,29 @@
+"""Top-k sampling whose draws do not depend on the device the model runs on.
+
+transformers' sampling draws with ``torch.multinomial`` on the logits' device, so after ``torch.manual_seed(s)`` a
+CUDA model draws from CUDA's generator and samples other tokens than the same model on the CPU: other ROME/MEMIT
+context templates, other GE continuations, for the same seed. :class:`HostTopK` makes the draw itself on the host,
+from torch's default CPU generator, and hands ``generate`` a one-hot score that greedy decoding picks. On the CPU
+it is the very computation transformers' top-k sampling does (top-k filter, softmax, one multinomial per step from
+the default generator), so CPU draws are unchanged; on a GPU only a probability that rounds across a draw's
+boundary can change a token.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessor
+
+
+class HostTopK(LogitsProcessor):
+    """Keep the ``k`` best tokens, draw one per row from their softmax on the host, return it as the only finite
+    score (use with greedy decoding, after ``torch.manual_seed``)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = int(k)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        kth = torch.topk(scores, min(self.k, scores.shape[-1])).values[..., -1, None]
+        probs = torch.softmax(scores.masked_fill(scores < kth, float("-inf")), dim=-1)
+        pick = torch.multinomial(probs.cpu(), num_samples=1).to(scores.device)  # the default CPU generator
+        return torch.full_like(scores, float("-inf")).scatter_(-1, pick, 0.0)
