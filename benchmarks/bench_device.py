@@ -111,7 +111,11 @@ def main() -> None:
     print(f"{args.model} on {device} ({name}), torch {torch.__version__}, {args.cases - 1} timed edits each")
     print(f"{'method':<10} {'s/edit':>8} {'peak MiB':>9} {'P(new) post':>12} revert")
     for method in args.methods.split(","):
-        row = time_editor(bundle, method, reqs)
+        try:
+            row = time_editor(bundle, method, reqs)
+        except Exception as err:  # one editor's failure must not hide the others' rows
+            print(f"{method:<10} FAILED: {type(err).__name__}: {err}", flush=True)
+            continue
         print(f"{method:<10} {row['s_per_edit']:>8.3f} {row['peak_mib']:>9.0f} {row['p_new_post']:>12.3f} "
               f"{'bit-exact' if row['revert_exact'] else 'DIFFERS'}", flush=True)
     dtypes = [d for d in args.dtypes.split(",") if d]

@@ -94,6 +94,8 @@ def main() -> None:
         sums_b = full_forward_sums(bundle, rows, layers, args.batch_rows)
         best["b"] = min(best["b"], time.perf_counter() - t0)
     exact = full_forward_sums(bundle, rows, layers, args.batch_rows, exact=True)
+    # compared on the host: the accumulated statistics live there, the bench's own sums beside the model
+    sums_a, sums_b, exact = ({layer: s[layer].cpu() for layer in layers} for s in (sums_a, sums_b, exact))
     for layer in layers:
         diff = float((sums_a[layer] - sums_b[layer]).norm() / sums_b[layer].norm())
         if diff > 1e-9:
