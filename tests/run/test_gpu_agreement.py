@@ -16,19 +16,17 @@ Two tolerances, because the two halves of a row differ in kind:
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from editscope.run import Runner, parse_config, read_results
+from tests.run.device_rows import row_gaps
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs on a GPU machine)")]
 
 PRE_TOL, POST_MEAN_GAP = 1e-3, 0.05  # the documented GPU-vs-CPU tolerances (docs/scale.md, "On a GPU")
 METHODS = ["rome", "memit", "alphaedit", "ft", "prune", "rect", "evk_edit", "kn"]
-TIMING = ("seconds", "time", "_s")
 
 
 def config(method: str) -> dict:
@@ -40,20 +38,6 @@ def config(method: str) -> dict:
                 {"dataset": "zsre", "slice": {"offset": 0, "limit": 1}, "suites": ["zsre"]},
                 {"dataset": "peak-cf", "slice": {"offset": 0, "limit": 1},
                  "suites": ["peak", {"name": "one_to_n", "options": {"edits": "append"}}]}]}
-
-
-def numbers(tree, prefix: str = "") -> dict[str, float]:
-    """The numeric leaves of a row's metrics, keyed by their path (timings left out)."""
-    if isinstance(tree, dict):
-        out: dict[str, float] = {}
-        for key, value in tree.items():
-            out |= numbers(value, f"{prefix}/{key}")
-        return out
-    if isinstance(tree, list):
-        return {k: v for i, x in enumerate(tree) for k, v in numbers(x, f"{prefix}[{i}]").items()}
-    if isinstance(tree, bool) or not isinstance(tree, (int, float)) or prefix.endswith(TIMING):
-        return {}
-    return {prefix: float(tree)}
 
 
 @pytest.fixture(scope="module")
@@ -72,28 +56,11 @@ def test_gpu_rows_agree_with_cpu_rows(bundles, method, tmp_path):
         rows[device] = read_results(out / "results.jsonl")
         assert str(next(bundle.model.parameters()).device).startswith(device)
     assert len(rows["cpu"]) == len(rows["cuda"]) == 4
-    post_gaps, worst, where = [], 0.0, ""
-    for cpu_row, gpu_row in zip(rows["cpu"], rows["cuda"], strict=True):
-        assert (cpu_row["dataset"], cpu_row["index"]) == (gpu_row["dataset"], gpu_row["index"])
-        cpu, gpu = numbers(cpu_row["metrics"]), numbers(gpu_row["metrics"])
-        assert cpu.keys() == gpu.keys() and cpu
-        for key, want in cpu.items():
-            got = gpu[key]
-            if math.isnan(want) or math.isnan(got):
-                assert math.isnan(want) and math.isnan(got), key
-                continue
-            if key.endswith("_pre"):
-                assert abs(got - want) <= PRE_TOL * max(1.0, abs(want)), (method, cpu_row["dataset"],
-                                                                          cpu_row["index"], key, want, got)
-                continue
-            gap = abs(got - want) / max(1.0, abs(want))
-            post_gaps.append(gap)
-            if gap > worst:
-                worst, where = gap, f"{cpu_row['dataset']}#{cpu_row['index']}{key}"
-    mean_gap = sum(post_gaps) / len(post_gaps)
-    print(f"\nGPU-vs-CPU {method}: {len(post_gaps)} post-edit numbers, mean gap {mean_gap:.3g}, "
-          f"largest {worst:.3g} at {where}")
-    assert mean_gap <= POST_MEAN_GAP, (method, mean_gap, worst, where)
+    gaps = row_gaps(rows["cpu"], rows["cuda"], PRE_TOL)
+    print(f"\nGPU-vs-CPU {method}: pre-edit largest gap {gaps.pre_worst:.3g}; {len(gaps.post_gaps)} post-edit numbers, "
+          f"mean gap {gaps.post_mean:.3g}, largest {gaps.worst:.3g} at {gaps.where}")
+    assert not gaps.pre_misses, (method, gaps.pre_misses)
+    assert gaps.post_mean <= POST_MEAN_GAP, (method, gaps.post_mean, gaps.worst, gaps.where)
 
 
 def test_context_templates_equal_on_cpu_and_gpu(bundles):
