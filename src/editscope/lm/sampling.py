@@ -12,7 +12,7 @@ boundary can change a token.
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, TopKLogitsWarper
 
 
 class HostTopK(LogitsProcessor):
@@ -20,10 +20,9 @@ class HostTopK(LogitsProcessor):
     score (use with greedy decoding, after ``torch.manual_seed``)."""
 
     def __init__(self, k: int) -> None:
-        self.k = int(k)
+        self.top_k = TopKLogitsWarper(int(k))  # transformers' own filter, so the CPU draws stay its draws
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        kth = torch.topk(scores, min(self.k, scores.shape[-1])).values[..., -1, None]
-        probs = torch.softmax(scores.masked_fill(scores < kth, float("-inf")), dim=-1)
+        probs = torch.softmax(self.top_k(input_ids, scores), dim=-1)
         pick = torch.multinomial(probs.cpu(), num_samples=1).to(scores.device)  # the default CPU generator
         return torch.full_like(scores, float("-inf")).scatter_(-1, pick, 0.0)
