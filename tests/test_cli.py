@@ -43,7 +43,8 @@ def test_configs_lists_every_shipped_config_with_what_it_reproduces(capsys, tmp_
 
     assert main(["configs", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    shipped = {f"experiments/{p.stem}" for p in (configs_dir() / "experiments").glob("*.yaml")} | {"demo"}
+    shipped = {f"experiments/{p.stem}" for p in (configs_dir() / "experiments").glob("*.yaml")}
+    shipped |= {"demo", "demo-sample"}
     assert {r["name"] for r in rows} == shipped
     table1 = next(r for r in rows if r["name"] == "experiments/evk-table1")
     assert table1["reproduces"].startswith("Paper 004") and "alphaedit" in table1["methods"]

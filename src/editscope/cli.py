@@ -64,11 +64,30 @@ def _one_line(text: str) -> str:
     return " ".join(text.split("\n"))
 
 
+def _version() -> str:
+    """``editscope X (python ..., torch ..., transformers ...)``, read without importing torch."""
+    import platform
+    from importlib import metadata
+
+    from editscope import __version__
+
+    def dist(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"editscope {__version__} (python {platform.python_version()}, torch {dist('torch')}, "
+            f"transformers {dist('transformers')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="editscope",
         description="Edit the factual knowledge of language models and measure everything an edit does.",
     )
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print editscope's version and those of the libraries that shape its numbers")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS.values():
         importlib.import_module(module).register(sub)

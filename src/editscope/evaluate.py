@@ -33,6 +33,7 @@ from editscope.edit.hparams import HParams
 from editscope.edit.plugins import PluginLike
 from editscope.errors import EditscopeError
 from editscope.lm.loading import Bundle
+from editscope.progress import StatusLine, listening, report
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.portability import PortabilitySuite
 
@@ -64,10 +65,11 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
                       locality_inputs: Mapping[str, Mapping[str, Any]] | None = None,
                       portability_inputs: Mapping[str, Mapping[str, Any]] | None = None,
                       hparams: HParams | None = None, plugins: Sequence[PluginLike] = (),
-                      runtime: EditRuntime | None = None, keep: bool = False) -> EditResult:
+                      runtime: EditRuntime | None = None, keep: bool = False, progress: bool = True) -> EditResult:
     """Edit ``model`` (a registry name, a local HF folder or a loaded bundle) with ``method`` and measure every
     request before and after; see the module docstring. ``locality_inputs`` / ``portability_inputs`` are
-    EasyEdit's ``{type: {"prompt": [...], "ground_truth": [...]}}``, one entry (a string or a list) per request."""
+    EasyEdit's ``{type: {"prompt": [...], "ground_truth": [...]}}``, one entry (a string or a list) per request.
+    ``progress``: a status line on stderr (model load, each request's edit and its steps), at most one a second."""
     prompts, target_new, subject = _listed(prompts), _listed(target_new), _listed(subject)
     n = len(prompts)
     columns = {"target_new": target_new, "subject": subject}
@@ -83,37 +85,43 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
     cases = [_case(i, prompts[i], subject[i], target_new[i], truths[i], rephrases[i], locality_inputs,
                    portability_inputs) for i in range(n)]
 
-    if isinstance(model, Bundle):
-        bundle = model
-    else:
-        from editscope.lm import load
+    status = StatusLine("edit_and_evaluate: ") if progress else None
+    with listening(status):
+        if isinstance(model, Bundle):
+            bundle = model
+        else:
+            from editscope.lm import load
 
-        bundle = load(model)
-    editor = get_editor(method)
-    hp = hparams if hparams is not None else editor.load_hparams(bundle)
-    session = EditSession(bundle, runtime=runtime)
-    suites: dict[str, Any] = {"easyedit": PortabilitySuite()}
-    if ground_truth is not None:
-        suites["paper"] = CounterFactSuite()
-    state = editor.new_state()
-    pre = {proto: suite.probe_many(session.engine, cases) for proto, suite in suites.items()}
-    patches, metrics = [], []
-    for i, case in enumerate(cases):
-        patch = session.apply(method, case.request, hp, state if keep else editor.new_state(), plugins=plugins)
-        try:
-            post = {proto: suite.probe_many(session.engine, [case])[0] for proto, suite in suites.items()}
-        finally:
-            if not keep:
-                session.revert()
-        patches.append(patch)
-        row: dict[str, Any] = {"request": {"prompt": case.request.prompt, "subject": case.request.subject,
-                                           "target_new": case.request.target_new,
-                                           "ground_truth": case.request.target_true},
-                               "edit_seconds": patch.info.get("seconds")}
-        for proto, suite in suites.items():
-            row[proto] = _renamed(suite.checked_metrics(case, pre[proto][i], post[proto]))
-        metrics.append(row)
-    return EditResult(metrics, patches, session, {proto: s.protocol for proto, s in suites.items()})
+            bundle = load(model, progress=report)
+        editor = get_editor(method)
+        hp = hparams if hparams is not None else editor.load_hparams(bundle)
+        session = EditSession(bundle, runtime=runtime)
+        suites: dict[str, Any] = {"easyedit": PortabilitySuite()}
+        if ground_truth is not None:
+            suites["paper"] = CounterFactSuite()
+        state = editor.new_state()
+        report(f"probing {n} request(s) before editing")
+        pre = {proto: suite.probe_many(session.engine, cases) for proto, suite in suites.items()}
+        patches, metrics = [], []
+        for i, case in enumerate(cases):
+            report(f"request {i + 1}/{n}: editing")
+            patch = session.apply(method, case.request, hp, state if keep else editor.new_state(), plugins=plugins)
+            try:
+                post = {proto: suite.probe_many(session.engine, [case])[0] for proto, suite in suites.items()}
+            finally:
+                if not keep:
+                    session.revert()
+            patches.append(patch)
+            row: dict[str, Any] = {"request": {"prompt": case.request.prompt, "subject": case.request.subject,
+                                               "target_new": case.request.target_new,
+                                               "ground_truth": case.request.target_true},
+                                   "edit_seconds": patch.info.get("seconds")}
+            for proto, suite in suites.items():
+                row[proto] = _renamed(suite.checked_metrics(case, pre[proto][i], post[proto]))
+            metrics.append(row)
+        if status is not None:
+            status.close()
+        return EditResult(metrics, patches, session, {proto: s.protocol for proto, s in suites.items()})
 
 
 def _listed(value: Any) -> list:

@@ -16,21 +16,36 @@ def home() -> Path:
     return root
 
 
-def data_dir() -> Path:
-    """The shared datasets: ``$EDITSCOPE_DATA``, else ``../shared/data`` relative to the repository root."""
+def _data_candidate() -> Path:
     env = os.environ.get("EDITSCOPE_DATA")
     if env:
-        path = Path(env)
-    else:
-        repo_root = Path(__file__).resolve().parents[2]
-        path = repo_root.parent / "shared" / "data"
-        if not path.is_dir():
-            path = Path.cwd().parent / "shared" / "data"
-    if not path.is_dir():
-        raise EditscopeError(
-            f"dataset folder not found: {path} (set EDITSCOPE_DATA to the folder holding counterfact/, peak/, ...)"
-        )
-    return path
+        return Path(env)
+    repo_root = Path(__file__).resolve().parents[2]
+    path = repo_root.parent / "shared" / "data"
+    return path if path.is_dir() else Path.cwd().parent / "shared" / "data"
+
+
+def missing_data() -> str | None:
+    """Why :func:`data_dir` finds no dataset folder (``dataset folder not found: PATH``), or None when it does."""
+    path = _data_candidate()
+    return None if path.is_dir() else f"dataset folder not found: {path}"
+
+
+def data_dir() -> Path:
+    """The shared datasets: ``$EDITSCOPE_DATA``, else ``../shared/data`` relative to the repository root."""
+    if problem := missing_data():
+        raise EditscopeError(f"{problem} (set EDITSCOPE_DATA to the folder holding counterfact/, zsre/, peak/, ...; "
+                             f"without it, the packaged samples {', '.join(SAMPLES)} work)")
+    return _data_candidate()
+
+
+SAMPLES = ("counterfact-sample", "zsre-sample", "counterfact-train-sample")
+"""Registered names of the datasets packaged with editscope (``sample/``; its NOTICE gives sources and licences)."""
+
+
+def sample_file(name: str) -> Path:
+    """A file of the packaged sample datasets (package data, so a pip install has it)."""
+    return Path(__file__).resolve().parent / "sample" / name
 
 
 def data_file(relative: str) -> Path:

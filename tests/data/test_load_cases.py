@@ -19,10 +19,32 @@ def test_every_registered_dataset_resolves_to_a_shared_file():
         "peak-cf",
         "peak-t",
         "mquake-hard",
+        "counterfact-sample",
+        "counterfact-train-sample",
+        "zsre-sample",
     }
     for name, spec in DATASETS.items():
         assert dataset_path(name).is_file()
         assert dataset_path(name).as_posix().endswith(spec.file)
+
+
+@pytest.mark.parametrize(("sample", "full", "n"), [("counterfact-sample", "counterfact", 40),
+                                                    ("counterfact-train-sample", "counterfact-train", 400),
+                                                    ("zsre-sample", "zsre", 40)])
+def test_packaged_samples_are_the_first_records_of_the_published_files(sample, full, n, monkeypatch):
+    from editscope.paths import SAMPLES
+
+    assert {name for name, spec in DATASETS.items() if spec.packaged} == set(SAMPLES)
+    expected = load_cases(full, limit=n)
+    monkeypatch.setenv("EDITSCOPE_DATA", "/nonexistent/editscope-data")  # the samples need no data folder
+    got = load_cases(sample)
+    assert len(got) == n
+    assert [(c.case_id, c.requests, c.paraphrase_prompts, c.neighborhood) for c in got] == \
+        [(c.case_id, c.requests, c.paraphrase_prompts, c.neighborhood) for c in expected]
+    assert {c.source for c in got} == {sample}
+    with pytest.raises(EditscopeError, match="dataset folder not found: /nonexistent/editscope-data .*"
+                       "counterfact-sample, zsre-sample, counterfact-train-sample work"):
+        load_cases(full)
 
 
 @pytest.mark.parametrize(

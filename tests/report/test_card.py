@@ -17,7 +17,7 @@ from editscope.cli import main
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.report.card import choose_cases, compute_card, job_from_run, write_card
-from editscope.report.card_html import SECTIONS
+from editscope.report.card_html import SECTIONS, scores_figure
 from editscope.run import Runner, parse_config, read_results
 from tests.suites.test_collateral import known_fact_file
 
@@ -120,6 +120,34 @@ def test_card_equals_the_runners_row(tiny_run, method):
     assert f"{row['metrics']['counterfact']['ES_post']:.3f}" in text
     assert json.loads((root / f"{method}.json").read_text())["suites"]["counterfact"]["metrics"] == \
         row["metrics"]["counterfact"]
+
+
+def _arrows_cut(rows) -> list[str]:
+    """The rows whose pre -> post arrow the chart's x axis does not hold whole."""
+    import matplotlib.pyplot as plt
+
+    fig = scores_figure(rows)
+    low, high = fig.axes[0].get_xlim()
+    plt.close(fig)
+    return [r["text"] for r in rows if not (low <= r["pre"] <= high and low <= r["post"] <= high)]
+
+
+def test_arrow_chart_holds_every_arrow(tiny_run):
+    # by hand: the edit lifts the new target far above every pre-edit log-prob and sinks the true answer below
+    rows = [{"role": "edit", "kind": "new", "text": " Japan", "pre": -9.0, "post": -0.2},
+            {"role": "edit", "kind": "true", "text": " France", "pre": -1.0, "post": -14.0},
+            {"role": "paraphrase", "kind": "new", "text": " Japan", "pre": -8.0, "post": -7.5}]
+    assert _arrows_cut(rows) == []
+    # a real card whose edit moves a log-prob past the pre-edit range: an axis set from the pre-edit points alone
+    # would cut that arrow
+    root, bundle = tiny_run
+    row = read_results(root / "run" / "results.jsonl")[0]
+    card = compute_card(job_from_run(root / "run", row["case_id"], method="rome", bundle=bundle), generate_tokens=0,
+                        progress=False)
+    rows = card["suites"]["counterfact"]["candidates"]
+    pres = [r["pre"] for r in rows]
+    assert any(not min(pres) <= r["post"] <= max(pres) for r in rows)
+    assert _arrows_cut(rows) == []
 
 
 def test_inspect_command_and_report_cards(tiny_run, tmp_path, capsys):

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from editscope.paths import configs_dir
 
     root = configs_dir()
-    paths = [(root / "demo.yaml", "demo")] + [(p, f"experiments/{p.stem}")
+    paths = [(root / "demo.yaml", "demo"), (root / "demo-sample.yaml", "demo-sample")] + [(p, f"experiments/{p.stem}")
                                              for p in sorted((root / "experiments").glob("*.yaml"))]
     rows = [describe(path, name) for path, name in paths]
     if args.json:

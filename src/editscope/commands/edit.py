@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
+from editscope.progress import StatusLine, listening
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="show every prompt (the edit prompt, with ROME/MEMIT's context prefixes inside the turn, "
                         "and each --check prompt) as a user turn of the tokenizer's chat template; answers start the "
                         "assistant's turn (instruct models)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress lines on stderr (model load, statistics, the editor's steps)")
     add_device_arguments(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
@@ -78,12 +82,9 @@ def _strict_json(result: dict, where: str = "edit --json") -> str:
 
 def run(args: argparse.Namespace) -> int:
     from editscope.data.records import EditRequest
-    from editscope.edit import get_editor, parse_overrides
+    from editscope.edit import get_editor
     from editscope.edit.plugins import import_plugin_modules, parse_plugin_arg
-    from editscope.edit.runtime import EditRuntime
     from editscope.errors import EditscopeError
-    from editscope.lm import load
-    from editscope.lm.engine import ScoringEngine
 
     editor = get_editor(args.method)
     import_plugin_modules(args.plugin_module)
@@ -93,21 +94,42 @@ def run(args: argparse.Namespace) -> int:
                               correct_answers=tuple(args.correct), hard_false=tuple(args.hard_false))
     except ValueError as exc:
         raise EditscopeError(str(exc)) from exc
-    bundle = load(args.model, device=args.device, dtype=args.dtype)
+    status = None if args.no_progress else StatusLine("edit: ")
+    with listening(status):
+        return _edit(args, editor, plugins, request, status)
+
+
+def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine | None) -> int:
+    from editscope.edit import parse_overrides
+    from editscope.edit.runtime import EditRuntime
+    from editscope.errors import EditscopeError
+    from editscope.lm import load
+    from editscope.lm.engine import ScoringEngine
+
+    def say(message: str) -> None:
+        if status is not None:
+            status.close()
+            print(f"edit: {message}", file=sys.stderr, flush=True)
+
+    say(f"loading {args.model}")
+    bundle = load(args.model, device=args.device, dtype=args.dtype, progress=say)
     editor.check_model(bundle)
     hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
     engine = ScoringEngine(bundle, chat_template=args.chat_template)
     runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
+    say(f"scoring {len(prompts)} prompt(s) before the edit")
     pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
     answers = [(a, "correct") for a in args.correct] + [(a, "hard_false") for a in args.hard_false]
     pre_answers = engine.score([(request.text, a) for a, _ in answers])
     if args.generate < 0:
         raise EditscopeError(f"--generate must be >= 0, got {args.generate}")
     pre_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
+    say(f"editing with {editor.display(plugins)}")
     t0 = time.perf_counter()
     patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, runtime=runtime, plugins=plugins)
     seconds = time.perf_counter() - t0
+    say(f"edited in {seconds:.1f} s; scoring after the edit")
     try:
         post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
         post_answers = engine.score([(request.text, a) for a, _ in answers])
@@ -134,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     if args.generate:  # greedy continuations, before and after
         result["generation"] = [{"prompt": p, "pre": a, "post": b}
                                 for p, a, b in zip(prompts, pre_text, post_text, strict=True)]
+    if status is not None:
+        status.close()
     # fails (before saving anything) on NaN/inf, also when the result is printed as a table
     text = _strict_json(result, "edit --json" if args.json else "edit")
     if args.save_patch:

@@ -57,8 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="size of the collateral probe set (known facts)")
     parser.add_argument("--facts-from", nargs="+", default=None, metavar="DATASET",
                         help="datasets (names or files) the collateral probe set is drawn from, in order (default: "
-                        "counterfact-train zsre peak-cf counterfact); a run whose suites include collateral uses "
-                        "its own")
+                        "counterfact-train zsre peak-cf counterfact; without a dataset folder, the packaged samples); "
+                        "a run whose suites include collateral uses its own")
     parser.add_argument("--top", type=option(int, "[1, inf)"), default=25, help="largest log-prob drops listed")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines (they go to stderr)")
     add_device_arguments(parser)
@@ -86,6 +86,7 @@ def _job(args: argparse.Namespace, log):
     from editscope.edit import parse_overrides
     from editscope.edit.runtime import EditRuntime
     from editscope.lm import load
+    from editscope.paths import missing_data
 
     neighbours = []
     for text in args.neighbour:
@@ -98,12 +99,19 @@ def _job(args: argparse.Namespace, log):
                               correct_answers=tuple(args.correct), hard_false=tuple(args.hard_false))
     except ValueError as exc:
         raise EditscopeError(str(exc)) from exc
+    sources = args.facts_from
+    if sources is None and (problem := missing_data()):
+        from editscope.suites.collateral import SAMPLE_SOURCES
+
+        sources = list(SAMPLE_SOURCES)
+        print(f"inspect: {problem}: the collateral scan draws its known facts from the packaged sample "
+              f"({', '.join(sources)}); set EDITSCOPE_DATA (or --facts-from) for the full pool", file=sys.stderr)
     bundle = load(args.model, device=args.device, dtype=args.dtype, progress=log)
     runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     return job_from_request(bundle, args.method or "rome", request,
                             paraphrases=[p.replace("{}", args.subject) for p in args.paraphrase],
                             neighbours=neighbours, hparams=args.hparams, overrides=parse_overrides(args.set),
-                            runtime=runtime, collateral_facts=args.facts, collateral_sources=args.facts_from)
+                            runtime=runtime, collateral_facts=args.facts, collateral_sources=sources)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _list(_args: argparse.Namespace) -> int:
-    from editscope.lm.loading import GGUF_MODELS, is_prepared
+    import textwrap
+
+    from editscope.lm.loading import DEFAULT_MODEL_NOTE, GGUF_MODELS, is_prepared
     from editscope.lm.tiny import TINY_FAMILIES
 
     print(f"{'name':<16} {'status':<12} description")
@@ -33,6 +35,7 @@ def _list(_args: argparse.Namespace) -> int:
     for family in TINY_FAMILIES:
         print(f"{'tiny-' + family:<16} {'built':<12} random-init {family} test model (GPT-2 tokenizer)")
     print("Any local Hugging Face model folder is accepted as --model PATH as well.")
+    print(f"\nDefault model: {textwrap.fill(DEFAULT_MODEL_NOTE, 100, subsequent_indent='  ')}")
     return 0
 
 

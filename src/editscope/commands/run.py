@@ -93,6 +93,8 @@ def _report(result, out_dir, model: str | None = None) -> None:
     if result is None:
         print(f"{prefix}complete already; {out_dir / 'results.jsonl'}")
         return
+    if result.tables:
+        print(result.tables)
     print(f"{prefix}{result.written} rows written, {result.skipped} already done; {result.total_rows} rows in "
           f"{result.out_dir / 'results.jsonl'}")
     print(f"{prefix}summary: {result.out_dir / 'summary.md'}")

@@ -28,7 +28,7 @@ from editscope.data import counterfact, hf, knowedit, mquake, peak, zsre
 from editscope.data._common import Format, first_record, read_json_list
 from editscope.data.records import Case, EditRequest
 from editscope.errors import DataError, EditscopeError
-from editscope.paths import data_file
+from editscope.paths import data_file, sample_file
 from editscope.registry import Registry
 
 
@@ -45,6 +45,12 @@ class Dataset:
     format: Format
     description: str
     known_invalid: Mapping[int, str] = field(default_factory=dict)
+    #: ``file`` is one of the datasets packaged with editscope, not a file under the data folder
+    packaged: bool = False
+
+    def path(self) -> Path:
+        """The file, with a clear error when it is missing."""
+        return sample_file(self.file) if self.packaged else data_file(self.file)
 
 
 FORMATS: tuple[Format, ...] = (mquake.FORMAT, peak.FORMAT, knowedit.FORMAT, counterfact.FORMAT, zsre.FORMAT)
@@ -70,6 +76,13 @@ for _name, _dataset in {
     "peak-cf": Dataset("peak/PEAK_counter.json", peak.FORMAT, "PEAK-CF (counterfactual appending)"),
     "peak-t": Dataset("peak/PEAK_time.json", peak.FORMAT, "PEAK-T (temporal appending)"),
     "mquake-hard": Dataset("mquake/MQuAKE-hard.json", mquake.FORMAT, "MQuAKE-hard (4 edits, 4 hops per case)"),
+    # packaged with editscope (a pip install has them): the first records of the files above, unchanged
+    "counterfact-sample": Dataset("counterfact-edit-sample.json", counterfact.FORMAT,
+                                  "CounterFact, first 40 records of the edit split (packaged)", packaged=True),
+    "counterfact-train-sample": Dataset("counterfact-train-sample.json", counterfact.FORMAT,
+                                        "CounterFact, first 400 records of the train split (packaged)", packaged=True),
+    "zsre-sample": Dataset("zsre-sample.json", zsre.FORMAT, "zsRE (MEND format), first 40 records (packaged)",
+                           packaged=True),
 }.items():
     DATASETS.register(_dataset, _name)
 
@@ -86,7 +99,7 @@ def detect_format(record: Mapping[str, Any], file: str) -> Format:
 
 def dataset_path(name: str) -> Path:
     """The file of a registered dataset (EditscopeError naming the registered ones when unknown)."""
-    return data_file(DATASETS.get(name).file)
+    return DATASETS.get(name).path()
 
 
 def load_cases(name_or_path: str | os.PathLike[str], *, limit: int | None = None, offset: int = 0) -> list[Case]:
@@ -109,7 +122,7 @@ def load_cases(name_or_path: str | os.PathLike[str], *, limit: int | None = None
         return cases[offset:None if limit is None else offset + limit]
     if key in DATASETS:
         spec = DATASETS[key]
-        path, source, known_invalid = data_file(spec.file), key, spec.known_invalid
+        path, source, known_invalid = spec.path(), key, spec.known_invalid
         fmt: Format | None = spec.format
     else:
         path = Path(key)

@@ -26,6 +26,7 @@ from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, 
 from editscope.edit.objective.optimise import concat_batches, request_groups
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
+from editscope.progress import report
 
 
 @dataclass
@@ -83,6 +84,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, 
             params[n].requires_grad_(True)
         opt = torch.optim.Adam([params[n] for n in names], lr=hp.lr)
         for i in range(hp.steps):
+            report("fine-tuning step", i + 1, hp.steps)
             opt.zero_grad()
             with torch.enable_grad():
                 loss = sum(_group_loss(engine, group, terms) for group in groups) / len(ctxs)

@@ -38,6 +38,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.archs import ARCHS
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle, registry_name_of
+from editscope.progress import report
 from editscope.registry import Registry
 
 
@@ -189,6 +190,7 @@ class Editor:
         runtime = runtime or EditRuntime.from_settings()
         params = dict(bundle.model.named_parameters())
         t0 = time.perf_counter()
+        report(f"{self.name}: editing {len(requests)} fact(s)")
         deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine, runtime=runtime,
                                     extra_terms=[p.term() for p in attached])
         info["runtime"] = runtime.settings()

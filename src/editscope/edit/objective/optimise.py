@@ -23,6 +23,7 @@ import torch
 from editscope.edit.objective.problem import VContext
 from editscope.edit.objective.terms import ObjectiveTerm, VStep, setup_terms
 from editscope.lm.engine import TokenBatch
+from editscope.progress import report
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def _optimise_group(ctxs: Sequence[VContext], terms: Sequence[Sequence[Objective
     histories: list[list[dict[str, float]]] = [[] for _ in ctxs]
     active = list(range(len(ctxs)))
     for i in range(settings.steps):
+        report(f"v* optimisation of {len(active)} request(s), step", i + 1, settings.steps)
         with torch.enable_grad():  # also when the caller runs under no_grad
             hidden = forward.hidden(_row_deltas(deltas, active, sizes))
             losses, offset = {}, 0
