@@ -19,6 +19,7 @@ def test_every_registered_dataset_resolves_to_a_shared_file():
         "peak-cf",
         "peak-t",
         "mquake-hard",
+        "qaedit",
         "counterfact-sample",
         "counterfact-train-sample",
         "zsre-sample",
@@ -55,6 +56,7 @@ def test_packaged_samples_are_the_first_records_of_the_published_files(sample, f
         ("peak/PEAK_counter.json", "peak", "0"),
         ("peak/PEAK_time.json", "peak", "0"),
         ("mquake/MQuAKE-hard.json", "mquake", "7417"),
+        ("qaedit/QAEdit_inter_1k.json", "qaedit", "NQ-1104"),
     ],
 )
 def test_a_path_is_loaded_in_its_detected_format(write_json, shared_records, relative, fmt, first_id):
@@ -127,7 +129,7 @@ def test_unknown_format_lists_the_known_ones(write_json):
     path = write_json([{"question": "q", "answer": "a"}])
     message = file_error(path)
     assert message.startswith(f"{path}:record 0: cannot tell the dataset format from the keys (answer, question);")
-    for name in ("mquake", "peak", "counterfact", "zsre"):
+    for name in ("mquake", "peak", "counterfact", "zsre", "qaedit"):
         assert f"{name}: " in message
 
 

@@ -10,7 +10,8 @@ Conventions shared by all loaders: case ids are strings and unique within a file
 answer lists, neighbourhood answers) have surrounding whitespace stripped, since the scoring engine adds
 the boundary space; prompts and subjects are kept exactly as published. How each format maps to
 :class:`Case` is documented in its module: :mod:`.counterfact`, :mod:`.zsre`, :mod:`.peak`,
-:mod:`.mquake`, :mod:`.knowedit`. KLoB-u sentences are not edit cases: :func:`editscope.data.klob.load_klob_u`.
+:mod:`.mquake`, :mod:`.knowedit`, :mod:`.qaedit`. KLoB-u sentences are not edit cases:
+:func:`editscope.data.klob.load_klob_u`.
 
 Adding a dataset in a known format is one ``DATASETS.register(Dataset(...), name)`` line; a new format is one
 module exposing a ``FORMAT`` plus its line in :data:`FORMATS`.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from editscope.data import counterfact, hf, knowedit, mquake, peak, zsre
+from editscope.data import counterfact, hf, knowedit, mquake, peak, qaedit, zsre
 from editscope.data._common import Format, first_record, read_json_list
 from editscope.data.records import Case, EditRequest
 from editscope.errors import DataError, EditscopeError
@@ -53,7 +54,8 @@ class Dataset:
         return sample_file(self.file) if self.packaged else data_file(self.file)
 
 
-FORMATS: tuple[Format, ...] = (mquake.FORMAT, peak.FORMAT, knowedit.FORMAT, counterfact.FORMAT, zsre.FORMAT)
+FORMATS: tuple[Format, ...] = (mquake.FORMAT, peak.FORMAT, knowedit.FORMAT, qaedit.FORMAT, counterfact.FORMAT,
+                               zsre.FORMAT)
 """Known formats, most specific first: detection takes the first whose ``detect`` accepts the first record."""
 
 _ZSRE_NO_TARGET = "alt is empty: the published record has no edit target"
@@ -76,6 +78,8 @@ for _name, _dataset in {
     "peak-cf": Dataset("peak/PEAK_counter.json", peak.FORMAT, "PEAK-CF (counterfactual appending)"),
     "peak-t": Dataset("peak/PEAK_time.json", peak.FORMAT, "PEAK-T (temporal appending)"),
     "mquake-hard": Dataset("mquake/MQuAKE-hard.json", mquake.FORMAT, "MQuAKE-hard (4 edits, 4 hops per case)"),
+    "qaedit": Dataset("qaedit/QAEdit_inter_1k.json", qaedit.FORMAT,
+                      "QAEdit (Mirage of Model Editing), the authors' 1k sample of NQ/TriviaQA/SimpleQA questions"),
     # packaged with editscope (a pip install has them): the first records of the files above, unchanged
     "counterfact-sample": Dataset("counterfact-edit-sample.json", counterfact.FORMAT,
                                   "CounterFact, first 40 records of the edit split (packaged)", packaged=True),

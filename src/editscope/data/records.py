@@ -16,6 +16,11 @@ class EditRequest:
     ``correct_answers`` / ``hard_false``: other correct answers of the same question (PEAK's positive list)
     and hard false answers (PEAK's negative list) that the edit should keep / not raise; empty unless the
     dataset has them. Loss-term plug-ins read them (APP, :mod:`editscope.edit.plugins.app`); editors ignore them.
+
+    ``subject_in_prompt``: False for a question that does not contain its subject (QAEdit's questions need not).
+    ``prompt`` is then the question as published, with no ``{}`` slot, and :attr:`text` is ``prompt``; ``subject``
+    is kept as the dataset gives it, never invented. Editors that need the subject's position in the prompt
+    cannot edit such a request (their template check refuses it).
     """
 
     prompt: str
@@ -24,6 +29,7 @@ class EditRequest:
     target_true: str | None = None
     correct_answers: tuple[str, ...] = ()
     hard_false: tuple[str, ...] = ()
+    subject_in_prompt: bool = True
 
     def __post_init__(self) -> None:
         for name in ("correct_answers", "hard_false"):  # tuples keep the request hashable
@@ -34,7 +40,12 @@ class EditRequest:
             if not all(isinstance(a, str) and a.strip() for a in value):
                 raise ValueError(f"{name}: every answer must be a non-empty string")
             object.__setattr__(self, name, value)
-        if self.prompt.count("{}") != 1:
+        if not isinstance(self.subject_in_prompt, bool):
+            raise ValueError(f"subject_in_prompt: expected a bool, got {self.subject_in_prompt!r}")
+        if not self.subject_in_prompt:
+            if "{}" in self.prompt:
+                raise ValueError(f"a prompt that does not contain its subject has no '{{}}' slot: {self.prompt!r}")
+        elif self.prompt.count("{}") != 1:
             raise ValueError(f"prompt template must contain exactly one '{{}}': {self.prompt!r}")
         if not self.subject.strip():
             raise ValueError("subject is empty")
@@ -43,8 +54,8 @@ class EditRequest:
 
     @property
     def text(self) -> str:
-        """The prompt with the subject filled in."""
-        return self.prompt.replace("{}", self.subject)
+        """The prompt with the subject filled in (the prompt itself when it does not contain its subject)."""
+        return self.prompt.replace("{}", self.subject) if self.subject_in_prompt else self.prompt
 
 
 @dataclass

@@ -8,7 +8,9 @@ One module per family, each function citing its paper (../shared/papers) and equ
 * :mod:`.one_to_n` -- NKL, MaxAcc, Precision@K, PPL, gold distributions (paper 000, eqs 1-13);
 * :mod:`.additivity` -- PEAK RFF/RNF/CPC/FPC/AFF/ANF and appending ES/GS/LS (paper 003, eqs 1-6);
 * :mod:`.klob` -- KLoB Sim, RSim, RSD (paper 001, section 3.4, appendix A);
-* :mod:`.stability` -- EVK Embedding/Text Stability (paper 004, eq 9).
+* :mod:`.stability` -- EVK Embedding/Text Stability (paper 004, eq 9);
+* :mod:`.answers` -- answers judged in the wild (Mirage of Model Editing, Yang et al., ACL 2025): SQuAD answer
+  normalisation, exact match and token F1 (Rajpurkar et al., 2016), pluggable answer judges (``JUDGES``).
 * :mod:`.intervals` -- Student t and geometric-mean intervals, percentile-bootstrap aggregates over cases
   (not re-exported here: it imports scipy.stats; import it from the module).
 
@@ -29,6 +31,16 @@ from editscope.metrics.additivity import (
     peak_answer_filter,
     rff,
     rnf,
+)
+from editscope.metrics.answers import (
+    JUDGES,
+    AnswerMatchJudge,
+    Judge,
+    answer_tokens,
+    exact_match,
+    judge_answer,
+    normalize_answer,
+    token_f1,
 )
 from editscope.metrics.generation import (
     fit_tfidf,
@@ -87,6 +99,15 @@ from editscope.metrics.stability import (
 
 __all__ = [
     "MetricInputError",
+    # answers (evaluation in the wild; SQuAD)
+    "JUDGES",
+    "AnswerMatchJudge",
+    "Judge",
+    "answer_tokens",
+    "exact_match",
+    "judge_answer",
+    "normalize_answer",
+    "token_f1",
     # additivity (paper 003)
     "additivity",
     "aff",

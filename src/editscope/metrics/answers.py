@@ -1,0 +1,202 @@
+"""Answer-level metrics for evaluation in the wild: SQuAD answer normalisation, exact match, token F1, and
+pluggable answer judges.
+
+In the wild (Yang et al., ACL 2025, "The Mirage of Model Editing: Revisiting Evaluation in the Wild",
+arXiv 2502.11177; reference code WanliYoung/Revisit-Editing-Evaluation) the edited model answers a question by
+greedy decoding with no gold prefix, and its *whole* answer is judged against the gold answer(s): by normalised
+exact match, or by a judge model. This module holds the pure part of that: strings in, a number in [0, 1] out.
+No model, no I/O.
+
+The normalisation and both scores are those of the official SQuAD evaluation script (Rajpurkar et al., 2016,
+"SQuAD: 100,000+ Questions for Machine Comprehension of Text", EMNLP; script ``evaluate-v1.1.py``):
+
+* :func:`normalize_answer`: lower-case; drop every character of :data:`string.punctuation` (ASCII punctuation
+  only: ``“``, ``—`` and other non-ASCII marks stay); replace the articles ``a``/``an``/``the`` (whole words,
+  regex ``\\b(a|an|the)\\b``) by a space; collapse whitespace (:meth:`str.split`, so any Unicode space) to
+  single spaces and strip. The Mirage reference code normalises with this same function.
+* :func:`exact_match`: 1.0 when the normalised prediction equals a normalised gold answer, else 0.0; the
+  maximum over the gold answers (SQuAD's ``metric_max_over_ground_truths``).
+* :func:`token_f1`: the harmonic mean of token precision and recall, tokens being the whitespace-split
+  normalised text and the overlap counted as a multiset; the maximum over the gold answers.
+
+Empty answers (empty after normalisation: ``""``, ``"the"``, ``"?!"``) follow the SQuAD 2.0 script
+(``evaluate-v2.0.py``, ``compute_f1``): when the prediction or the gold answer has no token, F1 is 1.0 if both
+have none and 0.0 otherwise. The v1.1 script returns 0.0 when both are empty (no common token), while its exact
+match gives 1.0 for the same pair; the 2.0 rule keeps EM and F1 consistent, so it is the one used here.
+
+Judges (:class:`Judge`): a judge scores a prediction for a question against its gold answers, returning a
+number in [0, 1]; it has a ``name`` and declares whether it only ever returns 0 or 1 (``binary``). The two
+built-in ones, ``exact_match`` and ``token_f1``, are in :data:`JUDGES`; a judge model (the Mirage paper's
+LLM-as-a-judge) is registered there from a layer that may hold a model. :func:`judge_answer` calls a judge by
+name or object and checks what it returns.
+
+The per-case numbers a wild suite reports from these (efficacy, generalisation, locality in the wild) are
+declared by that suite as :class:`~editscope.metrics.registry.MetricSpec` entries, as every suite declares its
+own metrics; this module declares none.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import string
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from editscope.metrics._validate import fail
+from editscope.registry import Registry
+
+__all__ = [
+    "JUDGES",
+    "AnswerMatchJudge",
+    "Judge",
+    "answer_tokens",
+    "exact_match",
+    "judge_answer",
+    "normalize_answer",
+    "token_f1",
+]
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise fail(name, f"expected a str, got {type(value).__name__}")
+    return value
+
+
+def _golds(truths: object, name: str = "truths") -> list[str]:
+    """The gold answers: a non-empty sequence of strings (a bare string is refused, not split into characters)."""
+    if isinstance(truths, str | bytes):
+        raise fail(name, "expected a sequence of gold answers, got a single string (wrap it in a list)")
+    if not isinstance(truths, Sequence):
+        raise fail(name, f"expected a sequence of gold answers, got {type(truths).__name__}")
+    golds = list(truths)
+    if not golds:
+        raise fail(name, "is empty: at least one gold answer is needed")
+    for i, gold in enumerate(golds):
+        _text(gold, f"{name}[{i}]")
+    return golds
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's answer normalisation (Rajpurkar et al., 2016; ``normalize_answer`` of the official evaluation
+    script), in its order: lower-case, remove :data:`string.punctuation` characters, replace the articles
+    ``a``/``an``/``the`` (regex ``\\b(a|an|the)\\b``) by a space, collapse whitespace.
+
+    ``"The  Eiffel-Tower!"`` -> ``"eiffeltower"``; ``"an apple a day"`` -> ``"apple day"``. Used by the Mirage of
+    Model Editing's exact-match metric (Yang et al., ACL 2025).
+    """
+    lowered = _text(text, "text").lower()
+    no_punctuation = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_articles = _ARTICLES.sub(" ", no_punctuation)
+    return " ".join(no_articles.split())
+
+
+def answer_tokens(text: str) -> list[str]:
+    """The tokens SQuAD's F1 counts: the normalised text (:func:`normalize_answer`) split on whitespace."""
+    return normalize_answer(text).split()
+
+
+def exact_match(prediction: str, truths: Sequence[str]) -> float:
+    """Normalised exact match, max over gold answers: ``max_g 1[norm(prediction) == norm(g)]``.
+
+    SQuAD v1.1 evaluation script, ``exact_match_score`` with ``metric_max_over_ground_truths`` (Rajpurkar et al.,
+    2016, section 6.1 "Model Evaluation": exact match). The Mirage paper's WILD metric for the edited question and
+    its paraphrase (Yang et al., ACL 2025; reference ``evaluate_utils.exact_match_score``, one gold answer; its
+    locality compares the generated tokens before and after the edit instead). Returns 0.0 or 1.0.
+    """
+    pred = normalize_answer(_text(prediction, "prediction"))
+    return max(float(pred == normalize_answer(g)) for g in _golds(truths))
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:  # SQuAD 2.0's rule for empty answers
+        return float(pred_tokens == gold_tokens)
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2.0 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str, truths: Sequence[str]) -> float:
+    """Token-level F1, max over gold answers: ``max_g 2·P·R / (P + R)`` with ``P = |p ∩ g| / |p|``,
+    ``R = |p ∩ g| / |g|``, ``p`` and ``g`` the multisets of :func:`answer_tokens` of prediction and gold.
+
+    SQuAD evaluation script ``f1_score`` (Rajpurkar et al., 2016, section 6.1 "Model Evaluation": macro-averaged F1),
+    with the SQuAD 2.0 script's rule for answers that are empty after normalisation: 1.0 when both are empty,
+    0.0 when one is (module docstring). No common token gives 0.0. A partial-credit companion of the Mirage
+    paper's exact match (Yang et al., ACL 2025).
+    """
+    pred = answer_tokens(_text(prediction, "prediction"))
+    return max(_f1(pred, answer_tokens(g)) for g in _golds(truths))
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """Scores a generated answer: ``judge(question, prediction, golds) -> float`` in [0, 1].
+
+    ``question`` is the question as asked (a judge model reads it; string matchers ignore it), ``prediction`` the
+    model's whole answer, ``golds`` the accepted answers (at least one). ``name`` is the judge's registry name and
+    the label result rows carry; ``binary`` declares that the judge only returns 0.0 or 1.0 (a success share
+    rather than a graded score).
+    """
+
+    name: str
+    binary: bool
+
+    def __call__(self, question: str, prediction: str, golds: Sequence[str]) -> float: ...
+
+
+@dataclass(frozen=True)
+class AnswerMatchJudge:
+    """A :class:`Judge` made of a pure string metric ``score(prediction, golds)`` (the question is not read)."""
+
+    name: str
+    score: Callable[[str, Sequence[str]], float]
+    binary: bool
+
+    def __call__(self, question: str, prediction: str, golds: Sequence[str]) -> float:
+        _text(question, "question")
+        return self.score(prediction, golds)
+
+
+JUDGES: Registry[Judge] = Registry("answer judge", expected=Judge, name_of=lambda j: j.name)
+"""Answer judges by name (``JUDGES.register(judge, description="...")``; the judge's ``name`` is the key)."""
+
+JUDGES.register(
+    AnswerMatchJudge("exact_match", exact_match, binary=True),
+    description="SQuAD-normalised exact match, max over gold answers (the Mirage paper's WILD metric)",
+)
+JUDGES.register(
+    AnswerMatchJudge("token_f1", token_f1, binary=False),
+    description="SQuAD token F1 on normalised answers, max over gold answers (SQuAD 2.0 rule for empty answers)",
+)
+
+
+def judge_answer(judge: str | Judge, question: str, prediction: str, golds: Sequence[str]) -> float:
+    """``judge(question, prediction, golds)`` for a judge given by name (:data:`JUDGES`) or as an object, checked:
+    the result must be a real number in [0, 1] (exactly 0 or 1 for a ``binary`` judge); anything else raises
+    :class:`~editscope.metrics.MetricInputError` naming the judge."""
+    resolved = JUDGES[judge] if isinstance(judge, str) else judge
+    if not isinstance(resolved, Judge):
+        raise fail("judge", f"expected a judge name or a Judge, got {type(judge).__name__}")
+    golds_list = _golds(golds, "golds")
+    value = resolved(_text(question, "question"), _text(prediction, "prediction"), golds_list)
+    label = f"judge {resolved.name!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise fail(label, f"returned {type(value).__name__}, not a number")
+    value = float(value)
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise fail(label, f"returned {value!r}, outside [0, 1]")
+    if resolved.binary and value not in (0.0, 1.0):
+        raise fail(label, f"is declared binary but returned {value!r}")
+    return value

@@ -1,0 +1,263 @@
+"""Answer metrics of evaluation in the wild: SQuAD normalisation, exact match, token F1 (against hand values and
+an independent loop-counting F1), and the answer-judge registry."""
+
+from __future__ import annotations
+
+import math
+import random
+import string
+
+import pytest
+
+from editscope.errors import EditscopeError
+from editscope.metrics import (
+    JUDGES,
+    AnswerMatchJudge,
+    Judge,
+    MetricInputError,
+    answer_tokens,
+    exact_match,
+    judge_answer,
+    normalize_answer,
+    token_f1,
+)
+
+# -- normalisation --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("The  Eiffel-Tower!", "eiffeltower"),  # punctuation goes before the article is looked for
+    ("an apple a day", "apple day"),
+    ("A", ""),
+    ("the", ""),
+    ("The Beatles", "beatles"),
+    ("Theatre, Another, Anne", "theatre another anne"),  # articles only as whole words
+    ("U.S.A.", "usa"),
+    ("rock'n'roll", "rocknroll"),
+    ("the-end", "theend"),  # the hyphen is removed first, so "the" is no longer a word of its own
+    ("a.m.", "am"),
+    ("  Wilt   Chamberlain * ", "wilt chamberlain"),
+    ("snake_case", "snakecase"),  # "_" is in string.punctuation
+    ("$1,376.00", "137600"),
+    ("Paris\u00a0France\tEurope\n", "paris france europe"),  # any Unicode whitespace separates words
+    ("", ""),
+    ("?!...", ""),
+])
+def test_normalize_answer_follows_the_squad_script(text, expected):
+    assert normalize_answer(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("ÉCOLE Normale", "école normale"),  # Unicode lower-casing
+    ("Café “Noir” — Paris", "café “noir” — paris"),  # curly quotes and the em dash are not string.punctuation
+    ("The “Tower”", "“tower”"),  # "the" before a non-word character is still a whole word
+    ("theé", "theé"),  # é is a word character: no boundary after "the"
+    ("Ångström, the unit", "ångström unit"),
+    ("71–74 °C (160–165 °F)", "71–74 °c 160–165 °f"),  # en dash and degree sign stay
+])
+def test_normalize_answer_unicode_keeps_non_ascii_marks(text, expected):
+    assert normalize_answer(text) == expected
+
+
+def test_answer_tokens_split_the_normalised_text():
+    assert answer_tokens("The quick, brown fox!") == ["quick", "brown", "fox"]
+    assert answer_tokens("the a an") == []
+
+
+# -- exact match ----------------------------------------------------------------------------------------------
+
+
+def test_exact_match_after_normalisation():
+    assert exact_match("the Eiffel Tower.", ["Eiffel Tower"]) == 1.0
+    assert exact_match("Eiffel Tower in Paris", ["Eiffel Tower"]) == 0.0
+    assert exact_match("wilt chamberlain", ["Wilt Chamberlain *"]) == 1.0
+    assert exact_match("Ecole", ["École"]) == 0.0  # no accent folding in SQuAD's normaliser
+
+
+def test_exact_match_is_the_max_over_gold_answers():
+    assert exact_match("NYC", ["New York City", "nyc", "Big Apple"]) == 1.0
+    assert exact_match("Boston", ["New York City", "nyc"]) == 0.0
+    assert isinstance(exact_match("a", ["b"]), float)
+
+
+def test_exact_match_of_empty_answers():
+    assert exact_match("", [""]) == 1.0
+    assert exact_match("The.", ["an"]) == 1.0  # both normalise to ""
+    assert exact_match("", ["Paris"]) == 0.0
+    assert exact_match("Paris", [""]) == 0.0
+
+
+# -- token F1 -------------------------------------------------------------------------------------------------
+
+
+def test_token_f1_hand_values():
+    # tokens [quick, brown, fox] vs [quick, fox, jumps]: 2 shared, P = R = 2/3
+    assert token_f1("The quick brown fox", ["quick fox jumps"]) == pytest.approx(2 / 3)
+    # [eiffel, tower, in, paris] vs [eiffel, tower]: P = 2/4, R = 1, F1 = 2/3
+    assert token_f1("Eiffel Tower in Paris", ["the Eiffel tower"]) == pytest.approx(2 / 3)
+    # [x, x, y] vs [x, y, y]: overlap is a multiset (x once, y once): P = R = 2/3
+    assert token_f1("x x y", ["x y y"]) == pytest.approx(2 / 3)
+    # [x, x, x] vs [x]: one shared, P = 1/3, R = 1, F1 = 0.5
+    assert token_f1("x x x", ["x"]) == pytest.approx(0.5)
+    assert token_f1("Paris", ["London"]) == 0.0
+    assert token_f1("Wilt Chamberlain", ["Wilt Chamberlain *"]) == 1.0
+
+
+def test_token_f1_is_the_max_over_gold_answers():
+    golds = ["London", "the city of Paris", "Paris"]
+    assert token_f1("Paris France", golds) == pytest.approx(2 / 3)  # vs "Paris": P = 1/2, R = 1
+    assert token_f1("city of Paris", golds) == 1.0
+
+
+def test_token_f1_of_empty_answers_follows_squad_2():
+    assert token_f1("", [""]) == 1.0
+    assert token_f1("the", ["a"]) == 1.0  # both empty after normalisation
+    assert token_f1("", ["Paris"]) == 0.0
+    assert token_f1("Paris", [""]) == 0.0
+    assert token_f1("", ["Paris", ""]) == 1.0  # an empty gold among others is one more gold
+
+
+def _naive_normalise(text: str) -> list[str]:
+    """Character loops: lower-case, drop ASCII punctuation, split on whitespace, drop a/an/the. Equal to SQuAD's
+    normaliser on text whose words are made of letters and digits only (the generator below)."""
+    kept = ""
+    for ch in text.lower():
+        if ch not in string.punctuation:
+            kept += ch
+    words = []
+    word = ""
+    for ch in kept + " ":
+        if ch.isspace():
+            if word and word not in ("a", "an", "the"):
+                words.append(word)
+            word = ""
+        else:
+            word += ch
+    return words
+
+
+def _naive_f1(pred: str, gold: str) -> float:
+    p, g = _naive_normalise(pred), _naive_normalise(gold)
+    if len(p) == 0 or len(g) == 0:
+        return 1.0 if len(p) == len(g) else 0.0
+    unmatched = list(g)
+    shared = 0
+    for token in p:
+        for i in range(len(unmatched)):
+            if unmatched[i] == token:
+                shared += 1
+                del unmatched[i]
+                break
+    if shared == 0:
+        return 0.0
+    precision = shared / len(p)
+    recall = shared / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+_WORDS = ["Paris", "paris", "the", "The", "a", "An", "an", "tower", "Tower", "1994", "x", "y", "école", "ÉCOLE",
+          "straße", "theatre", "another"]
+_JOINERS = [" ", "  ", ", ", ". ", "-", "!", "\t", "'", " (", ") "]
+
+
+def _random_answer(rng: random.Random) -> str:
+    n = rng.randint(0, 6)
+    return "".join(rng.choice(_WORDS) + rng.choice(_JOINERS) for _ in range(n))
+
+
+def test_token_f1_equals_a_naive_loop_implementation():
+    rng = random.Random(1234)
+    checked = 0
+    for _ in range(2000):
+        pred = _random_answer(rng)
+        golds = [_random_answer(rng) for _ in range(rng.randint(1, 3))]
+        expected = max(_naive_f1(pred, g) for g in golds)
+        assert token_f1(pred, golds) == pytest.approx(expected, abs=1e-12), (pred, golds)
+        assert exact_match(pred, golds) == max(float(_naive_normalise(pred) == _naive_normalise(g)) for g in golds)
+        checked += 0 < expected < 1
+    assert checked > 100  # the sample exercises partial overlaps, not only 0 and 1
+
+
+# -- input checks ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", [exact_match, token_f1])
+def test_bad_inputs_name_the_argument(metric):
+    with pytest.raises(MetricInputError, match=r"^truths: expected a sequence of gold answers, got a single string"):
+        metric("Paris", "Paris")
+    with pytest.raises(MetricInputError, match=r"^truths: is empty"):
+        metric("Paris", [])
+    with pytest.raises(MetricInputError, match=r"^truths\[1\]: expected a str, got NoneType"):
+        metric("Paris", ["Paris", None])
+    with pytest.raises(MetricInputError, match=r"^prediction: expected a str, got int"):
+        metric(3, ["3"])
+    with pytest.raises(MetricInputError, match=r"^truths: expected a sequence of gold answers, got set"):
+        metric("Paris", {"Paris"})
+    with pytest.raises(MetricInputError, match=r"^text: expected a str, got bytes"):
+        normalize_answer(b"Paris")
+
+
+# -- judges ---------------------------------------------------------------------------------------------------
+
+
+def test_builtin_judges_are_registered_and_declared():
+    assert list(JUDGES)[:2] == ["exact_match", "token_f1"]
+    em, f1 = JUDGES["exact_match"], JUDGES["token_f1"]
+    assert isinstance(em, Judge) and isinstance(f1, Judge)
+    assert (em.name, em.binary, f1.name, f1.binary) == ("exact_match", True, "token_f1", False)
+    assert "exact match" in JUDGES.description("exact_match")
+    assert em("Who?", "the Eiffel Tower", ["Eiffel Tower"]) == 1.0
+    assert f1("Who?", "Eiffel Tower in Paris", ["Eiffel Tower"]) == pytest.approx(2 / 3)
+
+
+def test_judge_answer_by_name_and_by_object():
+    assert judge_answer("exact_match", "Where?", "Paris.", ["paris"]) == 1.0
+    assert judge_answer("token_f1", "Where?", "Paris France", ["Paris"]) == pytest.approx(2 / 3)
+    assert judge_answer(JUDGES["token_f1"], "Where?", "", ["the"]) == 1.0
+    with pytest.raises(EditscopeError, match="unknown answer judge 'llm'; available: exact_match, token_f1"):
+        judge_answer("llm", "q", "p", ["g"])
+    with pytest.raises(MetricInputError, match=r"^question: expected a str, got NoneType"):
+        judge_answer("exact_match", None, "p", ["g"])
+    with pytest.raises(MetricInputError, match=r"^golds: is empty"):
+        judge_answer("exact_match", "q", "p", [])
+
+
+def test_a_plugged_in_judge_reads_the_question(monkeypatch):
+    def contains_gold(question: str, prediction: str, golds) -> float:
+        if question.startswith("Say"):
+            return 1.0
+        return float(any(normalize_answer(g) in normalize_answer(prediction) for g in golds))
+
+    class Contains:
+        name = "contains"
+        binary = True
+
+        def __call__(self, question, prediction, golds):
+            return contains_gold(question, prediction, golds)
+
+    monkeypatch.setitem(JUDGES, "contains", Contains())
+    assert judge_answer("contains", "Where is it?", "It is in Paris, France", ["paris"]) == 1.0
+    assert judge_answer("contains", "Where is it?", "London", ["paris"]) == 0.0
+    assert judge_answer("contains", "Say anything", "London", ["paris"]) == 1.0
+
+
+@pytest.mark.parametrize(("value", "binary", "problem"), [
+    (1.5, False, "returned 1.5, outside [0, 1]"),
+    (-0.1, False, "returned -0.1, outside [0, 1]"),
+    (math.nan, False, "returned nan, outside [0, 1]"),
+    (0.5, True, "is declared binary but returned 0.5"),
+    (True, True, "returned bool, not a number"),
+    ("1", False, "returned str, not a number"),
+])
+def test_judge_answer_checks_what_a_judge_returns(value, binary, problem):
+    judge = AnswerMatchJudge("fixed", lambda prediction, golds: value, binary=binary)
+    with pytest.raises(MetricInputError) as info:
+        judge_answer(judge, "q", "p", ["g"])
+    assert str(info.value) == f"judge 'fixed': {problem}"
+
+
+def test_the_registry_refuses_what_is_not_a_judge():
+    with pytest.raises(EditscopeError, match="answer judge 'bad': expected a Judge, got function"):
+        JUDGES.register(lambda q, p, g: 1.0, "bad")
+    with pytest.raises(EditscopeError, match="answer judge 'exact_match' is already registered"):
+        JUDGES.register(AnswerMatchJudge("exact_match", exact_match, binary=True))
