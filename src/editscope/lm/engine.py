@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -191,6 +192,12 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     if add_space and continuation and not continuation[0].isspace():
         return context, " " + continuation
     return context, continuation
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` before the first occurrence of any of ``stop``, whitespace stripped (the wild protocol's answer)."""
+    ends = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[:min(ends)].strip() if ends else text.strip()
 
 
 class ScoringEngine(Scorer):
@@ -610,6 +617,41 @@ class ScoringEngine(Scorer):
             torch.manual_seed(0 if seed is None else seed)
         out = self.model.generate(ids, **kwargs)
         return [self.tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
+
+    @torch.no_grad()
+    def answer(self, prompts: Sequence[str], *, max_new_tokens: int = 50,
+               stop: Sequence[str] = (".", "\n")) -> list[str]:
+        """Greedy answers as evaluation in the wild reads them (Yang et al., ACL 2025, "The Mirage of Model
+        Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
+        new text (rows stop one by one: transformers' stop-string criterion), the text before that stop string
+        kept whole, surrounding whitespace stripped. Rows go left-padded with a KV cache, as many at a time as
+        the token budget holds with room for the new tokens."""
+        if max_new_tokens < 1:
+            raise EditscopeError(f"answer: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if any(not s for s in stop):
+            raise EditscopeError("answer: an empty stop string would end every answer before it starts")
+        rows = self._context_forward(prompts, None)
+        per_call = max(1, self.token_budget // (max(len(r[0]) for r in rows) + max_new_tokens))
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, do_sample=False)
+        if stop:
+            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        answers = []
+        for start in range(0, len(rows), per_call):
+            ids, mask, _, _ = self._inputs(rows[start:start + per_call], "left")
+            out = self.model.generate(ids, attention_mask=mask, **kwargs)
+            for row in out[:, ids.shape[1]:].tolist():
+                # a row that ended is padded after its EOS: the answer is what came before it
+                end = next((k for k, t in enumerate(row) if t in self._eos_ids), len(row))
+                answers.append(cut_at_stop(self.tokenizer.decode(row[:end], skip_special_tokens=True), stop))
+        return answers
+
+    @cached_property
+    def _eos_ids(self) -> frozenset[int]:
+        """The token ids that end generation (the generation config's, else the tokenizer's EOS)."""
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return frozenset(eos if isinstance(eos, list | tuple) else [] if eos is None else [eos])
 
     def batch_hidden(self, batch: TokenBatch, *, cache=None) -> torch.Tensor:
         """Final (normed) hidden states [B, L, d] of a prepared batch, differentiable; pair with

@@ -100,3 +100,9 @@ class Scorer(Protocol):
                  seed: int | None = None) -> list[str]:
         """Greedy, or seeded top-k sampled, continuations of each prompt."""
         ...
+
+    def answer(self, prompts: Sequence[str], *, max_new_tokens: int = 50,
+               stop: Sequence[str] = (".", "\n")) -> list[str]:
+        """Greedy answers, each ended at EOS, ``max_new_tokens`` or its first stop string (evaluation in the
+        wild): the text before that stop string, whitespace stripped."""
+        ...

@@ -32,6 +32,7 @@ from editscope.suites.general import GeneralAbilitySuite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
 from editscope.suites.portability import PortabilitySuite
+from editscope.suites.wild import WildSuite
 from editscope.suites.zsre import ZsreSuite
 
 
@@ -59,7 +60,7 @@ def register_suite(factory: Callable[..., Suite], name: str | None = None, *, al
 
 
 for _factory in (CounterFactSuite, ZsreSuite, PeakSuite, OneToNSuite, EvkSuite, PortabilitySuite,
-                 GeneralAbilitySuite, CollateralSuite):
+                 GeneralAbilitySuite, CollateralSuite, WildSuite):
     register_suite(_factory)
 
 
@@ -80,5 +81,5 @@ def measures_whole_model(name: str) -> bool:
 
 
 __all__ = ["SUITES", "CollateralSuite", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite",
-           "PortabilitySuite", "Suite", "SuiteFigure", "ZsreSuite", "get_suite", "measures_whole_model",
+           "PortabilitySuite", "Suite", "SuiteFigure", "WildSuite", "ZsreSuite", "get_suite", "measures_whole_model",
            "register_suite"]

@@ -1,0 +1,180 @@
+"""Evaluation in the wild: does the edit hold when the model *generates* its answer?
+
+Yang et al., ACL 2025, "The Mirage of Model Editing: Revisiting Evaluation in the Wild" (reference code
+WanliYoung/Revisit-Editing-Evaluation): teacher-forced metrics (CounterFact's probability comparison, zsRE's
+per-token argmax given the gold prefix) overstate what an edited model says. In the wild the model answers with
+no gold prefix -- greedy decoding, stopped at ``.``, a newline or EOS, at most ``max_new_tokens`` (50) new
+tokens, never cut to the target's length -- and the whole answer is judged against the gold answer.
+
+This suite is that protocol for any dataset whose cases have an edit prompt, paraphrases and neighbourhood
+prompts with answers (CounterFact, zsRE, QAEdit, KnowEdit). Put it beside the teacher-forced suite of the same
+block (``suites: [counterfact, wild]``, ``[zsre, {name: wild, options: {target: answers0, context: qa}}]``) and
+both protocols measure the same edits of the same cases, row by row.
+
+Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
+
+* ``context``: how a prompt is shown -- ``plain`` (the prompt as published, completion style, as CounterFact's
+  prompts are written) or ``qa`` (:data:`QA_TEMPLATE`, a question-answer wrapper for question datasets). The
+  paper's third context, the tokenizer's chat template, is the run's ``chat_template`` setting (it wraps every
+  suite's prompts and is recorded with them);
+* ``target``: the answer the edit writes and the rewrite/paraphrase answers are judged against --
+  ``target_new`` (the case's request) or ``answers0`` (MEND's ``answers[0]``, what the zsre suite edits by
+  default: use it beside that suite so both edit the same thing);
+* ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
+* ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
+  (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; or one registered by the user).
+
+Probe: ``{"prompts": [{"prompt": <the case's prompt>, "role": "rewrite" | "paraphrase" | "neighborhood",
+"gold": [answers], "answer": <what the model said>}, ...]}`` -- every generated answer is kept, pre and post, so
+a reader can see it (the results rows and the edit card carry the probes).
+
+Metrics (each ``_pre`` and ``_post`` unless noted; a case's value is the mean over its prompts of that role):
+
+* ``Efficacy``: the judge's score of the answer to the edit prompt against the edit target;
+* ``Generalization``: the same on the paraphrases;
+* ``Locality`` (post-only): the neighbourhood answers the edit left unchanged (normalised exact match of the
+  post-edit answer with the unedited model's answer), the paper's locality in the wild;
+* ``LocalityTrue``: the neighbourhood answers equal to the dataset's answer (the judge), which a model that never
+  knew the fact fails before any edit;
+* ``EfficacyF1`` / ``GeneralizationF1``: SQuAD token F1 of the same answers (not headline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from editscope.data.records import Case, EditRequest
+from editscope.errors import EditscopeError
+from editscope.lm.scorer import Scorer
+from editscope.metrics.answers import JUDGES, exact_match, judge_answer, token_f1
+from editscope.metrics.registry import MetricSpec
+from editscope.suites.base import Suite, check_choice
+
+QA_TEMPLATE = "Question: {prompt}\nAnswer:"
+"""The ``qa`` context: a question-answer wrapper (the answer is read after ``Answer:``)."""
+
+CONTEXTS = ("plain", "qa")
+TARGETS = ("target_new", "answers0")
+
+_P = "Mirage (Yang et al., ACL 2025), evaluation in the wild"
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("Efficacy", _P, "judged greedy answer to the edit prompt", True, paper_scale=100,
+               description="the answer the model generates to the edit prompt is the edit target (judge)"),
+    MetricSpec("Generalization", _P, "judged greedy answers to the paraphrases", True, paper_scale=100,
+               description="the answers the model generates to the paraphrases are the edit target (judge)"),
+    MetricSpec("Locality", _P, "neighbourhood answers unchanged by the edit", True, paper_scale=100,
+               pairing="post_only", description="neighbourhood answers equal (normalised) to the unedited "
+               "model's answers"),
+    MetricSpec("LocalityTrue", _P, "neighbourhood answers equal to the dataset's", True, paper_scale=100,
+               description="neighbourhood answers equal to the dataset's answer (judge)", headline=False),
+    MetricSpec("EfficacyF1", "SQuAD (Rajpurkar et al., 2016) token F1", "F1 of the edit prompt's answer", True,
+               paper_scale=100, description="token F1 of the generated answer against the edit target",
+               headline=False),
+    MetricSpec("GeneralizationF1", "SQuAD (Rajpurkar et al., 2016) token F1", "F1 of the paraphrases' answers",
+               True, paper_scale=100, description="token F1 of the paraphrases' answers against the edit target",
+               headline=False),
+)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class WildSuite(Suite):
+    """Evaluation in the wild: greedy answers judged whole (see the module docstring)."""
+
+    name = "wild"
+    metrics_declared = METRICS
+
+    def __init__(self, *, context: Literal["plain", "qa"] = "plain",
+                 target: Literal["target_new", "answers0"] = "target_new", max_new_tokens: int = 50,
+                 stop: Sequence[str] = (".", "\n"), judge: str = "exact_match") -> None:
+        check_choice(self.name, "context", context, CONTEXTS)
+        check_choice(self.name, "target", target, TARGETS)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1000:
+            raise EditscopeError(f"wild suite: option max_new_tokens must be an integer in [1, 1000], not "
+                                 f"{max_new_tokens!r}")
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise EditscopeError(f"wild suite: option stop must be a list of non-empty strings, not {stop!r}")
+        JUDGES.get(judge)  # a one-line error naming the registered judges
+        self.context, self.target, self.max_new_tokens = context, target, max_new_tokens
+        self.stop, self.judge = tuple(stop), judge
+
+    @property
+    def protocol(self) -> dict[str, str]:
+        """``wild``, with every setting that changes its numbers in the note."""
+        shown = "the prompt as published" if self.context == "plain" else f"the QA wrapper {QA_TEMPLATE!r}"
+        stops = " / ".join(repr(s) for s in self.stop)
+        return {"name": "wild",
+                "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
+                        f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged whole "
+                        f"by {self.judge} against {self.target}; Locality = neighbourhood answers unchanged"}
+
+    def edit_target(self, case: Case) -> str:
+        if self.target == "target_new":
+            return case.request.target_new
+        answers = case.extra.get("answers") or []
+        if not answers or not str(answers[0]).strip():
+            raise EditscopeError(f"wild suite: case {case.case_id}: target answers0 needs extra['answers'] "
+                                 "(MEND's answers list; load the case with the zsRE loader)")
+        return str(answers[0])
+
+    def edit_requests(self, case: Case) -> list[EditRequest]:
+        """The case's own requests, or (``target: answers0``) its prompt with MEND's answers[0], as the zsre suite
+        edits it by default."""
+        if self.target == "target_new":
+            return list(case.requests)
+        req = case.request
+        return [EditRequest(req.prompt, req.subject, self.edit_target(case), None)]
+
+    def shown(self, prompt: str) -> str:
+        """A prompt as the model sees it in this suite's context."""
+        return prompt if self.context == "plain" else QA_TEMPLATE.format(prompt=prompt)
+
+    def _questions(self, case: Case) -> list[tuple[str, str, list[str]]]:
+        target = self.edit_target(case)
+        out = [(case.request.text, "rewrite", [target])]
+        out += [(p, "paraphrase", [target]) for p in case.paraphrase_prompts]
+        out += [(p, "neighborhood", [a]) for p, a in case.neighborhood]
+        return out
+
+    def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
+        """Every prompt of every case answered in one batched call of ``engine.answer``."""
+        questions = [self._questions(c) for c in cases]
+        flat = [self.shown(p) for qs in questions for p, _, _ in qs]
+        answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop) if flat else [])
+        return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
+                             for p, role, gold in qs]} for qs in questions]
+
+    def _scores(self, probe: dict[str, Any], role: str, score) -> list[float]:
+        return [score(p) for p in probe["prompts"] if p["role"] == role]
+
+    def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
+        row: dict[str, float] = {}
+        for when, probe in (("pre", pre), ("post", post)):
+            def judged(p: dict[str, Any]) -> float:
+                return judge_answer(self.judge, p["prompt"], p["answer"], p["gold"])
+
+            def f1(p: dict[str, Any]) -> float:
+                return token_f1(p["answer"], p["gold"])
+
+            for name, role, score in (("Efficacy", "rewrite", judged), ("Generalization", "paraphrase", judged),
+                                      ("LocalityTrue", "neighborhood", judged), ("EfficacyF1", "rewrite", f1),
+                                      ("GeneralizationF1", "paraphrase", f1)):
+                value = _mean(self._scores(probe, role, score))
+                if value is not None:
+                    row[f"{name}_{when}"] = float(value)
+        pre_n = [p for p in pre["prompts"] if p["role"] == "neighborhood"]
+        post_n = [p for p in post["prompts"] if p["role"] == "neighborhood"]
+        if len(pre_n) != len(post_n) or any(a["prompt"] != b["prompt"] for a, b in zip(pre_n, post_n, strict=True)):
+            raise EditscopeError(f"wild suite: case {case.case_id}: the pre and post probes ask different "
+                                 "neighbourhood prompts")
+        if post_n:
+            row["Locality"] = float(sum(exact_match(b["answer"], [a["answer"]]) for a, b in zip(pre_n, post_n,
+                                                                                               strict=True))
+                                    / len(post_n))
+        return row
+
+
+__all__ = ["CONTEXTS", "METRICS", "QA_TEMPLATE", "TARGETS", "WildSuite"]

@@ -1,0 +1,133 @@
+"""The wild suite: its metrics from hand-made probes, its probe on a tiny model whose answers are known by
+construction (its own greedy answers), and a run that puts it beside the teacher-forced counterfact suite."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from editscope.data.records import Case, EditRequest
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+from editscope.run import Runner, parse_config, read_results
+from editscope.suites import get_suite
+from editscope.suites.wild import QA_TEMPLATE, WildSuite
+
+
+def case(target: str = "Japan", paraphrases=("Where is D. D. from?",),
+         neighbours=(("Who wrote Hamlet?", "Shakespeare"),)) -> Case:
+    return Case("c1", "test", (EditRequest("{} is a citizen of", "Danielle Darrieux", target, "France"),),
+                paraphrase_prompts=list(paraphrases), neighborhood=list(neighbours))
+
+
+def probe(rewrite: str, paraphrases: list[str], neighbours: list[str], c: Case) -> dict:
+    prompts = [{"prompt": c.request.text, "role": "rewrite", "gold": [c.request.target_new], "answer": rewrite}]
+    prompts += [{"prompt": p, "role": "paraphrase", "gold": [c.request.target_new], "answer": a}
+                for p, a in zip(c.paraphrase_prompts, paraphrases, strict=True)]
+    prompts += [{"prompt": p, "role": "neighborhood", "gold": [g], "answer": a}
+                for (p, g), a in zip(c.neighborhood, neighbours, strict=True)]
+    return {"prompts": prompts}
+
+
+def test_metrics_by_hand():
+    c = case(paraphrases=("p1", "p2", "p3"), neighbours=(("n1", "Shakespeare"), ("n2", "Paris"), ("n3", "Rome")))
+    pre = probe("France", ["France", "the Japan", "Japanese"], ["Shakespeare", "Paris, France", "rome!"], c)
+    post = probe("JAPAN", ["Japan", "a country: Japan", "France"], ["shakespeare", "Lyon", "Rome"], c)
+    row = WildSuite().metrics(c, pre, post)
+    assert row["Efficacy_pre"] == 0.0 and row["Efficacy_post"] == 1.0  # "JAPAN" normalises to "japan"
+    assert row["Generalization_pre"] == pytest.approx(1 / 3)  # "the Japan" -> "japan"; "Japanese" is not
+    assert row["Generalization_post"] == pytest.approx(1 / 3)  # only the exact "Japan"
+    assert row["LocalityTrue_pre"] == pytest.approx(2 / 3)  # "Paris, France" is not "paris"
+    assert row["LocalityTrue_post"] == pytest.approx(2 / 3)  # "Lyon" is wrong
+    # unchanged: "Shakespeare" -> "shakespeare" (same after normalisation), "rome!" -> "Rome"; "Paris, France" -> Lyon
+    assert row["Locality"] == pytest.approx(2 / 3)
+    # F1: "a country: Japan" has tokens {country, japan} against {japan}: P = 1/2, R = 1, F1 = 2/3
+    assert row["GeneralizationF1_post"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert row["EfficacyF1_pre"] == 0.0 and row["EfficacyF1_post"] == 1.0
+    assert not WildSuite().declarations.undeclared(list(row))
+    f1 = WildSuite(judge="token_f1").metrics(c, pre, post)
+    assert f1["Generalization_post"] == row["GeneralizationF1_post"]
+
+
+def test_options_are_checked_and_recorded():
+    with pytest.raises(EditscopeError, match="wild suite: option context must be one of plain, qa"):
+        WildSuite(context="chat")
+    with pytest.raises(EditscopeError, match="max_new_tokens must be an integer in"):
+        WildSuite(max_new_tokens=0)
+    with pytest.raises(EditscopeError, match="option stop must be a list of non-empty strings"):
+        WildSuite(stop=["."] + [""])
+    with pytest.raises(EditscopeError, match="unknown answer judge 'llm'"):
+        WildSuite(judge="llm")
+    note = WildSuite(context="qa", max_new_tokens=7, judge="token_f1").protocol["note"]
+    assert "context qa" in note and "max_new_tokens 7" in note and "token_f1" in note and "'\\n'" in note
+
+
+def greedy(bundle, engine: ScoringEngine, text: str, steps: int = 50) -> str:
+    """The model's own greedy answer, one token at a time, cut at '.' or a newline (independent of the engine's
+    batched generation)."""
+    ids = list(engine.context_ids(text))
+    new: list[int] = []
+    for _ in range(steps):
+        with torch.no_grad():
+            token = int(bundle.model(torch.tensor([ids + new])).logits[0, -1].argmax())
+        if token == bundle.tokenizer.eos_token_id:
+            break
+        new.append(token)
+        if re.search(r"[.\n]", bundle.tokenizer.decode(new, skip_special_tokens=True)):
+            break
+    return re.split(r"[.\n]", bundle.tokenizer.decode(new, skip_special_tokens=True), maxsplit=1)[0].strip()
+
+
+def test_probe_on_a_tiny_model_whose_answers_are_known(tiny_bundles):
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    suite = WildSuite(context="qa", max_new_tokens=8)
+    c = case()
+    own = greedy(bundle, engine, QA_TEMPLATE.format(prompt=c.request.text), 8)
+    assert own  # a random model says something
+    known = case(target=own)  # by construction the model already "knows" this target
+    pre = suite.probe(engine, known)
+    assert [p["answer"] for p in pre["prompts"]] == [greedy(bundle, engine, QA_TEMPLATE.format(prompt=p), 8)
+                                                    for p in [known.request.text, *known.paraphrase_prompts,
+                                                              known.neighborhood[0][0]]]
+    # an "edit" that changes nothing leaves every answer in place; a perturbed head changes the answers
+    row = suite.metrics(known, pre, suite.probe(engine, known))
+    assert row["Efficacy_pre"] == row["Efficacy_post"] == 1.0 and row["Locality"] == 1.0
+    head = bundle.model.get_output_embeddings().weight
+    saved = head.detach().clone()
+    try:
+        with torch.no_grad():
+            head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(0)) * 5 * saved.std())
+        post = suite.probe(engine, known)
+    finally:
+        with torch.no_grad():
+            head.copy_(saved)
+    changed = suite.metrics(known, pre, post)
+    assert changed["Efficacy_post"] == float(post["prompts"][0]["answer"].lower() == own.lower())
+    assert changed["Locality"] == float(post["prompts"][-1]["answer"].lower() == pre["prompts"][-1]["answer"].lower())
+
+
+def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
+    bundle = tiny_bundles["llama"]
+    config = parse_config({
+        "model": "tiny-llama", "seed": 0, "output": str(tmp_path), "methods": [{"name": "rome",
+                                                                                "overrides": {"v_steps": 3}}],
+        "dataset": "counterfact", "slice": {"offset": 0, "limit": 2},
+        "suites": ["counterfact", {"name": "wild", "options": {"max_new_tokens": 6}}]})
+    Runner(config, out_dir=tmp_path, bundle=bundle, progress=False, log=lambda _m: None).run()
+    rows = read_results(tmp_path / "results.jsonl")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["protocol"]["wild"]["name"] == "wild" and "max_new_tokens 6" in row["protocol"]["wild"]["note"]
+        assert row["protocol"]["counterfact"]["name"] != "wild"
+        answers = [p["answer"] for p in row["post"]["wild"]["prompts"]]
+        assert answers and all(isinstance(a, str) for a in answers)
+        assert {"Efficacy_pre", "Efficacy_post", "Locality"} <= set(row["metrics"]["wild"])
+        # the stored answers give the stored metrics (the metrics read the probes; the case only names errors)
+        assert get_suite("wild", max_new_tokens=6).metrics(case(), row["pre"]["wild"], row["post"]["wild"]) \
+            == row["metrics"]["wild"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## wild on counterfact" in summary and "## counterfact on counterfact" in summary
+
