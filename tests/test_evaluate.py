@@ -31,7 +31,8 @@ def test_metrics_equal_direct_scores_after_the_same_edit(tiny_bundles):
     before = _weights(bundle)
     result = editscope.edit_and_evaluate(bundle, "rome", prompts=PROMPTS, subject=SUBJECTS, target_new=NEW,
                                          ground_truth=TRUE, rephrase_prompts=["{} holds a passport of", None],
-                                         locality_inputs=LOCALITY, portability_inputs=PORTABILITY, hparams=hp)
+                                         locality_inputs=LOCALITY, portability_inputs=PORTABILITY, hparams=hp,
+                                         wild_tokens=6)
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(bundle), strict=True))  # restored (keep=False)
     assert len(result.metrics) == 2 and not any(p.applied for p in result.patches)
 
@@ -40,8 +41,12 @@ def test_metrics_equal_direct_scores_after_the_same_edit(tiny_bundles):
     request = EditRequest("{} is a citizen of", SUBJECTS[0], NEW[0], TRUE[0])
     pre_new, pre_true = engine.score([(request.text, NEW[0]), (request.text, TRUE[0])])
     pre_loc = engine.score([("Paris is the capital of", "France")])[0]
+    wild_prompts = [request.text, "Danielle Darrieux holds a passport of", *LOCALITY["neighborhood"]["prompt"][:1]]
+    # few tokens: a random model's greedy text is full of near-ties, which batch shapes may flip after many tokens
+    pre_answers = engine.answer(wild_prompts, max_new_tokens=6)
     patch = get_editor("rome").apply(bundle, request, hp, runtime=EditRuntime())
     try:
+        post_answers = engine.answer(wild_prompts, max_new_tokens=6)
         new, true = engine.score([(request.text, NEW[0]), (request.text, TRUE[0])])
         para_new, para_true = engine.score([("Danielle Darrieux holds a passport of", w) for w in (NEW[0], TRUE[0])])
         port = engine.score([("Danielle Darrieux speaks", "Japanese")])[0]
@@ -58,6 +63,9 @@ def test_metrics_equal_direct_scores_after_the_same_edit(tiny_bundles):
     assert got["easyedit"]["Portability"] == pytest.approx(sum(port.token_is_argmax) / len(port.token_is_argmax))
     unchanged = [a == b for a, b in zip(pre_loc.token_argmax, loc.token_argmax, strict=True)]
     assert got["easyedit"]["Locality"] == pytest.approx(sum(unchanged) / len(unchanged))
+    assert [(a["pre"], a["post"]) for a in got["wild_answers"]] == list(zip(pre_answers, post_answers, strict=True))
+    assert got["wild"]["Efficacy"] == float(post_answers[0].lower() == NEW[0].lower())
+    assert got["wild"]["Locality"] == float(post_answers[2].lower() == pre_answers[2].lower())
     assert "Rephrase" not in result.metrics[1]["easyedit"]  # request 1 has no rephrase prompt
     assert result.protocols["paper"]["name"] == "paper" and "token" in result.protocols["easyedit"]["note"]
     summary = result.summary()

@@ -17,7 +17,9 @@ Two protocols, named apart (DESIGN rule 10): ``paper`` — CounterFact's ES/PS/N
 (probability comparisons of target_new against ground_truth; needs ``ground_truth``), from
 :class:`~editscope.suites.counterfact.CounterFactSuite`; ``easyedit`` — EasyEdit/KnowEdit's teacher-forced token
 accuracy (Edit_Succ, Rephrase, Portability, Locality as unchanged-argmax share), from
-:class:`~editscope.suites.portability.PortabilitySuite`. A prompt may hold ``{}`` where the subject goes, or be a
+:class:`~editscope.suites.portability.PortabilitySuite`; ``wild`` (unless ``wild=False``) — evaluation in the wild
+(Mirage, ACL 2025): the answers the model generates, judged whole (Efficacy, Generalization, Locality), from
+:class:`~editscope.suites.wild.WildSuite`. A prompt may hold ``{}`` where the subject goes, or be a
 plain prompt containing the subject (its first occurrence is the subject's place).
 """
 
@@ -36,6 +38,7 @@ from editscope.lm.loading import Bundle
 from editscope.progress import StatusLine, listening, report
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.portability import PortabilitySuite
+from editscope.suites.wild import WildSuite
 
 
 @dataclass
@@ -51,7 +54,7 @@ class EditResult:
     def summary(self) -> dict[str, dict[str, float]]:
         """The mean of every metric over the requests, per protocol (a metric a request lacks is left out)."""
         out: dict[str, dict[str, float]] = {}
-        for proto in ("paper", "easyedit"):
+        for proto in ("paper", "easyedit", "wild"):
             names = sorted({k for m in self.metrics for k in m.get(proto, {})})
             values = {k: [m[proto][k] for m in self.metrics if k in m.get(proto, {})] for k in names}
             out[proto] = {k: sum(v) / len(v) for k, v in values.items() if v}
@@ -65,11 +68,14 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
                       locality_inputs: Mapping[str, Mapping[str, Any]] | None = None,
                       portability_inputs: Mapping[str, Mapping[str, Any]] | None = None,
                       hparams: HParams | None = None, plugins: Sequence[PluginLike] = (),
-                      runtime: EditRuntime | None = None, keep: bool = False, progress: bool = True) -> EditResult:
+                      runtime: EditRuntime | None = None, keep: bool = False, progress: bool = True,
+                      wild: bool = True, wild_tokens: int = 50) -> EditResult:
     """Edit ``model`` (a registry name, a local HF folder or a loaded bundle) with ``method`` and measure every
     request before and after; see the module docstring. ``locality_inputs`` / ``portability_inputs`` are
     EasyEdit's ``{type: {"prompt": [...], "ground_truth": [...]}}``, one entry (a string or a list) per request.
-    ``progress``: a status line on stderr (model load, each request's edit and its steps), at most one a second."""
+    ``progress``: a status line on stderr (model load, each request's edit and its steps), at most one a second.
+    ``wild``: also measure in the wild (the ``wild`` block: greedy answers of at most ``wild_tokens`` tokens judged
+    whole, :mod:`editscope.suites.wild`), each request's answers before and after in ``row["wild_answers"]``."""
     prompts, target_new, subject = _listed(prompts), _listed(target_new), _listed(subject)
     n = len(prompts)
     columns = {"target_new": target_new, "subject": subject}
@@ -99,6 +105,8 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
         suites: dict[str, Any] = {"easyedit": PortabilitySuite()}
         if ground_truth is not None:
             suites["paper"] = CounterFactSuite()
+        if wild:
+            suites["wild"] = WildSuite(max_new_tokens=wild_tokens)
         state = editor.new_state()
         report(f"probing {n} request(s) before editing")
         pre = {proto: suite.probe_many(session.engine, cases) for proto, suite in suites.items()}
@@ -118,6 +126,10 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
                                    "edit_seconds": patch.info.get("seconds")}
             for proto, suite in suites.items():
                 row[proto] = _renamed(suite.checked_metrics(case, pre[proto][i], post[proto]))
+            if wild:
+                row["wild_answers"] = [{"prompt": a["prompt"], "role": a["role"], "pre": a["answer"],
+                                        "post": b["answer"]}
+                                       for a, b in zip(pre["wild"][i]["prompts"], post["wild"]["prompts"], strict=True)]
             metrics.append(row)
         if status is not None:
             status.close()
@@ -166,7 +178,8 @@ def _case(i: int, prompt: str, subject: str, target_new: str, truth: str | None,
         raise EditscopeError(f"request {i}: {exc}") from None
     local = _pairs(i, locality, "locality_inputs")
     return Case(case_id=str(i), source="edit_and_evaluate", requests=(request,),
-                paraphrase_prompts=[] if rephrase is None else _listed(rephrase),
+                # a rephrase may be a template too: its {} is the subject
+                paraphrase_prompts=[] if rephrase is None else [r.replace("{}", subject) for r in _listed(rephrase)],
                 neighborhood=[(p, a) for items in local.values() for p, a in items],
                 extra={"locality": local, "portability": _pairs(i, portability, "portability_inputs")})
 

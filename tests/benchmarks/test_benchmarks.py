@@ -31,6 +31,13 @@ def test_bench_edit_runs_on_two_records():
 
 
 @pytest.mark.slow
+def test_bench_wild_runs_and_agrees_with_the_naive_loop():
+    out = _run("bench_wild.py", "--model", "tiny-llama", "--cases", "2", "--max-new-tokens", "6", "--threads", "1")
+    assert "answers equal on all" in out  # the script exits non-zero when the batched answers differ
+    assert "wild vs naive speedup " in out and "wild / teacher-forced cost " in out
+
+
+@pytest.mark.slow
 def test_bench_stats_runs():
     out = _run("bench_stats.py", "--model", "tiny-llama", "--tokens", "512", "--seq-len", "64", "--layers", "1,2",
                "--rounds", "1", "--threads", "1")

@@ -132,7 +132,8 @@ class WildSuite(Suite):
         """A prompt as the model sees it in this suite's context."""
         return prompt if self.context == "plain" else QA_TEMPLATE.format(prompt=prompt)
 
-    def _questions(self, case: Case) -> list[tuple[str, str, list[str]]]:
+    def questions(self, case: Case) -> list[tuple[str, str, list[str]]]:
+        """``(prompt, role, gold answers)`` of every prompt the suite asks about ``case``, in probe order."""
         target = self.edit_target(case)
         out = [(case.request.text, "rewrite", [target])]
         out += [(p, "paraphrase", [target]) for p in case.paraphrase_prompts]
@@ -141,7 +142,7 @@ class WildSuite(Suite):
 
     def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Every prompt of every case answered in one batched call of ``engine.answer``."""
-        questions = [self._questions(c) for c in cases]
+        questions = [self.questions(c) for c in cases]
         flat = [self.shown(p) for qs in questions for p, _, _ in qs]
         answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop) if flat else [])
         return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
