@@ -8,7 +8,6 @@ is an :class:`EditscopeError` naming the file, the key and, for a range, the ran
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import types
 import typing
@@ -21,6 +20,7 @@ import yaml
 
 from editscope import yamlio
 from editscope.errors import EditscopeError
+from editscope.finite import non_finite
 from editscope.paths import configs_dir
 from editscope.ranges import Range
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
@@ -47,18 +47,6 @@ def _type_ok(value: Any, tp: Any) -> bool:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, tp)
-
-
-def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
-    """The first NaN/±inf float in ``value`` (lists and mappings searched) with its key path, else None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return key, value
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
-    for k, v in items:
-        found = _non_finite(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")
-        if found:
-            return found
-    return None
 
 
 def _type_name(tp: Any) -> str:
@@ -140,7 +128,7 @@ class Params:
                                      f"(known: {', '.join(sorted(names)) or 'none'})")
             if not _type_ok(value, hints[key]):
                 raise EditscopeError(f"{where}: key {key!r}: expected {_type_name(hints[key])}, got {value!r}")
-            bad = _non_finite(value, key)
+            bad = next(non_finite(value, key), None)
             if bad:  # YAML's .nan / .inf are floats: no step size, weight or threshold may be one
                 raise EditscopeError(f"{where}: key {bad[0]!r}: must be a finite number, got {bad[1]}")
         hp = cls(**{k: (float(v) if hints[k] is float else v) for k, v in data.items()})

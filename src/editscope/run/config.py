@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -61,6 +60,7 @@ from editscope import yamlio
 from editscope.data.hf import hf_source, is_hf_source
 from editscope.data.hf import label as hf_label
 from editscope.errors import EditscopeError
+from editscope.finite import non_finite
 from editscope.paths import config_path
 from editscope.run.lmeval import LmEvalSpec, parse_spec
 
@@ -260,19 +260,6 @@ class _Checker:
         return value
 
 
-def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
-    """The first NaN/±inf float in a parsed YAML value, with its key path (``methods[0].overrides.v_lr``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return key, value
-    if isinstance(value, dict):
-        items = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
-    elif isinstance(value, list):
-        items = ((f"{key}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    return next((found for k, v in items if (found := _non_finite(v, k))), None)
-
-
 def _resolve(path: str, base: Path | None) -> str:
     p = Path(path).expanduser()
     if not p.is_absolute() and base is not None and (base / p).exists():
@@ -292,7 +279,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     if not isinstance(data, dict):
         raise EditscopeError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
     c.keys(data, TOP_KEYS, "")
-    bad = _non_finite(data, "")
+    bad = next(non_finite(data), None)
     if bad:  # YAML's .nan/.inf anywhere (overrides, plug-in hparams, suite options) are refused up front
         raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
     model, models = _model(c, data, base_dir)
