@@ -408,18 +408,7 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
     overridden key names the override (``--set layers=[7]``; ``overrides_label`` says where overrides came
     from), not the file."""
     path = Path(path)
-    if path.is_dir():
-        raise EditscopeError(f"{path}: is a folder, not an hparams file")
-    if not path.is_file():
-        raise EditscopeError(f"hparams file not found: {path}")
-    try:
-        data = yamlio.load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError:
-        raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
-    except yaml.YAMLError as exc:
-        raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
-    except RecursionError:
-        raise EditscopeError(f"{path}: YAML nested too deeply") from None
+    data = yamlio.load_file(path, "hparams", "an") or {}
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
     provenance = data.pop(PROVENANCE_KEY, None)
@@ -431,8 +420,8 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
 def read_provenance(path: str | Path) -> dict | None:
     """The ``provenance:`` block of an hparams file (None when it has none): for display only."""
     try:
-        data = yamlio.load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yamlio.load_file(Path(path), "hparams", "an") or {}
+    except (OSError, EditscopeError):
         return None
     block = data.get(PROVENANCE_KEY) if isinstance(data, dict) else None
     return block if isinstance(block, dict) else None

@@ -54,8 +54,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from editscope import yamlio
 from editscope.data.hf import hf_source, is_hf_source
 from editscope.data.hf import label as hf_label
@@ -639,16 +637,5 @@ def load_config(path: str | Path, **known: Iterable[str] | None) -> RunConfig:
     """Read and validate a YAML config file (see :func:`parse_config` for ``known``); a shipped config may be
     named as ``demo`` or ``configs/demo.yaml`` (:func:`editscope.paths.config_path`)."""
     path = config_path(path)
-    if path.is_dir():
-        raise EditscopeError(f"{path}: is a folder, not a config file")
-    if not path.is_file():
-        raise EditscopeError(f"config file not found: {path}")
-    try:
-        data = yamlio.load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
-    except yaml.YAMLError as exc:
-        raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
-    except RecursionError:
-        raise EditscopeError(f"{path}: YAML nested too deeply") from None
+    data = yamlio.load_file(path, "config")
     return parse_config(data, where=str(path), base_dir=path.resolve().parent, **known)
