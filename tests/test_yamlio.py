@@ -7,9 +7,9 @@ import math
 import pytest
 
 from editscope import yamlio
-from editscope.errors import EditscopeError
 from editscope.edit.hparams import parse_overrides
 from editscope.edit.rome import RomeHParams
+from editscope.errors import EditscopeError
 
 
 @pytest.mark.parametrize(("text", "value"), [
