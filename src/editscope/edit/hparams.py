@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -24,29 +23,12 @@ from editscope.finite import non_finite
 from editscope.paths import configs_dir
 from editscope.ranges import Range
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
+from editscope.typed import typed
 
 
 def config_root() -> Path:
     """The shipped ``configs/hparams`` (package data: :func:`editscope.paths.configs_dir`)."""
     return configs_dir() / "hparams"
-
-
-def _type_ok(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return isinstance(value, list) and all(_type_ok(v, inner) for v in value)
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
 
 
 def _type_name(tp: Any) -> str:
@@ -126,7 +108,7 @@ class Params:
             if key not in names:
                 raise EditscopeError(f"{where}: key {key!r}: unknown hyperparameter for {cls.owner()} "
                                      f"(known: {', '.join(sorted(names)) or 'none'})")
-            if not _type_ok(value, hints[key]):
+            if not typed(value, hints[key]):
                 raise EditscopeError(f"{where}: key {key!r}: expected {_type_name(hints[key])}, got {value!r}")
             bad = next(non_finite(value, key), None)
             if bad:  # YAML's .nan / .inf are floats: no step size, weight or threshold may be one

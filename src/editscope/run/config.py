@@ -61,6 +61,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import non_finite
 from editscope.paths import config_path
 from editscope.run.lmeval import LmEvalSpec, parse_spec
+from editscope.typed import typed as fits  # _Checker.typed is the method of that name
 
 TOP_KEYS = {"model", "models", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice",
             "suites", "plugin_modules", "device", "dtype", "runtime", "chat_template", "lm_eval"}
@@ -239,9 +240,8 @@ class _Checker:
             if key not in allowed:
                 raise self.fail(f"{prefix}{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
 
-    def typed(self, value: Any, types: type | tuple[type, ...], key: str, what: str) -> Any:
-        bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
-        if not isinstance(value, types) or bad_bool:
+    def typed(self, value: Any, annotation: Any, key: str, what: str) -> Any:
+        if not fits(value, annotation):
             raise self.fail(key, f"expected {what}, got {type(value).__name__} {value!r}")
         return value
 
