@@ -9,6 +9,7 @@ import pytest
 from editscope import yamlio
 from editscope.edit.hparams import parse_overrides
 from editscope.edit.rome import RomeHParams
+from editscope.errors import EditscopeError
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -32,3 +33,29 @@ def test_safe_loader_still_refuses_python_objects():
 def test_override_with_exponent_validates_as_float():
     hp = RomeHParams.from_dict({**RomeHParams().to_dict(), **parse_overrides(["v_lr=1e-3"])})
     assert hp.v_lr == 1e-3
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "{p}: is a folder, not a config file"),
+    ("missing", "config file not found: {p}"),
+    (b"x: \xff\n", "{p}: not a text (UTF-8) YAML file"),
+    (b"x: [1\n", "{p}: invalid YAML: while parsing a flow sequence"),
+    (b"[" * 5000 + b"]" * 5000, "{p}: YAML nested too deeply"),
+])
+def test_load_file_errors_are_one_line_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "c.yaml"
+    if content is None:
+        path.mkdir()
+    elif content != "missing":
+        path.write_bytes(content)
+    with pytest.raises(EditscopeError) as info:
+        yamlio.load_file(path, "config")
+    assert str(info.value).startswith(message.format(p=path)) and "\n" not in str(info.value)
+
+
+def test_load_file_reads_yaml_12_numbers_and_names_its_kind(tmp_path):
+    path = tmp_path / "h.yaml"
+    path.write_text("v_lr: 1e-3\nlayers: [5]\n")
+    assert yamlio.load_file(path, "hparams", "an") == {"v_lr": 1e-3, "layers": [5]}
+    with pytest.raises(EditscopeError, match=r": is a folder, not an hparams file$"):
+        yamlio.load_file(tmp_path, "hparams", "an")

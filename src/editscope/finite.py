@@ -13,13 +13,16 @@ Two ways out for a value that is not finite:
   rest of the record is still worth keeping. Summaries skip nulls (their ``n`` says how many values were used).
 
 :func:`strict_dumps` is also the backstop of every JSON writer: ``json.dumps(allow_nan=False)`` after the check,
-so a value that slipped past the check still cannot be written."""
+so a value that slipped past the check still cannot be written.
+
+:func:`walk` is the one traversal of nested dicts/lists under all of these, and under the other places that look
+for non-finite numbers (hparams, run configs, an editor's ΔW and vectors, edit cards, tune files)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from editscope.errors import EditscopeError
@@ -43,18 +46,38 @@ def _join(path: str, key: Any) -> str:
     return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
 
 
+def walk(value: Any, leaf: Callable[[str, Any], Any], path: str = "", *, plain: bool = True,
+         join: Callable[[str, Any], str] = _join) -> Any:
+    """A copy of ``value`` (dicts as dicts, lists and tuples as lists) with every other item replaced by
+    ``leaf(path, item)``: the one traversal behind every non-finite check, so paths read the same everywhere.
+
+    ``plain`` turns numpy/torch scalars and arrays into Python numbers and lists first; without it a tensor is one
+    leaf (a ΔW is checked whole, not entry by entry). ``join`` spells the path of a key or position under
+    ``path``."""
+    if plain:
+        value = _plain(value)
+    if isinstance(value, dict):
+        return {key: walk(item, leaf, join(path, key), plain=plain, join=join) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [walk(item, leaf, join(path, i), plain=plain, join=join) for i, item in enumerate(value)]
+    return leaf(path, value)
+
+
+def _bad(item: Any) -> bool:
+    return isinstance(item, float) and not math.isfinite(item)
+
+
 def non_finite(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
     """``(dotted path, value)`` of every NaN or ±inf float inside ``value`` (dicts, lists, tuples, numpy/torch)."""
-    value = _plain(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield path or "value", value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from non_finite(item, _join(path, key))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from non_finite(item, _join(path, i))
+    found: list[tuple[str, float]] = []
+
+    def leaf(where: str, item: Any) -> Any:
+        if _bad(item):
+            found.append((where or "value", item))
+        return item
+
+    walk(value, leaf, path)
+    yield from found
 
 
 def _word(value: float) -> str:
@@ -82,18 +105,13 @@ def nulled(value: Any, path: str = "") -> tuple[Any, dict[str, str]]:
     "-inf"}`` of what was replaced (empty when nothing was)."""
     reasons: dict[str, str] = {}
 
-    def walk(item: Any, where: str) -> Any:
-        item = _plain(item)
-        if isinstance(item, float) and not math.isfinite(item):
+    def leaf(where: str, item: Any) -> Any:
+        if _bad(item):
             reasons[where or "value"] = _word(item)
             return None
-        if isinstance(item, dict):
-            return {key: walk(v, _join(where, key)) for key, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [walk(v, _join(where, i)) for i, v in enumerate(item)]
         return item
 
-    return walk(value, path), reasons
+    return walk(value, leaf, path), reasons
 
 
 def with_reasons(record: dict[str, Any]) -> dict[str, Any]:

@@ -88,3 +88,25 @@ def test_load_rejects_non_patch_files(tmp_path):
         Patch.load(bad)
     with pytest.raises(EditscopeError, match="not found"):
         Patch.load(tmp_path / "missing.safetensors")
+
+
+def test_exact_index_and_write_exact_restore_bit_for_bit():
+    from editscope.edit.patch import exact_index, write_exact
+
+    nan_a = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)  # two NaNs with other payloads
+    nan_b = torch.tensor([0x7FC00002], dtype=torch.int32).view(torch.float32)
+    target = torch.cat([torch.tensor([1.0, -0.0, 0.1]), nan_a, torch.tensor([3.0])])
+    computed = torch.cat([torch.tensor([1.0, 0.0, 0.1 + 1e-9]), nan_b, torch.tensor([3.0])])
+    index = exact_index(computed, target)
+    assert index.tolist() == [1, 3]  # -0.0 vs 0.0 and the NaN payload differ; 0.1 + 1e-9 rounds to 0.1
+    values = target.reshape(-1)[index]
+    write_exact(computed, index.to(torch.int32), values)  # an index stored narrower, as a patch keeps it
+    assert torch.equal(computed.view(torch.int32), target.view(torch.int32))
+    # a patch's round trip (W + Δ) - Δ misses W at a few entries; those entries put it back exactly
+    w = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    d = 3 * torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+    back = (w + d) - d
+    index = exact_index(back, w)
+    assert 0 < index.numel() < w.numel() and not torch.equal(back.view(torch.int32), w.view(torch.int32))
+    write_exact(back, index, w.reshape(-1)[index])
+    assert torch.equal(back.view(torch.int32), w.view(torch.int32))

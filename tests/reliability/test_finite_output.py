@@ -14,7 +14,7 @@ import torch
 
 from editscope.cli import main
 from editscope.errors import EditscopeError
-from editscope.finite import cell, non_finite, nulled, require_finite, strict_dumps, with_reasons
+from editscope.finite import cell, non_finite, nulled, require_finite, strict_dumps, walk, with_reasons
 from editscope.jsonl import append_record, read_records
 from editscope.run.store import ROW_FIELDS, dumps_row
 
@@ -37,6 +37,29 @@ def test_helper_names_every_non_finite_field():
         strict_dumps(value, "out.json")
     assert require_finite({"x": [1, 2.5]}, "w") == {"x": [1, 2.5]}
     assert cell(math.nan, ".3f") == "–" and cell(None, ".3f", "undefined") == "undefined" and cell(2, ".1f") == "2.0"
+
+
+def test_walk_is_the_one_traversal_with_its_paths():
+    seen = []
+
+    def leaf(path, item):
+        seen.append(path)
+        return -item if isinstance(item, float) else item
+
+    value = {"a": (1.0, {"b": 2}), 3: [np.float64(0.5)], "t": torch.tensor([1.5, 2.5])}
+    assert walk(value, leaf) == {"a": [-1.0, {"b": 2}], 3: [-0.5], "t": [-1.5, -2.5]}
+    assert seen == ["a[0]", "a[1].b", "[3][0]", "t[0]", "t[1]"]  # an int key is a position, as in a list
+    assert walk([2.0], leaf, "x") == [-2.0] and seen[-1] == "x[0]"
+    assert walk(3.0, leaf) == -3.0 and seen[-1] == ""
+    # without ``plain`` a tensor is one leaf; ``join`` spells the path (the editor check's dotted positions)
+    names = []
+    t = torch.ones(2)
+    kept = walk({"v": [t]}, lambda p, x: names.append(p) or x, plain=False, join=lambda p, k: f"{p}.{k}" if p else k)
+    assert kept["v"][0] is t and names == ["v.0"]
+    assert next(non_finite({"k": [1.0, math.inf]}, "hp"), None) == ("hp.k[1]", math.inf)
+    assert next(non_finite({"k": 1}), None) is None
+    [(root, bad)] = non_finite(math.nan)
+    assert root == "value" and math.isnan(bad)
 
 
 def test_results_row_records_null_with_the_reason():

@@ -8,9 +8,7 @@ is an :class:`EditscopeError` naming the file, the key and, for a range, the ran
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-import types
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -21,44 +19,16 @@ import yaml
 
 from editscope import yamlio
 from editscope.errors import EditscopeError
+from editscope.finite import non_finite
 from editscope.paths import configs_dir
 from editscope.ranges import Range
 from editscope.stats.second_moment import DEFAULT_TOKEN_BUDGET
+from editscope.typed import typed
 
 
 def config_root() -> Path:
     """The shipped ``configs/hparams`` (package data: :func:`editscope.paths.configs_dir`)."""
     return configs_dir() / "hparams"
-
-
-def _type_ok(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return isinstance(value, list) and all(_type_ok(v, inner) for v in value)
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
-
-
-def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
-    """The first NaN/±inf float in ``value`` (lists and mappings searched) with its key path, else None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return key, value
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
-    for k, v in items:
-        found = _non_finite(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")
-        if found:
-            return found
-    return None
 
 
 def _type_name(tp: Any) -> str:
@@ -138,9 +108,9 @@ class Params:
             if key not in names:
                 raise EditscopeError(f"{where}: key {key!r}: unknown hyperparameter for {cls.owner()} "
                                      f"(known: {', '.join(sorted(names)) or 'none'})")
-            if not _type_ok(value, hints[key]):
+            if not typed(value, hints[key]):
                 raise EditscopeError(f"{where}: key {key!r}: expected {_type_name(hints[key])}, got {value!r}")
-            bad = _non_finite(value, key)
+            bad = next(non_finite(value, key), None)
             if bad:  # YAML's .nan / .inf are floats: no step size, weight or threshold may be one
                 raise EditscopeError(f"{where}: key {bad[0]!r}: must be a finite number, got {bad[1]}")
         hp = cls(**{k: (float(v) if hints[k] is float else v) for k, v in data.items()})
@@ -420,18 +390,7 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
     overridden key names the override (``--set layers=[7]``; ``overrides_label`` says where overrides came
     from), not the file."""
     path = Path(path)
-    if path.is_dir():
-        raise EditscopeError(f"{path}: is a folder, not an hparams file")
-    if not path.is_file():
-        raise EditscopeError(f"hparams file not found: {path}")
-    try:
-        data = yamlio.load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError:
-        raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
-    except yaml.YAMLError as exc:
-        raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
-    except RecursionError:
-        raise EditscopeError(f"{path}: YAML nested too deeply") from None
+    data = yamlio.load_file(path, "hparams", "an") or {}
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
     provenance = data.pop(PROVENANCE_KEY, None)
@@ -443,8 +402,8 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
 def read_provenance(path: str | Path) -> dict | None:
     """The ``provenance:`` block of an hparams file (None when it has none): for display only."""
     try:
-        data = yamlio.load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yamlio.load_file(Path(path), "hparams", "an") or {}
+    except (OSError, EditscopeError):
         return None
     block = data.get(PROVENANCE_KEY) if isinstance(data, dict) else None
     return block if isinstance(block, dict) else None

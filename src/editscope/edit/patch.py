@@ -65,6 +65,20 @@ def _params(model: nn.Module) -> dict[str, torch.Tensor]:
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def exact_index(computed: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Flat positions where ``computed`` differs from ``target`` bit for bit (integer views: -0.0 ≠ 0.0, NaN payloads
+    kept): the few entries to write back when float arithmetic does not round-trip (``(W + Δ) - Δ`` ≠ ``W``), so an
+    exact restore keeps those instead of a whole copy. Both tensors have one shape and dtype."""
+    view = _INT_VIEW[target.element_size()]
+    return (computed.view(view) != target.view(view)).reshape(-1).nonzero().squeeze(1)
+
+
+def write_exact(param: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """Write ``values`` at the flat positions ``index`` (from :func:`exact_index`) of the contiguous ``param``, in
+    place; the entries may be stored on another device or with a narrower index dtype."""
+    param.view(-1)[index.to(param.device).long()] = values.to(param.device, param.dtype)
+
+
 @dataclass
 class _Restore:
     """What :meth:`Patch.revert` writes back after ``W - Δ``: the original values at ``index`` (flat positions where
@@ -79,9 +93,7 @@ class _Restore:
         """Compare ``edited - delta`` with ``original`` bit for bit (integer views: -0.0 ≠ 0.0, NaN payloads kept)."""
         if not original.is_contiguous() or original.element_size() not in _INT_VIEW:
             return cls(dense=original.clone())
-        view = _INT_VIEW[original.element_size()]
-        differs = (edited - delta).view(view) != original.view(view)
-        index = differs.reshape(-1).nonzero().squeeze(1)
+        index = exact_index(edited - delta, original)
         index_dtype = torch.int32 if original.numel() < 2**31 else torch.int64
         sparse_bytes = index.numel() * (original.element_size() + index_dtype.itemsize)
         if sparse_bytes >= original.numel() * original.element_size():
@@ -94,7 +106,7 @@ class _Restore:
             return
         param.sub_(delta)
         if self.index.numel():
-            param.view(-1)[self.index.long()] = self.values
+            write_exact(param, self.index, self.values)
 
     @property
     def nbytes(self) -> int:

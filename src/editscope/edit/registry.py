@@ -35,6 +35,7 @@ from editscope.edit.plugins import Plugin, PluginLike, attach, combined_label
 from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState, NoState
 from editscope.errors import EditscopeError
+from editscope.finite import walk
 from editscope.lm.archs import ARCHS
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle, registry_name_of
@@ -215,19 +216,24 @@ class Editor:
         )
 
 
-def _non_finite(values: Any, key: str) -> list[str]:
-    """Names of the tensors in ``values`` (a tensor, or lists/mappings of them) holding NaN or ±inf."""
-    if isinstance(values, torch.Tensor):
-        return [] if bool(torch.isfinite(values).all()) else [key]
-    items = values.items() if isinstance(values, dict) else enumerate(values) if isinstance(values, list | tuple) \
-        else ()
-    return [name for k, v in items for name in _non_finite(v, f"{key}.{k}" if key else str(k))]
+def _non_finite(values: Any) -> list[str]:
+    """Names of the tensors in ``values`` (a tensor, or lists/mappings of them) holding NaN or ±inf: each tensor is
+    one leaf of :func:`editscope.finite.walk`, named with dots throughout (``v_star.0``)."""
+    bad: list[str] = []
+
+    def leaf(name: str, item: Any) -> Any:
+        if isinstance(item, torch.Tensor) and not bool(torch.isfinite(item).all()):
+            bad.append(name)
+        return item
+
+    walk(values, leaf, plain=False, join=lambda path, key: f"{path}.{key}" if path else str(key))
+    return bad
 
 
 def _check_finite(method: str, requests: Sequence[EditRequest], deltas: dict, info: dict) -> None:
     """An edit whose ΔW or vectors (v*, k*...) hold NaN/inf is refused before anything is applied or saved.
     (A sequential ``state`` may already hold the failed edit's keys: start it again.)"""
-    bad = _non_finite(deltas, "") + _non_finite(info.get("vectors", {}), "")
+    bad = _non_finite(deltas) + _non_finite(info.get("vectors", {}))
     if bad:
         shown = "; ".join(f"{r.subject!r} -> {r.target_new!r}" for r in requests[:3])
         more = f" (+{len(requests) - 3} more)" if len(requests) > 3 else ""

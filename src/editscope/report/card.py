@@ -35,6 +35,7 @@ import torch
 
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
+from editscope.finite import nulled
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.metrics.registry import specs_to_json
@@ -424,7 +425,7 @@ def write_card(card: dict[str, Any], html_path: str | Path, json_path: str | Pat
     from editscope.report.card_html import render_card
 
     if json_path is not None:
-        atomic_write_text(Path(json_path), json.dumps(_finite(card), indent=1) + "\n")
+        atomic_write_text(Path(json_path), json.dumps(nulled(card)[0], indent=1) + "\n")
     return atomic_write_text(Path(html_path), render_card(card))
 
 
@@ -470,17 +471,6 @@ def make_cards(run_dir: str | Path, out_dir: str | Path, *, n: int | None = None
             write_card(card, out_dir / "cards" / f"{stem}.html", out_dir / "cards" / f"{stem}.json")
             links[(dataset, case_id, method)] = f"cards/{stem}.html"
     return links
-
-
-def _finite(value: Any) -> Any:
-    """JSON without NaN/inf (undefined numbers become null)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 __all__ = ["FORMAT", "CardJob", "Fact", "card_stem", "choose_cases", "compute_card", "delta_stats",

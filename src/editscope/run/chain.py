@@ -46,7 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from editscope.atomic import atomic_write
-from editscope.edit.patch import Patch, tensor_checksum
+from editscope.edit.patch import Patch, exact_index, tensor_checksum, write_exact
 from editscope.errors import EditscopeError
 
 if TYPE_CHECKING:
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 FORMAT = "editscope-chain-1"
 CHAINS_DIR = "chains"
 _DELTA, _INDEX, _VALUES, _STATE = "delta::", "exact_index::", "exact_value::", "state::"
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @contextmanager
@@ -108,9 +107,7 @@ class ChainCheckpoint:
         for name, original in sorted(bundle.folded_originals().items()):
             now = params[name].detach()
             delta = (now - original).contiguous()
-            rebuilt = original + delta
-            view = _INT_VIEW[now.element_size()]
-            index = (rebuilt.view(view) != now.view(view)).reshape(-1).nonzero().squeeze(1)
+            index = exact_index(original + delta, now)
             deltas[name] = delta.cpu()
             exact[name] = (index.cpu(), now.reshape(-1)[index].cpu().clone())
             base_sums[name], edited_sums[name] = tensor_checksum(original), tensor_checksum(now)
@@ -176,8 +173,7 @@ class ChainCheckpoint:
         params = dict(bundle.model.named_parameters())
         with torch.no_grad():
             for name, (index, values) in self.exact.items():
-                param = params[name]
-                param.view(-1)[index.to(param.device).long()] = values.to(param.device, param.dtype)
+                write_exact(params[name], index, values)
         for name, checksum in self.meta["edited_checksums"].items():
             if tensor_checksum(params[name]) != checksum:
                 raise EditscopeError(f"{where}: parameter {name!r} does not hold the checkpointed value after "

@@ -48,21 +48,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from editscope import yamlio
 from editscope.data.hf import hf_source, is_hf_source
 from editscope.data.hf import label as hf_label
 from editscope.errors import EditscopeError
+from editscope.finite import non_finite
 from editscope.paths import config_path
 from editscope.run.lmeval import LmEvalSpec, parse_spec
+from editscope.typed import typed as fits  # _Checker.typed is the method of that name
 
 TOP_KEYS = {"model", "models", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice",
             "suites", "plugin_modules", "device", "dtype", "runtime", "chat_template", "lm_eval"}
@@ -241,9 +240,8 @@ class _Checker:
             if key not in allowed:
                 raise self.fail(f"{prefix}{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
 
-    def typed(self, value: Any, types: type | tuple[type, ...], key: str, what: str) -> Any:
-        bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
-        if not isinstance(value, types) or bad_bool:
+    def typed(self, value: Any, annotation: Any, key: str, what: str) -> Any:
+        if not fits(value, annotation):
             raise self.fail(key, f"expected {what}, got {type(value).__name__} {value!r}")
         return value
 
@@ -258,19 +256,6 @@ class _Checker:
         if value < minimum:
             raise self.fail(key, f"must be >= {minimum}, got {value}")
         return value
-
-
-def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
-    """The first NaN/±inf float in a parsed YAML value, with its key path (``methods[0].overrides.v_lr``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return key, value
-    if isinstance(value, dict):
-        items = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
-    elif isinstance(value, list):
-        items = ((f"{key}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    return next((found for k, v in items if (found := _non_finite(v, k))), None)
 
 
 def _resolve(path: str, base: Path | None) -> str:
@@ -292,7 +277,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     if not isinstance(data, dict):
         raise EditscopeError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
     c.keys(data, TOP_KEYS, "")
-    bad = _non_finite(data, "")
+    bad = next(non_finite(data), None)
     if bad:  # YAML's .nan/.inf anywhere (overrides, plug-in hparams, suite options) are refused up front
         raise c.fail(bad[0], f"must be a finite number, got {bad[1]}")
     model, models = _model(c, data, base_dir)
@@ -652,16 +637,5 @@ def load_config(path: str | Path, **known: Iterable[str] | None) -> RunConfig:
     """Read and validate a YAML config file (see :func:`parse_config` for ``known``); a shipped config may be
     named as ``demo`` or ``configs/demo.yaml`` (:func:`editscope.paths.config_path`)."""
     path = config_path(path)
-    if path.is_dir():
-        raise EditscopeError(f"{path}: is a folder, not a config file")
-    if not path.is_file():
-        raise EditscopeError(f"config file not found: {path}")
-    try:
-        data = yamlio.load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
-    except yaml.YAMLError as exc:
-        raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
-    except RecursionError:
-        raise EditscopeError(f"{path}: YAML nested too deeply") from None
+    data = yamlio.load_file(path, "config")
     return parse_config(data, where=str(path), base_dir=path.resolve().parent, **known)

@@ -4,9 +4,6 @@ run's suites, as stored in ``run.json`` (what the summary and the report read)."
 
 from __future__ import annotations
 
-import collections.abc
-import os
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,6 +14,7 @@ from editscope.lm.scorer import Scorer
 from editscope.metrics.registry import MetricSpec, specs_from_json, specs_to_json
 from editscope.suites import SUITES, get_suite
 from editscope.suites.base import Suite
+from editscope.typed import typed
 
 SuiteFactory = Callable[..., Suite]
 
@@ -25,28 +23,6 @@ def available_suites(extra: Mapping[str, SuiteFactory] | None = None) -> list[st
     """Names of the registered suites (``editscope.suites.SUITES``) plus ``extra``."""
     names = list(SUITES)
     return names + [n for n in (extra or {}) if n not in names]
-
-
-def _option_ok(value: Any, tp: Any) -> bool:
-    """Whether a YAML option value fits a suite constructor's annotation (types this check does not know pass)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_option_ok(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if tp is type(None):
-        return value is None
-    if origin in (list, tuple, Sequence, collections.abc.Sequence):
-        return isinstance(value, list) and all(_option_ok(v, args[0]) for v in value) if args else True
-    if tp is os.PathLike or origin is os.PathLike:
-        return isinstance(value, str)
-    if tp in (bool, str):
-        return isinstance(value, tp)
-    if tp in (int, float):
-        return isinstance(value, int | float if tp is float else int) and not isinstance(value, bool)
-    return True
 
 
 def option_problem(name: str, options: Mapping[str, Any],
@@ -61,7 +37,7 @@ def option_problem(name: str, options: Mapping[str, Any],
     except Exception:  # noqa: BLE001 -- unresolvable annotations: leave the check to the constructor
         return None
     for key, value in options.items():
-        if key in hints and not _option_ok(value, hints[key]):
+        if key in hints and not typed(value, hints[key], strict=False):
             tp = hints[key]
             shown = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
             return key, f"expected {shown}, got {value!r}"

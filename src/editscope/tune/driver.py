@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import yaml
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
+from editscope.finite import nulled
 from editscope.tune.search import (
     OBJECTIVES,
     CandidateScore,
@@ -96,16 +96,6 @@ class TuneResult:
 
 def _json(data: Any) -> str:
     return json.dumps(data, indent=1, default=list, allow_nan=False) + "\n"
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 class Tuner:
@@ -207,7 +197,7 @@ class Tuner:
             if old.get("candidates") != meta["candidates"]:
                 raise EditscopeError(f"{self.out} holds a tune with other candidates (the layer curve or the "
                                      "declared grids changed); use another --out")
-        atomic_write_text(path, _json(_finite(meta)))
+        atomic_write_text(path, _json(nulled(meta)[0]))
 
     def _prepare(self, cands: list[Candidate]) -> float:
         """Run the editor's declared preparation (MEND: training to every candidate's ``steps``) for the
@@ -360,7 +350,7 @@ class Tuner:
                              for n, scores in result.rungs]
         if self.reference:
             data["reference"] = {str(n): s.to_dict() for n, s in sorted(self.reference.items())}
-        atomic_write_text(path, _json(_finite(data)))
+        atomic_write_text(path, _json(nulled(data)[0]))
 
     def _write_yaml(self, chosen: Candidate, result: HalvingResult, slice_: dict, grids: dict[str, tuple],
                     layer_why: dict, wall: float, sizes: list[int]) -> Path:
@@ -400,8 +390,8 @@ class Tuner:
         }
         head = (f"# {self.editor.display(self.plugins)} on {self.bundle.name}, chosen by editscope tune "
                 f"({chosen.label()}).\n# Where these values came from: the provenance block below (DESIGN rule 13).\n")
-        text = head + yaml.safe_dump(_finite(values), sort_keys=False, default_flow_style=None, width=120) + \
-            yaml.safe_dump({"provenance": _finite(provenance)}, sort_keys=False, width=120)
+        text = head + yaml.safe_dump(nulled(values)[0], sort_keys=False, default_flow_style=None, width=120) + \
+            yaml.safe_dump({"provenance": nulled(provenance)[0]}, sort_keys=False, width=120)
         return atomic_write_text(self.out / TUNED_YAML, text)
 
     def _reference_provenance(self) -> dict[str, Any]:
