@@ -24,3 +24,16 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123
 def load(text: str) -> Any:
     """Parse YAML ``text`` safely; ``1e-3``-style numbers are floats."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def describe_error(exc: yaml.YAMLError) -> str:
+    """A YAML error in one short line: ``line 4, column 1: expected ',' or '}', but got '<stream end>'`` (PyYAML's
+    own text spans several lines and quotes the source)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    text = f"{where}{problem}"
+    context = getattr(exc, "context", None)
+    if context:
+        text += f" ({context})"
+    return " ".join(text.split())

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from editscope.commands._device import add_device_arguments
-from editscope.ranges import option
+from editscope.ranges import Range, option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     def declared(name: str):
         text, kind = OPTION_RANGES[name]
         return option(kind, text)
+
+    def declared_range(name: str) -> Range:
+        return Range.parse(OPTION_RANGES[name][0])
 
     parser = sub.add_parser(
         "locate",
@@ -34,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--samples", type=declared("samples"), default=10, help="noise samples (causal_trace)")
     parser.add_argument("--noise", type=declared("noise"), default=3.0,
-                        help="noise level in embedding stds, finite and > 0 (causal_trace)")
+                        help=f"noise level in embedding stds, in {declared_range('noise')} (causal_trace)")
     parser.add_argument("--window", type=declared("window"), default=None,
                         help="MLP/attn window (default: 10 scaled to depth)")
     parser.add_argument("--steps", type=declared("steps"), default=20, help="integrated-gradient steps (kn)")
