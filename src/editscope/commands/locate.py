@@ -79,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # an unwritable --plot fails before the model loads and the trace runs
         from pathlib import Path
 
-        from editscope.atomic import make_dirs
+        from editscope.atomic import make_dirs, write_target
 
+        write_target(args.plot)  # a device or a folder at the path is refused, not replaced
         make_dirs(Path(args.plot).parent, "folder of --plot")
     engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
                                      progress=lambda msg: print(msg, file=sys.stderr, flush=True)))
