@@ -39,7 +39,8 @@ def test_override_with_exponent_validates_as_float():
     (None, "{p}: is a folder, not a config file"),
     ("missing", "config file not found: {p}"),
     (b"x: \xff\n", "{p}: not a text (UTF-8) YAML file"),
-    (b"x: [1\n", "{p}: invalid YAML: while parsing a flow sequence"),
+    (b"x: [1\n", "{p}: invalid YAML: line 2, column 1: expected ',' or ']', but got '<stream end>' "
+                 "(while parsing a flow sequence)"),
     (b"[" * 5000 + b"]" * 5000, "{p}: YAML nested too deeply"),
 ])
 def test_load_file_errors_are_one_line_naming_the_file(tmp_path, content, message):

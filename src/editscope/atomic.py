@@ -6,6 +6,14 @@ several processes may build at once (converted models, tokenizers, layer statist
 take a lock around the build, so the second process waits and then reads what the first one wrote instead of
 building it again. Locks are ``fcntl.flock`` on a lock file: the OS releases them when the process exits,
 also on a crash or SIGKILL.
+
+A write never replaces what is not a file of ours to replace (:func:`write_target`): an existing path that is not a
+regular file (a character device such as ``/dev/null``, a FIFO, a socket, a folder) is refused with one line naming
+it and stays as it is. A symbolic link is followed to the regular file it points to: that file is replaced and the
+link is kept, as a plain ``open(path, "w")`` would write through it; a link to anything else, or to nothing, is
+refused. New files and folders get the process's umask, as ``open`` and ``mkdir`` give them (the temporary is
+created with mode 0o666 / 0o777 and the kernel applies the umask); a file that replaces an existing one keeps that
+file's permission bits.
 """
 
 from __future__ import annotations
@@ -13,9 +21,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import shutil
+import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +40,54 @@ def _writable_parent(path: Path) -> None:
         raise EditscopeError(f"{path}: cannot create its folder {path.parent}: {exc.strerror}") from None
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def write_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
+    """Where a write to ``path`` lands, and what is there now: ``path`` itself (None: nothing yet), or, for a
+    symbolic link, the regular file it points to. An existing ``path`` that is not a regular file, or a link to one
+    that is not (or to nothing), is an :class:`EditscopeError` naming it; nothing is touched. Commands call it
+    before long work so that ``--save-patch /dev/null`` fails at once."""
+    path = Path(path)
+    try:
+        link = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a file in the way of its folder: said later)
+        return path, None
+    except OSError as exc:  # no permission to look...
+        raise EditscopeError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    target = Path(os.path.realpath(path)) if stat.S_ISLNK(link.st_mode) else path
+    try:
+        st = os.stat(target)
+    except OSError as exc:
+        raise EditscopeError(f"{path}: a symbolic link to {target}, which cannot be written: "
+                             f"{exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = f"a symbolic link to {_kind(st.st_mode)} ({target})" if target != path else _kind(st.st_mode)
+        raise EditscopeError(f"{path}: is {what}, not a regular file; refusing to replace it")
+    return target, st
+
+
+def _new_temp(folder: Path, name: str, *, folder_too: bool = False) -> Path:
+    """A new empty file (or folder) ``folder/.NAME.RANDOM.tmp`` created with mode 0o666 (0o777), so the kernel
+    applies the process's umask as it does for ``open``/``mkdir`` (``tempfile.mkstemp`` would give 0o600)."""
+    for _ in range(100):
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            if folder_too:
+                os.mkdir(tmp, 0o777)
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
 def make_dirs(path: str | Path, what: str = "output folder") -> Path:
     """``mkdir -p path``; a folder that cannot be created (a file in the way, no permission) is one line naming
     it instead of an OSError traceback."""
@@ -44,20 +101,23 @@ def make_dirs(path: str | Path, what: str = "output folder") -> Path:
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` to write a temporary file beside ``path``, fsync it, rename it to ``path``.
-    For libraries that write to a path themselves (``safetensors.torch.save_file``)."""
+    For libraries that write to a path themselves (``safetensors.torch.save_file``). ``path`` must be missing, a
+    regular file or a symbolic link to one (:func:`write_target`: the link's target is replaced, the link kept);
+    returns ``path``."""
     path = Path(path)
-    _writable_parent(path)
+    target, existing = write_target(path)
+    _writable_parent(target)
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = _new_temp(target.parent, target.name)
     except OSError as exc:
-        raise EditscopeError(f"{path}: cannot write into {path.parent}: {exc.strerror}") from None
-    os.close(fd)
-    tmp = Path(name)
+        raise EditscopeError(f"{path}: cannot write into {target.parent}: {exc.strerror or exc}") from None
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if existing is not None:  # a replaced file keeps its permission bits
+            os.chmod(tmp, stat.S_IMODE(existing.st_mode))
+        os.replace(tmp, target)
     except OSError as exc:  # disk full, permissions, a folder in the way...
         tmp.unlink(missing_ok=True)
         raise EditscopeError(f"{path}: cannot write: {exc.strerror or exc}") from None
@@ -143,7 +203,7 @@ def build_dir(target: str | Path, build: Callable[[Path], None], *, ready: str |
     with file_lock(target.parent / f".{target.name}.lock", what=what or str(target)):
         if complete():  # another process built it while we waited
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = _new_temp(target.parent, target.name, folder_too=True)
         try:
             build(tmp)
             if target.exists():
@@ -164,7 +224,7 @@ def new_dir(target: str | Path, build: Callable[[Path], None]) -> Path:
         raise EditscopeError(f"{target}: output folder exists")
     _writable_parent(target)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = _new_temp(target.parent, target.name, folder_too=True)
     except OSError as exc:
         raise EditscopeError(f"{target}: cannot write into {target.parent}: {exc.strerror}") from None
     try:

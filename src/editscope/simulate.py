@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from editscope.atomic import atomic_write
+from editscope.errors import EditscopeError
 from editscope.metrics._validate import fail, positive_int
 from editscope.metrics.one_to_n import max_acc, nkl, perplexity, precision_at_k
 
@@ -192,10 +194,12 @@ def plot_simulation(result: dict[str, Any], path: str | Path, *, dpi: int = 150)
 
     Args:
         result: the dict returned by :func:`run_simulation`.
-        path: output file (``.png``).
+        path: output file; its extension names the format (``.png``, ``.pdf``, ``.svg``...), none is PNG. Written
+            atomically at exactly this path (:func:`editscope.atomic.atomic_write`: a device or folder there is
+            refused, not replaced).
 
     Returns:
-        The path written.
+        The path written (``path``).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -226,5 +230,7 @@ def plot_simulation(result: dict[str, Any], path: str | Path, *, dpi: int = 150)
     axes[1].legend(loc="best", fontsize="small")
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=dpi)
-    return out
+    kind = out.suffix[1:].lower() or "png"  # no extension: PNG at exactly the path given
+    if kind not in fig.canvas.get_supported_filetypes():
+        raise EditscopeError(f"{out}: cannot write a plot as {kind!r}; use .png, .pdf or .svg")
+    return atomic_write(out, lambda tmp: fig.savefig(tmp, format=kind, dpi=dpi))

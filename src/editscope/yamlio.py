@@ -32,6 +32,19 @@ def load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
+def describe_error(exc: yaml.YAMLError) -> str:
+    """A YAML error in one short line: ``line 4, column 1: expected ',' or '}', but got '<stream end>'`` (PyYAML's
+    own text spans several lines and quotes the source)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    text = f"{where}{problem}"
+    context = getattr(exc, "context", None)
+    if context:
+        text += f" ({context})"
+    return " ".join(text.split())
+
+
 def load_file(path: Path, kind: str, article: str = "a") -> Any:
     """Parse the YAML file ``path`` with :func:`load`. Any problem (a folder, no such file, not UTF-8, invalid or
     too deeply nested YAML) is an :class:`EditscopeError` of one line naming the file; ``kind`` (with its
@@ -45,6 +58,8 @@ def load_file(path: Path, kind: str, article: str = "a") -> Any:
     except UnicodeDecodeError:
         raise EditscopeError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
-        raise EditscopeError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from exc
+        raise EditscopeError(f"{path}: invalid YAML: {describe_error(exc)}") from exc
     except RecursionError:
         raise EditscopeError(f"{path}: YAML nested too deeply") from None
+    except OSError as exc:
+        raise EditscopeError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -4,9 +4,12 @@ the path against its own folder and stores the complete values, and a bad file i
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
+from editscope.cli import main
 from editscope.edit.plugins import PLUGINS, parse_plugin_arg
 from editscope.errors import EditscopeError
 from editscope.run import load_config
@@ -59,3 +62,22 @@ def test_bad_tuned_file_is_one_line_naming_it(tmp_path, content, message):
     assert text.startswith("<here>: ") and message in text and "\n" not in text
     if content is not None:
         assert str(path) in text
+
+
+def test_a_tuned_file_with_a_yaml_error_says_so_in_one_line(tmp_path, capsys):
+    # it was read as a file without values ("records no values"), hiding the broken YAML
+    path = tmp_path / "tuned.yaml"
+    path.write_text("layers: [1]\nprovenance:\n  plugins: [{name: evk_align, lam: 0.1\n")  # an unclosed flow mapping
+    with pytest.raises(EditscopeError) as err:
+        PLUGINS["evk_align"].attach(parse_plugin_arg(f"evk_align:from={path}")[1], "--plugin")
+    assert str(err.value) == (f"--plugin: key 'from': {path}: invalid YAML: line 4, column 1: expected ',' or "
+                              "'}', but got '<stream end>' (while parsing a flow mapping)")
+    argv = ["edit", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} is in", "--subject", "Paris",
+            "--target", "Rome", "--plugin", f"evk_align:from={path}"]
+    assert main(argv) == 2  # refused before the model is loaded
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"editscope: error: --plugin[0] (evk_align): key 'from': {path}: invalid YAML: line 4, column 1: "
+                     "expected ',' or '}', but got '<stream end>' (while parsing a flow mapping)"]
+    path.write_bytes(b"provenance: \xff\xfe\n")  # not UTF-8: also one line naming the file
+    with pytest.raises(EditscopeError, match=rf"^--plugin: key 'from': {re.escape(str(path))}: not a text \(UTF-8\)"):
+        PLUGINS["evk_align"].attach({"from": str(path)}, "--plugin")

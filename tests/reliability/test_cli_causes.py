@@ -34,8 +34,9 @@ def one_line_error(capsys, argv: list[str], code: int, *needles: str) -> str:
 
 
 def test_huge_v_lr_is_refused_naming_the_key_and_range(capsys):
-    # overflowed inside Adam; now the declared range (0, 10] refuses it before any work
-    one_line_error(capsys, [*EDIT, "--set", "v_lr=1e38"], 2, "--set v_lr=", "key 'v_lr'", "(0, 10]", "1e+38")
+    # overflowed inside Adam; now the declared range (0, 10] (shown as [1.1754944e-38, 10]) refuses it before any work
+    one_line_error(capsys, [*EDIT, "--set", "v_lr=1e38"], 2, "--set v_lr=", "key 'v_lr'", "[1.1754944e-38, 10]",
+                   "1e+38")
 
 
 def test_non_utf8_argument_names_the_option(capsys):

@@ -17,19 +17,22 @@ LOCATE = ["locate", "--model", "no-such-model", "--prompt", "{} is in", "--subje
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    ([*KLOB, "--k", "nan"], "argument --k: must be a number in (0, 100], got 'nan'"),  # wrote NaN into metrics.json
-    ([*KLOB, "--k", "150"], "argument --k: must be a number in (0, 100], got '150'"),
-    ([*KLOB, "--k", "5", "0"], "argument --k: must be a number in (0, 100], got '0'"),
-    ([*KLOB, "--k", "inf"], "argument --k: must be a number in (0, 100], got 'inf'"),
+    # wrote NaN into metrics.json
+    ([*KLOB, "--k", "nan"], "argument --k: must be a number in [1.1754944e-38, 100], got 'nan'"),
+    ([*KLOB, "--k", "150"], "argument --k: must be a number in [1.1754944e-38, 100], got '150'"),
+    ([*KLOB, "--k", "5", "0"], "argument --k: must be a number in [1.1754944e-38, 100], got '0'"),
+    ([*KLOB, "--k", "inf"], "argument --k: must be a number in [1.1754944e-38, 100], got 'inf'"),
     ([*KLOB, "--n", "0"], "argument --n: must be an integer in [1, 1e7], got '0'"),
     ([*KLOB, "--n", "-1"], "argument --n: must be an integer in [1, 1e7], got '-1'"),
     ([*KLOB, "--n", "2.5"], "argument --n: must be an integer in [1, 1e7], got '2.5'"),
     ([*KLOB, "--samples", "0"], "argument --samples: must be an integer in [1, inf), got '0'"),
     ([*KLOB, "--steps", "100000000"], "argument --steps: must be an integer in [1, 10000], got '100000000'"),
-    ([*LOCATE, "--noise", "nan"], "argument --noise: must be a number in (0, inf), got 'nan'"),  # printed +nan
-    ([*LOCATE, "--noise", "inf"], "argument --noise: must be a number in (0, inf), got 'inf'"),
-    ([*LOCATE, "--noise", "0"], "argument --noise: must be a number in (0, inf), got '0'"),
-    ([*LOCATE, "--noise", "-3"], "argument --noise: must be a number in (0, inf), got '-3'"),
+    ([*LOCATE, "--noise", "nan"], "argument --noise: must be a number in [1.1754944e-38, inf), got 'nan'"),  # +nan
+    ([*LOCATE, "--noise", "inf"], "argument --noise: must be a number in [1.1754944e-38, inf), got 'inf'"),
+    ([*LOCATE, "--noise", "0"], "argument --noise: must be a number in [1.1754944e-38, inf), got '0'"),
+    ([*LOCATE, "--noise", "-3"], "argument --noise: must be a number in [1.1754944e-38, inf), got '-3'"),
+    ([*LOCATE, "--noise", "1e-320"], "argument --noise: must be a number in [1.1754944e-38, inf), got '1e-320' "
+     "(below the smallest normal float32 a value cannot change a float32 weight)"),  # a denormal: noise of 0
     ([*LOCATE, "--samples", "0"], "argument --samples: must be an integer in [1, inf), got '0'"),
     ([*LOCATE, "--layer-curve", "0"], "argument --layer-curve: must be an integer in [1, inf), got '0'"),
 ])
@@ -56,4 +59,4 @@ def test_cli_subprocess_refuses_nan_without_traceback():
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("editscope bench klob: error: argument --k: must be a number in "
-                                                    "(0, 100], got 'nan'")
+                                                    "[1.1754944e-38, 100], got 'nan'")

@@ -16,6 +16,7 @@ from editscope.cli import main
 from editscope.errors import EditscopeError
 from editscope.finite import cell, non_finite, nulled, require_finite, strict_dumps, walk, with_reasons
 from editscope.jsonl import append_record, read_records
+from editscope.ranges import Range
 from editscope.run.store import ROW_FIELDS, dumps_row
 
 
@@ -90,13 +91,13 @@ def test_metrics_json_shape_keeps_undefined_values_as_null():
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    (dict(ks=[math.nan]), r"run_bench: ks\[0\]: must be a number in \(0, 100\], got nan"),
-    (dict(ks=[5, 150]), r"run_bench: ks\[1\]: must be a number in \(0, 100\], got 150"),
+    (dict(ks=[math.nan]), r"run_bench: ks\[0\]: must be a number in \[1\.1754944e-38, 100\], got nan"),
+    (dict(ks=[5, 150]), r"run_bench: ks\[1\]: must be a number in \[1\.1754944e-38, 100\], got 150"),
     (dict(ks=[]), r"run_bench: ks is empty"),
     (dict(ks=[5], n=0), r"run_bench: n: must be an integer in \[1, 1e7\], got 0"),
     (dict(ks=[5], n=2.5), r"run_bench: n: must be an integer in \[1, 1e7\], got 2\.5"),
     (dict(ks=[5], options={"causal_trace": {"noise": math.inf}}),
-     r"run_bench: options\['causal_trace'\]\['noise'\]: must be a number in \(0, inf\), got inf"),
+     r"run_bench: options\['causal_trace'\]\['noise'\]: must be a number in \[1\.1754944e-38, inf\), got inf"),
 ])
 def test_run_bench_applies_the_declared_ranges_before_any_work(tmp_path, kwargs, needle):
     from editscope.locate.klob_bench import run_bench
@@ -114,7 +115,7 @@ def test_locate_api_applies_the_declared_ranges(tiny_llama, option, value):
     text, kind = OPTION_RANGES[option]
     what = "an integer" if kind is int else "a number"
     with pytest.raises(EditscopeError, match=rf"^locate causal_trace: option {option}: must be {what} in "
-                                             rf"{re.escape(text)}, got {value!r}$"):
+                                             rf"{re.escape(str(Range.parse(text)))}, got {value!r}$"):
         locate(ScoringEngine(tiny_llama), "causal_trace", "{} is in", "Paris", None, **{option: value})
 
 

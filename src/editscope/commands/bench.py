@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from editscope.commands._device import add_device_arguments
-from editscope.ranges import option
+from editscope.ranges import Range, option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_arguments(klob)
     klob.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     klob.add_argument("--k", nargs="+", type=option(float, RANGES["ks"]), default=[1, 5, 10],
-                      help="selected shares in percent, each in (0, 100]")
+                      help=f"selected shares in percent, each in {Range.parse(RANGES['ks'])}")
     klob.add_argument("--n", type=option(int, RANGES["n"]), default=50, help="examples per subset (>= 1)")
     klob.add_argument("--seed", type=int, default=0, help="order in which candidate examples are tried")
     klob.add_argument("--recall", default="any", choices=["any", "all", "first", "none"],

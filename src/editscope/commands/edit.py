@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from editscope.errors import EditscopeError
 
     editor = get_editor(args.method)
+    if args.save_patch:  # a path that cannot take the patch (a device, a folder) fails before the edit runs
+        from editscope.atomic import write_target
+
+        write_target(args.save_patch)
     import_plugin_modules(args.plugin_module)
     plugins = editor.attach([parse_plugin_arg(text) for text in args.plugin], "--plugin")
     try:

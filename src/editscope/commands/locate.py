@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from editscope.commands._device import add_device_arguments
-from editscope.ranges import option
+from editscope.ranges import Range, option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     def declared(name: str):
         text, kind = OPTION_RANGES[name]
         return option(kind, text)
+
+    def declared_range(name: str) -> Range:
+        return Range.parse(OPTION_RANGES[name][0])
 
     parser = sub.add_parser(
         "locate",
@@ -34,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--samples", type=declared("samples"), default=10, help="noise samples (causal_trace)")
     parser.add_argument("--noise", type=declared("noise"), default=3.0,
-                        help="noise level in embedding stds, finite and > 0 (causal_trace)")
+                        help=f"noise level in embedding stds, in {declared_range('noise')} (causal_trace)")
     parser.add_argument("--window", type=declared("window"), default=None,
                         help="MLP/attn window (default: 10 scaled to depth)")
     parser.add_argument("--steps", type=declared("steps"), default=20, help="integrated-gradient steps (kn)")
@@ -76,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # an unwritable --plot fails before the model loads and the trace runs
         from pathlib import Path
 
-        from editscope.atomic import make_dirs
+        from editscope.atomic import make_dirs, write_target
 
+        write_target(args.plot)  # a device or a folder at the path is refused, not replaced
         make_dirs(Path(args.plot).parent, "folder of --plot")
     engine = ScoringEngine(load(args.model, device=args.device, dtype=args.dtype,
                                      progress=lambda msg: print(msg, file=sys.stderr, flush=True)))

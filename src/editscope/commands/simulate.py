@@ -65,20 +65,20 @@ def _run(args: argparse.Namespace) -> int:
     from editscope.simulate import plot_simulation, run_simulation
 
     result = run_simulation(answers=tuple(args.answers), trials=args.trials, seed=args.seed)
+    plot = None
     if args.plot:
         from editscope.errors import EditscopeError
 
-        try:
-            plot_simulation(result, args.plot)
-        except (OSError, ValueError) as exc:  # unwritable path, unknown image extension
-            raise EditscopeError(f"{args.plot}: cannot write the plot: {getattr(exc, 'strerror', None) or exc}"
-                                 ) from None
+        try:  # the file written; an unknown extension, a folder or a device at the path: one line naming it
+            plot = plot_simulation(result, args.plot)
+        except OSError as exc:
+            raise EditscopeError(f"{args.plot}: cannot write the plot: {exc.strerror or exc}") from None
     if args.json:
         # an undefined correlation is null, with the reason under "non_finite"
         print(strict_dumps(with_reasons(result), "simulate --json"))
     else:
         print(format_table(result))
         print(f"\n{args.trials} queries per answer count, seed {args.seed}.")
-        if args.plot:
-            print(f"plot written to {args.plot}")
+        if plot is not None:
+            print(f"plot written to {plot}")
     return 0

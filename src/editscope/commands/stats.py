@@ -15,9 +15,15 @@ from __future__ import annotations
 import argparse
 
 from editscope.commands._device import add_device_arguments
+from editscope.ranges import option
+
+#: the token budget's range (the hparams key ``mom2_tokens`` declares the same) and the row length's
+BUDGET, SEQ_LEN = "[1, 1e12]", "[1, 1000000]"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from editscope.stats.second_moment import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET
+
     parser = sub.add_parser("stats", help="compute, list, export or import layer statistics",
                             description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -27,8 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     compute.add_argument("--layers", type=int, nargs="+", required=True)
     compute.add_argument("--corpus", nargs="*", default=[], help="text files, folders of .txt, or JSONL files")
     compute.add_argument("--field", help="JSONL field holding the text")
-    compute.add_argument("--budget", type=int, default=None, help="tokens (default: the editors' default)")
-    compute.add_argument("--seq-len", type=int, default=None)
+    # 0 is refused, not read as "the default": a budget or row length of 0 tokens cannot give statistics
+    compute.add_argument("--budget", type=option(int, BUDGET), default=None,
+                         help=f"tokens, in {BUDGET} (default: the editors' default, {DEFAULT_TOKEN_BUDGET})")
+    compute.add_argument("--seq-len", type=option(int, SEQ_LEN), default=None,
+                         help=f"tokens per row, in {SEQ_LEN} (default: {DEFAULT_SEQ_LEN})")
     compute.set_defaults(func=run_compute)
     lst = actions.add_parser("list", help="list cached statistics")
     lst.add_argument("--model", help="only this model's (current weights) statistics")
@@ -41,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--out", required=True)
     export.add_argument("--layers", type=int, nargs="+")
     export.add_argument("--corpus-digest", help="which corpus, when several are cached")
-    export.add_argument("--budget", type=int, default=None,
+    export.add_argument("--budget", type=option(int, BUDGET), default=None,
                         help="which token budget, when several are cached (e.g. the demo's and an editor's)")
     export.set_defaults(func=run_export)
     imp = actions.add_parser("import", help="check an exported file against a model and cache its layers")
@@ -54,13 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_compute(args: argparse.Namespace) -> int:
     from editscope.finite import fmt
     from editscope.lm import load
-    from editscope.stats import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET, second_moments
+    from editscope.stats import second_moments
     from editscope.stats.artefact import corpus_from
 
     corpus = corpus_from(args.corpus, args.field)
     bundle = load(args.model, device=args.device, dtype=args.dtype)
-    stats = second_moments(bundle, args.layers, corpus=corpus, token_budget=args.budget or DEFAULT_TOKEN_BUDGET,
-                           seq_len=args.seq_len or DEFAULT_SEQ_LEN, progress=True)
+    from editscope.stats.second_moment import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET
+
+    budget = DEFAULT_TOKEN_BUDGET if args.budget is None else args.budget
+    seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+    stats = second_moments(bundle, args.layers, corpus=corpus, token_budget=budget, seq_len=seq_len, progress=True)
     for layer, mom2 in sorted(stats.items()):
         trace = fmt(float(mom2.trace()), ".6g", f"stats compute: layer {layer}: trace")
         print(f"layer {layer}: C {tuple(mom2.shape)}  trace {trace}  corpus {corpus.digest}  "

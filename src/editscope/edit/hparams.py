@@ -52,8 +52,10 @@ class Params:
     ``RANGES`` declares, per numeric key, the interval its value must lie in (:class:`Range` notation: ``"(0, 10]"``,
     ``"[1, 10000]"``, ``"[0, inf)"``). A subclass's ``RANGES`` adds to (and for a key it names, replaces) those of
     its bases; a key whose value is None (an optional setting left unset) is not checked. The bounds reject values
-    that cannot mean anything (a negative threshold, a zero step count) or that overflow or run for hours (a
-    learning rate of 1e38, a billion steps), never values a published or shipped configuration uses."""
+    that cannot mean anything (a negative threshold, a zero step count, a positive bound too small to change a
+    float32 weight: ``"(0, inf)"`` is read as ``[1.1754944e-38, inf)``, see :mod:`editscope.ranges`) or that
+    overflow or run for hours (a learning rate of 1e38, a billion steps), never values a published or shipped
+    configuration uses."""
 
     RANGES: typing.ClassVar[dict[str, str]] = {}
     #: The few knobs ``editscope tune`` searches, with their grids (DESIGN rule 11: declared, not probed). A value
@@ -122,7 +124,7 @@ class Params:
         for key, rng in self.ranges().items():
             value = getattr(self, key)
             if value is not None and value not in rng:
-                raise EditscopeError(f"{where}: key {key!r}: must be in {rng}, got {value}")
+                raise EditscopeError(f"{where}: key {key!r}: must be in {rng}, got {value}{rng.why(value)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -390,13 +392,21 @@ def load_yaml(path: str | Path, cls: type[HParams], overrides: dict | None = Non
     overridden key names the override (``--set layers=[7]``; ``overrides_label`` says where overrides came
     from), not the file."""
     path = Path(path)
-    data = yamlio.load_file(path, "hparams", "an") or {}
-    if not isinstance(data, dict):
-        raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
+    data = read_hparams_file(path)
     provenance = data.pop(PROVENANCE_KEY, None)
     if provenance is not None and not isinstance(provenance, dict):
         raise EditscopeError(f"{path}: key {PROVENANCE_KEY!r}: expected a mapping, got {type(provenance).__name__}")
     return _validate(cls, data, str(path), overrides, n_layers, overrides_label)
+
+
+def read_hparams_file(path: str | Path) -> dict:
+    """The mapping an hparams file holds (its ``provenance`` block included), unvalidated; a file that is missing,
+    a folder, not UTF-8, not YAML or not a mapping is one line naming it."""
+    path = Path(path)
+    data = yamlio.load_file(path, "hparams", "an") or {}
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{path}: expected a mapping of hyperparameters")
+    return data
 
 
 def read_provenance(path: str | Path) -> dict | None:

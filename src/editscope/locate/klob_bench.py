@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from editscope.atomic import atomic_write_bytes, atomic_write_text, file_lock, make_dirs
+from editscope.atomic import atomic_write, atomic_write_bytes, atomic_write_text, file_lock, make_dirs
 from editscope.data.klob_build import (
     KlobExample,
     KlobPrompt,
@@ -308,9 +307,7 @@ def plot_metrics(metrics: dict, path: str | Path) -> Path:
     axes[2].tick_params(axis="x", rotation=30)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=130)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=130))
+    finally:
+        plt.close(fig)

@@ -150,6 +150,15 @@ class RunConfig:
     lm_eval: LmEvalSpec | None = None
     #: the config's ``models`` list (``model`` is then ""): one single-model run per entry (:meth:`for_model`)
     models: tuple[str, ...] = ()
+    #: where the config was read from (the YAML file, or parse_config's ``where``), for messages about its keys; not
+    #: part of what is computed (left out of :meth:`to_dict`, the digest and equality)
+    source: str = field(default="", compare=False)
+
+    @property
+    def where(self) -> str:
+        """What a message about this config's keys names: its file, else (a config rebuilt from a run.json) its
+        output directory."""
+        return self.source or self.output
 
     def for_model(self, model: str) -> RunConfig:
         """The single-model config of one ``models`` entry: what ``model: ENTRY`` in the same file would give (so
@@ -159,6 +168,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
         data = asdict(self)
+        data.pop("source")
         if self.mode != "sequential_batches":  # other configs keep the digest they had before this mode
             for key in ("batch", "rounds", "checkpoints"):
                 data.pop(key)
@@ -296,7 +306,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     return RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
                      group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
                      batch=mode.batch, rounds=mode.rounds, checkpoints=mode.checkpoints, reprobe=mode.reprobe,
-                     chat_template=chat_template, lm_eval=lm_eval)
+                     chat_template=chat_template, lm_eval=lm_eval, source=where)
 
 
 def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,

@@ -57,7 +57,7 @@ def run_models(config: RunConfig, *, out_dir: str | Path | None = None, shard: t
     """Run (or resume) every entry of ``config.models`` into ``OUT/<slug>/`` (see the module docstring).
     ``kwargs`` go to each :class:`Runner`; ``make_runner(sub_config, sub_dir)`` replaces it (the Ray executor)."""
     if not config.models:
-        raise EditscopeError(f"{config.output}: the config names one 'model', not a 'models' list")
+        raise EditscopeError(f"{config.where}: the config names one 'model', not a 'models' list")
     out = Path(out_dir if out_dir is not None else config.output)
     log = log or (lambda msg: print(msg, file=sys.stderr))
     check_models(config)
@@ -91,7 +91,7 @@ def check_models(config: RunConfig) -> None:
         try:
             check_available(model)
         except EditscopeError as exc:
-            raise EditscopeError(f"{config.output}: models[{i}] {model!r}: {exc}") from None
+            raise EditscopeError(f"{config.where}: models[{i}] {model!r}: {exc}") from None
 
 
 def _complete(config: RunConfig, out_dir: Path, shard: tuple[int, int], limit: int | None) -> bool:
@@ -101,7 +101,7 @@ def _complete(config: RunConfig, out_dir: Path, shard: tuple[int, int], limit: i
     if not (out_dir / RUN_JSON).is_file():
         return False
     meta = read_json(out_dir / RUN_JSON)
-    settings = EditRuntime.from_settings(dict(config.runtime), where=f"{config.output}: runtime").settings()
+    settings = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime").settings()
     return (meta.get("status") == "complete" and meta.get("config_digest") == config.digest(settings)
             and list(meta.get("shard", [0, 1])) == list(shard) and meta.get("limit") == limit)
 

@@ -262,7 +262,7 @@ class Runner:
                  suite_factories: Mapping[str, SuiteFactory] | None = None, bundle: Bundle | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         if config.models:  # a models list is one run per model (editscope.run.models.run_models)
-            raise EditscopeError(f"{config.output}: a config with 'models' runs one model at a time: "
+            raise EditscopeError(f"{config.where}: a config with 'models' runs one model at a time: "
                                  "editscope.run.models.run_models, or Runner(config.for_model(entry))")
         self.config = config
         self.out_dir = Path(out_dir if out_dir is not None else config.output)
@@ -275,7 +275,7 @@ class Runner:
         self.bundle = bundle
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         #: how edits are computed: the config's runtime settings, the environment's defaults for the others
-        self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.output}: runtime")
+        self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime")
         self._state_templates: dict[str, Any] = {}
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
         self._editors: dict[str, Any] = {}  # label -> Editor (set by _prepare)

@@ -36,11 +36,13 @@ from editscope.metrics.intervals import (
     clip_interval,
     geometric_mean_ci,
     mean_ci,
+    paired_mean_ci,
     stratified_mean_ci,
 )
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 from editscope.suites import measures_whole_model
+from editscope.suites.wild import COUNTERPARTS
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
 
@@ -426,6 +428,42 @@ def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[s
     return metrics, body
 
 
+def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
+    """Markdown lines of the wild-minus-teacher-forced table of every dataset whose rows hold the ``wild`` suite
+    and a teacher-forced suite it declares a counterpart for (:data:`editscope.suites.wild.COUNTERPARTS`): per
+    method and column pair, the mean over cases of (wild - teacher-forced) with its paired t interval, in points
+    (× 100); † where the interval excludes 0. Checkpoint rows are left out. Empty without such a dataset."""
+    pairs: dict[tuple[str, str, str, str, str], tuple[list[float], list[float]]] = {}
+    for row in rows:
+        metrics = row["metrics"]
+        if row.get("checkpoint") or "wild" not in metrics:
+            continue
+        for suite, columns in COUNTERPARTS.items():
+            for tf, wild in columns:
+                if tf in metrics.get(suite, {}) and wild in metrics["wild"]:
+                    a, b = pairs.setdefault((row["dataset"], suite, tf, wild, row["method"]), ([], []))
+                    a.append(float(metrics["wild"][wild]))
+                    b.append(float(metrics[suite][tf]))
+    if not pairs:
+        return []
+    methods = list(dict.fromkeys([*method_order, *(k[4] for k in pairs)]))
+    lines = ["## Wild minus teacher-forced (paired by case)", "",
+             "Mean over cases of (wild − teacher-forced) in points (× 100), 95% paired t interval; † the interval "
+             "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
+             "probabilities under the gold prefix (each table above names its protocol).", "",
+             "| dataset | method | teacher-forced | wild | n | TF | wild | gap [95% CI] |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for key in sorted(pairs, key=lambda k: (k[0], k[1], methods.index(k[4]))):
+        dataset, suite, tf, wild, method = key
+        a, b = pairs[key]
+        mean, lo, hi, n = paired_mean_ci(a, b)
+        interval = "" if math.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        mark = "†" if not math.isnan(lo) and (lo > 0 or hi < 0) else ""
+        lines.append(f"| {dataset} | {method} | {suite} {tf} | {wild} | {n} | {100 * float(np.mean(b)):.1f} | "
+                     f"{100 * float(np.mean(a)):.1f} | {100 * mean:+.1f}{interval}{mark} |")
+    return lines
+
+
 NotesMap = Mapping[tuple[str, str], Sequence[str]]
 """(dataset label, suite name) -> lines printed under that table (:func:`protocol_notes`)."""
 
@@ -508,6 +546,7 @@ def write_summary(out_dir: str | Path, rows: Iterable[dict[str, Any]], *, specs:
     summary = summarize(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
     curves = summarize_by_edits(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
     atomic_write_text(Path(out_dir) / SUMMARY_CSV, to_csv(summary))
-    atomic_write_text(Path(out_dir) / SUMMARY_MD, to_markdown(summary, specs=specs, notes=protocol_notes(rows),
-                                                              curves=curves))
+    gaps = protocol_gaps(rows, method_order)
+    markdown = to_markdown(summary, specs=specs, notes=protocol_notes(rows), curves=curves)
+    atomic_write_text(Path(out_dir) / SUMMARY_MD, markdown + ("\n" + "\n".join(gaps) + "\n" if gaps else ""))
     return summary

@@ -77,6 +77,17 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 
+COUNTERPARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "counterfact": (("ES_post", "Efficacy_post"), ("PS_post", "Generalization_post"), ("NS_post", "Locality")),
+    "zsre": (("Efficacy_post", "Efficacy_post"), ("Paraphrase_post", "Generalization_post"),
+             ("Specificity_post", "LocalityTrue_post")),
+    "portability": (("Edit_Succ_post", "Efficacy_post"), ("Rephrase_post", "Generalization_post"),
+                    ("Locality", "Locality")),
+}
+"""Teacher-forced suite -> (its column, this suite's column) pairs that measure the same thing in the two protocols:
+the summary's paired gap (wild minus teacher-forced, per case) of a block that holds both suites."""
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -178,4 +189,4 @@ class WildSuite(Suite):
         return row
 
 
-__all__ = ["CONTEXTS", "METRICS", "QA_TEMPLATE", "TARGETS", "WildSuite"]
+__all__ = ["CONTEXTS", "COUNTERPARTS", "METRICS", "QA_TEMPLATE", "TARGETS", "WildSuite"]

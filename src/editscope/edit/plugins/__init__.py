@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from editscope.edit.hparams import Params, parse_key_value, read_provenance
+from editscope.edit.hparams import PROVENANCE_KEY, Params, parse_key_value, read_hparams_file
 from editscope.edit.objective import ObjectiveTerm
 from editscope.errors import EditscopeError
 from editscope.registry import Registry
@@ -32,12 +32,15 @@ FROM_KEY = "from"
 
 def tuned_values(path: str | Path, name: str, where: str) -> dict[str, Any]:
     """The values of plug-in ``name`` recorded in the ``provenance.plugins`` of ``path`` (an ``editscope tune``
-    output, ``tuned.yaml``); a one-line error naming the file when it has none."""
+    output, ``tuned.yaml``); a one-line error naming the file when it cannot be read as YAML or records none."""
     path = Path(path)
     if not path.is_file():
         raise EditscopeError(f"{where}: key {FROM_KEY!r}: file not found: {path}")
-    provenance = read_provenance(path) or {}
-    entries = provenance.get("plugins")
+    try:
+        provenance = read_hparams_file(path).get(PROVENANCE_KEY)
+    except EditscopeError as exc:  # a YAML error says so (it is not a file that merely lacks the values)
+        raise EditscopeError(f"{where}: key {FROM_KEY!r}: {exc}") from None
+    entries = provenance.get("plugins") if isinstance(provenance, dict) else None
     found = [e for e in entries if isinstance(e, dict) and e.get("name") == name] if isinstance(entries, list) else []
     if not found:
         raise EditscopeError(f"{where}: key {FROM_KEY!r}: {path} records no values of plug-in {name!r} (expected "
