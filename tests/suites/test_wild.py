@@ -3,6 +3,7 @@ construction (its own greedy answers), and a run that puts it beside the teacher
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -131,6 +132,21 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
     summary = (tmp_path / "summary.md").read_text()
     assert "## wild on counterfact" in summary and "## counterfact on counterfact" in summary
     assert "## Wild minus teacher-forced (paired by case)" in summary
+    # the edit card replays the case and shows the answers the row stored, before and after
+    from editscope.report.card import compute_card, job_from_run, write_card
+    from tests.suites.test_collateral import known_fact_file
+
+    known_fact_file(tmp_path / "facts.json", ScoringEngine(bundle))  # facts the random model "knows"
+    row = rows[0]
+    job = job_from_run(tmp_path, row["case_id"], method="rome", bundle=bundle, collateral_facts=5,
+                       collateral_sources=[str(tmp_path / "facts.json")])
+    card = compute_card(job, generate_tokens=0, progress=False)
+    shown = [(a["prompt"], a["pre"], a["post"]) for a in card["suites"]["wild"]["answers"]]
+    assert shown == [(a["prompt"], a["answer"], b["answer"])
+                     for a, b in zip(row["pre"]["wild"]["prompts"], row["post"]["wild"]["prompts"], strict=True)]
+    page = write_card(card, tmp_path / "card.html").read_text()
+    assert "Answers the model generated for suite <code>wild</code>" in page
+    assert html.escape(row["post"]["wild"]["prompts"][0]["answer"]) in page
     assert "| counterfact | rome | counterfact ES_post | Efficacy_post | 2 |" in summary
 
 

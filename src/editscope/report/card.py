@@ -196,13 +196,20 @@ def _candidates(pre: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any
     tokens; ``p_*`` = exp of the mean token log-prob, the probability PEAK and ROME compare)."""
     out = []
     for a, b in zip(pre.get("prompts", []), post.get("prompts", []), strict=True):
-        for x, y in zip(a["candidates"], b["candidates"], strict=True):
+        for x, y in zip(a.get("candidates", []), b.get("candidates", []), strict=True):
             n = int(x["n_tokens"])
             out.append({"role": a["role"], "prompt": a["prompt"], "text": x["text"], "kind": x["kind"],
                         "n_tokens": n, "pre": float(x["logprob_sum"]), "post": float(y["logprob_sum"]),
                         "p_pre": math.exp(float(x["logprob_sum"]) / n), "p_post": math.exp(float(y["logprob_sum"]) / n),
                         "top1_pre": all(x["token_is_argmax"]), "top1_post": all(y["token_is_argmax"])})
     return out
+
+
+def _answers(pre: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answers a suite's probes hold (the wild suite's generated answers), pre and post side by side."""
+    return [{"role": a["role"], "prompt": a["prompt"], "gold": list(a.get("gold", [])), "pre": a["answer"],
+             "post": b["answer"]}
+            for a, b in zip(pre.get("prompts", []), post.get("prompts", []), strict=True) if "answer" in a]
 
 
 _WORD = re.compile(r"[\w']+")
@@ -388,7 +395,8 @@ def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False
         "source": job.source,
         "suites": {name: {"run_suite": name in job.suites, "protocol": s.protocol,
                           "declared": specs_to_json(s.declarations.specs), "metrics": metrics[name],
-                          "candidates": _candidates(pre[name], post[name])} for name, s in suites.items()},
+                          "candidates": _candidates(pre[name], post[name]),
+                          "answers": _answers(pre[name], post[name])} for name, s in suites.items()},
         "sections": sections_of(suites),
         "generation": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(gen_prompts, pre_text, post_text,
                                                                               strict=True)],

@@ -237,7 +237,7 @@ def _scores(card: dict[str, Any]) -> str:
     if name is None:
         return na("no CounterFact/zsRE suite measured this case (the edit has no true answer to compare)")
     rows = card["suites"][name]["candidates"]
-    return (f"<p>Suite <code>{name}</code>: every prompt it scores, the new target (kind <code>new</code>) and "
+    return (f"<p>Suite <code>{esc(name)}</code>: every prompt it scores, the new target (kind <code>new</code>) and "
             "the true answer (<code>true</code>; a neighbour's own answer on neighbourhood prompts), natural-log "
             "probability summed over the answer's tokens.</p>"
             + table([*_CAND_HEAD, "top-1 pre", "top-1 post"], _cand_rows(rows), left=(0, 1, 2))
@@ -246,10 +246,19 @@ def _scores(card: dict[str, Any]) -> str:
 
 
 def _generation(card: dict[str, Any]) -> str:
-    if not card["generation"]:
-        return na("generation turned off")
-    rows = [[esc(g["prompt"]), esc(g["pre"]), esc(g["post"])] for g in card["generation"]]
-    return "<p>Greedy continuations.</p>" + table(["prompt", "before", "after"], rows, left=(0, 1, 2), cls="gen")
+    if card["generation"]:
+        rows = [[esc(g["prompt"]), esc(g["pre"]), esc(g["post"])] for g in card["generation"]]
+        out = "<p>Greedy continuations.</p>" + table(["prompt", "before", "after"], rows, left=(0, 1, 2), cls="gen")
+    else:
+        out = na("generation turned off")
+    for name, suite in card["suites"].items():
+        if suite.get("answers"):  # a suite that judges generated answers (evaluation in the wild)
+            rows = [[esc(a["role"]), esc(a["prompt"]), esc(" / ".join(a["gold"])), esc(a["pre"]), esc(a["post"])]
+                    for a in suite["answers"]]
+            out += (f"<p>Answers the model generated for suite <code>{esc(name)}</code> "
+                    f"({esc(suite['protocol'].get('note', ''))}).</p>"
+                    + table(["role", "prompt", "gold", "before", "after"], rows, left=(0, 1, 2, 3, 4), cls="gen"))
+    return out
 
 
 def _metric_table(suite: dict[str, Any], keep: Sequence[str] | None = None) -> str:
