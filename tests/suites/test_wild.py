@@ -176,3 +176,19 @@ def test_protocol_gap_table_by_hand():
     assert table[("rome", "counterfact PS_post")][7].startswith(f"{100 * (0 - 0.5 - 1) / 3:+.1f} [")
     assert table[("memit", "counterfact ES_post")][4:] == ["1", "100.0", "100.0", "+0.0"]  # one case: no interval
     assert protocol_gaps([r for r in rows if r["method"] == "memit"][:0]) == []
+
+
+def test_lifelong_checkpoints_reprobe_in_the_wild_too(tmp_path, tiny_bundles):
+    config = parse_config({
+        "model": "tiny-llama", "seed": 0, "output": str(tmp_path),
+        "mode": {"sequential_batches": {"batch": 2, "rounds": 2, "checkpoints": 1}},
+        "methods": [{"name": "memit", "overrides": {"v_steps": 2}}], "dataset": "counterfact",
+        "slice": {"offset": 0, "limit": 4},
+        "suites": ["counterfact", {"name": "wild", "options": {"max_new_tokens": 4}}]})
+    Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+    rows = read_results(tmp_path / "results.jsonl")
+    checkpoints = [r for r in rows if r.get("checkpoint")]
+    assert checkpoints and len(rows) > len(checkpoints)
+    for row in rows:  # the checkpoint re-probe and the final probe both measure both protocols
+        assert {"counterfact", "wild"} <= set(row["metrics"]) and "Efficacy_post" in row["metrics"]["wild"]
+        assert all(isinstance(p["answer"], str) for p in row["post"]["wild"]["prompts"])
