@@ -431,7 +431,8 @@ def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[s
 def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
     """Markdown lines of the wild-minus-teacher-forced table of every dataset whose rows hold the ``wild`` suite
     and a teacher-forced suite it declares a counterpart for (:data:`editscope.suites.wild.COUNTERPARTS`): per
-    method and column pair, the mean over cases of (wild - teacher-forced) with its paired t interval, in points
+    method and column pair, the mean over cases of (wild - teacher-forced) with its paired t interval (clipped to
+    [-1, 1]), in points
     (× 100); † where the interval excludes 0. Checkpoint rows are left out. Empty without such a dataset."""
     pairs: dict[tuple[str, str, str, str, str], tuple[list[float], list[float]]] = {}
     for row in rows:
@@ -457,6 +458,7 @@ def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = 
         dataset, suite, tf, wild, method = key
         a, b = pairs[key]
         mean, lo, hi, n = paired_mean_ci(a, b)
+        lo, hi = clip_interval(lo, hi, (-1.0, 1.0))  # a gap of two shares lies in [-1, 1]
         interval = "" if math.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         mark = "†" if not math.isnan(lo) and (lo > 0 or hi < 0) else ""
         lines.append(f"| {dataset} | {method} | {suite} {tf} | {wild} | {n} | {100 * float(np.mean(b)):.1f} | "
