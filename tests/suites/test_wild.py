@@ -172,7 +172,8 @@ def test_protocol_gap_table_by_hand():
     half = stats.t.ppf(0.975, 2) * stats.tstd(diffs) / 3 ** 0.5
     mean = sum(diffs) / 3
     assert table[("rome", "counterfact ES_post")][3:] == ["Efficacy_post",
-        "3", "100.0", "33.3", f"{100 * mean:+.1f} [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"]
+        "3", "100.0", "33.3", f"{100 * mean:+.1f} [{100 * max(mean - half, -1):+.1f}, {100 * (mean + half):+.1f}]"]
+    assert mean - half < -1  # the t interval leaves [-1, 1]: the table clips it there
     assert table[("rome", "counterfact PS_post")][7].startswith(f"{100 * (0 - 0.5 - 1) / 3:+.1f} [")
     assert table[("memit", "counterfact ES_post")][4:] == ["1", "100.0", "100.0", "+0.0"]  # one case: no interval
     assert protocol_gaps([r for r in rows if r["method"] == "memit"][:0]) == []
