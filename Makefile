@@ -9,6 +9,12 @@ STAMP := $(VENV)/.editscope-setup
 CONSTRAINTS ?= -c constraints.txt
 LATEST := .venv-latest
 PYTEST_ARGS ?=
+# The suite runs in pytest-xdist worker processes: two where there are two cores or more (CI machines have two; more
+# SmolLM2 processes than cores only slows each down), none (one process) on one core. PYTEST_ARGS="-n 0" runs it in
+# one process; a later -n in PYTEST_ARGS wins. loadgroup: tests marked xdist_group("name") run on one worker (the
+# Ray executor's module shares one local cluster), the rest go to whichever worker is free.
+TEST_WORKERS ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 0)
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: setup test test-fast test-latest demo lint bench clean
 
@@ -32,17 +38,17 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # Not in CI: the same suite on the newest versions pyproject.toml allows. When it passes, refresh constraints.txt
 # from that venv (pip freeze --exclude-editable, torch left out) in a commit of its own.
 test-latest:
 	$(MAKE) setup VENV=$(LATEST) CONSTRAINTS=
 	$(LATEST)/bin/python -m pip install -q --upgrade -e '.[dev,ray,browser,lmeval]'
-	$(LATEST)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(LATEST)/bin/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/editscope demo

@@ -11,6 +11,28 @@ import pytest
 # device is auto). Tests of other devices ask for them explicitly.
 os.environ.setdefault("EDITSCOPE_DEVICE", "cpu")
 
+
+def _xdist_threads() -> int | None:
+    """Threads for one pytest-xdist worker (``make test`` runs two): the CPUs this process may use shared out
+    among the workers, at least one; None outside xdist, or when the user set OMP_NUM_THREADS."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not workers or "OMP_NUM_THREADS" in os.environ:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(1, int(workers)))
+
+
+# Each xdist worker computes with its share of the cores (two workers on two cores: one thread each), so the workers
+# do not oversubscribe them. Set before torch and numpy start their thread pools; the subprocesses tests start
+# inherit it.
+_THREADS = _xdist_threads()
+if _THREADS is not None:
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, str(_THREADS))
+    import torch
+
+    torch.set_num_threads(_THREADS)
+
 TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3"]
 
 #: caches under EDITSCOPE_HOME that are expensive to rebuild and keyed by what they hold (converted models, layer

@@ -113,6 +113,46 @@ def test_training_to_a_passed_step_trains_again_for_its_snapshot_only(tiny_bundl
     assert all(torch.equal(at3[k], only3[k]) for k in at3)
 
 
+def test_a_second_trainer_waits_for_the_first_and_trains_nothing(tiny_bundles, mend_home, monkeypatch, capfd):
+    """Two trainers of one editor (processes sharing a home): the second waits on the editor folder's lock, saying
+    who holds it, then finds the first one's checkpoint at the asked step and runs no training step itself."""
+    import importlib
+    import os
+    import threading
+
+    from editscope.atomic import file_lock
+
+    module = importlib.import_module("editscope.edit.mend.train")  # the package re-exports a same-named function
+    bundle = tiny_bundles["llama"]
+    hp = _hp(bundle, steps=4)
+    folder = checkpoint_dir(bundle, hp)
+    stepped: list[str] = []
+    losses = module.mend_losses
+
+    def counted(*args, **kwargs):
+        stepped.append(threading.current_thread().name)
+        return losses(*args, **kwargs)
+
+    monkeypatch.setattr(module, "mend_losses", counted)
+    held = threading.Event()
+
+    def first() -> None:  # another trainer: the lock taken as train() takes it (flock: one holder per open file)
+        with file_lock(folder.parent / f".{folder.name}.lock", what="the first trainer"):
+            held.set()
+            module._train(bundle, hp, folder, 4, progress=False, resume=True, log=lambda _m: None)
+
+    thread = threading.Thread(target=first, name="first")
+    thread.start()
+    assert held.wait(timeout=60)
+    second = train(bundle, hp, progress=False)
+    thread.join(timeout=600)
+    assert stepped == ["first"] * 4  # every step ran in the first trainer
+    assert second.steps == 4 and [h["step"] for h in second.history] == [1, 2, 3, 4]
+    assert saved_steps(folder) == [2, 4]
+    waits = [line for line in capfd.readouterr().err.splitlines() if "waiting for process" in line]
+    assert len(waits) == 1 and f"waiting for process {os.getpid()} (building the first trainer)" in waits[0]
+
+
 def test_prepare_trains_every_asked_length_once_per_training_digest(tiny_bundles, mend_home):
     bundle = tiny_bundles["llama"]
     asked = [_hp(bundle, steps=n) for n in (2, 4)] + [_hp(bundle, steps=2, rank=4)]

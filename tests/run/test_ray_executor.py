@@ -20,7 +20,9 @@ from editscope.run.runner import timing_free
 from editscope.run.store import read_json
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+# one worker runs the module under pytest-xdist (--dist loadgroup): its cluster and in-process reference are built
+# once, and one Ray cluster, not two, shares the cores with the other worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 CONFIG = {"model": "tiny-llama", "seed": 0, "output": "unused", "save_patches": True,
           "methods": [{"name": "rome", "overrides": {"v_steps": 2}}],

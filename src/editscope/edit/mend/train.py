@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from editscope.atomic import atomic_write, atomic_write_text
+from editscope.atomic import atomic_write, atomic_write_text, file_lock
 from editscope.data import load_cases
 from editscope.data.records import Case
 from editscope.edit.mend.core import (
@@ -138,6 +138,15 @@ def train(bundle, hp: MendHParams, *, steps: int | None = None, progress: bool =
     if total < 1:
         raise EditscopeError(f"--steps must be >= 1, got {total}")
     folder = checkpoint_dir(bundle, hp)
+    # One trainer per editor folder: a second process training the same editor waits here, then resumes from the
+    # checkpoint the first one left (or finds the snapshot it asks for) instead of training beside it.
+    with file_lock(folder.parent / f".{folder.name}.lock", what=f"MEND editor for {bundle.name}, {total} steps"):
+        return _train(bundle, hp, folder, total, progress=progress, resume=resume, log=log)
+
+
+def _train(bundle, hp: MendHParams, folder: Path, total: int, *, progress: bool, resume: bool,
+           log: Callable[[str], None]) -> TrainResult:
+    """:func:`train` with its folder's lock held."""
     path = folder / CHECKPOINT
 
     def fresh():
