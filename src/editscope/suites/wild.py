@@ -50,6 +50,7 @@ from editscope.lm.scorer import Scorer
 from editscope.metrics.answers import JUDGES, exact_match, judge_answer, token_f1
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite, check_choice
+from editscope.suites.zsre import answers0, answers0_request
 
 QA_TEMPLATE = "Question: {prompt}\nAnswer:"
 """The ``qa`` context: a question-answer wrapper (the answer is read after ``Answer:``)."""
@@ -123,21 +124,12 @@ class WildSuite(Suite):
                         f"by {self.judge} against {self.target}; Locality = neighbourhood answers unchanged"}
 
     def edit_target(self, case: Case) -> str:
-        if self.target == "target_new":
-            return case.request.target_new
-        answers = case.extra.get("answers") or []
-        if not answers or not str(answers[0]).strip():
-            raise EditscopeError(f"wild suite: case {case.case_id}: target answers0 needs extra['answers'] "
-                                 "(MEND's answers list; load the case with the zsRE loader)")
-        return str(answers[0])
+        return case.request.target_new if self.target == "target_new" else answers0(case, self.name)
 
     def edit_requests(self, case: Case) -> list[EditRequest]:
         """The case's own requests, or (``target: answers0``) its prompt with MEND's answers[0], as the zsre suite
         edits it by default."""
-        if self.target == "target_new":
-            return list(case.requests)
-        req = case.request
-        return [EditRequest(req.prompt, req.subject, self.edit_target(case), None)]
+        return list(case.requests) if self.target == "target_new" else [answers0_request(case, self.name)]
 
     def shown(self, prompt: str) -> str:
         """A prompt as the model sees it in this suite's context."""

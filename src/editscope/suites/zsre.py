@@ -107,6 +107,22 @@ def neighborhood_question(loc: str, question_mark: bool = True) -> str:
     return loc + "?" if question_mark and not loc.endswith("?") else loc
 
 
+def answers0(case: Case, suite: str) -> str:
+    """MEND's ``answers[0]`` of a zsRE case (what ROME/MEMIT/AlphaEdit's code edits); ``suite`` names the asker in
+    the error when the case has no answers list."""
+    answers = case.extra.get("answers") or []
+    if not answers or not str(answers[0]).strip():
+        raise EditscopeError(f"{suite} suite: case {case.case_id}: target answers0 needs extra['answers'] "
+                             "(MEND's answers list; load the case with the zsRE loader)")
+    return str(answers[0])
+
+
+def answers0_request(case: Case, suite: str) -> EditRequest:
+    """The case's edit with target_new = :func:`answers0` and no target_true."""
+    req = case.request
+    return EditRequest(req.prompt, req.subject, answers0(case, suite), None)
+
+
 class ZsreSuite(Suite):
     """zsRE top-1 probability tests; options ``target`` and ``loc_question_mark`` (see the module docstring)."""
 
@@ -133,21 +149,12 @@ class ZsreSuite(Suite):
 
     def edit_target(self, case: Case) -> str:
         """The answer this suite edits and scores on the edit/paraphrase prompts (option ``target``)."""
-        if self.target == "alt":
-            return case.request.target_new
-        answers = case.extra.get("answers") or []
-        if not answers or not str(answers[0]).strip():
-            raise EditscopeError(f"zsre suite: case {case.case_id}: target answers0 needs extra['answers'] "
-                                 "(MEND's answers list; load the case with the zsRE loader)")
-        return str(answers[0])
+        return case.request.target_new if self.target == "alt" else answers0(case, self.name)
 
     def edit_requests(self, case: Case) -> list[EditRequest]:
         """The edit of ``case``: its prompt and subject with target_new = :meth:`edit_target`. With
         ``target="answers0"`` no target_true is set (ROME/MEMIT give ``"<|endoftext|>"``, used by no editor)."""
-        req = case.request
-        if self.target == "alt":
-            return [req]
-        return [EditRequest(req.prompt, req.subject, self.edit_target(case), None)]
+        return [case.request] if self.target == "alt" else [answers0_request(case, self.name)]
 
     def plan(self, case: Case) -> Plan:
         """The scoring requests of one case."""
