@@ -36,6 +36,7 @@ from editscope.edit.plugins import PluginLike
 from editscope.errors import EditscopeError
 from editscope.lm.loading import Bundle
 from editscope.progress import StatusLine, listening, report
+from editscope.run.trial import Edits, Method, Trial
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.portability import PortabilitySuite
 from editscope.suites.wild import WildSuite
@@ -52,11 +53,12 @@ class EditResult:
     protocols: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """The mean of every metric over the requests, per protocol (a metric a request lacks is left out)."""
+        """The mean of every metric over the requests, per protocol (a metric a request lacks, or whose value is
+        undefined (None), is left out)."""
         out: dict[str, dict[str, float]] = {}
         for proto in ("paper", "easyedit", "wild"):
             names = sorted({k for m in self.metrics for k in m.get(proto, {})})
-            values = {k: [m[proto][k] for m in self.metrics if k in m.get(proto, {})] for k in names}
+            values = {k: [m[proto][k] for m in self.metrics if m.get(proto, {}).get(k) is not None] for k in names}
             out[proto] = {k: sum(v) / len(v) for k, v in values.items() if v}
         return out
 
@@ -107,33 +109,40 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
             suites["paper"] = CounterFactSuite()
         if wild:
             suites["wild"] = WildSuite(max_new_tokens=wild_tokens)
+        trial = Trial("edit_and_evaluate", suites, Method(method, editor, hp, tuple(plugins)), session.runtime)
+        engine = session.engine
+        pre = trial.probe(engine, cases, 0, "pre")
+        kept = Edits(bundle)  # keep=True: the edits stay on the model (result.patches / the session revert them)
         state = editor.new_state()
-        report(f"probing {n} request(s) before editing")
-        pre = {proto: suite.probe_many(session.engine, cases) for proto, suite in suites.items()}
         patches, metrics = [], []
         for i, case in enumerate(cases):
             report(f"request {i + 1}/{n}: editing")
-            patch = session.apply(method, case.request, hp, state if keep else editor.new_state(), plugins=plugins)
-            try:
-                post = {proto: suite.probe_many(session.engine, [case])[0] for proto, suite in suites.items()}
-            finally:
-                if not keep:
-                    session.revert()
+            if keep:
+                patch = trial.edit(kept, case.requests, state, engine=engine, group=i, n_cases=1, where=f"request {i}")
+                post = trial.probe(engine, [case], i).of(0)
+            else:
+                with trial.edited(bundle, case.requests, engine=engine, group=i) as patch:
+                    post = trial.probe(engine, [case], i).of(0)
             patches.append(patch)
-            row: dict[str, Any] = {"request": {"prompt": case.request.prompt, "subject": case.request.subject,
-                                               "target_new": case.request.target_new,
-                                               "ground_truth": case.request.target_true},
-                                   "edit_seconds": patch.info.get("seconds")}
-            for proto, suite in suites.items():
-                row[proto] = _renamed(suite.checked_metrics(case, pre[proto][i], post[proto]))
-            if wild:
-                row["wild_answers"] = [{"prompt": a["prompt"], "role": a["role"], "pre": a["answer"],
-                                        "post": b["answer"]}
-                                       for a, b in zip(pre["wild"][i]["prompts"], post["wild"]["prompts"], strict=True)]
-            metrics.append(row)
+            metrics.append(_row(case, patch, trial.metrics(case, pre.of(i), post), pre.of(i), post, wild))
         if status is not None:
             status.close()
-        return EditResult(metrics, patches, session, {proto: s.protocol for proto, s in suites.items()})
+        return EditResult(metrics, patches, session, trial.protocol())
+
+
+def _row(case: Case, patch: Patch, metrics: Mapping[str, Mapping[str, float | None]], pre: Mapping[str, Any],
+         post: Mapping[str, Any], wild: bool) -> dict[str, Any]:
+    """What a request's result holds: the request, the edit's seconds, each protocol's metrics (``X`` after the
+    edit, ``X_pre`` before) and, measured in the wild, the answers before and after."""
+    request = case.request
+    row: dict[str, Any] = {"request": {"prompt": request.prompt, "subject": request.subject,
+                                       "target_new": request.target_new, "ground_truth": request.target_true},
+                           "edit_seconds": patch.info.get("seconds")}
+    row |= {proto: _renamed(values) for proto, values in metrics.items()}
+    if wild:
+        row["wild_answers"] = [{"prompt": a["prompt"], "role": a["role"], "pre": a["answer"], "post": b["answer"]}
+                               for a, b in zip(pre["wild"]["prompts"], post["wild"]["prompts"], strict=True)]
+    return row
 
 
 def _listed(value: Any) -> list:
@@ -184,6 +193,6 @@ def _case(i: int, prompt: str, subject: str, target_new: str, truth: str | None,
                 extra={"locality": local, "portability": _pairs(i, portability, "portability_inputs")})
 
 
-def _renamed(row: dict[str, float]) -> dict[str, float]:
+def _renamed(row: Mapping[str, float | None]) -> dict[str, float | None]:
     """``X_post`` -> ``X`` (the value after the edit), ``X_pre`` kept; post-only metrics as they are."""
     return {k.removesuffix("_post"): v for k, v in row.items()}

@@ -16,9 +16,10 @@ import torch
 from editscope.cli import main
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.errors import EditscopeError
-from editscope.report.card import choose_cases, compute_card, job_from_run, write_card
+from editscope.report.card import choose_cases, write_card
 from editscope.report.card_html import SECTIONS, scores_figure
 from editscope.run import Runner, parse_config, read_results
+from editscope.run.inspect import compute_card, job_from_run
 from tests.suites.test_collateral import known_fact_file
 
 
@@ -76,8 +77,9 @@ def test_card_equals_the_runners_row(tiny_run, method):
     job = job_from_run(run, row["case_id"], method=method, bundle=bundle)
     card = compute_card(job, generate_tokens=4, trace=method == "rome", trace_samples=2, progress=False)
     assert weights(bundle) == before  # restored
-    assert set(job.suites) == {"counterfact", "evk", "collateral"} and not job.extras  # the run's own suites
-    for name in job.suites:
+    # the run's own suites (the card adds none: the run measured EVK and collateral damage itself)
+    assert set(job.run_suites) == set(job.trial.suites) == {"counterfact", "evk", "collateral"}
+    for name in job.run_suites:
         assert card["suites"][name]["metrics"] == row["metrics"][name], name
     # raw candidate log-probs, pre and post, equal the row's probes
     probe_pre, probe_post = row["pre"]["counterfact"]["prompts"], row["post"]["counterfact"]["prompts"]

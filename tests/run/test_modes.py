@@ -15,7 +15,8 @@ from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.run import Runner, parse_config, read_results, recompute_metrics
-from editscope.run.runner import derived_seed, timing_free
+from editscope.run.runner import timing_free
+from editscope.run.trial import derived_seed
 from editscope.suites.counterfact import CounterFactSuite
 
 SEQ = {"sequential_batches": {"batch": 2, "rounds": 2, "checkpoints": 1}}

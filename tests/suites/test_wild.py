@@ -133,7 +133,8 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
     assert "## wild on counterfact" in summary and "## counterfact on counterfact" in summary
     assert "## Wild minus teacher-forced (paired by case)" in summary
     # the edit card replays the case and shows the answers the row stored, before and after
-    from editscope.report.card import compute_card, job_from_run, write_card
+    from editscope.report.card import write_card
+    from editscope.run.inspect import compute_card, job_from_run
     from tests.suites.test_collateral import known_fact_file
 
     known_fact_file(tmp_path / "facts.json", ScoringEngine(bundle))  # facts the random model "knows"

@@ -109,6 +109,7 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
     from editscope.errors import EditscopeError
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
+    from editscope.run.trial import Method, Trial
 
     def say(message: str) -> None:
         if status is not None:
@@ -130,16 +131,14 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
         raise EditscopeError(f"--generate must be >= 0, got {args.generate}")
     pre_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
     say(f"editing with {editor.display(plugins)}")
+    trial = Trial("cli", {}, Method(args.method, editor, hp, tuple(plugins)), runtime)
     t0 = time.perf_counter()
-    patch = editor.apply(bundle, request, hp, editor.new_state(), engine=engine, runtime=runtime, plugins=plugins)
-    seconds = time.perf_counter() - t0
-    say(f"edited in {seconds:.1f} s; scoring after the edit")
-    try:
+    with trial.edited(bundle, [request], engine=engine) as patch:  # undone (and checked) at the end of the block
+        seconds = time.perf_counter() - t0
+        say(f"edited in {seconds:.1f} s; scoring after the edit")
         post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
         post_answers = engine.score([(request.text, a) for a, _ in answers])
         post_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
-    finally:
-        patch.revert(bundle)
     result = {
         "method": args.method,
         "label": editor.display(plugins),

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _job(args: argparse.Namespace, log):
     from editscope.errors import EditscopeError
-    from editscope.report.card import job_from_request, job_from_run
+    from editscope.run.inspect import job_from_request, job_from_run
 
     if args.run:
         if not args.case:
@@ -115,7 +115,8 @@ def _job(args: argparse.Namespace, log):
 
 
 def run(args: argparse.Namespace) -> int:
-    from editscope.report.card import card_stem, compute_card, write_card
+    from editscope.report.card import card_stem, write_card
+    from editscope.run.inspect import compute_card
 
     def log(msg: str) -> None:
         if not args.no_progress:
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     card = compute_card(job, generate_tokens=args.generate, trace=args.trace, trace_samples=args.trace_samples,
                         top=args.top, progress=not args.no_progress, log=log)
     out = Path(args.out)
-    stem = args.name or card_stem(job.dataset, job.case.case_id, job.label)
+    stem = args.name or card_stem(job.trial.dataset, job.case.case_id, job.method.label)
     page = write_card(card, out / f"{stem}.html", out / f"{stem}.json" if args.json else None)
     col = card.get("collateral_scan")
     if col:

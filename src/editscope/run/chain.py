@@ -34,8 +34,7 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,19 +50,12 @@ from editscope.errors import EditscopeError
 
 if TYPE_CHECKING:
     from editscope.lm.bundle import Bundle
+    from editscope.run.plan import Lifelong
+    from editscope.run.trial import Edits, Probes, Trial
 
 FORMAT = "editscope-chain-1"
 CHAINS_DIR = "chains"
 _DELTA, _INDEX, _VALUES, _STATE = "delta::", "exact_index::", "exact_value::", "state::"
-
-
-@contextmanager
-def naming(what: str) -> Iterator[None]:
-    """Prefix an editor's error (e.g. a non-finite ΔW) with the dataset, case and method it happened on."""
-    try:
-        yield
-    except EditscopeError as exc:
-        raise EditscopeError(f"{what}: {exc}") from None
 
 
 def chain_path(out_dir: str | Path, dataset: str, group: int, method: str) -> Path:
@@ -207,27 +199,40 @@ def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, se
     return sorted(np.argsort(keys, kind="stable")[:limit].tolist()) + list(range(earlier, n_edited))
 
 
+@dataclass(frozen=True)
+class ChainHost:
+    """What a chain needs of the run that holds it: where its file goes, the digest that names the run's config and
+    runtime, the lm-evaluation-harness hook of the run's ``lm_eval`` key (None: none) and where messages go."""
+
+    out_dir: Path
+    config_digest: str
+    lm_eval_hook: Any = None
+    log: Callable[[str], None] = print
+
+
 class LifelongChain:
     """The rounds of one ``sequential_batches`` group with one method (see the module docstring).
 
-    ``runner`` is the :class:`~editscope.run.runner.Runner` (its config, runtime, plug-ins, probe and log);
-    ``log`` the group's :class:`~editscope.run.runner._GroupEdits`; ``todo`` the (case index, edits_applied)
-    units whose rows are still missing."""
+    ``trial`` edits and probes (its seeds); ``mode`` (:class:`~editscope.run.plan.Lifelong`) cuts the group into
+    rounds and picks each checkpoint's cases; ``log`` is the group's :class:`~editscope.run.trial.Edits`; ``todo``
+    the (case index, edits_applied) units whose rows are still missing."""
 
-    def __init__(self, runner: Any, block: Any, g: int, members: list[int], label: str, editor: Any, hp: Any,
-                 engine: Any, todo: set[tuple[int, int | None]], log: Any) -> None:
-        self.runner, self.block, self.g, self.members, self.label = runner, block, g, members, label
-        self.editor, self.hp, self.engine, self.todo, self.log = editor, hp, engine, todo, log
-        batch = runner.config.batch
-        self.chunks = [members[s:s + batch] for s in range(0, len(members), batch)]
-        self.every = runner.config.checkpoints
-        self.path = chain_path(runner.out_dir, block.label, g, label)
+    def __init__(self, trial: Trial, mode: Lifelong, block: Any, g: int, members: list[int], engine: Any,
+                 log: Edits, todo: set[tuple[int, int | None]], host: ChainHost) -> None:
+        self.trial, self.mode, self.block, self.g, self.members = trial, mode, block, g, members
+        self.engine, self.log, self.todo, self.host = engine, log, todo, host
+        self.chunks = mode.steps(members)
+        self.path = chain_path(host.out_dir, block.label, g, trial.label)
         self.state: Any = None
 
+    @property
+    def editor(self) -> Any:
+        assert self.trial.method is not None
+        return self.trial.method.editor
+
     def _identity(self) -> dict[str, Any]:
-        runner, bundle = self.runner, self.runner.bundle
-        return {"config_digest": runner.config.digest(runner.runtime.settings()), "dataset": self.block.label,
-                "group": self.g, "method": self.label, "base_fingerprint": bundle.base_fingerprint,
+        return {"config_digest": self.host.config_digest, "dataset": self.block.label, "group": self.g,
+                "method": self.trial.label, "base_fingerprint": self.log.bundle.base_fingerprint,
                 "cases": cases_digest([self.block.cases[i].case_id for i in self.members])}
 
     def _applied_after(self, r: int) -> int:
@@ -245,63 +250,55 @@ class LifelongChain:
             raise EditscopeError(f"{self.path}: a chain checkpoint of another config, runtime or model ({what}); "
                                  "use another output directory or delete the file to restart the chain")
         if ckpt.meta.get("state_class") != self.editor.state_class.__name__:
-            raise EditscopeError(f"{self.path}: editor state {ckpt.meta.get('state_class')!r}, method {self.label} "
-                                 f"carries {self.editor.state_class.__name__}")
+            raise EditscopeError(f"{self.path}: editor state {ckpt.meta.get('state_class')!r}, method "
+                                 f"{self.trial.label} carries {self.editor.state_class.__name__}")
         r = ckpt.round
         if any(e is not None and e <= ckpt.edits_applied for _i, e in self.todo):
-            self.runner.log(f"{self.path.name}: rows of checkpoints up to round {r} are missing; restarting the "
-                            "chain from its first round")
+            self.host.log(f"{self.path.name}: rows of checkpoints up to round {r} are missing; restarting the "
+                          "chain from its first round")
             return 0
-        bundle = self.runner.bundle
-        device = bundle.device
+        bundle = self.log.bundle
         self.state = self.editor.state_class.from_state_dict(
-            {k: v.to(device) for k, v in ckpt.state_tensors.items()}, ckpt.state_meta, str(self.path))
+            {k: v.to(bundle.device) for k, v in ckpt.state_tensors.items()}, ckpt.state_meta, str(self.path))
         records = ckpt.meta["rounds"]
         self.log.restored(ckpt.restore(bundle, str(self.path), [rec["digest"] for rec in records]), records)
         for key, texts in templates_from_json(ckpt.meta.get("templates", [])).items():
-            self.runner.runtime.templates.setdefault(key, texts)  # generated on the loaded weights, as before
-        self.runner.log(f"resuming chain {self.block.label} group {self.g} method {self.label} after round {r} "
-                        f"({ckpt.edits_applied} edits) from {self.path}")
+            self.trial.runtime.templates.setdefault(key, texts)  # generated on the loaded weights, as before
+        self.host.log(f"resuming chain {self.block.label} group {self.g} method {self.trial.label} after round {r} "
+                      f"({ckpt.edits_applied} edits) from {self.path}")
         return r
 
     def _save(self, r: int, applied: int) -> None:
-        runner = self.runner
         meta = self._identity() | {"round": r, "edits_applied": applied, "rounds": self.log.records,
-                                   "templates": templates_to_json(runner.runtime.templates)}
-        ChainCheckpoint.capture(runner.bundle, self.state, meta).save(self.path)
+                                   "templates": templates_to_json(self.trial.runtime.templates)}
+        ChainCheckpoint.capture(self.log.bundle, self.state, meta).save(self.path)
 
-    def rounds(self, new_state: Any) -> Iterator[tuple[int, int, list[int], dict[str, list], float]]:
+    def rounds(self, new_state: Callable[[], Any]) -> Iterator[tuple[int, int, list[int], Probes]]:
         """Edit round after round (from the last checkpoint, if any); yield each checkpoint's probe
-        ``(round, edits applied, positions in members of the cases probed, post probes, seconds per case)`` whose
-        rows are wanted, and save
+        ``(round, edits applied, positions in members of the cases probed, probes)`` whose rows are wanted, and save
         the checkpoint file once the caller asks for the next (its rows are written by then)."""
-        runner, block = self.runner, self.block
+        block, trial, hook = self.block, self.trial, self.host.lm_eval_hook
         done = self._resume()
         if done == 0:
             self.state = new_state()
         applied = self._applied_after(done)
         for r, chunk in enumerate(self.chunks[done:], start=done + 1):
-            # seeded per round: a resumed chain edits round r exactly as an uninterrupted one
-            torch.manual_seed(runner.seed_of(block.label, self.label, self.g, "edit", r))
             requests = [req for i in chunk for req in block.requests[i]]
             first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
-            with naming(f"{block.label}: round {r} (cases {first}..{last}), method {self.label}"):
-                self.log.take(self.editor.apply(runner.bundle, requests, self.hp, self.state, engine=self.engine,
-                                                runtime=runner.runtime, plugins=runner.plugins_of(self.label)),
-                              len(chunk))
+            # seeded per round: a resumed chain edits round r exactly as an uninterrupted one
+            trial.edit(self.log, requests, self.state, engine=self.engine, group=self.g, n_cases=len(chunk),
+                       where=f"round {r} (cases {first}..{last})", round_=(r,))
             applied += len(requests)
-            if runner.lm_eval_hook is not None:  # lm-eval tasks when this many edits is a chosen checkpoint
-                runner.lm_eval_hook.checkpoint(runner.bundle, dataset=block.label, group=self.g, method=self.label,
-                                               round_=r, before=applied - len(requests), applied=applied,
-                                               last=r == len(self.chunks))
-            if not (self.every and r % self.every == 0 and r < len(self.chunks)):
+            if hook is not None:  # lm-eval tasks when this many edits is a chosen checkpoint
+                hook.checkpoint(self.log.bundle, dataset=block.label, group=self.g, method=trial.label, round_=r,
+                                before=applied - len(requests), applied=applied, last=r == len(self.chunks))
+            if not self.mode.is_checkpoint(r, len(self.chunks)):
                 continue
             # the checkpoint-evaluation point: every suite probes the cases edited so far on the chained model
-            positions = runner.reprobed(block, self.g, self.members, self.log.n_cases)
+            positions = self.mode.probed(self.log.n_cases, len(self.members), trial.reprobe_seed(self.g))
             if any((self.members[k], applied) in self.todo for k in positions):
                 cases = [block.cases[self.members[k]] for k in positions]
-                yield (r, applied, positions,
-                       *runner.probe(block, self.label, self.g, cases, self.engine, f"round {r}"))
+                yield r, applied, positions, trial.probe(self.engine, cases, self.g, "post", f"round {r}")
             self._save(r, applied)  # after its rows are written: a kill from here on resumes after round r
 
     def finished(self) -> None:

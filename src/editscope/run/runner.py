@@ -31,41 +31,36 @@ of an unsharded run.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, nullcontext
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from editscope.atomic import atomic_write_text
 from editscope.data import DATASETS, dataset_path, load_cases
 from editscope.data.records import Case, EditRequest
 from editscope.edit.objective import independent_edits
-from editscope.edit.patch import Patch, tensor_checksum
 from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
 from editscope.finite import REASONS_KEY
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
-from editscope.progress import listening, report
-from editscope.run.chain import LifelongChain, naming, remove_chain_files, reprobe_positions
+from editscope.progress import listening
+from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
+from editscope.run.plan import Lifelong, Single, Unit, mode_of
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
     RUN_JSON,
     ResultsWriter,
-    clean_metrics,
     drop_duplicates,
     read_json,
     read_results,
@@ -73,8 +68,9 @@ from editscope.run.store import (
     run_lock,
     unit_key,
 )
-from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite, probe_cases
+from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite
 from editscope.run.summary import SummaryRow, results_text, write_summary
+from editscope.run.trial import Edits, Method, Probes, Trial
 from editscope.suites.base import Suite
 
 FORMAT = "editscope-run-1"
@@ -127,24 +123,8 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def derived_seed(*parts: object) -> int:
-    """A 63-bit seed from the config seed and the identity of a unit of work (not from the order of work)."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _scalars(info: Mapping[str, Any]) -> dict[str, Any]:
-    """The finite scalars of an edit's ``info``, by key name: a chain's checkpoint stores them sorted, so a resumed
-    run writes them in the order a fresh one does."""
-    out = {}
-    for key, value in sorted(info.items()):
-        if isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value)):
-            out[key] = value
-    return out
 
 
 def load_blocks(config: RunConfig, *, limit: int | None = None,
@@ -189,66 +169,6 @@ def assign_groups(blocks: Sequence[Block], group_size: int, shard: tuple[int, in
         block.groups = [(g, members) for g, members in groups if g % n == i]
 
 
-def _check_reverted(bundle: Bundle, checksums: Mapping[str, str]) -> None:
-    """Every parameter an edit touched is back at the bytes it had before the first edit (``checksums``)."""
-    params = dict(bundle.model.named_parameters())
-    for name, checksum in checksums.items():
-        if tensor_checksum(params[name]) != checksum:
-            raise EditscopeError(f"parameter {name} was not restored after the edit (bug: please report)")
-
-
-@dataclass
-class _GroupEdits:
-    """What one group's edits left: the patches still applied (``loose``; in a chain each is folded into the
-    bundle as soon as it is taken), the pre-edit checksum of every edited parameter, per edit (patch) a record
-    of its cases, seconds and ``info`` scalars, and per case the edit that edited it: what the rows need, nothing
-    that grows with the size of the weights. :meth:`take` saves a patch (when asked) and, in a chain, folds it."""
-
-    bundle: Bundle
-    chained: bool
-    save_to: Path | None
-    stem: str
-    loose: list[Patch] = field(default_factory=list)
-    checksums: dict[str, str] = field(default_factory=dict)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    patch_of: list[int] = field(default_factory=list)
-
-    @property
-    def n_cases(self) -> int:
-        """Cases edited so far."""
-        return len(self.patch_of)
-
-    def seconds(self, k: int) -> float:
-        return self.records[self.patch_of[k]]["seconds"]
-
-    def info(self, k: int) -> dict[str, Any]:
-        return self.records[self.patch_of[k]]["info"]
-
-    def take(self, patch: Patch, n_cases: int) -> None:
-        """Record ``patch`` (just applied) as the edit of the next ``n_cases`` cases."""
-        self.loose.append(patch)  # first: whatever fails below, the caller reverts what it holds
-        for name, checksum in patch.checksums.items():
-            self.checksums.setdefault(name, checksum)
-        self.patch_of += [len(self.records)] * n_cases
-        self.records.append({"cases": n_cases, "seconds": patch.info["seconds"], "info": _scalars(patch.info),
-                             "digest": patch.digest})
-        if self.save_to is not None:
-            patch.save(self.save_to / f"{self.stem}-{len(self.records) - 1}.safetensors")
-        if self.chained:
-            self.bundle.fold(patch)
-            self.loose.pop()
-
-    def restored(self, patch: Patch, records: Sequence[Mapping[str, Any]]) -> None:
-        """A resumed chain: ``patch`` (the folded ΔW of the rounds before, already folded) and those rounds'
-        :attr:`records` as its checkpoint saved them."""
-        for name, checksum in patch.checksums.items():
-            self.checksums.setdefault(name, checksum)
-        for record in records:
-            self.patch_of += [len(self.records)] * int(record["cases"])
-            self.records.append({"cases": int(record["cases"]), "seconds": float(record["seconds"]),
-                                 "info": dict(record["info"]), "digest": str(record["digest"])})
-
-
 class Runner:
     """Runs one config into one output directory; see the module docstring.
 
@@ -282,18 +202,7 @@ class Runner:
         self._plugins: dict[str, list] = {}  # label -> attached plug-ins
         self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
         self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
-
-    # -- what a lifelong chain (editscope.run.chain) asks of the runner ------------------------------------
-    def seed_of(self, *identity: object) -> int:
-        """The seed of a unit of work (from the config seed and its identity, not from the order of work)."""
-        return derived_seed(self.config.seed, *identity)
-
-    def plugins_of(self, label: str) -> list:
-        return self._plugins[label]
-
-    def probe(self, block: Block, label: str, g: int, cases: list[Case], engine: ScoringEngine,
-              *tag: object) -> tuple[dict[str, list], float]:
-        return self._probe(block, label, g, cases, engine, *tag)
+        self.mode = mode_of(config)
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _prepare(self):
@@ -314,7 +223,7 @@ class Runner:
                           block.cases)
         editors, hparams = {}, {}
         for spec in self.config.methods:
-            if self.config.probe_only:  # method "none": nothing to load
+            if not self.mode.edits:  # method "none": nothing to load
                 continue
             editors[spec.label] = editor = get_editor(spec.name)
             editor.check_model(bundle)  # an unsupported family fails here, before any work
@@ -402,7 +311,7 @@ class Runner:
         done = {row_key(r) for r in existing}
         methods = [m.label for m in self.config.methods]
 
-        def missing(block: Block, g: int, members: list[int], label: str) -> set[tuple[int, int | None]]:
+        def missing(block: Block, g: int, members: list[int], label: str) -> set[Unit]:
             return {(i, e) for i, e in self._units(block, g, members)
                     if unit_key(block.label, block.cases[i].case_id, label, e) not in done}
 
@@ -456,7 +365,7 @@ class Runner:
         (editscope.run.ray_executor overrides it to spread whole groups over Ray actors). In ``mode: single`` with
         runtime ``vstar_batch`` = N > 1, N cases at a time form a window of independent edits: the first edit in it
         optimises the v*/z of all N in one batched loop (edit.objective.independent_edits)."""
-        size = (self.runtime.vstar_batch or 1) if self.config.mode == "single" else 1
+        size = (self.runtime.vstar_batch or 1) if type(self.mode) is Single else 1
         for s in range(0, len(tasks), size):
             with independent_edits(self.runtime, engine.bundle.fingerprint,
                                    [blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size] for i in members]):
@@ -467,66 +376,78 @@ class Runner:
                     engine: ScoringEngine) -> Iterator[dict[str, Any]]:
         """One group: pre probes from the unedited model, then each method's rows (edit, probe, restore)."""
         cases = [block.cases[i] for i in members]
-        torch.manual_seed(derived_seed(self.config.seed, block.label, g, "pre"))
-        t0 = time.perf_counter()
-        report(f"{block.label}: probing {len(cases)} case(s) before editing")
-        pre = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
-        pre_seconds = (time.perf_counter() - t0) / len(cases)
+        pre = self._trial(block).probe(engine, cases, g, "pre")
         for label in [m.label for m in self.config.methods]:
             if not todo[label]:
                 continue
-            if self.config.probe_only:
-                yield from self._probe_rows(block, g, members, cases, pre, pre_seconds, todo[label])
+            if not self.mode.edits:  # probe_only: the unedited model's rows
+                probe = (0, 0, list(range(len(members))), pre)
+                yield from self._rows(self._trial(block), block, g, members, pre, None, probe, todo[label])
             else:
-                yield from self._edit_group(block, g, members, cases, pre, label, editors[label],
-                                            hparams[label], engine, todo[label])
+                trial = self._trial(block, Method(label, editors[label], hparams[label], tuple(self._plugins[label])))
+                yield from self._edit_group(trial, block, g, members, pre, engine, todo[label])
 
-    def _units(self, block: Block, g: int, members: list[int]) -> list[tuple[int, int | None]]:
-        """The rows one method writes for a group: (case index, None) for the rows after the group's last edit,
-        plus (case index, edits_applied) for the checkpoint rows of ``sequential_batches``."""
-        units: list[tuple[int, int | None]] = [(i, None) for i in members]
-        if self.config.mode == "sequential_batches" and self.config.checkpoints:
-            b, k = self.config.batch, self.config.checkpoints
-            n_rounds = -(-len(members) // b)
-            for r in range(k, n_rounds, k):  # checkpoints before the last round (that one is the final rows)
-                applied = sum(len(block.requests[i]) for i in members[:r * b])
-                units += [(members[p], applied) for p in self.reprobed(block, g, members, r * b)]
-        return units
+    def _trial(self, block: Block, method: Method | None = None) -> Trial:
+        """The trial of ``method`` (None: the unedited model) on ``block``."""
+        return Trial(block.label, block.suites, method, self.runtime, self.config.seed, self._prompt_format)
 
-    def reprobed(self, block: Block, g: int, members: list[int], n_edited: int) -> list[int]:
-        """Positions in ``members`` of the cases a checkpoint after ``n_edited`` cases re-probes
-        (:func:`~editscope.run.chain.reprobe_positions`)."""
-        new = min(self.config.checkpoints * self.config.batch, n_edited)  # edited since the previous checkpoint
-        return reprobe_positions(n_edited, new, self.config.reprobe, len(members),
-                                 self.seed_of(block.label, g, "reprobe"))
+    def _units(self, block: Block, g: int, members: list[int]) -> list[Unit]:
+        """The rows one method writes for a group (:meth:`editscope.run.plan.Single.units`)."""
+        return self.mode.units(members, lambda i: len(block.requests[i]), self._trial(block).reprobe_seed(g))
 
-    def _probe_rows(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list],
-                    pre_seconds: float, todo: set[tuple[int, int | None]]) -> list[dict[str, Any]]:
-        """probe_only rows: the pre-edit (``NAME_pre``) metrics of each case, no edit, ``post: {}``."""
+    def _edit_group(self, trial: Trial, block: Block, g: int, members: list[int], pre: Probes,
+                    engine: ScoringEngine, todo: set[Unit]) -> Iterator[dict[str, Any]]:
+        """Edit the group with one method, probe, restore; the rows of the units in ``todo``, each yielded as soon
+        as its probe is done (a lifelong chain's checkpoint rows while the chain goes on)."""
+        assert trial.method is not None
+        label, editor, mode = trial.label, trial.method.editor, self.mode
+        save_to = self.out_dir / "patches" / label if self.config.save_patches else None
+        chain = None
+        with trial.edits(self.bundle, chained=mode.chained, save_to=save_to, stem=f"{block.label}-g{g:05d}") as log:
+            if isinstance(mode, Lifelong):
+                chain = LifelongChain(trial, mode, block, g, members, engine, log, todo, self._chain_host())
+                for probe in chain.rounds(lambda: self._new_state(label, editor)):
+                    yield from self._rows(trial, block, g, members, pre, log, probe, todo, checkpoint=True)
+                state = chain.state
+            else:
+                state = self._new_state(label, editor)
+                for step, cases in enumerate(mode.steps(members)):
+                    ids = [block.cases[i].case_id for i in cases]
+                    where = f"case {ids[0]}" if len(ids) == 1 else f"cases {ids[0]}..{ids[-1]}"
+                    # one seed per group: the edits after the first continue the group's random stream
+                    trial.edit(log, [r for i in cases for r in block.requests[i]], state, engine=engine, group=g,
+                               n_cases=len(cases), where=where, seeded=step == 0)
+            if label not in self._state_templates:
+                self._state_templates[label] = state.without_edits()
+            final = (len(log.records), sum(len(block.requests[i]) for i in members), list(range(len(members))),
+                     trial.probe(engine, [block.cases[i] for i in members], g))
+        yield from self._rows(trial, block, g, members, pre, log, final, todo)
+        if chain is not None:
+            chain.finished()
+
+    def _rows(self, trial: Trial, block: Block, g: int, members: list[int], pre: Probes, log: Edits | None,
+              probe: tuple[int, int, list[int], Probes], todo: set[Unit], *, checkpoint: bool = False
+              ) -> list[dict[str, Any]]:
+        """The rows in ``todo`` of one probe ``(round, edits applied, positions in members of the cases probed,
+        probes)`` (the probes' j-th case is the one at the j-th position); ``log`` None: the unedited model's."""
+        rnd, edits, positions, post = probe
         rows = []
-        for k, (i, case) in enumerate(zip(members, cases, strict=True)):
-            if (i, None) not in todo:
+        for j, k in enumerate(positions):
+            i = members[k]
+            if (i, edits if checkpoint else None) not in todo:
                 continue
-            metrics = {name: clean_metrics(_pre_metrics(s, case, pre[name][k])) for name, s in block.suites.items()}
-            rows.append({
-                "dataset": block.label, "case_id": case.case_id, "index": i, "model": self.bundle.name,
-                "method": NO_EDIT, "editor": NO_EDIT,
-                "method_display": "unedited", "plugins": [], "mode": self.config.mode_label, "group": g,
-                "group_size": len(cases), "edit_seconds": 0.0, "eval_seconds": pre_seconds, "edit_info": {},
-                "requests": _requests(block.requests[i]), "hparams": {},
-                "protocol": self._protocol(block),
-                "metrics": metrics, "pre": {name: pre[name][k] for name in block.suites}, "post": {},
-            })
+            lifelong = {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd} \
+                if isinstance(self.mode, Lifelong) else None
+            row = trial.row(block.cases[i], i, model=self.bundle.name, mode=self.mode.label, group=g,
+                            group_size=len(members), requests=block.requests[i], pre=pre.of(k),
+                            post=post.of(j) if log is not None else None, eval_seconds=post.seconds,
+                            edit_seconds=log.seconds(k) if log is not None else 0.0,
+                            edit_info=log.info(k) if log is not None else None, lifelong=lifelong)
+            rows.append(row.to_dict())
         return rows
 
-    def _protocol(self, block: Block) -> dict[str, dict[str, Any]]:
-        """Each suite's protocol (DESIGN rule 10), with the chat template's when prompts are wrapped in it."""
-        fmt = self._prompt_format
-        if not fmt:
-            return {name: s.protocol for name, s in block.suites.items()}
-        return {name: {**s.protocol, "chat_template": fmt["chat_template"],
-                       "note": f"{s.protocol.get('note', '')}; {fmt['note']}".lstrip("; ")}
-                for name, s in block.suites.items()}
+    def _chain_host(self) -> ChainHost:
+        return ChainHost(self.out_dir, self.config.digest(self.runtime.settings()), self.lm_eval_hook, self.log)
 
     def _new_state(self, label: str, editor) -> Any:
         """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;
@@ -549,114 +470,6 @@ class Runner:
             self.log(f"layer statistics for layers {sorted(layers)} ({budget} tokens; cached after the first run)")
             second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress)
 
-    def _edit_group(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list],
-                    label: str, editor, hp, engine: ScoringEngine,
-                    todo: set[tuple[int, int | None]]) -> Iterator[dict[str, Any]]:
-        """Edit the group with one method, probe, restore; the rows of the units in ``todo``, each yielded as soon
-        as its probe is done (a lifelong chain's checkpoint rows while the chain goes on)."""
-        bundle = self.bundle
-        assert bundle is not None
-        mode = self.config.mode
-        torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "edit"))
-        # A chain of patches (sequential modes) is folded into the bundle: one pre-edit copy per edited parameter,
-        # not one ΔW per edit, so memory stays flat over long chains; a patch is saved before it is folded.
-        chained = mode in ("sequential", "sequential_batches")
-        save_to = self.out_dir / "patches" / label if self.config.save_patches else None
-        log = _GroupEdits(bundle, chained, save_to, f"{block.label}-g{g:05d}")
-        chain = None
-        with bundle.folding() if chained else nullcontext():
-            try:
-                if mode == "sequential_batches":
-                    chain = LifelongChain(self, block, g, members, label, editor, hp, engine, todo, log)
-                    for probe in chain.rounds(lambda: self._new_state(label, editor)):
-                        yield from self._rows(block, g, members, cases, pre, label, editor, hp, todo, log, probe,
-                                              checkpoint=True)
-                    state = chain.state
-                else:
-                    state = self._edit_steps(block, members, cases, label, editor, hp, engine, log)
-                if label not in self._state_templates:
-                    self._state_templates[label] = state.without_edits()
-                final_edits = sum(len(block.requests[i]) for i in members)
-                final = (len(log.records), final_edits, list(range(len(cases))),
-                         *self._probe(block, label, g, cases, engine))
-            finally:
-                for patch in reversed(log.loose):
-                    if patch.applied:
-                        patch.revert(bundle)
-        _check_reverted(bundle, log.checksums)
-        yield from self._rows(block, g, members, cases, pre, label, editor, hp, todo, log, final, checkpoint=False)
-        if chain is not None:
-            chain.finished()
-
-    def _rows(self, block: Block, g: int, members: list[int], cases: list[Case], pre: dict[str, list], label: str,
-              editor, hp, todo: set[tuple[int, int | None]], log: _GroupEdits,
-              probe: tuple[int, int, list[int], dict[str, list], float], *, checkpoint: bool) -> list[dict[str, Any]]:
-        """The rows in ``todo`` of one probe ``(round, edits applied, positions in members of the cases probed,
-        post, s/case)``; ``post[name][j]`` is the probe of the j-th of those positions."""
-        rnd, edits, positions, post, eval_seconds = probe
-        rows = []
-        for j, k in enumerate(positions):
-            i, case = members[k], cases[k]
-            if (i, edits if checkpoint else None) not in todo:
-                continue
-            metrics = {name: clean_metrics(s.checked_metrics(case, pre[name][k], post[name][j]))
-                       for name, s in block.suites.items()}
-            row = {
-                "dataset": block.label,
-                "case_id": case.case_id,
-                "index": i,
-                "model": self.bundle.name,  # as run.json's model.name (rows of older runs lack it: that model)
-                "method": label,
-                "editor": editor.name,
-                "method_display": editor.display(self._plugins[label]),
-                "plugins": [p.to_dict() for p in self._plugins[label]],
-                "mode": self.config.mode_label,
-                "group": g,
-                "group_size": len(cases),
-                "edit_seconds": log.seconds(k),
-                "eval_seconds": eval_seconds,
-                "edit_info": log.info(k),
-                "requests": _requests(block.requests[i]),
-                "hparams": hp.to_dict(),  # the editor's resolved hyperparameters (its convention, if it has one)
-                "conventions": hp.protocol(),  # the convention switches in force (DESIGN rule 10)
-                "runtime": self.runtime.settings(),
-                "protocol": self._protocol(block),  # DESIGN rule 10
-                "metrics": metrics,
-                "pre": {name: pre[name][k] for name in block.suites},
-                "post": {name: post[name][j] for name in block.suites},
-            }
-            if self.config.mode == "sequential_batches":  # what was on the model when this row was probed
-                row |= {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
-            rows.append(row)
-        return rows
-
-    def _edit_steps(self, block: Block, members: list[int], cases: list[Case], label: str, editor, hp,
-                    engine: ScoringEngine, log: _GroupEdits) -> Any:
-        """The edits of one group in modes single, batch and sequential, into ``log``; returns the editor state.
-        (``sequential_batches`` is :class:`editscope.run.chain.LifelongChain`.)"""
-        bundle = self.bundle
-        state = self._new_state(label, editor)
-        apply = dict(hparams=hp, state=state, engine=engine, runtime=self.runtime, plugins=self._plugins[label])
-        if self.config.mode == "batch":
-            requests = [r for i in members for r in block.requests[i]]
-            with naming(f"{block.label}: cases {cases[0].case_id}..{cases[-1].case_id}, method {label}"):
-                log.take(editor.apply(bundle, requests, **apply), len(cases))
-        else:  # single (one case per group) or sequential (state shared through the group)
-            for i in members:
-                with naming(f"{block.label}: case {block.cases[i].case_id}, method {label}"):
-                    log.take(editor.apply(bundle, list(block.requests[i]), **apply), 1)
-        return state
-
-    def _probe(self, block: Block, label: str, g: int, cases: list[Case], engine: ScoringEngine,
-               *tag: object) -> tuple[dict[str, list], float]:
-        """Every suite's probes of ``cases`` on the model as it is now, and the seconds per case."""
-        t0 = time.perf_counter()
-        torch.manual_seed(derived_seed(self.config.seed, block.label, label, g, "post", *tag))
-        report(f"{block.label}, {label}: probing {len(cases)} case(s) after the edits")
-        post = {name: probe_cases(s, engine, cases) for name, s in block.suites.items()}
-        return post, (time.perf_counter() - t0) / len(cases)
-
-
 def bar_status(bar, every: float = 0.5) -> Callable[[str], None]:
     """A progress listener that shows the latest news after a tqdm bar, redrawn at most every ``every`` seconds:
     within a group (a batch edit, a lifelong round) the bar itself moves only when its rows are written."""
@@ -675,18 +488,6 @@ def _lm_eval_version() -> str | None:
     from editscope.run.lmeval import lm_eval_version
 
     return lm_eval_version()
-
-
-def _requests(requests: Sequence[EditRequest]) -> list[dict[str, str]]:
-    return [{"prompt": r.prompt, "subject": r.subject, "target_new": r.target_new, "target_true": r.target_true}
-            for r in requests]
-
-
-def _pre_metrics(suite: Suite, case: Case, pre: dict[str, Any]) -> dict[str, float]:
-    """The unedited model's metrics of a case: the ``NAME_pre`` columns of the suite's row with the pre-edit probe
-    standing in for the post-edit one (they read only the pre probe; post-only metrics compare the two: left out)."""
-    decl = suite.declarations
-    return {col: v for col, v in suite.checked_metrics(case, pre, pre).items() if decl.by_column[col].pre == col}
 
 
 def _json(data: dict[str, Any]) -> str:
@@ -718,10 +519,9 @@ def recompute_metrics(run_dir: str | Path, *, suite_factories: Mapping[str, Suit
         for name, suite in block.suites.items():
             if any(path.startswith((f"pre.{name}.", f"post.{name}.")) for path in nulled):
                 continue  # a raw probe was non-finite and stored as null (editscope.finite): nothing to recompute
-            if row["method"] == NO_EDIT:  # probe_only: pre-edit metrics only
-                new = clean_metrics(_pre_metrics(suite, case, row["pre"][name]))
-            else:
-                new = clean_metrics(suite.checked_metrics(case, row["pre"][name], row["post"][name]))
+            trial = Trial(block.label, {name: suite}, None, None)
+            # probe_only: pre-edit metrics only
+            new = trial.metrics(case, row["pre"], None if row["method"] == NO_EDIT else row["post"])[name]
             if new != row["metrics"][name]:
                 bad.append((row_key(row), name, row["metrics"][name], new))
     return bad

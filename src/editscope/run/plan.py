@@ -1,0 +1,158 @@
+"""What a run edits, as data: the mode of a config as one tagged union, and the units of work it implies.
+
+A config's ``mode`` is one of :class:`Single`, :class:`Batch`, :class:`Sequential`, :class:`Lifelong` or
+:class:`ProbeOnly` (:func:`mode_of`). Each says how many consecutive cases make one *group* (the unit that is
+edited from the unedited model and restored after), which of a group's cases each edit takes (:meth:`steps`), whether
+the edits of a group are chained (folded into the model one after another, with one sequential editor state), and
+which rows a method writes for a group (:meth:`units`: the final rows, plus a lifelong chain's checkpoint rows).
+The runner asks the mode; nothing compares mode names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from editscope.run.chain import reprobe_positions
+
+if TYPE_CHECKING:
+    from editscope.run.config import RunConfig
+
+#: a row a method writes for a group: (case index in the block, edits applied when probed; None: the final row)
+Unit = tuple[int, "int | None"]
+
+
+@dataclass(frozen=True)
+class Single:
+    """Every case edited alone, from the unedited model."""
+
+    name = "single"
+    chained = False
+    edits = True
+
+    @property
+    def group_size(self) -> int:
+        return 1
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    def steps(self, members: Sequence[int]) -> list[list[int]]:
+        """The cases (block indices) of each edit of a group, in order."""
+        return [[i] for i in members]
+
+    def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
+        """The rows one method writes for a group: one final row per case (:class:`Lifelong` adds checkpoints)."""
+        return [(i, None) for i in members]
+
+
+@dataclass(frozen=True)
+class Batch(Single):
+    """``n`` consecutive cases edited in one edit."""
+
+    n: int = 1
+    name = "batch"
+
+    @property
+    def group_size(self) -> int:
+        return self.n
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.n}"
+
+    def steps(self, members: Sequence[int]) -> list[list[int]]:
+        return [list(members)]
+
+
+@dataclass(frozen=True)
+class Sequential(Batch):
+    """``n`` consecutive cases edited one after another, each edit on the model the previous ones left."""
+
+    name = "sequential"
+    chained = True
+
+    def steps(self, members: Sequence[int]) -> list[list[int]]:
+        return [[i] for i in members]
+
+
+@dataclass(frozen=True)
+class Lifelong(Single):
+    """``rounds`` edits of ``batch`` cases each, chained (:class:`editscope.run.chain.LifelongChain`); after every
+    ``checkpoints``-th round (0: none) the cases edited so far are probed (the earlier ones: a fixed random sample
+    of ``reprobe`` once there are more)."""
+
+    batch: int = 1
+    rounds: int = 1
+    checkpoints: int = 0
+    reprobe: int = 1000
+    name = "sequential_batches"
+    chained = True
+
+    @property
+    def group_size(self) -> int:
+        return self.batch * self.rounds
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.batch}x{self.rounds}"
+
+    def steps(self, members: Sequence[int]) -> list[list[int]]:
+        return [list(members[s:s + self.batch]) for s in range(0, len(members), self.batch)]
+
+    def is_checkpoint(self, r: int, n_rounds: int) -> bool:
+        """Round ``r`` (1-based) of ``n_rounds`` ends with a checkpoint probe (the last round's probe is the final
+        rows')."""
+        return bool(self.checkpoints) and r % self.checkpoints == 0 and r < n_rounds
+
+    def probed(self, n_edited: int, group_size: int, seed: int) -> list[int]:
+        """Positions in the group of the cases a checkpoint after ``n_edited`` cases probes
+        (:func:`~editscope.run.chain.reprobe_positions`; ``seed``: the group's re-probe seed)."""
+        new = min(self.checkpoints * self.batch, n_edited)  # edited since the previous checkpoint
+        return reprobe_positions(n_edited, new, self.reprobe, group_size, seed)
+
+    def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
+        units: list[Unit] = [(i, None) for i in members]
+        n_rounds = len(self.steps(members))
+        for r in range(1, n_rounds):
+            if self.is_checkpoint(r, n_rounds):
+                applied = sum(n_requests(i) for i in members[:r * self.batch])
+                units += [(members[p], applied) for p in self.probed(r * self.batch, len(members), seed)]
+        return units
+
+
+@dataclass(frozen=True)
+class ProbeOnly(Single):
+    """No edit: the unedited model's measurements, ``n`` cases probed together (one resume unit)."""
+
+    n: int = 16
+    name = "probe_only"
+    edits = False
+
+    @property
+    def group_size(self) -> int:
+        return self.n
+
+
+Mode = Single | Batch | Sequential | Lifelong | ProbeOnly
+
+
+def mode_of(config: RunConfig) -> Mode:
+    """The config's mode as one value of the union."""
+    name, n = config.mode, config.group_size
+    if name == "single":
+        return Single()
+    if name == "batch":
+        return Batch(n)
+    if name == "sequential":
+        return Sequential(n)
+    if name == "sequential_batches":
+        return Lifelong(config.batch, config.rounds, config.checkpoints, config.reprobe)
+    if name == "probe_only":
+        return ProbeOnly(n)
+    raise ValueError(f"unknown mode {name!r}")
+
+
+__all__ = ["Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit", "mode_of"]
