@@ -296,19 +296,18 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     for (dataset, suite), rs in tables.items():
         lines = notes.get((dataset, suite), [])
         compact = compact_table(rs, methods, specs.get((dataset, suite), ()))
-        best = None if compact is None else _with_best(compact, rs, methods, specs.get((dataset, suite), ()))
+        shown = None  # the HTML page's compact table: the best bold, and a note saying so
+        md += [f"## {suite} on {dataset}", ""]
+        if compact is not None:
+            md += compact.markdown().split("\n") + ["", "All metrics:", ""]  # as summary.md prints it: no bold
+            best = _with_best(compact, rs, methods, specs.get((dataset, suite), ()))
+            tex += [f"% {suite} on {dataset}", replace(best, caption=f"{suite} on {dataset}.").latex(), ""]
+            shown = replace(best, notes=[*best.notes, BOLD_NOTE]) if best.bold else best
         everything = metrics_table(rs, methods, specs)
-        if best is not None and best.bold:
-            best = replace(best, notes=[*best.notes, BOLD_NOTE])
-        section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": best, "all": _transposed(everything),
+        md += everything.markdown().split("\n") + [""]
+        section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": shown, "all": _transposed(everything),
                                    "notes": lines, "figures": [], "curve": None}
         page["sections"].append(section)
-        md += [f"## {suite} on {dataset}", ""]
-        if compact is not None:  # as summary.md prints it: no bold
-            md += compact.markdown().split("\n") + ["", "All metrics:", ""]
-            tex += [f"% {suite} on {dataset}", replace(best, caption=f"{suite} on {dataset}.", notes=compact.notes
-                                                       ).latex(), ""]
-        md += everything.markdown().split("\n") + [""]
         md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
         add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
         curve = curve_markdown(curves.get((dataset, suite), {}), methods, specs.get((dataset, suite)))
