@@ -105,3 +105,19 @@ def test_the_check_sees_lazy_and_relative_imports(tmp_path):
 def test_every_package_has_a_level():
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages <= set(LEVELS), f"packages without a level in the layer order: {packages - set(LEVELS)}"
+
+
+def test_tables_sits_at_the_bottom():
+    """``editscope/tables.py`` (the Table model every package renders with) imports the standard library and
+    top-level editscope modules that import no package, so that ``run/summary.py`` and anything below it may use
+    it."""
+    import sys
+
+    levels = _levels(SRC)
+    assert levels["tables"][0] == -1
+    for _, module in _imported(ast.parse((SRC / "tables.py").read_text(encoding="utf-8")), Path("tables.py")):
+        parts = module.split(".")
+        if parts[0] == "editscope":
+            assert len(parts) == 2 and levels.get(parts[1], (0,))[0] == -1, module
+        else:
+            assert parts[0] in sys.stdlib_module_names or parts[0] == "__future__", module

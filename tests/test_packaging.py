@@ -39,6 +39,10 @@ def installed(tmp_path_factory):
     assert {"editscope/sample/counterfact-edit-sample.json", "editscope/sample/zsre-sample.json",
             "editscope/sample/counterfact-train-sample.json", "editscope/sample/NOTICE",
             "editscope/configs/demo-sample.yaml"} <= set(names)
+    # the HTML pages are templates: without them the report and the cards cannot render
+    assert {"editscope/report/templates/report.html", "editscope/report/templates/card.html",
+            "editscope/report/templates/_tables.html", "editscope/report/templates/style.css",
+            "editscope/report/templates/card.css"} <= set(names)
 
     # The project venv is itself a venv, so --system-site-packages would expose the base interpreter's
     # packages, not torch & co.: a .pth file adds the project venv's site-packages after the new venv's own

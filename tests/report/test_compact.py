@@ -32,7 +32,8 @@ def table(rs):
 
 
 def test_columns_units_and_unedited_row():
-    headers, body, notes = table(rows(3, [1.0, 1.0, 0.0], [1e2, 1e4, 1e6]))
+    t = table(rows(3, [1.0, 1.0, 0.0], [1e2, 1e4, 1e6]))
+    headers, body, notes = t.headers, t.rows, t.notes
     assert headers == ["method", "n", "ES ↑ (%)", "PPL ↓ (ppl)"]  # headline metrics with a direction only
     assert body[0] == ["unedited", "3", "0.0", "10.00"]
     # 2/3 as a percentage; geometric mean of 1e2, 1e4, 1e6 = 1e4 (the arithmetic mean would be 336,700)
@@ -42,7 +43,8 @@ def test_columns_units_and_unedited_row():
 
 def test_interval_clipped_to_range_from_five_cases():
     es = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
-    _, body, notes = table(rows(6, es, [5.0] * 6))
+    t = table(rows(6, es, [5.0] * 6))
+    body, notes = t.rows, t.notes
     half = st.t.ppf(0.975, 5) * np.std(es, ddof=1) / math.sqrt(6)
     mean = np.mean(es)
     assert mean + half > 1  # the t interval leaves [0, 1]: clipped at 100
@@ -52,7 +54,7 @@ def test_interval_clipped_to_range_from_five_cases():
 
 def test_symmetric_interval_when_inside_range():
     es = [0.0, 1.0] * 5
-    _, body, _ = table(rows(10, es, [5.0] * 10))
+    body = table(rows(10, es, [5.0] * 10)).rows
     half = st.t.ppf(0.975, 9) * np.std(es, ddof=1) / math.sqrt(10)
     assert body[1][2] == f"50.0 ± {100 * half:.1f}"
     assert body[1][3].startswith("5.00 [")  # log-scale interval: asymmetric, printed as [lo, hi]

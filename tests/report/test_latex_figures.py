@@ -77,12 +77,12 @@ def test_tables_tex_parses_and_holds_the_summary(two_method_run):
 
 
 def test_latex_escape_round_trip_of_special_characters():
-    from editscope.report.latex import escape, tabular
+    from editscope.tables import Table, latex_escape
 
-    assert escape("rome_v2 & 50% #1 {x} ~^\\") == (r"rome\_v2 \& 50\% \#1 \{x\} \textasciitilde{}"
-                                                     r"\textasciicircum{}\textbackslash{}")
-    assert escape("ES ↑ 97.3 ± 1.8†") == r"ES $\uparrow$ 97.3 $\pm$ 1.8$^\dagger$"
-    tex = tabular(["method", "a_b"], [["x&y", "1"]], bold={(0, 1)}, groups=[("g", 1)])
+    assert latex_escape("rome_v2 & 50% #1 {x} ~^\\") == (r"rome\_v2 \& 50\% \#1 \{x\} \textasciitilde{}"
+                                                           r"\textasciicircum{}\textbackslash{}")
+    assert latex_escape("ES ↑ 97.3 ± 1.8†") == r"ES $\uparrow$ 97.3 $\pm$ 1.8$^\dagger$"
+    tex = Table(["method", "a_b"], [["x&y", "1"]], bold={(0, 1)}, groups=[("g", 1)]).latex()
     assert balanced(tex) and r"x\&y & \textbf{1} \\" in tex and r"\cmidrule(lr){2-2}" in tex
 
 

@@ -53,6 +53,7 @@ from editscope.lm.engine import ScoringEngine
 from editscope.locate import METHODS, OPTION_RANGES, locate
 from editscope.metrics.klob import rsd, rsim, sim_all, sim_cand
 from editscope.ranges import check
+from editscope.tables import Table
 
 SUBSETS = ("c", "r", "u")
 
@@ -260,16 +261,15 @@ def format_table(metrics: dict) -> str:
     ks = metrics["ks"]
     head = (["method"] + [f"RSim-c k={k}%" for k in ks] + [f"RSim-r k={k}%" for k in ks]
             + ["RSD", "RSD (l1)", "n (c/r/u)"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(v, at_baseline=0):
         return "–" if v is None else f"{v:.3f}" + (f" [{at_baseline}]" if at_baseline else "")
 
-    for method, row in metrics["methods"].items():
-        cells = [method] + [cell(row[name][str(k)], row["at_baseline"][name][str(k)])
-                            for name in ("consistency", "relevance") for k in ks]
-        cells += [cell(row["rsd"]), cell(row["rsd_l1"]), "/".join(str(row["n"][s]) for s in SUBSETS)]
-        lines.append("| " + " | ".join(cells) + " |")
+    rows = [[method] + [cell(row[name][str(k)], row["at_baseline"][name][str(k)])
+                        for name in ("consistency", "relevance") for k in ks]
+            + [cell(row["rsd"]), cell(row["rsd_l1"]), "/".join(str(row["n"][s]) for s in SUBSETS)]
+            for method, row in metrics["methods"].items()]
+    lines = [Table(head, rows, align="l" * len(head)).markdown()]
     if any(n for row in metrics["methods"].values() for per_k in row["at_baseline"].values() for n in per_k.values()):
         lines.append("\n[n]: n groups select exactly the top-k% of the subset's mean score (Sim_all = 1, where RSim is "
                      "0/0); they count as RSim 0.")

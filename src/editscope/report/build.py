@@ -13,12 +13,10 @@ the protocol its numbers follow and the editors' conventions (:func:`editscope.r
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +24,9 @@ from editscope.atomic import atomic_write_bytes, atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
 from editscope.metrics.registry import MetricSpec
 from editscope.plotting import png_axes
-from editscope.report import figures, latex
+from editscope.report import figures
+from editscope.report.pages import png_src, render
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
-from editscope.report.style import CSS
 from editscope.run.models import expand_run_dirs
 from editscope.run.store import RESULTS, RUN_JSON, read_json, run_rows
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
@@ -36,19 +34,18 @@ from editscope.run.summary import (
     TABLE_NOTE,
     CurveMap,
     SummaryRow,
-    compact_markdown,
     compact_table,
     curve_markdown,
-    metric_label,
+    metrics_table,
     protocol_notes,
     retention,
     spec_of,
     summarize,
     summarize_by_edits,
-    table_rows,
 )
 from editscope.suites import measures_whole_model
 from editscope.suites.base import Suite, SuiteFigure
+from editscope.tables import Table
 
 
 @dataclass
@@ -167,37 +164,14 @@ def build_figures(runs: list[Run], summary: list[SummaryRow], methods: list[str]
     return out
 
 
-def _md_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None = None) -> list[str]:
-    metrics, body = table_rows(rs, methods)
-    labels = [metric_label(k, spec_of(specs, rs[0].dataset, rs[0].suite, k)) for k in metrics]
-    return (["| method | n | " + " | ".join(labels) + " |", "|---|---:|" + "---:|" * len(metrics)]
-            + ["| " + " | ".join(cells) + " |" for cells in body])
+def _with_best(table: Table, rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec]) -> Table:
+    """A compact table (:func:`compact_table`) with the best method per column bold (:func:`best_in_compact`)."""
+    best = best_in_compact(rs, methods, specs)
+    return replace(table, bold={(i, j) for i, cells in enumerate(table.rows) for j in range(len(cells))
+                                if (cells[0], j) in best})
 
 
-def _wrap(table: str) -> str:
-    """Every table sits in its own scroll box: should one ever be wider than the page, only it scrolls (the
-    browser test asserts none does at 1,400 px)."""
-    return f"<div class='wrap'>{table}</div>"
-
-
-def _html_compact(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None) -> str:
-    decl = (specs or {}).get((rs[0].dataset, rs[0].suite), ())
-    table = compact_table(rs, methods, decl)
-    if table is None:
-        return ""
-    headers, body, notes = table
-    best = best_in_compact(rs, methods, decl)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-
-    def td(label: str, j: int, text: str) -> str:
-        text = html.escape(text)
-        return f"<td><strong>{text}</strong></td>" if (label, j) in best else f"<td>{text}</td>"
-
-    trs = "".join("<tr><th>" + html.escape(cells[0]) + "</th>"
-                  + "".join(td(cells[0], j, c) for j, c in enumerate(cells[1:], 1)) + "</tr>" for cells in body)
-    notes = [*notes, "Bold: the best method per column (direction from the metric's declaration)."] if best else notes
-    return (_wrap(f"<table class='compact'><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
-            + "".join(f"<p class='protocol'>{html.escape(n)}</p>" for n in notes) + "<p>All metrics:</p>")
+BOLD_NOTE = "Bold: the best method per column (direction from the metric's declaration)."
 
 
 ALL_METRICS_METHODS = 5
@@ -205,65 +179,15 @@ ALL_METRICS_METHODS = 5
 methods than this are split over several tables, so none is wider than a 1,400 px screen."""
 
 
-def _html_table(rs: list[SummaryRow], methods: list[str], specs: DeclaredMetrics | None = None) -> str:
-    metrics, body = table_rows(rs, methods)
+def _transposed(table: Table) -> list[Table]:
+    """The 'All metrics' table of the HTML page: a row per metric (the first row: n), a column per method, at most
+    :data:`ALL_METRICS_METHODS` methods per table."""
     out = []
-    for start in range(0, len(body), ALL_METRICS_METHODS):
-        part = body[start:start + ALL_METRICS_METHODS]
-        head = "<th>metric</th>" + "".join(f"<th>{html.escape(cells[0])}</th>" for cells in part)
-        trs = ["<tr><th>n</th>" + "".join(f"<td>{html.escape(cells[1])}</td>" for cells in part) + "</tr>"]
-        for k, metric in enumerate(metrics):
-            label = metric_label(metric, spec_of(specs, rs[0].dataset, rs[0].suite, metric))
-            trs.append(f"<tr><th>{html.escape(label)}</th>"
-                       + "".join(f"<td>{html.escape(cells[k + 2])}</td>" for cells in part) + "</tr>")
-        out.append(_wrap(f"<table class='all'><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"))
-    return "".join(out)
-
-
-def _html_pivot(pivot: Pivot) -> str:
-    out = []
-    for chunk in pivot.chunks():
-        groups: list[list[Any]] = []
-        for j in chunk:
-            label = pivot.columns[j].group
-            if groups and groups[-1][0] == label:
-                groups[-1][1] += 1
-            else:
-                groups.append([label, 1])
-        top = "<th rowspan='2'>method</th>" + "".join(f"<th colspan='{n}'>{html.escape(g)}</th>" for g, n in groups)
-        sub = "".join(f"<th>{html.escape(pivot.columns[j].header)}</th>" for j in chunk)
-        trs = []
-        for row in pivot.rows:
-            tds = []
-            for j in chunk:
-                text = html.escape(pivot.cell_text(row, j))
-                if (row, j) in pivot.best:
-                    text = f"<strong>{text}</strong>"
-                diff = pivot.diff_text(row, j)
-                if diff:
-                    text += f"<span class='d'>Δ {html.escape(diff)}</span>"
-                tds.append(f"<td>{text}</td>")
-            trs.append(f"<tr><th>{html.escape(row)}</th>{''.join(tds)}</tr>")
-        out.append(_wrap(f"<table class='pivot'><thead><tr>{top}</tr><tr>{sub}</tr></thead>"
-                         f"<tbody>{''.join(trs)}</tbody></table>"))
-    return "".join(out) + f"<p class='protocol'>{html.escape(pivot.baseline_note)}</p>"
-
-
-def md_pivot(pivot: Pivot) -> list[str]:
-    lines: list[str] = []
-    for chunk in pivot.chunks():
-        headers = [f"{pivot.columns[j].group}: {pivot.columns[j].header}" for j in chunk]
-        lines += ["| method | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(chunk)]
-        for row in pivot.rows:
-            cells = []
-            for j in chunk:
-                text = pivot.cell_text(row, j)
-                text = f"**{text}**" if (row, j) in pivot.best else text
-                diff = pivot.diff_text(row, j)
-                cells.append(text + (f" (Δ {diff})" if diff else ""))
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines + [f"*{pivot.baseline_note}*", ""]
+    for start in range(0, len(table.rows), ALL_METRICS_METHODS):
+        part = table.rows[start:start + ALL_METRICS_METHODS]
+        out.append(Table(["metric", *(cells[0] for cells in part)],
+                         [[table.headers[k], *(cells[k] for cells in part)] for k in range(1, len(table.headers))]))
+    return out
 
 
 def _run_meta(run: Run) -> list[tuple[str, str]]:
@@ -350,65 +274,62 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     for run in runs:
         md += [f"- **{k}**: {v}" for k, v in _run_meta(run)] + [""]
     md += [note, ""]
-    h = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
-         f"<style>{CSS}</style></head><body><h1>{title}</h1>"]
-    for run in runs:
-        h.append("<table class='meta'>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                                                   for k, v in _run_meta(run)) + "</table>")
-    h.append(f"<p>{html.escape(note)}</p>")
+    page: dict[str, Any] = {"title": title, "runs": [_run_meta(run) for run in runs], "note": note, "pivot": None,
+                            "sections": [], "case_studies": [], "cards": None,
+                            "configs": [json.dumps(run.meta["config"], indent=2) for run in runs]}
     tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
     if pivot is not None:
         baseline_line = f"Baseline of the differences: {pivot.baseline}."
-        md += ["## All methods × headline metrics", "", baseline_line, ""] + md_pivot(pivot)
-        h.append(f"<h2>All methods × headline metrics</h2><p>{html.escape(baseline_line)}</p>{_html_pivot(pivot)}")
-        tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + latex.pivot_tabulars(pivot) + [""]
+        md += ["## All methods × headline metrics", "", baseline_line, ""] + pivot.markdown()
+        page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
+                         "tables": [pivot.table(chunk) for chunk in pivot.chunks()]}
+        tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
 
-    def add_figure(f: Figure) -> None:
+    def add_figure(f: Figure, into: list[dict[str, Any]]) -> None:
         md.extend([f"![{f.title}](figures/{png_name(f.slug)})", "", f"*{f.caption}*", ""])
-        b64 = base64.b64encode(f.png).decode("ascii")
         axes = png_axes(f.png) or []
         alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
                                 for i, a in enumerate(axes) if not a["colorbar"])
-        h.append(f"<figure><img alt='{html.escape(alt)}' data-axes='{html.escape(json.dumps(axes))}' "
-                 f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(f.caption)}</figcaption></figure>")
+        into.append({"title": f.title, "alt": alt, "axes": json.dumps(axes), "src": png_src(f.png),
+                     "caption": f.caption})
 
     for (dataset, suite), rs in tables.items():
         lines = notes.get((dataset, suite), [])
-        compact = compact_markdown(rs, methods, specs.get((dataset, suite)))
-        compact_tex = _tex_compact(rs, methods, specs.get((dataset, suite), ()), f"{suite} on {dataset}")
-        if compact_tex:
-            tex += [f"% {suite} on {dataset}", compact_tex, ""]
-        md += [f"## {suite} on {dataset}", ""] + (compact + ["", "All metrics:", ""] if compact else [])
-        md += _md_table(rs, methods, specs) + [""]
+        compact = compact_table(rs, methods, specs.get((dataset, suite), ()))
+        shown = None  # the HTML page's compact table: the best bold, and a note saying so
+        md += [f"## {suite} on {dataset}", ""]
+        if compact is not None:
+            md += compact.markdown().split("\n") + ["", "All metrics:", ""]  # as summary.md prints it: no bold
+            best = _with_best(compact, rs, methods, specs.get((dataset, suite), ()))
+            tex += [f"% {suite} on {dataset}", replace(best, caption=f"{suite} on {dataset}.").latex(), ""]
+            shown = replace(best, notes=[*best.notes, BOLD_NOTE]) if best.bold else best
+        everything = metrics_table(rs, methods, specs)
+        md += everything.markdown().split("\n") + [""]
+        section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": shown, "all": _transposed(everything),
+                                   "notes": lines, "figures": [], "curve": None}
+        page["sections"].append(section)
         md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
-        h.append(f"<h2>{html.escape(suite)} on {html.escape(dataset)}</h2>{_html_compact(rs, methods, specs)}"
-                 f"{_html_table(rs, methods, specs)}")
-        h += [f"<p class='protocol'>{html.escape(n)}</p>" for n in lines]
-        add_figure(bars[f"bars-{dataset}-{suite}"])
+        add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
         curve = curve_markdown(curves.get((dataset, suite), {}), methods, specs.get((dataset, suite)))
         if curve:
             md += ["After each number of edits (sequential batches):", ""] + curve + [""]
-            h.append(f"<h3>{html.escape(suite)} on {html.escape(dataset)} vs number of edits</h3>")
-            add_figure(bars[f"curve-{dataset}-{suite}"])
+            section["curve"] = {"title": f"{suite} on {dataset} vs number of edits", "figures": []}
+            add_figure(bars[f"curve-{dataset}-{suite}"], section["curve"]["figures"])
             if f"retention-{dataset}-{suite}" in bars:
-                add_figure(bars[f"retention-{dataset}-{suite}"])
+                add_figure(bars[f"retention-{dataset}-{suite}"], section["curve"]["figures"])
     extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-", "retention-"))]
     if extra:
         md += ["## Case studies", ""]
-        h.append("<h2>Case studies</h2>")
         for f in extra:
             md += [f"### {f.title}", ""]
-            h.append(f"<h3>{html.escape(f.title)}</h3>")
-            add_figure(f)
+            add_figure(f, page["case_studies"])
     if cards:  # edit cards of chosen cases (editscope report --cards)
-        from editscope.report.card_html import cards_section
-
-        h.append(cards_section(dict(cards)))
+        card_methods = list(dict.fromkeys(m for _, _, m in cards))
+        page["cards"] = {"methods": card_methods, "rows": [
+            (d, c, [cards.get((d, c, m)) for m in card_methods])
+            for d, c in dict.fromkeys((d, c) for d, c, _ in cards)]}
         md += ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
-    h.append("<details><summary>configs</summary>" + "".join(
-        f"<pre>{html.escape(json.dumps(run.meta['config'], indent=2))}</pre>" for run in runs) + "</details>")
-    h.append("</body></html>")
-    html_path = atomic_write_text(out / "report.html", "\n".join(h) + "\n")
+    html_path = atomic_write_text(out / "report.html", render("report.html", **page))
     md_path = atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / TABLES_TEX, "\n".join(tex) + "\n")
     return html_path, md_path
@@ -421,16 +342,6 @@ def png_name(slug: str) -> str:
     """A figure's file name: labels such as ``counterfact [smollm2-135m]`` (runs of several models) hold spaces and
     brackets, which a Markdown image link cannot."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", slug) + ".png"
-
-
-def _tex_compact(rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec], caption: str) -> str:
-    table = compact_table(rs, methods, specs)
-    if table is None:
-        return ""
-    headers, body, notes = table
-    best = best_in_compact(rs, methods, specs)
-    bold = {(i, j) for i, cells in enumerate(body) for j in range(len(cells)) if (cells[0], j) in best}
-    return latex.tabular(headers, body, bold=bold, caption=" ".join([caption + ".", *notes]))
 
 
 def _model_level(keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:

@@ -1,4 +1,6 @@
-"""The edit card as one self-contained HTML page: tables, and figures embedded as base64 PNG data URIs.
+"""The edit card as one self-contained HTML page (template ``templates/card.html``, autoescaped): tables, and
+figures embedded as base64 PNG data URIs. This module turns a card (:mod:`editscope.report.card`) into the page's
+view data (text, numbers formatted, figures drawn) and renders it.
 
 Sections (each an ``<section id=...>``, present on every card; one whose data the case lacks says so): ``request``,
 ``logprobs`` (log-probs of target and true answer on the edit prompt, paraphrases and neighbours), ``generation``,
@@ -8,22 +10,28 @@ Sections (each an ``<section id=...>``, present on every card; one whose data th
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from editscope.report.style import CSS
+from editscope.report.pages import png_src, render
 
 SECTIONS = ("request", "logprobs", "generation", "siblings", "peak-answers", "evk-stability", "causal-trace", "delta-w",
             "collateral-damage", "metrics")
-_CARD_CSS = CSS + """.na{color:#888;font-style:italic}td.l,th.l{text-align:left;white-space:normal;max-width:38em}
-.up{color:#087f23}.down{color:#b00020}section{margin-bottom:2em}.gen td{white-space:pre-wrap;text-align:left}"""
+TITLES = {"request": "The edit", "logprobs": "Log-probs on the edit prompt, paraphrases and neighbours",
+          "generation": "Generations before and after", "siblings": "1-to-N siblings",
+          "peak-answers": "PEAK answers", "evk-stability": "EVK stability against σ",
+          "causal-trace": "Where the fact sits (causal trace)", "delta-w": "ΔW",
+          "collateral-damage": "Collateral damage", "metrics": "Every suite's metrics"}
+
+View = dict[str, Any]
 
 
-def esc(value: Any) -> str:
-    return html.escape(str(value))
+class Signed(NamedTuple):
+    """A signed change, coloured by its sign (CSS class ``up``, ``down`` or none)."""
+
+    text: str
+    cls: str
 
 
 def num(x: Any, digits: int = 3) -> str:
@@ -36,29 +44,24 @@ def num(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if abs(x) < 1e4 else f"{x:.3g}"
 
 
-def signed(x: float, digits: int = 3) -> str:
+def signed(x: float | None, digits: int = 3) -> Signed | str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
-    cls = "up" if x > 0 else "down" if x < 0 else ""
-    return f"<span class='{cls}'>{x:+.{digits}f}</span>"
+    return Signed(f"{x:+.{digits}f}", "up" if x > 0 else "down" if x < 0 else "")
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = (0,), cls: str = "") -> str:
-    """An HTML table; ``rows`` hold HTML already escaped; columns in ``left`` are left-aligned."""
-    head = "".join(f"<th class='{'l' if i in left else ''}'>{esc(h)}</th>" for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(f"<td class='{'l' if i in left else ''}'>{c}</td>" for i, c in enumerate(r))
-                   + "</tr>" for r in rows)
-    return f"<table class='{cls}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def grid(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[int] = (0,), cls: str = "") -> View:
+    """A card table: cells are text or :class:`Signed`; columns in ``left`` are left-aligned."""
+    return {"headers": list(headers), "rows": [list(r) for r in rows], "left": set(left), "cls": cls}
 
 
-def figure(png: bytes, alt: str, caption: str) -> str:
-    b64 = base64.b64encode(png).decode("ascii")
-    return (f"<figure><img alt='{esc(alt)}' src='data:image/png;base64,{b64}'>"
-            f"<figcaption>{esc(caption)}</figcaption></figure>")
+def figure(png: bytes, alt: str, caption: str) -> View:
+    return {"alt": alt, "src": png_src(png), "caption": caption, "axes": None}
 
 
-def na(text: str) -> str:
-    return f"<p class='na'>{esc(text)}</p>"
+def na(text: str) -> View:
+    """A section without data: the sentence saying why."""
+    return {"na": text}
 
 
 # -- figures ---------------------------------------------------------------------------------------------------
@@ -182,23 +185,22 @@ def _shift_png(shifts: list[float], flipped: int) -> bytes:
     return png(fig)
 
 
-# -- sections --------------------------------------------------------------------------------------------------
 
-def _request(card: dict[str, Any]) -> str:
+
+# -- sections: the view data of each ---------------------------------------------------------------------------
+
+def _request(card: dict[str, Any]) -> View:
     c, m = card["case"], card["method"]
-    rows = [[esc(r["prompt"].replace("{}", r["subject"])), esc(r["subject"]), esc(r["target_new"]),
-             esc(r["target_true"] or "–")] for r in c["requests"]]
+    rows = [[r["prompt"].replace("{}", r["subject"]), r["subject"], r["target_new"], r["target_true"] or "–"]
+            for r in c["requests"]]
     info = [("model", f"{card['model']['name']} (fingerprint {card['model']['fingerprint']})"),
             ("method", f"{m['display']} (label {m['label']})"), ("case", f"{c['dataset']}: {c['case_id']}"),
             ("source", ", ".join(f"{k} {v}" for k, v in card["source"].items())),
             ("conventions", ", ".join(f"{k}={v}" for k, v in m["conventions"].items()) or "–"),
             ("edit info", ", ".join(f"{k} {v}" for k, v in card.get("edit_info", {}).items()) or "–"),
             ("time", ", ".join(f"{k} {v:.1f} s" for k, v in card.get("timing", {}).items()))]
-    meta = "<table class='meta'>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in info) + \
-        "</table>"
-    hp = "<details><summary>hyperparameters</summary><pre>" + esc(m["hparams"]) + "</pre></details>"
-    head = ["edit prompt", "subject", "new target", "true answer"]
-    return meta + _glance(card) + table(head, rows, left=(0, 1, 2, 3)) + hp
+    return {"info": info, "glance": _glance(card), "hparams": m["hparams"],
+            "requests": grid(["edit prompt", "subject", "new target", "true answer"], rows, left=(0, 1, 2, 3))}
 
 
 def _glance(card: dict[str, Any]) -> str:
@@ -214,56 +216,50 @@ def _glance(card: dict[str, Any]) -> str:
     if card["delta"]:
         biggest = max(card["delta"], key=lambda d: d["relative"] if d["relative"] == d["relative"] else -1)
         parts.append(f"largest ‖ΔW‖/‖W‖ {num(biggest['relative'], 4)} ({biggest['name']})")
-    return f"<p><b>At a glance:</b> {esc('; '.join(parts))}</p>" if parts else ""
-
-
-def _cand_rows(rows: list[dict[str, Any]], with_p: bool = False) -> list[list[str]]:
-    out = []
-    for r in rows:
-        cells = [esc(r["role"]), esc(r["prompt"]), esc(r["text"]), esc(r["kind"]), num(r["pre"]), num(r["post"]),
-                 signed(r["post"] - r["pre"])]
-        if with_p:
-            cells += [num(r["p_pre"], 4), num(r["p_post"], 4), signed(r["p_post"] - r["p_pre"], 4)]
-        out.append(cells + [num(r["top1_pre"]), num(r["top1_post"])])
-    return out
+    return "; ".join(parts)
 
 
 _CAND_HEAD = ["role", "prompt", "answer", "kind", "log-prob pre", "post", "shift"]
 _P_HEAD = ["P pre", "P post", "ΔP"]
 
 
-def _scores(card: dict[str, Any]) -> str:
+def _candidates(rows: list[dict[str, Any]], with_p: bool = False) -> View:
+    out = []
+    for r in rows:
+        cells = [r["role"], r["prompt"], r["text"], r["kind"], num(r["pre"]), num(r["post"]),
+                 signed(r["post"] - r["pre"])]
+        if with_p:
+            cells += [num(r["p_pre"], 4), num(r["p_post"], 4), signed(r["p_post"] - r["p_pre"], 4)]
+        out.append(cells + [num(r["top1_pre"]), num(r["top1_post"])])
+    return grid([*_CAND_HEAD, *(_P_HEAD if with_p else []), "top-1 pre", "top-1 post"], out, left=(0, 1, 2))
+
+
+def _scores(card: dict[str, Any]) -> View:
     name = card["sections"].get("logprobs")
     if name is None:
         return na("no CounterFact/zsRE suite measured this case (the edit has no true answer to compare)")
     rows = card["suites"][name]["candidates"]
-    return (f"<p>Suite <code>{esc(name)}</code>: every prompt it scores, the new target (kind <code>new</code>) and "
-            "the true answer (<code>true</code>; a neighbour's own answer on neighbourhood prompts), natural-log "
-            "probability summed over the answer's tokens.</p>"
-            + table([*_CAND_HEAD, "top-1 pre", "top-1 post"], _cand_rows(rows), left=(0, 1, 2))
-            + figure(_scores_png(rows), "log-prob arrows", "Each arrow goes from the pre-edit to the post-edit "
-                     "log-prob; blue: new target, orange: true answer."))
+    return {"suite": name, "table": _candidates(rows),
+            "figure": figure(_scores_png(rows), "log-prob arrows", "Each arrow goes from the pre-edit to the post-edit "
+                             "log-prob; blue: new target, orange: true answer.")}
 
 
-def _generation(card: dict[str, Any]) -> str:
+def _generation(card: dict[str, Any]) -> View:
+    generated = None
     if card["generation"]:
-        rows = [[esc(g["prompt"]), esc(g["pre"]), esc(g["post"])] for g in card["generation"]]
-        out = "<p>Greedy continuations.</p>" + table(["prompt", "before", "after"], rows, left=(0, 1, 2), cls="gen")
-    else:
-        out = na("generation turned off")
-    for name, suite in card["suites"].items():
-        if suite.get("answers"):  # a suite that judges generated answers (evaluation in the wild)
-            rows = [[esc(a["role"]), esc(a["prompt"]), esc(" / ".join(a["gold"])), esc(a["pre"]), esc(a["post"])]
-                    for a in suite["answers"]]
-            out += (f"<p>Answers the model generated for suite <code>{esc(name)}</code> "
-                    f"({esc(suite['protocol'].get('note', ''))}).</p>"
-                    + table(["role", "prompt", "gold", "before", "after"], rows, left=(0, 1, 2, 3, 4), cls="gen"))
-    return out
+        generated = grid(["prompt", "before", "after"],
+                         [[g["prompt"], g["pre"], g["post"]] for g in card["generation"]], left=(0, 1, 2), cls="gen")
+    answers = [{"suite": name, "note": suite["protocol"].get("note", ""),
+                "table": grid(["role", "prompt", "gold", "before", "after"],
+                              [[a["role"], a["prompt"], " / ".join(a["gold"]), a["pre"], a["post"]]
+                               for a in suite["answers"]], left=(0, 1, 2, 3, 4), cls="gen")}
+               for name, suite in card["suites"].items() if suite.get("answers")]  # suites judging generated answers
+    return {"generated": generated, "answers": answers}
 
 
-def _metric_table(suite: dict[str, Any], keep: Sequence[str] | None = None) -> str:
+def _metric_table(suite: dict[str, Any], keep: Sequence[str] | None = None) -> View:
     row = suite["metrics"]
-    out = []
+    out: list[list[Any]] = []
     for spec in suite["declared"]:
         if spec.get("aggregate") or (keep is not None and spec["name"] not in keep):
             continue
@@ -274,53 +270,49 @@ def _metric_table(suite: dict[str, Any], keep: Sequence[str] | None = None) -> s
                 continue
             shift = signed(b - a) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) \
                 else "–"
-            out.append([esc(spec["name"] + arrow), num(a), num(b), shift])
+            out.append([spec["name"] + arrow, num(a), num(b), shift])
         elif spec["name"] in row:
-            out.append([esc(spec["name"] + arrow), "", num(row[spec["name"]]), ""])
-    return table(["metric", "pre", "post", "shift"], out)
+            out.append([spec["name"] + arrow, "", num(row[spec["name"]]), ""])
+    return grid(["metric", "pre", "post", "shift"], out)
 
 
-def _siblings(card: dict[str, Any]) -> str:
+def _siblings(card: dict[str, Any]) -> View:
     suite = card["suites"].get(card["sections"].get("siblings", ""))
     if suite is None:
         return na("the case has no 1-to-N answer list (siblings): not measured")
-    rows = suite["candidates"]
-    return (_metric_table(suite) + "<p>Each valid answer (sibling, kind <code>correct</code>) and false answer "
-            "after the query, before and after the edit:</p>"
-            + table([*_CAND_HEAD, *_P_HEAD, "top-1 pre", "top-1 post"], _cand_rows(rows, True), left=(0, 1, 2)))
+    return {"metrics": _metric_table(suite), "table": _candidates(suite["candidates"], True)}
 
 
-def _peak(card: dict[str, Any]) -> str:
+def _peak(card: dict[str, Any]) -> View:
     suite = card["suites"].get(card["sections"].get("peak-answers", ""))
     if suite is None:
         return na("the case has no PEAK answer lists (correct and hard false answers): not measured")
     rows = [r for r in suite["candidates"] if r["role"] != "neighborhood"]
-    return (_metric_table(suite) + "<p>Probability shift of each correct and false answer (P = exp of the mean "
-            "token log-prob, as PEAK computes it):</p>"
-            + table([*_CAND_HEAD, *_P_HEAD, "top-1 pre", "top-1 post"], _cand_rows(rows, True), left=(0, 1, 2)))
+    return {"metrics": _metric_table(suite), "table": _candidates(rows, True)}
 
 
-def _evk(card: dict[str, Any]) -> str:
+def _evk(card: dict[str, Any]) -> View:
     evk = card.get("evk_curves")
     if not evk:
         return na("EVK not measured")
     sigmas = sorted({p[0] for points in evk["curves"].values() for p in points})
-    rows = [[esc(panel)] + [num(dict((p[0], p[1]) for p in points).get(s), 4) for s in sigmas]
+    rows = [[panel] + [num(dict((p[0], p[1]) for p in points).get(s), 4) for s in sigmas]
             for panel, points in evk["curves"].items()]
-    body = table(["drift"] + [f"σ={s:g}" for s in sigmas], rows)
+    chart = None
     if len(sigmas) > 1:
-        body += figure(_evk_png(evk["curves"], evk["sigma"]), "EVK stability vs sigma",
+        chart = figure(_evk_png(evk["curves"], evk["sigma"]), "EVK stability vs sigma",
                        "Cosine of the final-token state before vs after the edit on EVK instances (subject, relation "
                        "or all token embeddings drifted by N(0, σ²I)); 1 = untouched.")
-    return body + _metric_table(card["suites"][evk["suite"]])
+    return {"table": grid(["drift"] + [f"σ={s:g}" for s in sigmas], rows), "figure": chart,
+            "metrics": _metric_table(card["suites"][evk["suite"]])}
 
 
-def _trace(card: dict[str, Any]) -> str:
+def _trace(card: dict[str, Any]) -> View:
     trace = card.get("trace")
     if not trace:
         return na("causal trace not run (editscope inspect --trace)")
     edited = sorted({d["layer"] for d in card["delta"] if d["layer"] is not None})
-    out = []
+    runs = []
     for tag, key in (("before the edit, true answer", "pre"), ("after the edit, new target", "post")):
         t = trace.get(key)
         if t is None:
@@ -328,107 +320,74 @@ def _trace(card: dict[str, Any]) -> str:
         meta = t["meta"]
         effect = meta["mlp_indirect_effect"]
         top = sorted(range(len(effect)), key=lambda i: -effect[i])[:3]
-        out.append(f"<p>{esc(tag)}: {esc(t['prompt'])!s} -> {esc(t['answer'])}; p(clean) {num(meta['clean_prob'], 4)}, "
-                   f"p(corrupted) {num(meta['corrupted_prob'], 4)}; top MLP layers {', '.join(map(str, top))} "
-                   f"(edited: {', '.join(map(str, edited)) or '–'})</p>")
-        out.append(figure(_trace_png(t, f"{tag}: {t['answer']!r}"), f"causal trace {key}",
-                          "Probability of the answer's first token with one state restored in the corrupted run "
-                          "(ROME's causal trace); * marks subject tokens."))
-    out.append(figure(_effect_png(trace.get("pre"), trace.get("post"), edited), "MLP indirect effect",
-                      "MLP indirect effect at the subject's last token per layer, before (true answer) and after "
-                      "(new target); does the new fact live at the edited layers?"))
-    return "".join(out)
+        runs.append({"tag": tag, "prompt": t["prompt"], "answer": t["answer"], "clean": num(meta["clean_prob"], 4),
+                     "corrupted": num(meta["corrupted_prob"], 4), "top": ", ".join(map(str, top)),
+                     "edited": ", ".join(map(str, edited)) or "–",
+                     "figure": figure(_trace_png(t, f"{tag}: {t['answer']!r}"), f"causal trace {key}",
+                                      "Probability of the answer's first token with one state restored in the "
+                                      "corrupted run (ROME's causal trace); * marks subject tokens.")})
+    return {"runs": runs, "effect": figure(
+        _effect_png(trace.get("pre"), trace.get("post"), edited), "MLP indirect effect",
+        "MLP indirect effect at the subject's last token per layer, before (true answer) and after (new target); "
+        "does the new fact live at the edited layers?")}
 
 
-def _delta(card: dict[str, Any]) -> str:
-    rows = [[esc(d["name"]), num(d["layer"]), esc("×".join(map(str, d["shape"]))), num(d["norm"], 4),
-             num(d["w_norm"], 2), num(d["relative"], 5), num(d.get("rank")), num(d.get("spectral"), 4),
-             num(d.get("spectral_relative"), 4), esc(f"{d['nonzero']}/{d['numel']}"),
-             esc(", ".join(f"{s:.3g}" for s in d.get("singular", [])[:6]))] for d in card["delta"]]
-    body = table(["parameter", "layer", "shape", "‖ΔW‖F", "‖W‖F", "‖ΔW‖/‖W‖", "rank", "σ₁(ΔW)", "σ₁(ΔW)/σ₁(W)",
-                  "non-zero", "leading singular values"], rows)
+def _delta(card: dict[str, Any]) -> View:
+    rows = [[d["name"], num(d["layer"]), "×".join(map(str, d["shape"])), num(d["norm"], 4), num(d["w_norm"], 2),
+             num(d["relative"], 5), num(d.get("rank")), num(d.get("spectral"), 4), num(d.get("spectral_relative"), 4),
+             f"{d['nonzero']}/{d['numel']}", ", ".join(f"{s:.3g}" for s in d.get("singular", [])[:6])]
+            for d in card["delta"]]
+    spectra = None
     if any(d.get("singular") for d in card["delta"]):
-        body += figure(_spectra_png(card["delta"]), "singular values of ΔW",
-                       "Leading singular values of each edited parameter's ΔW (log scale): a rank-one edit shows one.")
-    return body
+        spectra = figure(_spectra_png(card["delta"]), "singular values of ΔW", "Leading singular values of each "
+                         "edited parameter's ΔW (log scale): a rank-one edit shows one.")
+    return {"table": grid(["parameter", "layer", "shape", "‖ΔW‖F", "‖W‖F", "‖ΔW‖/‖W‖", "rank", "σ₁(ΔW)",
+                           "σ₁(ΔW)/σ₁(W)", "non-zero", "leading singular values"], rows), "figure": spectra}
 
 
-def _collateral(card: dict[str, Any]) -> str:
+def _collateral(card: dict[str, Any]) -> View:
     col = card.get("collateral_scan")
     if not col:
         return na("collateral scan not run")
-    head = (f"<p><b>{col['flipped']}</b> of {col['counted']} facts the unedited model answered top-1 no longer are "
-            f"(probe set: {col['n']} facts from {', '.join(col['sources'])}, {len(col['excluded'])} of them the "
-            f"edited case's own and left out); mean log-prob change {num(col['mean_shift'], 4)}.</p>")
-
-    def fact_rows(facts: list[dict[str, Any]]) -> list[list[str]]:
-        return [[esc(f["prompt"]), esc(f["answer"]), esc(f["relation"]), num(f["pre"]), num(f["post"]),
-                 signed(f["shift"]), num(f["flipped"]), esc(", ".join(f["shares_subject"] + f["shares_object"]))]
-                for f in facts]
-
-    fhead = ["prompt", "answer", "relation", "log-prob pre", "post", "shift", "flipped", "shared words"]
+    facts = ["prompt", "answer", "relation", "log-prob pre", "post", "shift", "flipped", "shared words"]
     groups = ["group", "facts", "flipped", "mean shift", "min shift"]
 
-    def group_rows(rows: list[dict[str, Any]], n: int = 15) -> list[list[str]]:
-        return [[esc(r["group"]), num(r["n"]), num(r["flipped"]), signed(r["mean_shift"]), signed(r["min_shift"])]
-                for r in rows[:n]]
+    def fact_rows(found: list[dict[str, Any]]) -> View:
+        return grid(facts, [[f["prompt"], f["answer"], f["relation"], num(f["pre"]), num(f["post"]), signed(f["shift"]),
+                             num(f["flipped"]), ", ".join(f["shares_subject"] + f["shares_object"])] for f in found],
+                    left=(0, 1, 2, 7))
 
-    return (head + figure(_shift_png(col["shifts"], col["flipped"]), "collateral shifts",
-                          "Distribution of the post - pre log-prob of every probe fact's answer.")
-            + "<h3>Flipped facts</h3>" + (table(fhead, fact_rows(col["flipped_facts"]), left=(0, 1, 2, 7))
-                                         if col["flipped_facts"] else na("none flipped"))
-            + f"<h3>Largest log-prob drops (top {len(col['largest_drops'])})</h3>"
-            + table(fhead, fact_rows(col["largest_drops"]), left=(0, 1, 2, 7))
-            + "<h3>By words shared with the edit's subject / answers</h3>"
-            + table(groups, group_rows(col["by_overlap"]))
-            + "<h3>By relation (most flipped first)</h3>" + table(groups, group_rows(col["by_relation"])))
+    def group_rows(rows: list[dict[str, Any]], n: int = 15) -> View:
+        return grid(groups, [[r["group"], num(r["n"]), num(r["flipped"]), signed(r["mean_shift"]),
+                              signed(r["min_shift"])] for r in rows[:n]])
 
-
-def _metrics(card: dict[str, Any]) -> str:
-    out = []
-    for name, suite in card["suites"].items():
-        where = "the run's suite" if suite["run_suite"] else "added by the card"
-        out.append(f"<h3>{esc(name)} <small>({where})</small></h3>" + _metric_table(suite)
-                   + f"<p class='protocol'>{esc(suite['protocol'].get('note', ''))}</p>")
-    row = card.get("run_row")
-    if row:
-        out.append("<p class='protocol'>The run's stored row of this case holds the same metrics (checked by the "
-                   "tests: the card calls the same suite code under the runner's seeds).</p>")
-    return "".join(out)
+    return {"flipped": col["flipped"], "counted": col["counted"], "n": col["n"], "sources": ", ".join(col["sources"]),
+            "excluded": len(col["excluded"]), "mean_shift": num(col["mean_shift"], 4),
+            "figure": figure(_shift_png(col["shifts"], col["flipped"]), "collateral shifts",
+                             "Distribution of the post - pre log-prob of every probe fact's answer."),
+            "flipped_facts": fact_rows(col["flipped_facts"]) if col["flipped_facts"] else None,
+            "drops": fact_rows(col["largest_drops"]), "n_drops": len(col["largest_drops"]),
+            "by_overlap": group_rows(col["by_overlap"]), "by_relation": group_rows(col["by_relation"])}
 
 
-_TITLES = {"request": "The edit", "logprobs": "Log-probs on the edit prompt, paraphrases and neighbours",
-           "generation": "Generations before and after", "siblings": "1-to-N siblings",
-           "peak-answers": "PEAK answers", "evk-stability": "EVK stability against σ",
-           "causal-trace": "Where the fact sits (causal trace)", "delta-w": "ΔW",
-           "collateral-damage": "Collateral damage", "metrics": "Every suite's metrics"}
-_RENDER = {"request": _request, "logprobs": _scores, "generation": _generation, "siblings": _siblings,
-           "peak-answers": _peak, "evk-stability": _evk, "causal-trace": _trace, "delta-w": _delta,
-           "collateral-damage": _collateral, "metrics": _metrics}
+def _metrics(card: dict[str, Any]) -> View:
+    return {"suites": [{"name": name, "where": "the run's suite" if suite["run_suite"] else "added by the card",
+                        "table": _metric_table(suite), "note": suite["protocol"].get("note", "")}
+                       for name, suite in card["suites"].items()],
+            "run_row": bool(card.get("run_row"))}
+
+
+_VIEWS = {"request": _request, "logprobs": _scores, "generation": _generation, "siblings": _siblings,
+          "peak-answers": _peak, "evk-stability": _evk, "causal-trace": _trace, "delta-w": _delta,
+          "collateral-damage": _collateral, "metrics": _metrics}
 
 
 def render_card(card: dict[str, Any]) -> str:
     """The card as one self-contained HTML page."""
     r = card["case"]["requests"][0]
     title = f"Edit card: {r['prompt'].replace('{}', r['subject'])} -> {r['target_new']} ({card['method']['display']})"
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
-             f"<style>{_CARD_CSS}</style></head><body><h1>{esc(title)}</h1>"]
-    parts.append("<nav>" + " · ".join(f"<a href='#{s}'>{esc(_TITLES[s])}</a>" for s in SECTIONS) + "</nav>")
-    for s in SECTIONS:
-        parts.append(f"<section id='{s}'><h2>{esc(_TITLES[s])}</h2>{_RENDER[s](card)}</section>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return render("card.html", title=title, sections=SECTIONS, titles=TITLES,
+                  view={s: _VIEWS[s](card) for s in SECTIONS})
 
 
-def cards_section(links: dict[tuple[str, str, str], str]) -> str:
-    """The report's section linking each (dataset, case, method) to its card (relative paths)."""
-    if not links:
-        return ""
-    methods = list(dict.fromkeys(m for _, _, m in links))
-    cases = list(dict.fromkeys((d, c) for d, c, _ in links))
-    rows = [[esc(d), esc(c)] + [f"<a href='{esc(links[(d, c, m)])}'>card</a>" if (d, c, m) in links else ""
-                                for m in methods] for d, c in cases]
-    return "<h2 id='cards'>Edit cards</h2>" + table(["dataset", "case", *methods], rows, left=(0, 1))
-
-
-__all__ = ["SECTIONS", "cards_section", "render_card"]
+__all__ = ["SECTIONS", "render_card"]

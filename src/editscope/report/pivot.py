@@ -40,10 +40,14 @@ from editscope.run.summary import (
     paper_header,
     paper_num,
 )
+from editscope.tables import Table
 
 MAX_COLUMNS = 6
 """Metric columns per pivot table: wider pivots are split (between suites where possible) so that none needs
 horizontal scrolling on a 1,400 px screen."""
+LATEX_COLUMNS = 4
+"""Metric columns per pivot tabular: four columns of ``mean [lo, hi]`` fit an article's text width (checked with
+pdflatex on the SmolLM2 report: no overfull box)."""
 
 
 class BaselineError(EditscopeError):
@@ -160,6 +164,46 @@ class Pivot:
             else:
                 out.append(list(p))
         return out
+
+    def table(self, chunk: Sequence[int], *, diff_rows: bool = False) -> Table:
+        """The columns ``chunk`` as a :class:`~editscope.tables.Table`: a row per method with its mean (and
+        interval), grouped by (dataset, suite), the best bold; each paired difference against the baseline is the
+        cell's secondary text, or with ``diff_rows`` a ``Δ`` row under the method's (narrower: LaTeX)."""
+        groups: list[tuple[str, int]] = []
+        for j in chunk:
+            label = self.columns[j].group
+            if groups and groups[-1][0] == label:
+                groups[-1] = (label, groups[-1][1] + 1)
+            else:
+                groups.append((label, 1))
+        body: list[list[str]] = []
+        bold: set[tuple[int, int]] = set()
+        sub: dict[tuple[int, int], str] = {}
+        for row in self.rows:
+            i = len(body)
+            body.append([row] + [self.cell_text(row, j) for j in chunk])
+            bold |= {(i, k) for k, j in enumerate(chunk, 1) if (row, j) in self.best}
+            diffs = [self.diff_text(row, j) for j in chunk]
+            if diff_rows and any(diffs):
+                body.append(["Δ"] + diffs)  # against what: the caption says
+            elif not diff_rows:
+                sub |= {(i, k): f"Δ {d}" for k, d in enumerate(diffs, 1) if d}
+        return Table(["method"] + [self.columns[j].header for j in chunk], body, bold=bold, sub=sub, groups=groups,
+                     caption=f"{', '.join(g for g, _ in groups)}: every method. {self.note(chunk)}")
+
+    def markdown(self) -> list[str]:
+        """Markdown lines: one table per :meth:`chunks` (columns headed ``group: header``), then the
+        :attr:`baseline_note`."""
+        lines: list[str] = []
+        for chunk in self.chunks():
+            lines += self.table(chunk).markdown().split("\n") + [""]
+        return lines + [f"*{self.baseline_note}*", ""]
+
+    def latex(self) -> list[str]:
+        """One booktabs ``table`` per chunk of :data:`LATEX_COLUMNS` columns, a ``Δ`` row under each method."""
+        # footnotesize, narrow column gaps: a 4-column pivot with intervals fits an article's text width
+        return [self.table(chunk, diff_rows=True).latex(size=r"\footnotesize", colsep="3pt")
+                for chunk in self.chunks(LATEX_COLUMNS)]
 
 
 def _nonzero(x: float, scale: float) -> str:

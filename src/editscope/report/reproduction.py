@@ -32,7 +32,7 @@ from pathlib import Path
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text
 from editscope.errors import EditscopeError
-from editscope.report.build import Analysis, analyse, md_pivot, png_name
+from editscope.report.build import Analysis, analyse, png_name
 from editscope.run.archive import archive_run
 from editscope.run.store import has_rows
 from editscope.run.summary import curve_markdown
@@ -145,7 +145,7 @@ def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) 
                      f"{m.get('status')}, finished {m.get('finished') or '–'}, editscope {version}.*  ")
     lines.append("")
     if a.pivot is not None:
-        lines += md_pivot(a.pivot)
+        lines += a.pivot.markdown()
     for (dataset, suite), points in a.curves.items():
         curve = curve_markdown(points, a.methods, a.specs.get((dataset, suite)))
         if curve:

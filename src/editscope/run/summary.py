@@ -22,7 +22,7 @@ import io
 import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 from editscope.suites import measures_whole_model
 from editscope.suites.wild import COUNTERPARTS
+from editscope.tables import Cell, Table
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
 
@@ -323,8 +324,8 @@ def paper_header(spec: MetricSpec) -> str:
 
 
 def compact_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Sequence[MetricSpec],
-                  no_edit: str = "none") -> tuple[list[str], list[list[str]], list[str]] | None:
-    """The paper-style table of one (dataset, suite): (headers, rows, notes) or None without declarations.
+                  no_edit: str = "none") -> Table | None:
+    """The paper-style table of one (dataset, suite), with its notes; None without declarations.
 
     Columns: the declared ``headline`` metrics with a direction, in declaration order, in the paper's units;
     rows: the unedited model (each ``NAME_pre``; post-only metrics –), then one row per edit method (``NAME_post``
@@ -362,19 +363,14 @@ def compact_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Seque
     if any(s.unit in LOG_UNITS for s in cols):
         notes.append("PPL: geometric mean over cases (mean of log PPL; interval on the log scale), not the "
                      "arithmetic mean, which one case's 1e10 would dominate.")
-    return headers, body, notes
+    return Table(headers, body, notes=notes)
 
 
 def compact_markdown(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Sequence[MetricSpec] | None,
                      ) -> list[str]:
-    """:func:`compact_table` as Markdown lines (empty without declarations)."""
+    """:func:`compact_table` as Markdown lines, its notes under it (empty without declarations)."""
     table = compact_table(rs, methods, specs or ())
-    if table is None:
-        return []
-    headers, body, notes = table
-    lines = ["| " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * (len(headers) - 2)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return lines + [""] + [f"*{n}*  " for n in notes]
+    return [] if table is None else table.markdown().split("\n")
 
 
 def results_text(summary: Sequence[SummaryRow], specs: SpecMap | None = None) -> str:
@@ -386,35 +382,33 @@ def results_text(summary: Sequence[SummaryRow], specs: SpecMap | None = None) ->
     out: list[str] = []
     for (dataset, suite), rs in tables.items():
         table = compact_table(rs, list(dict.fromkeys(r.method for r in rs)), (specs or {}).get((dataset, suite), ()))
-        if table is None:
-            continue
-        headers, body, _notes = table
-        widths = [max(len(row[i]) for row in [headers, *body]) for i in range(len(headers))]
-        out += ["", f"{suite} on {dataset}"]
-        for row in [headers, *body]:
-            out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                 for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        if table is not None:
+            out += ["", replace(table, caption=f"{suite} on {dataset}", notes=()).plain()]
     return "\n".join(out).lstrip("\n")
+
+
+def curve_table(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str],
+                specs: Sequence[MetricSpec] | None) -> Table | None:
+    """The headline metrics of one (dataset, suite) after each number of edits, one row per (method, edits),
+    in the paper's units (:func:`compact_table`'s columns; the edited model's values); None without them."""
+    cols = [s for s in specs or () if s.headline and s.higher_is_better is not None]
+    if not cols or not points:
+        return None
+    body: list[list[Cell]] = []
+    for m in methods:
+        for edits, rs in points.items():
+            cell = {r.metric: r for r in rs if r.method == m}
+            if cell:
+                body.append([m, edits, max(r.n for r in cell.values())]
+                            + [paper_cell(cell[s.post], s) if s.post in cell else "–" for s in cols])
+    return Table(["method", "edits", "n"] + [paper_header(s) for s in cols], body)
 
 
 def curve_markdown(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str],
                    specs: Sequence[MetricSpec] | None) -> list[str]:
-    """The headline metrics of one (dataset, suite) after each number of edits, one row per (method, edits),
-    in the paper's units (:func:`compact_table`'s columns; the edited model's values)."""
-    cols = [s for s in specs or () if s.headline and s.higher_is_better is not None]
-    if not cols or not points:
-        return []
-    lines = ["| method | edits | n | " + " | ".join(paper_header(s) for s in cols) + " |",
-             "|---|---:|---:|" + "---:|" * len(cols)]
-    for m in methods:
-        for edits, rs in points.items():
-            cell = {r.metric: r for r in rs if r.method == m}
-            if not cell:
-                continue
-            n = max(r.n for r in cell.values())
-            lines.append(f"| {m} | {edits} | {n} | "
-                         + " | ".join(paper_cell(cell[s.post], s) if s.post in cell else "–" for s in cols) + " |")
-    return lines
+    """:func:`curve_table` as Markdown lines (empty without headline metrics or points)."""
+    table = curve_table(points, methods, specs)
+    return [] if table is None else table.markdown().split("\n")
 
 
 def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[str], list[list[str]]]:
@@ -426,6 +420,14 @@ def table_rows(rs: Sequence[SummaryRow], methods: Sequence[str]) -> tuple[list[s
         n = max((cell[(m, k)].n for k in metrics if (m, k) in cell), default=0)
         body.append([m, str(n)] + [fmt_mean_ci(cell[(m, k)]) if (m, k) in cell else "" for k in metrics])
     return metrics, body
+
+
+def metrics_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: SpecMap | None = None,
+                  notes: Sequence[str] = ()) -> Table:
+    """Every metric of one (dataset, suite) (:func:`table_rows`; headers :func:`metric_label`), ``notes`` under it."""
+    metrics, body = table_rows(rs, methods)
+    labels = [metric_label(k, spec_of(specs, rs[0].dataset, rs[0].suite, k)) for k in metrics]
+    return Table(["method", "n", *labels], body, notes=notes)
 
 
 def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
@@ -448,12 +450,7 @@ def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = 
     if not pairs:
         return []
     methods = list(dict.fromkeys([*method_order, *(k[4] for k in pairs)]))
-    lines = ["## Wild minus teacher-forced (paired by case)", "",
-             "Mean over cases of (wild − teacher-forced) in points (× 100), 95% paired t interval; † the interval "
-             "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
-             "probabilities under the gold prefix (each table above names its protocol).", "",
-             "| dataset | method | teacher-forced | wild | n | TF | wild | gap [95% CI] |",
-             "|---|---|---|---|---:|---:|---:|---|"]
+    body: list[list[Cell]] = []
     for key in sorted(pairs, key=lambda k: (k[0], k[1], methods.index(k[4]))):
         dataset, suite, tf, wild, method = key
         a, b = pairs[key]
@@ -461,9 +458,15 @@ def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = 
         lo, hi = clip_interval(lo, hi, (-1.0, 1.0))  # a gap of two shares lies in [-1, 1]
         interval = "" if math.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         mark = "†" if not math.isnan(lo) and (lo > 0 or hi < 0) else ""
-        lines.append(f"| {dataset} | {method} | {suite} {tf} | {wild} | {n} | {100 * float(np.mean(b)):.1f} | "
-                     f"{100 * float(np.mean(a)):.1f} | {100 * mean:+.1f}{interval}{mark} |")
-    return lines
+        body.append([dataset, method, f"{suite} {tf}", wild, n, f"{100 * float(np.mean(b)):.1f}",
+                     f"{100 * float(np.mean(a)):.1f}", f"{100 * mean:+.1f}{interval}{mark}"])
+    table = Table(["dataset", "method", "teacher-forced", "wild", "n", "TF", "wild", "gap [95% CI]"], body,
+                  align="llllrrrl")
+    return ["## Wild minus teacher-forced (paired by case)", "",
+            "Mean over cases of (wild − teacher-forced) in points (× 100), 95% paired t interval; † the interval "
+            "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
+            "probabilities under the gold prefix (each table above names its protocol).", "",
+            *table.markdown().split("\n")]
 
 
 NotesMap = Mapping[tuple[str, str], Sequence[str]]
@@ -523,17 +526,11 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
         tables.setdefault((r.dataset, r.suite), []).append(r)
     for (dataset, suite), rs in tables.items():
         methods = list(dict.fromkeys(r.method for r in rs))
-        metrics, body = table_rows(rs, methods)
-        labels = [metric_label(k, spec_of(specs, dataset, suite, k)) for k in metrics]
         lines += ["", f"## {suite} on {dataset}", ""]
         compact = compact_markdown(rs, methods, (specs or {}).get((dataset, suite)))
         if compact:
             lines += compact + ["", "All metrics:", ""]
-        lines.append("| method | n | " + " | ".join(labels) + " |")
-        lines.append("|---|---:|" + "---:|" * len(metrics))
-        lines += ["| " + " | ".join(cells) + " |" for cells in body]
-        if notes and notes.get((dataset, suite)):
-            lines += [""] + [f"*{n}*  " for n in notes[(dataset, suite)]]
+        lines += metrics_table(rs, methods, specs, (notes or {}).get((dataset, suite), ())).markdown().split("\n")
         curve = curve_markdown((curves or {}).get((dataset, suite), {}), methods, (specs or {}).get((dataset, suite)))
         if curve:
             lines += ["", "After each number of edits (sequential batches):", ""] + curve

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text
+from editscope.tables import Table
 from editscope.tune.search import CandidateScore, HalvingResult, Objective, rank_key
 
 
@@ -51,24 +52,21 @@ def write_page(out: Path, result: HalvingResult, by_id: dict[str, Any], chosen: 
         lines += ["![search curve](search.png)", ""]
     g, ref = objective.guard, objective.reference_label
     names = objective.metrics
-    head = (f"| candidate | settings | {objective.score} | 95% CI | " + " | ".join(f"{m} [95% CI]" for m in names)
-            + f" | {g} {ref} | {g} floor | passes |")
-    rule = "|---|---|---:|---|" + "---:|" * len(names) + "---:|---:|---|"
+    head = (["candidate", "settings", objective.score, "95% CI", *(f"{m} [95% CI]" for m in names), f"{g} {ref}",
+             f"{g} floor", "passes"])
 
-    def row(name: str, label: str, s: CandidateScore, passes: str) -> str:
-        return (f"| {name} | {label} | {_pct(s.score)} | [{_pct(s.score_lo)}, {_pct(s.score_hi)}] | "
-                + " | ".join(_ci(s.metrics.get(m)) for m in names)
-                + f" | {_pct(s.guard_ref)} | {_pct(s.guard_floor)} | {passes} |")
+    def row(name: str, label: str, s: CandidateScore, passes: str) -> list[str]:
+        return ([name, label, _pct(s.score), f"[{_pct(s.score_lo)}, {_pct(s.score_hi)}]"]
+                + [_ci(s.metrics.get(m)) for m in names] + [_pct(s.guard_ref), _pct(s.guard_floor), passes])
 
     for n, scores in result.rungs:
-        lines += [f"## {n} cases", "", head, rule]
-        if n in reference:
-            lines.append(row("reference", f"{settings.method} alone", reference[n], "–"))
+        rows = [row("reference", f"{settings.method} alone", reference[n], "–")] if n in reference else []
         for cid in sorted(scores, key=lambda c: rank_key(scores[c]), reverse=True):
             s = scores[cid]
             mark = " ✓" if cid == chosen and n == result.rungs[-1][0] else ""
-            lines.append(row(f"{cid}{mark}", by_id[cid].label(), s, "yes" if s.local else "no"))
-        lines.append("")
+            rows.append(row(f"{cid}{mark}", by_id[cid].label(), s, "yes" if s.local else "no"))
+        table = Table(head, rows, align="llrl" + "r" * len(names) + "rrl")
+        lines += [f"## {n} cases", "", table.markdown(), ""]
     lines.append("Each candidate's rows: `candidates/<id>/` (an ordinary run directory; `editscope report` reads it)"
                  + ("; the reference's: `reference/`." if reference else "."))
     return atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
