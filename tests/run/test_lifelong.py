@@ -25,12 +25,13 @@ BATCH, ROUNDS = 4, 3
 
 
 def lifelong_data(methods: list | None = None, **changes) -> dict:
-    """The shipped lifelong config on tiny-llama, 3 rounds of 4 (``methods``: the config's, v*/z in 2 steps)."""
+    """The shipped lifelong config on tiny-llama, 3 rounds of 4 (``methods``: the config's, v*/z in 2 steps; FT and
+    UltraEdit have no v*)."""
     data = yaml.safe_load((configs_dir() / "experiments" / "lifelong-counterfact.yaml").read_text())
     assert data["mode"] == {"sequential_batches": {"batch": 100, "rounds": 10, "checkpoints": 1}}
     methods = data["methods"] if methods is None else methods
     data.update(model="tiny-llama", mode={"sequential_batches": {"batch": BATCH, "rounds": ROUNDS, "checkpoints": 1}},
-                methods=[m if m == "ft" else {"name": m, "overrides": {"v_steps": 2}} for m in methods])
+                methods=[m if m in ("ft", "ultraedit") else {"name": m, "overrides": {"v_steps": 2}} for m in methods])
     block = data["datasets"][0]
     block["slice"] = {"offset": 0, "limit": BATCH * ROUNDS}
     block["suites"] = [s if s != "general" else {"name": "general", "options": {
@@ -150,6 +151,41 @@ def test_lifelong_chains_resume_at_their_last_checkpoint(tiny_bundles, tmp_path)
     for a, b in zip(got, want, strict=True):
         assert close(timing_free(a), timing_free(b)), (a["method"], a["case_id"], a["edits_applied"])
     assert not (out / CHAINS_DIR).exists()
+
+
+def test_an_ultraedit_chain_resumes_with_its_lifelong_normaliser(tiny_bundles, tmp_path):
+    """UltraEdit's chain killed at its first final row resumes after round 2 from the checkpoint, whose editor state
+    holds the normaliser of the 8 edits so far; the rows equal an uninterrupted run's (round 3's ΔW reads the
+    restored statistics, so a lost or reset normaliser would change them)."""
+    bundle = tiny_bundles["llama"]
+    config = parse_config(lifelong_data(["ultraedit"]))
+
+    def run(out, **kw):
+        return Runner(config, out_dir=out, bundle=bundle, progress=False, **kw).run()
+
+    want = read_results(run(tmp_path / "whole", log=lambda _m: None).out_dir / "results.jsonl")
+    out = tmp_path / "killed"
+    seen = {}
+
+    def kill(row):
+        if not row["checkpoint"]:
+            ckpt = ChainCheckpoint.load(chain_path(out, "counterfact", 0, "ultraedit"))
+            seen.update(round=ckpt.round, cls=ckpt.meta["state_class"], meta=ckpt.state_meta,
+                        tensors=sorted(ckpt.state_tensors))
+            raise Kill
+
+    with pytest.raises(Kill):
+        run(out, on_row=kill, log=lambda _m: None)
+    assert seen["round"] == 2 and seen["cls"] == "UltraEditState"
+    assert seen["meta"]["n_edits"] == 8 and seen["meta"]["n_turns"] == 2 and len(seen["meta"]["counts"]) == 1
+    assert seen["tensors"] == [f"{kind}.{key}" for kind in ("mean", "sq_dev") for key in seen["meta"]["counts"]]
+    logs: list[str] = []
+    run(out, log=logs.append)
+    assert sum("method ultraedit after round 2 (8 edits)" in m for m in logs) == 1, logs
+    got = read_results(out / "results.jsonl")
+    assert len(got) == len(want) == 4 + 8 + 12
+    for a, b in zip(got, want, strict=True):
+        assert close(timing_free(a), timing_free(b)), (a["case_id"], a["edits_applied"])
 
 
 def test_a_chain_checkpoint_of_another_config_is_refused(tiny_bundles, tmp_path):

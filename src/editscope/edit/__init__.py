@@ -1,4 +1,5 @@
-"""Editors (ROME, MEMIT, AlphaEdit, PRUNE, RECT, FT), their patches, hyperparameters and objectives."""
+"""Editors (ROME, MEMIT, AlphaEdit, PRUNE, RECT, EVK-Edit, FT, KN, MEND, UltraEdit), their patches, hyperparameters
+and objectives."""
 
 from editscope.edit.hparams import HParams, VStarHParams, load_yaml, parse_overrides
 from editscope.edit.objective import EssenceKL, NormPenalty, ObjectiveTerm, TargetNLL, VContext, VStep

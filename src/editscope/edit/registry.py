@@ -9,8 +9,8 @@ these declarations; nothing is probed.
 ``EDITORS[name].apply(bundle, requests, hparams=None, state=None, plugins=[...])`` computes the edit, applies it
 and returns the :class:`~editscope.edit.patch.Patch` (which reverts it bit-exactly). Adding a method is one
 module exposing ``compute`` and an ``HParams`` subclass, plus one line: ``register_editor(Editor(...))``
-(:data:`EDITORS` is a :class:`~editscope.registry.Registry`). Sequential state
-(AlphaEdit's keys, PRUNE's ΔW) is ``editor.new_state()``, owned by the caller; nothing is kept in module state.
+(:data:`EDITORS` is a :class:`~editscope.registry.Registry`). Sequential state (AlphaEdit's keys, PRUNE's ΔW,
+UltraEdit's normaliser) is ``editor.new_state()``, owned by the caller; nothing is kept in module state.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome
+from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome, ultraedit
 from editscope.edit.hparams import HParams, load_yaml, resolve_hparams, shipped_hparams_path
 from editscope.edit.mend import core as mend
 from editscope.edit.mend.train import prepare as mend_prepare
@@ -274,6 +274,9 @@ for _editor in (
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
     Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True,  # its editing loss takes terms
            prepare=mend_prepare),
+    # one gradient and one solve per turn, no optimised loss; its lifelong normaliser is the sequential state
+    Editor("ultraedit", "UltraEdit", ultraedit.UltraEditHParams, ultraedit.compute, optimises=False,
+           state_class=ultraedit.UltraEditState),
 ):
     register_editor(_editor)
 

@@ -1,6 +1,7 @@
 """Sequential-editing state: what a method carries from one edit to the next (AlphaEdit's accumulated keys,
-PRUNE's accumulated ΔW), in an object the caller owns (DESIGN.md rule 5). Every editor declares its state class
-(:attr:`editscope.edit.registry.Editor.state_class`); stateless editors use :class:`NoState`.
+PRUNE's accumulated ΔW, UltraEdit's lifelong normaliser), in an object the caller owns (DESIGN.md rule 5). Every
+editor declares its state class (:attr:`editscope.edit.registry.Editor.state_class`); stateless editors use
+:class:`NoState`.
 
 A state saves and loads itself as named tensors plus JSON-able metadata (:meth:`EditState.state_dict` /
 :meth:`EditState.from_state_dict`), so a lifelong chain can be resumed from a safetensors file (no pickle, DESIGN
