@@ -100,6 +100,26 @@ def read_lines(path: str | Path, *, repair: bool = False) -> list[tuple[int, Any
     return out
 
 
+def torn_line(path: str | Path) -> int | None:
+    """The line number (1-based) of a torn last line of ``path`` (one :func:`read_lines` drops: no newline after
+    it, or not valid JSON), or None: the file is whole (or absent). Merge names it instead of passing the loss."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    lines = data.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    if last < 0:
+        return None
+    if last == len(lines) - 1:
+        return last + 1
+    try:
+        json.loads(lines[last])
+    except ValueError:
+        return last + 1
+    return None
+
+
 def read_records(path: str | Path, *, repair: bool = False) -> list[Any]:
     """The records of ``path`` in file order (:func:`read_lines` without the line numbers)."""
     return [record for _, record in read_lines(path, repair=repair)]

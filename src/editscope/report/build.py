@@ -28,6 +28,7 @@ from editscope.report import figures
 from editscope.report.pages import png_src, render
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
 from editscope.run.models import expand_run_dirs
+from editscope.run.planned import planned_count, rows_text
 from editscope.run.store import RESULTS, RUN_JSON, read_json, run_rows
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
 from editscope.run.summary import (
@@ -196,7 +197,7 @@ def _run_meta(run: Run) -> list[tuple[str, str]]:
     mode = m["config"]["mode"] + ("" if m["config"]["mode"] == "single" else f" {m['config']['group_size']}")
     return [("run", str(run.path)), ("model", f"{m['model']['name']} (fingerprint {m['model']['fingerprint']})"),
             ("mode", mode),
-            ("rows", str(len(run.rows))), ("status", str(m.get("status"))),
+            ("rows", rows_text(len(run.rows), planned_count(m))), ("status", str(m.get("status"))),
             ("time", f"{m.get('started')} – {m.get('finished')}"), ("versions", versions)]
 
 

@@ -303,10 +303,30 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
     chat_template = c.typed(data.get("chat_template", False), bool, "chat_template", "true or false")
     lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
-    return RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
-                     group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
-                     batch=mode.batch, rounds=mode.rounds, checkpoints=mode.checkpoints, reprobe=mode.reprobe,
-                     chat_template=chat_template, lm_eval=lm_eval, source=where)
+    config = RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
+                       group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
+                       batch=mode.batch, rounds=mode.rounds, checkpoints=mode.checkpoints, reprobe=mode.reprobe,
+                       chat_template=chat_template, lm_eval=lm_eval, source=where)
+    if lm_eval is not None and lm_eval.checkpoints:
+        _check_reach(c, config, data["lm_eval"]["checkpoints"])
+    return config
+
+
+def _check_reach(c: _Checker, config: RunConfig, listed: list[int]) -> None:
+    """Every ``lm_eval.checkpoints`` count is reached by some chain (the edits a chain applies are its cases'
+    requests: the config's cases are read). A config whose cases or suites cannot be had here is left to the run."""
+    from editscope.run.planned import plan_run
+
+    one = config.for_model(config.models[0]) if config.models else config
+    try:
+        longest = plan_run(one).longest_chain
+    except EditscopeError:
+        return
+    for c_edits in sorted(set(listed)):
+        if c_edits > longest:
+            raise c.fail(f"lm_eval.checkpoints[{listed.index(c_edits)}]",
+                         f"{c_edits} edits: no chain reaches it (the longest applies {longest} edits: batch "
+                         f"{config.batch} x rounds {config.rounds} cases and their requests)")
 
 
 def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,

@@ -9,7 +9,14 @@ model exported with ``editscope patch apply ... --out DIR`` is an ordinary HF fo
 the tasks run on the unedited model once (``edits_applied: 0``, method ``none``) and on the edited model at the
 chosen checkpoints of every chain, one row per task in ``OUTPUT/lm_eval.jsonl`` tagged with the dataset block,
 group, method, round and number of edits applied, holding lm-eval's metrics under lm-eval's names (``acc,none``,
-``acc_stderr,none``). Rows already in the file are not computed again on a resume.
+``acc_stderr,none``). Rows already in the file are not computed again on a resume; a row missing from it (a torn
+line, a hand edit) is computed again: the runner runs that chain again (:func:`lm_eval_units`).
+
+A task lm-eval cannot evaluate (a broken Jinja template, an answer that is no choice's index, a document without
+choices, an empty data file, a NaN answer, more few-shot examples than documents) fails in one line naming the task,
+the checkpoint, and the file, record and field (:mod:`editscope.run.lmeval_tasks`): every task is checked before the
+first edit, and an error lm-eval raises later is caught at the hook. The run's ``run.json`` then says ``status:
+failed`` with the line (``error``), and every row written before stays.
 
 lm_eval is imported inside the functions that need it: importing this module (and the run package) never
 imports it, so a run without the key needs no lm-eval.
@@ -17,23 +24,35 @@ imports it, so a run without the key needs no lm-eval.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
+from editscope.finite import strict_dumps
 from editscope.jsonl import append_record, read_lines
 
 INSTALL = "pip install 'editscope[lmeval]'"
 LM_EVAL_FILE = "lm_eval.jsonl"
 SPEC_KEYS = {"tasks", "include_path", "checkpoints", "limit", "num_fewshot", "batch_size"}
+#: the case index of a runner unit that stands for missing lm_eval rows of a chain (no results row is written for it;
+#: its edits_applied makes a chain restart from its first round when the rows are missing before its checkpoint)
+LM_EVAL_UNIT = -1
+
+
+class LmEvalFailed(EditscopeError):
+    """A task failed inside lm-evaluation-harness at a checkpoint: one line naming the task, the checkpoint and the
+    file, record and field; the run's status becomes ``failed``."""
 
 
 def require_lm_eval(where: str = "lm_eval") -> Any:
@@ -157,6 +176,9 @@ def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: P
     tasks = raw.get("tasks")
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
         raise fail("lm_eval.tasks", f"expected a non-empty list of task names, got {tasks!r}")
+    for j, task in enumerate(tasks):
+        if task in tasks[:j]:
+            raise fail(f"lm_eval.tasks[{j}]", f"task {task!r} is listed twice (also tasks[{tasks.index(task)}])")
     include = raw.get("include_path")
     if include is not None:
         if not isinstance(include, str) or not include.strip():
@@ -179,16 +201,53 @@ def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: P
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise fail(f"lm_eval.{key}", f"expected an integer >= {minimum}, got {value!r}")
         numbers[key] = value
+    from editscope.run.lmeval_tasks import broken_task_files, names_in
+
     try:
         missing = unknown_tasks(tasks, include)
     except EditscopeError as exc:  # lm-eval not installed
         raise fail("lm_eval", str(exc).removeprefix("lm_eval: ")) from None
     if missing:
-        where = f" (built in, or a task YAML under {include})" if include else " (built in; add include_path for yours)"
         i = tasks.index(missing[0])
-        raise fail(f"lm_eval.tasks[{i}]", f"unknown lm-eval task {missing[0]!r}{where}")
+        broken = broken_task_files(include) if include else []
+        for path, reason in broken:  # lm-eval skips a YAML it cannot read: the task is there, but broken
+            if names_in(path) == missing[0] or path.stem == missing[0]:
+                raise fail(f"lm_eval.tasks[{i}]", f"task {missing[0]!r}: its task YAML {path} is broken: {reason}")
+        where = f" (built in, or a task YAML under {include})" if include else " (built in; add include_path for yours)"
+        also = f"; broken task YAML under include_path: {broken[0][0]}: {broken[0][1]}" if broken else ""
+        raise fail(f"lm_eval.tasks[{i}]", f"unknown lm-eval task {missing[0]!r}{where}{also}")
     return LmEvalSpec(tuple(tasks), include, checkpoints, numbers["limit"], numbers["num_fewshot"],
                       numbers["batch_size"] or 8)
+
+
+def is_due(spec: LmEvalSpec, every: int, round_: int, before: int, applied: int, last: bool) -> bool:
+    """Whether the tasks run after round ``round_`` of a chain (edits on the model: ``before`` -> ``applied``;
+    ``last``: the chain's last round; ``every``: the mode's checkpoint rounds, used when ``spec`` lists none)."""
+    if spec.checkpoints is not None:
+        return any(before < c <= applied for c in spec.checkpoints)
+    return last or bool(every and round_ % every == 0)
+
+
+def due_points(spec: LmEvalSpec, every: int, batch: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``(round, edits applied)`` after which the tasks run in a chain whose cases edit ``sizes[i]`` requests each,
+    ``batch`` cases a round."""
+    chunks = [sizes[s:s + batch] for s in range(0, len(sizes), batch)] if batch > 0 else []
+    out, applied = [], 0
+    for r, chunk in enumerate(chunks, start=1):
+        before, applied = applied, applied + sum(chunk)
+        if is_due(spec, every, r, before, applied, r == len(chunks)):
+            out.append((r, applied))
+    return out
+
+
+def mark_failed(out_dir: str | Path, message: str) -> None:
+    """Set ``run.json``'s status to ``failed`` with ``message`` (``error``) and the time; rows are left as they are."""
+    path = Path(out_dir) / "run.json"
+    if not path.is_file():
+        return
+    meta = json.loads(path.read_text()) | {"status": "failed", "error": message,
+                                            "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+    atomic_write_text(path, strict_dumps(meta, str(path), indent=2, default=str) + "\n")
 
 
 class LmEvalHook:
@@ -197,11 +256,14 @@ class LmEvalHook:
     ``every`` is the run's sequential_batches ``checkpoints`` (with the last round, the default schedule when the
     spec lists no edit counts)."""
 
-    def __init__(self, spec: LmEvalSpec, out_dir: str | Path, *, every: int, chat_template: bool = False,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(self, spec: LmEvalSpec, out_dir: str | Path, *, every: int, batch: int = 0,
+                 chat_template: bool = False, log: Callable[[str], None] = print) -> None:
         self.spec = spec
-        self.path = Path(out_dir) / LM_EVAL_FILE
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LM_EVAL_FILE
         self.every = every
+        self.batch = batch
+        self._checked = False
         self.chat_template = chat_template
         self.log = log
         self._manager = None
@@ -214,14 +276,44 @@ class LmEvalHook:
     def due(self, round_: int, before: int, applied: int, last: bool) -> bool:
         """Whether the tasks run after round ``round_`` (edits on the model: ``before`` -> ``applied``; ``last``:
         the chain's last round)."""
-        if self.spec.checkpoints is not None:
-            return any(before < c <= applied for c in self.spec.checkpoints)
-        return last or bool(self.every and round_ % self.every == 0)
+        return is_due(self.spec, self.every, round_, before, applied, last)
+
+    def missing(self, dataset: str, group: int, method: str, sizes: Sequence[int]) -> set[int]:
+        """The edit counts at which the chain (dataset, group, method) still owes rows (``sizes``: the requests of
+        each of its cases)."""
+        return {applied for _r, applied in due_points(self.spec, self.every, self.batch, sizes)
+                if any(self._key({"dataset": dataset, "group": group, "method": method, "edits_applied": applied,
+                                  "task": t}) not in self._done for t in self.spec.tasks)}
 
     def baseline(self, bundle) -> None:
-        """The unedited model's rows (``edits_applied: 0``, method ``none``), once per run."""
-        if self.spec.checkpoints is None or 0 in self.spec.checkpoints:
-            self._run(bundle, {"dataset": None, "group": None, "method": "none", "round": 0, "edits_applied": 0})
+        """Check every task (:func:`~editscope.run.lmeval_tasks.check_task`), then the unedited model's rows
+        (``edits_applied: 0``, method ``none``), once per run, before the first edit. A failure here sets run.json's
+        status itself (the runner's loop has not started)."""
+        try:
+            self._check_tasks()
+            if self.spec.checkpoints is None or 0 in self.spec.checkpoints:
+                self._run(bundle, {"dataset": None, "group": None, "method": "none", "round": 0, "edits_applied": 0})
+        except LmEvalFailed as exc:
+            mark_failed(self.out_dir, str(exc))
+            raise
+
+    def _manager_(self):
+        if self._manager is None:
+            self._manager = task_manager(self.spec.include_path, self.spec.tasks)
+        return self._manager
+
+    def _check_tasks(self) -> None:
+        from editscope.run.lmeval_tasks import TaskProblem, check_task
+
+        if self._checked:
+            return
+        for task in self.spec.tasks:
+            try:
+                check_task(self._manager_(), task, limit=self.spec.limit, num_fewshot=self.spec.num_fewshot)
+            except TaskProblem as exc:
+                raise LmEvalFailed(f"lm_eval: task {task!r} cannot be evaluated (checked before the first edit): "
+                                   f"{exc}; fix the task and rerun to resume") from None
+        self._checked = True
 
     def checkpoint(self, bundle, *, dataset: str, group: int, method: str, round_: int, before: int,
                    applied: int, last: bool) -> None:
@@ -231,28 +323,50 @@ class LmEvalHook:
                                "edits_applied": applied})
 
     def _run(self, bundle, tags: dict[str, Any]) -> None:
+        """Evaluate the tasks still owed at this checkpoint, one at a time, each row appended as soon as its task
+        ends; a task that fails stops the run with :class:`LmEvalFailed` (the rows before it stay)."""
+        from editscope.run.lmeval_tasks import describe_failure
+
         tasks = [t for t in self.spec.tasks if self._key({**tags, "task": t}) not in self._done]
         if not tasks:
             return
         if bundle.applied and tags["edits_applied"] == 0:
             raise EditscopeError("lm_eval: the baseline must run on the unedited model (bug: please report)")
-        if self._manager is None:
-            self._manager = task_manager(self.spec.include_path, self.spec.tasks)
+        self._check_tasks()
+        manager = self._manager_()
         self.log(f"lm_eval: {', '.join(tasks)} at {tags['edits_applied']} edit(s) ({tags['method']})")
-        t0 = time.perf_counter()
-        out = evaluate(bundle.model, bundle.tokenizer, tasks, limit=self.spec.limit,
-                       num_fewshot=self.spec.num_fewshot, batch_size=self.spec.batch_size,
-                       chat_template=self.chat_template, manager=self._manager)
-        seconds = time.perf_counter() - t0
+        where = ("the unedited model (0 edits)" if tags["dataset"] is None else
+                 f"the checkpoint of {tags['edits_applied']} edit(s) (dataset {tags['dataset']}, group "
+                 f"{tags['group']}, method {tags['method']}, round {tags['round']})")
         for task in tasks:
+            t0 = time.perf_counter()
+            try:
+                out = evaluate(bundle.model, bundle.tokenizer, [task], limit=self.spec.limit,
+                               num_fewshot=self.spec.num_fewshot, batch_size=self.spec.batch_size,
+                               chat_template=self.chat_template, manager=manager)
+            except Exception as exc:  # noqa: BLE001 -- whatever lm-eval raised: one line, the run marked failed
+                why = describe_failure(exc, manager, task, limit=self.spec.limit, num_fewshot=self.spec.num_fewshot)
+                raise LmEvalFailed(f"lm_eval: task {task!r} failed at {where}: {why}; the rows written so far are "
+                                   "kept, fix the task and rerun to resume") from exc
             row = {**tags, "task": task, "metrics": task_metrics(out, task),
                    "n_samples": (out.get("n-samples") or {}).get(task, {}).get("effective"),
                    "limit": self.spec.limit, "num_fewshot": self.spec.num_fewshot,
-                   "chat_template": self.chat_template, "seconds": seconds / len(tasks),
+                   "chat_template": self.chat_template, "seconds": time.perf_counter() - t0,
                    "lm_eval_version": lm_eval_version()}
             append_record(self.path, row)
             self._done.add(self._key(row))
 
 
-__all__ = ["INSTALL", "LM_EVAL_FILE", "LmEvalHook", "LmEvalSpec", "evaluate", "lm_eval_version", "parse_spec",
-           "require_lm_eval", "task_manager", "task_metrics", "unknown_tasks"]
+def lm_eval_units(hook: LmEvalHook | None, block: Any, g: int, members: Sequence[int],
+                  label: str) -> set[tuple[int, int]]:
+    """Runner units ``(LM_EVAL_UNIT, edits_applied)`` for the lm_eval rows chain (block, group ``g``, method
+    ``label``) still owes: a chain with any is run again (from its first round when the rows are missing before its
+    checkpoint file's round), and writes no results row for them."""
+    if hook is None:
+        return set()
+    return {(LM_EVAL_UNIT, e) for e in hook.missing(block.label, g, label, [len(block.requests[i]) for i in members])}
+
+
+__all__ = ["INSTALL", "LM_EVAL_FILE", "LM_EVAL_UNIT", "LmEvalFailed", "LmEvalHook", "LmEvalSpec", "due_points",
+           "evaluate", "is_due", "lm_eval_units", "lm_eval_version", "mark_failed", "parse_spec", "require_lm_eval",
+           "task_manager", "task_metrics", "unknown_tasks"]

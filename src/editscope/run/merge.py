@@ -1,9 +1,16 @@
 """``merge``: combine the output directories of a sharded run into one (dedupe rows, check that every shard
-ran the same config on the same model), ordered as an unsharded run writes them."""
+ran the same config on the same model), ordered as an unsharded run writes them.
+
+The merged rows are counted against the config's plan (:mod:`editscope.run.planned`): the merged run is
+``complete`` only when every shard of 0..n-1 is there, no shard's ``results.jsonl`` ends in a torn line (a killed
+write, which a reader drops) and no planned row is missing. Otherwise it is ``incomplete``, ``run.json`` holds
+``missing_rows`` and ``problems`` (one line each: the torn ``file:line N``, the missing rows), and ``log`` gets the
+same lines: resume the shard that lacks them and merge again into the same folder (a merge may overwrite an
+incomplete merge)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -11,6 +18,7 @@ from typing import Any
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.finite import strict_dumps
+from editscope.jsonl import torn_line
 from editscope.run.config import RunConfig
 from editscope.run.store import (
     MODELS_JSON,
@@ -22,7 +30,7 @@ from editscope.run.store import (
     run_lock,
     write_results,
 )
-from editscope.run.suites import declared_metrics
+from editscope.run.suites import SuiteFactory, declared_metrics
 from editscope.run.summary import SummaryRow, write_summary
 
 
@@ -35,16 +43,22 @@ def row_order(config: RunConfig):
                       r.get("edits_applied", 0), r["index"])
 
 
-def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path]) -> tuple[int, list[SummaryRow]]:
-    """Merge ``shard_dirs`` into ``out_dir`` (which must not hold results yet). Returns (rows, summary)."""
+def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path], *,
+               suite_factories: Mapping[str, SuiteFactory] | None = None,
+               log: Callable[[str], None] | None = None) -> tuple[int, list[SummaryRow]]:
+    """Merge ``shard_dirs`` into ``out_dir`` (which must not hold results yet, unless an ``incomplete`` merge).
+    Returns (rows, summary); ``log`` gets one line per problem that keeps the merged run from being complete.
+    ``suite_factories``: suites that are not registered (to count the planned rows)."""
     with run_lock(out_dir):
-        return _merge_locked(Path(out_dir), shard_dirs)
+        return _merge_locked(Path(out_dir), shard_dirs, suite_factories, log or (lambda _m: None))
 
 
-def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int, list[SummaryRow]]:
+def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
+                  suite_factories: Mapping[str, SuiteFactory] | None,
+                  log: Callable[[str], None]) -> tuple[int, list[SummaryRow]]:
     if not shard_dirs:
         raise EditscopeError("merge: no shard directories given")
-    if (out_dir / RESULTS).exists():
+    if (out_dir / RESULTS).exists() and not _incomplete_merge(out_dir):
         raise EditscopeError(f"merge: {out_dir} already holds {RESULTS}; choose an empty output directory")
     for d in shard_dirs:
         if (Path(d) / MODELS_JSON).is_file():  # shards of a models list: one folder per model (editscope.run.models)
@@ -60,9 +74,14 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int,
             raise EditscopeError(f"merge: {d} ran on a model with fingerprint {fp}, {shard_dirs[0]} on {fp0}")
     config = RunConfig.from_dict(first["config"])
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    problems = []
     for d in shard_dirs:
         for row in read_results(Path(d) / RESULTS):
             rows.setdefault(row_key(row), row)
+        torn = torn_line(Path(d) / RESULTS)
+        if torn:  # a killed write: the row is lost, not merged; the shard's resume computes it again
+            problems.append(f"{Path(d) / RESULTS}:line {torn}: a torn last line (a killed write), not merged; "
+                            "resume that shard to compute its row")
     merged = sorted(rows.values(), key=row_order(config))
     write_results(out_dir / RESULTS, merged)
     summary = write_summary(out_dir, merged, specs=declared_metrics(first),
@@ -70,12 +89,46 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path]) -> tuple[int,
                             dataset_order=[b.label for b in config.blocks])
     shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})
     n = shards[0][1] if shards else 1
-    complete = all(m.get("status") == "complete" for m in metas) and len(shards) == n and all(s[1] == n
-                                                                                           for s in shards)
+    if len(shards) != n or any(s[1] != n for s in shards):
+        problems.append(f"merge: shards {', '.join(f'{i}/{k}' for i, k in shards)} of {n}: not every shard is here")
+    planned = _planned(config, first.get("limit"), suite_factories)
+    missing = None
+    if planned is not None:
+        missing = sum(1 for k in planned if k not in rows)
+        if missing:
+            first_missing = next(k for k in planned if k not in rows)
+            problems.append(f"merge: {len(planned) - missing} of {len(planned)} planned rows ({missing} missing, the "
+                            f"first: dataset {first_missing[0]}, case {first_missing[1]}, method {first_missing[2]})")
+    for line in problems:
+        log(line)
+    complete = not problems and all(m.get("status") == "complete" for m in metas)
     meta = {**first, "shard": [0, 1], "merged_from": [str(Path(d).resolve()) for d in shard_dirs],
             "merged_shards": [list(s) for s in shards], "rows": len(merged),
-            "status": "complete" if complete else "partial",
+            "status": "complete" if complete else "incomplete", "problems": problems,
+            **({"planned_rows": len(planned), "missing_rows": missing} if planned is not None else {}),
             "started": min(m.get("started") or "" for m in metas),
             "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+    meta.pop("error", None)
     atomic_write_text(out_dir / RUN_JSON, strict_dumps(meta, str(out_dir / RUN_JSON), indent=2, default=str) + "\n")
     return len(merged), summary
+
+
+def _planned(config: RunConfig, limit: int | None,
+             suite_factories: Mapping[str, SuiteFactory] | None) -> list[tuple[str, str, str]] | None:
+    """The row keys an unsharded run of ``config`` plans; None when its cases or suites are not to be had here
+    (the merge then counts the shards only)."""
+    from editscope.run.planned import plan_run
+
+    try:
+        return list(plan_run(config, limit=limit, suite_factories=suite_factories).rows)
+    except EditscopeError:
+        return None
+
+
+def _incomplete_merge(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a merge that was incomplete (merging again may overwrite it)."""
+    try:
+        meta = read_json(out_dir / RUN_JSON)
+    except EditscopeError:
+        return False
+    return bool(meta.get("merged_from")) and meta.get("status") != "complete"

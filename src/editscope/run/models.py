@@ -13,7 +13,9 @@ Before any work, every entry is checked to be loadable without reading weights
 naming the entry and the ``pip install`` that fixes it. A hub id is only checked when its run loads it.
 
 A rerun resumes each model's run; one whose ``run.json`` says complete for the same config digest, shard and
-limit is skipped without loading its model. ``--shard i/n`` shards every model's run (merge per model:
+limit, and whose files hold every row its plan names (:mod:`editscope.run.planned`: results rows and lm_eval rows;
+a torn last line does not count), is skipped without loading its model. One that says complete but lacks rows is
+resumed, with one line saying what it lacks. ``--shard i/n`` shards every model's run (merge per model:
 ``editscope merge OUT/<slug> SHARD_A/<slug> SHARD_B/<slug>``); ``--executor ray`` runs the models' runs one after
 the other, each on Ray actors.
 """
@@ -71,7 +73,7 @@ def run_models(config: RunConfig, *, out_dir: str | Path | None = None, shard: t
         done = []
         for model in config.models:
             sub, sub_dir = config.for_model(model), out / model_slug(model)
-            if _complete(sub, sub_dir, shard, limit):
+            if _complete(sub, sub_dir, shard, limit, kwargs.get("suite_factories"), log):
                 log(f"{sub_dir}: complete, skipped")
                 done.append(ModelRun(model, sub_dir, None))
                 continue
@@ -94,16 +96,24 @@ def check_models(config: RunConfig) -> None:
             raise EditscopeError(f"{config.where}: models[{i}] {model!r}: {exc}") from None
 
 
-def _complete(config: RunConfig, out_dir: Path, shard: tuple[int, int], limit: int | None) -> bool:
-    """Whether ``out_dir`` holds a finished run of ``config`` with this shard and limit (nothing left to do)."""
+def _complete(config: RunConfig, out_dir: Path, shard: tuple[int, int], limit: int | None,
+              suite_factories: Any = None, log: Callable[[str], None] = print) -> bool:
+    """Whether ``out_dir`` holds a finished run of ``config`` with this shard and limit (nothing left to do): its
+    run.json says so and its files hold every planned row (else ``log`` gets one line saying what is missing)."""
     from editscope.edit.runtime import EditRuntime
+    from editscope.run.planned import count_rows, plan_run
 
     if not (out_dir / RUN_JSON).is_file():
         return False
     meta = read_json(out_dir / RUN_JSON)
     settings = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime").settings()
-    return (meta.get("status") == "complete" and meta.get("config_digest") == config.digest(settings)
-            and list(meta.get("shard", [0, 1])) == list(shard) and meta.get("limit") == limit)
+    if not (meta.get("status") == "complete" and meta.get("config_digest") == config.digest(settings)
+            and list(meta.get("shard", [0, 1])) == list(shard) and meta.get("limit") == limit):
+        return False
+    count = count_rows(out_dir, plan_run(config, limit=limit, shard=shard, suite_factories=suite_factories))
+    if not count.complete:
+        log(f"{count.line(out_dir)}; run.json says complete: resuming")
+    return count.complete
 
 
 def write_models_summary(out: Path, run_dirs: Sequence[Path]) -> None:

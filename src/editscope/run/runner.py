@@ -55,6 +55,7 @@ from editscope.progress import listening
 from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
+from editscope.run.lmeval import LmEvalFailed, lm_eval_units
 from editscope.run.plan import Lifelong, Single, Unit, mode_of
 from editscope.run.store import (
     MODELS_JSON,
@@ -317,7 +318,8 @@ class Runner:
 
         pending = sum(len(missing(b, g, members, m)) for b in blocks for g, members in b.groups for m in methods)
         total = sum(len(self._units(b, g, members)) for b in blocks for g, members in b.groups) * len(methods)
-        atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, "running", len(existing))))
+        planned = {"planned_rows": total}  # what the report and a models rerun count the rows against
+        atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, "running", len(existing)) | planned))
         if done:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
         if pending:
@@ -328,16 +330,18 @@ class Runner:
             from editscope.run.lmeval import LmEvalHook
 
             self.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=self.config.checkpoints,
-                                       chat_template=self.config.chat_template, log=self.log)
+                                           batch=self.config.batch, chat_template=self.config.chat_template,
+                                           log=self.log)
             self.lm_eval_hook.baseline(bundle)
-        written, status = 0, "interrupted"
+        written, status, failure = 0, "interrupted", {}
         from tqdm import tqdm
 
         bar = tqdm(total=pending, desc="edit+evaluate", unit="row", disable=not self.progress, dynamic_ncols=True)
         try:
             with ResultsWriter(self.out_dir / RESULTS) as writer:
                 tasks = [(b, g, members, todo) for b, block in enumerate(blocks) for g, members in block.groups
-                         if any((todo := {m: missing(block, g, members, m) for m in methods}).values())]
+                         if any((todo := {m: missing(block, g, members, m) | lm_eval_units(
+                             self.lm_eval_hook, block, g, members, m) for m in methods}).values())]
                 # closing(): on an error here the edit generators restore the weights now, not when the
                 # traceback holding their frames is collected
                 with closing(self._execute(blocks, tasks, editors, hparams, engine)) as produced, \
@@ -350,12 +354,16 @@ class Runner:
                             self.on_row(row)
             status = "complete"
             remove_chain_files(self.out_dir)  # every chain's final rows are written
+        except LmEvalFailed as exc:  # a task failed inside lm-eval at a checkpoint: run.json says which and why
+            status, failure = "failed", {"error": str(exc)}
+            raise
         finally:
             bar.close()
             rows = read_results(self.out_dir / RESULTS)
             summary = write_summary(self.out_dir, rows, specs=self._declared, method_order=methods,
                                     dataset_order=[b.label for b in self.config.blocks])
-            atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())))
+            atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())
+                                                             | planned | failure))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary,
                          results_text(summary, self._declared))
 
