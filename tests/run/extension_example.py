@@ -1,11 +1,14 @@
-"""What a user writes to extend editscope, all in one module: an editor, a loss-term plug-in, a metric and a
-suite, each registered with one line. A run config loads it with ``plugin_modules: [tests.run.extension_example]``
-(``tests/run/test_extension.py`` runs it end to end).
+"""What a user writes to extend editscope, all in one module: an editor, a loss-term plug-in, a metric, a suite
+and an evaluation protocol, each registered with one line. A run config loads it with
+``plugin_modules: [tests.run.extension_example]`` (``tests/run/test_extension.py`` runs it end to end).
 
 * ``half_rome``: ROME's update scaled by 0.5 (ROME's hparams, its v* optimisation, so plug-ins apply);
 * ``ridge``: a plug-in adding ``weight · ‖δ‖²`` on the v* offset δ to the loss;
 * ``p_new``: a metric, P(target_new | prompt) = exp(sum of the target's token log-probs), before and after;
-* ``p_new``: the suite that emits it on every case's rewrite prompt.
+* ``p_new``: the suite that emits it on every case's rewrite prompt;
+* ``said``: an evaluation protocol -- the model's greedy answer to the rewrite prompt (at most 4 tokens, cut at a
+  full stop), judged whole by exact match against target_new; it declares ``p_new`` as its teacher-forced
+  counterpart, so the summary pairs the two per case.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from editscope.edit import rome
 from editscope.edit.objective import Term, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import Editor, register_editor
+from editscope.metrics.answers import JUDGES
 from editscope.metrics.registry import MetricSpec
 from editscope.suites import register_suite
 from editscope.suites.base import Suite
@@ -89,3 +93,34 @@ class PNewSuite(Suite):
 
 
 register_suite(PNewSuite)
+
+
+# -- an evaluation protocol --------------------------------------------------------------------------------------
+SAID = MetricSpec("said", "example", "exact match of the greedy answer with target_new", True, (0.0, 1.0), "share",
+                  description="the edit's new target is what the model says")
+
+
+class SaidSuite(Suite):
+    """Does the model say the new target? Its greedy answer to the rewrite prompt, judged by exact match."""
+
+    name = "said"
+    metrics_declared = (SAID,)
+    counterparts = {"p_new": (("p_new_post", "said_post"),)}
+    TOKENS = 4
+
+    @property
+    def protocol(self) -> dict[str, str]:
+        return {"name": "said", "note": f"greedy answer of at most {self.TOKENS} tokens, exact match"}
+
+    def probe_many(self, engine, cases: Sequence[Case]) -> list[dict[str, Any]]:
+        answers = engine.answer([c.request.text for c in cases], max_new_tokens=self.TOKENS, stop=(".",))
+        return [{"prompts": [{"prompt": c.request.text, "role": "rewrite", "answer": a,
+                              "gold": [c.request.target_new]}]} for c, a in zip(cases, answers, strict=True)]
+
+    def metrics(self, case: Case, pre: dict[str, Any], post: dict[str, Any]) -> dict[str, float]:
+        judge = JUDGES["exact_match"]
+        said = [judge(q["prompt"], q["answer"], q["gold"]) for q in (pre["prompts"][0], post["prompts"][0])]
+        return {"said_pre": said[0], "said_post": said[1]}
+
+
+register_suite(SaidSuite)

@@ -11,6 +11,7 @@ import pytest
 from editscope.cli import main
 from editscope.errors import DataError, EditscopeError
 from editscope.run import Runner, load_config, parse_config
+from editscope.run.plan import Single
 from tests.run.helpers import SUITES, base_config
 
 
@@ -20,13 +21,13 @@ def parse(**changes):
 
 def test_valid_config_defaults():
     cfg = parse()
-    assert cfg.mode == "single" and cfg.group_size == 1 and cfg.seed == 0
+    assert cfg.mode == Single() and cfg.mode.group_size == 1 and cfg.seed == 0
     assert [m.label for m in cfg.methods] == ["rome", "memit"]
     assert cfg.methods[1].overrides == {"v_steps": 2}
     (block,) = cfg.blocks
     assert (block.dataset, block.label, block.offset, block.limit) == ("counterfact", "counterfact", 0, 3)
     assert cfg.to_dict() == type(cfg).from_dict(json.loads(json.dumps(cfg.to_dict()))).to_dict()
-    assert parse(mode={"sequential": 4}).mode_label == "sequential:4"
+    assert parse(mode={"sequential": 4}).mode.label == "sequential:4"
     assert parse(output="elsewhere").digest() == cfg.digest() != parse(seed=1).digest()
 
 

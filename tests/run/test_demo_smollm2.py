@@ -19,7 +19,7 @@ DEMO = configs_dir() / "demo.yaml"
 def test_demo_like_run_on_smollm2(smollm2, tmp_path):
     config = load_config(DEMO)
     first = config.methods[0]
-    assert first.name == "memit" and config.mode == "batch"
+    assert first.name == "memit" and config.mode.name == "batch"
     # the demo's MEMIT with a small statistics budget and few steps, on one CounterFact and one PEAK-CF case
     fast = replace(first, overrides={"v_steps": 8, "mom2_tokens": 8192})
     blocks = tuple(b for b in config.blocks if b.dataset in ("counterfact", "peak-cf"))

@@ -1,8 +1,8 @@
 """Extending editscope as a user would: ``tests/run/extension_example.py`` defines an editor (half_rome), a
-plug-in (ridge), a metric (p_new) and a suite (p_new), each registered with one line, and a run config names that
-module in ``plugin_modules`` and nothing else. The run goes through the runner on tiny-llama; every number is
-checked against an independent computation (ROME's own patch, the plug-in attached to ROME directly, the engine's
-scores before and after applying the saved patch)."""
+plug-in (ridge), a metric (p_new), a suite (p_new) and an evaluation protocol (said), each registered with one
+line, and a run config names that module in ``plugin_modules`` and nothing else. The run goes through the runner on
+tiny-llama; every number is checked against an independent computation (ROME's own patch, the plug-in attached to
+ROME directly, the engine's scores before and after applying the saved patch, a plain greedy loop)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from editscope.data import load_cases
 from editscope.edit.hparams import shipped_hparams_path
@@ -27,13 +28,14 @@ MODULE = "tests.run.extension_example"
 WEIGHT = 1.0
 OVERRIDES = {"v_steps": 3}
 N_CASES = 2
+REGISTERED = ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new"), (SUITES, "said"))
 
 
 def config_data(rome_hparams: str) -> dict:
     return {"model": "tiny-llama", "plugin_modules": [MODULE], "save_patches": True,
             "methods": [{"name": "half_rome", "hparams": rome_hparams, "overrides": OVERRIDES,
                          "plugins": [{"name": "ridge", "weight": WEIGHT}]}],
-            "dataset": "counterfact", "slice": {"limit": N_CASES}, "suites": ["p_new"]}
+            "dataset": "counterfact", "slice": {"limit": N_CASES}, "suites": ["p_new", "said"]}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def run(tmp_path_factory, tiny_llama):
     rome_hparams = str(shipped_hparams_path("rome", "tiny-llama"))
     with pytest.MonkeyPatch.context() as mp:
         mp.delitem(sys.modules, MODULE, raising=False)
-        for registry, name in ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new")):
+        for registry, name in REGISTERED:
             mp.delitem(registry, name, raising=False)
         assert "half_rome" not in EDITORS and "p_new" not in SUITES
         cfg = parse_config(config_data(rome_hparams), where="ext.yaml")  # imports MODULE: it registers all four
@@ -53,7 +55,7 @@ def run(tmp_path_factory, tiny_llama):
         try:
             yield {"out": out, "rows": rows, "rome_hparams": rome_hparams}
         finally:  # what the module registered goes too: later tests see the shipped registries only
-            for registry, name in ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new")):
+            for registry, name in REGISTERED:
                 registry.pop(name, None)
             sys.modules.pop(MODULE, None)
 
@@ -75,6 +77,7 @@ def test_rows_name_the_editor_and_record_the_plugin(run):
         assert row["editor"] == "half_rome" and row["plugins"] == [{"name": "ridge", "weight": WEIGHT}]
     stored = json.loads((run["out"] / "run.json").read_text())["metrics"]
     assert stored[0]["suite"] == "p_new" and [m["name"] for m in stored[0]["metrics"]] == ["p_new"]
+    assert stored[1]["suite"] == "said" and [m["name"] for m in stored[1]["metrics"]] == ["said"]
 
 
 def test_half_rome_delta_w_is_half_of_rome_with_the_same_plugin(run, tiny_llama):
@@ -120,3 +123,26 @@ def test_a_taken_name_is_refused(run):
     assert register_editor(HALF_ROME) is HALF_ROME  # the same entry again: a no-op
     with pytest.raises(EditscopeError, match="^edit method 'half_rome' is already registered$"):
         register_editor(replace(EDITORS["rome"], name="half_rome"))
+
+
+def test_the_protocol_judges_the_greedy_answer_and_pairs_with_its_counterpart(run, tiny_llama):
+    """said: 1 exactly when a plain one-prompt greedy loop says target_new (after the saved patch is applied); the
+    rows name the protocol; summary.md pairs it with p_new per case."""
+    for row, case in rows_by_case(run):
+        req = case.request
+        assert row["protocol"]["said"]["name"] == "said"
+        patch = saved_patch(run, row)
+        patch.apply(tiny_llama)
+        try:
+            ids = tiny_llama.tokenizer(req.text, return_tensors="pt").input_ids
+            for _ in range(4):  # greedy, one token at a time
+                nxt = tiny_llama.model(ids).logits[0, -1].argmax()
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        finally:
+            patch.revert(tiny_llama)
+        text = tiny_llama.tokenizer.decode(ids[0, -4:]).split(".")[0].strip()
+        said = float(text.casefold() == req.target_new.casefold())
+        assert row["post"]["said"]["prompts"][0]["answer"] == text
+        assert row["metrics"]["said"]["said_post"] == said
+    summary = (run["out"] / "summary.md").read_text()
+    assert "minus teacher-forced" in summary and "p_new p_new_post" in summary and "said said_post" in summary

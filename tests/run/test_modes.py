@@ -15,6 +15,7 @@ from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.run import Runner, parse_config, read_results, recompute_metrics
+from editscope.run.plan import ProbeOnly
 from editscope.run.runner import timing_free
 from editscope.run.trial import derived_seed
 from editscope.suites.counterfact import CounterFactSuite
@@ -125,7 +126,7 @@ def test_sequential_batches_resume_after_kill(seq_run, tmp_path, tiny_llama):
 
 def test_probe_only_rows_are_the_unedited_model(tmp_path, tiny_llama):
     config = cfg(methods=["none"], slice={"limit": 3})
-    assert config == cfg(mode="probe_only", slice={"limit": 3}, drop=("methods",)) and config.mode == "probe_only"
+    assert config == cfg(mode="probe_only", slice={"limit": 3}, drop=("methods",)) and config.mode == ProbeOnly()
     before = weights(tiny_llama)
     result = run_into(tmp_path, tiny_llama, config)
     assert weights(tiny_llama) == before and result.written == 3

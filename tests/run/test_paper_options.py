@@ -11,6 +11,7 @@ from editscope.data import load_cases
 from editscope.errors import EditscopeError
 from editscope.paths import configs_dir
 from editscope.run import Runner, load_config, parse_config, read_results
+from editscope.run.plan import Sequential
 from editscope.suites import get_suite
 
 # PEAK-CF record 0 as published: "{} shares border with", subject Turkey, o* "Central African", positive list below
@@ -82,6 +83,6 @@ def test_evk_table1_measures_general_ability():
     table1 = load_config(configs_dir() / "experiments" / "evk-table1.yaml")
     assert {b.dataset: "general" in [s.name for s in b.suites] for b in table1.blocks} == {"counterfact": True,
                                                                                          "zsre": True}
-    assert table1.mode == "sequential" and table1.group_size == 10
+    assert table1.mode == Sequential(10) and table1.mode.group_size == 10
     table2 = load_config(configs_dir() / "experiments" / "evk-table2.yaml")
     assert not any(s.name == "general" for b in table2.blocks for s in b.suites)

@@ -31,7 +31,7 @@ CONFIG = {"model": "tiny-llama", "seed": 0, "output": "unused", "save_patches": 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One local cluster for the module (start-up costs 10-20 s); RayRunner uses it as it is already running."""
+    """One local cluster for the module (start-up costs 10-20 s); RayExecutor uses it as it is already running."""
     from editscope.run.ray_executor import AGENT_TIMEOUT_MS
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
@@ -62,7 +62,8 @@ def _rows(out_dir) -> list[dict]:
 def test_a_killed_worker_s_group_runs_on_the_other(tmp_path, cluster, local_dir):
     """Rows and saved patches equal the in-process run's, in the same order, although the actor given the first
     group is killed at once; a rerun finds nothing left to do."""
-    from editscope.run.ray_executor import RayRunner
+    from editscope.run.ray_executor import RayExecutor
+    from editscope.run.runner import Runner
 
     killed: list[int] = []
     messages: list[str] = []
@@ -73,15 +74,15 @@ def test_a_killed_worker_s_group_runs_on_the_other(tmp_path, cluster, local_dir)
             killed.append(task)
 
     config = parse_config(CONFIG)
-    result = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False, on_dispatch=kill_first,
-                       log=messages.append).run()
+    result = Runner(config, out_dir=tmp_path / "ray", progress=False, log=messages.append,
+                    executor=RayExecutor(workers=2, on_dispatch=kill_first)).run()
     assert killed == [0]
     retried = [m for m in messages if "died running" in m]
     assert len(retried) == 1 and "group 0 " in retried[0] and "(1 left)" in retried[0], messages
     local = _rows(local_dir)
     assert result.written == len(local) == 4 and _rows(tmp_path / "ray") == local
     assert read_json(tmp_path / "ray" / "run.json")["status"] == "complete"
-    again = RayRunner(config, workers=2, out_dir=tmp_path / "ray", progress=False).run()
+    again = Runner(config, out_dir=tmp_path / "ray", progress=False, executor=RayExecutor(workers=2)).run()
     assert again.written == 0
     # the actors save their patches into the run's folder, as the in-process run does (the retried group's too)
     saved = {d: sorted(p.relative_to(d) for p in (d / "patches").rglob("*.safetensors"))
@@ -93,7 +94,7 @@ def test_a_killed_worker_s_group_runs_on_the_other(tmp_path, cluster, local_dir)
 
 
 def test_no_worker_left_stops_in_one_line_and_the_rerun_resumes(tmp_path, cluster, local_dir, monkeypatch, capsys):
-    from editscope.run.ray_executor import RayRunner
+    from editscope.run.ray_executor import RayExecutor
 
     out = tmp_path / "out"
     config = tmp_path / "run.yaml"
@@ -103,7 +104,7 @@ def test_no_worker_left_stops_in_one_line_and_the_rerun_resumes(tmp_path, cluste
         if task >= 2:
             ray.kill(actor)
 
-    monkeypatch.setattr(RayRunner, "on_dispatch", staticmethod(kill_from_the_third))
+    monkeypatch.setattr(RayExecutor, "on_dispatch", staticmethod(kill_from_the_third))
     capsys.readouterr()
     assert main(["run", str(config), "--executor", "ray", "--workers", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -117,7 +118,7 @@ def test_no_worker_left_stops_in_one_line_and_the_rerun_resumes(tmp_path, cluste
 
     rerun = shlex.split(line.split("rerun to resume: ", 1)[1])
     assert rerun[:3] == ["editscope", "run", str(config)]
-    monkeypatch.setattr(RayRunner, "on_dispatch", None)
+    monkeypatch.setattr(RayExecutor, "on_dispatch", None)
     assert main(rerun[1:]) == 0
     assert _rows(out) == local
     assert "2 rows written, 2 already done" in capsys.readouterr().out

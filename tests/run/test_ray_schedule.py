@@ -1,4 +1,4 @@
-"""The Ray driver's bookkeeping when workers die, without a cluster: ``RayRunner._schedule`` talks to Ray only through
+"""The Ray driver's bookkeeping when workers die, without a cluster: ``RayExecutor._schedule`` talks to Ray only through
 ``get``/``wait``/``kill`` and actor handles, so a scripted stand-in for those (a clock, groups that take given times,
 workers that die on given tries) drives it through orders a real cluster produces only by chance. The real
 cluster, with actors killed for real, is tests/run/test_ray_executor.py."""
@@ -11,8 +11,8 @@ import pytest
 
 from editscope.errors import EditscopeError
 from editscope.run import parse_config
-from editscope.run.ray_executor import MAX_ATTEMPTS, RayRunner, WorkersLostError
-from editscope.run.runner import load_blocks
+from editscope.run.ray_executor import MAX_ATTEMPTS, RayExecutor, WorkersLostError
+from editscope.run.runner import Runner, load_blocks
 
 
 class ActorDied(Exception):
@@ -87,8 +87,8 @@ def setting(tmp_path, tiny_llama, blocks):
     config = parse_config(CONFIG)
     tasks = [(0, g, [g], {"rome": {(g, None)}}) for g in range(6)]
     messages: list[str] = []
-    runner = RayRunner(config, workers=2, out_dir=tmp_path, bundle=tiny_llama, log=messages.append,
-                       rerun="editscope run x.yaml --executor ray")
+    runner = Runner(config, out_dir=tmp_path, bundle=tiny_llama, log=messages.append,
+                    executor=RayExecutor(workers=2, rerun="editscope run x.yaml --executor ray"))
     return runner, blocks, tasks, messages
 
 
@@ -96,7 +96,7 @@ def _drive(runner, fake, blocks, tasks, n_workers, expect=WorkersLostError):
     rows, error = [], None
     actors = [fake.actor(k) for k in range(n_workers)]
     try:
-        for row in runner._schedule(fake, blocks, tasks, actors):
+        for row in runner.executor._schedule(runner, fake, blocks, tasks, actors):
             rows.append(row["group"])
     except expect as exc:
         assert type(exc) is expect

@@ -33,7 +33,7 @@ def describe(path: Path, name: str) -> dict[str, Any]:
     config = load_config(path)
     return {"name": name, "reproduces": summary, "models": list(config.models or (config.model,)),
             "methods": [m.label for m in config.methods],
-            "datasets": [b.label for b in config.blocks], "mode": config.mode_label, "wall_time": wall}
+            "datasets": [b.label for b in config.blocks], "mode": config.mode.label, "wall_time": wall}
 
 
 def run(args: argparse.Namespace) -> int:

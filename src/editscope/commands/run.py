@@ -65,10 +65,11 @@ def _run(args: argparse.Namespace) -> int:
         import functools
         import shlex
 
-        from editscope.run.ray_executor import RayRunner
+        from editscope.run.ray_executor import RayExecutor
 
         rerun = shlex.join(["editscope", *args.argv])  # the same command resumes (see cli.main)
-        make = functools.partial(RayRunner, workers=args.workers, address=args.address, rerun=rerun)
+        executor = RayExecutor(workers=args.workers, address=args.address, rerun=rerun)
+        make = functools.partial(Runner, executor=executor)
     if config.models:  # one ordinary run per model, into OUTPUT/<model>/ (editscope.run.models)
         from pathlib import Path
 

@@ -50,7 +50,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import non_finite
 from editscope.paths import config_path
 from editscope.run.lmeval import LmEvalSpec, parse_spec
+from editscope.run.plan import REPROBE, Batch, Lifelong, Mode, ProbeOnly, Sequential, Single, mode_from_dict
 from editscope.typed import typed as fits  # _Checker.typed is the method of that name
 
 TOP_KEYS = {"model", "models", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice",
@@ -71,9 +72,10 @@ SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
 MODES = ("single", "batch", "sequential", "sequential_batches", "probe_only")
 SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe"}
-REPROBE = 1000  # cases a checkpoint re-probes at most (sequential_batches ``reprobe``)
 NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
-PROBE_GROUP = 16  # cases probed together in probe_only mode (one resume unit)
+#: fields of a config left out of its canonical form while at their default (they came after the first digests;
+#: an unset one keeps an older config's digest)
+SINCE = {"since": "omitted at default"}
 
 
 @dataclass(frozen=True)
@@ -127,29 +129,24 @@ class RunConfig:
     model: str
     methods: tuple[MethodSpec, ...]
     blocks: tuple[BlockSpec, ...]
-    mode: str = "single"
-    group_size: int = 1
+    #: what is edited per group, and which rows are written (:mod:`editscope.run.plan`)
+    mode: Mode = Single()
     seed: int = 0
     output: str = "runs/run"
     save_patches: bool = False
-    plugin_modules: tuple[str, ...] = ()
-    # sequential_batches: ``rounds`` edits of ``batch`` cases each, evaluated every ``checkpoints`` rounds on the
-    # cases edited so far (the earlier ones: a fixed random sample of ``reprobe`` once there are more)
-    batch: int = 0
-    rounds: int = 0
-    checkpoints: int = 0
-    reprobe: int = REPROBE
-    device: str | None = None  # where the model runs (editscope.lm.device); None: $EDITSCOPE_DEVICE, else auto
-    dtype: str | None = None  # the model weights' precision; None: float32
+    plugin_modules: tuple[str, ...] = field(default=(), metadata=SINCE)
+    #: where the model runs (editscope.lm.device); None: $EDITSCOPE_DEVICE, else auto
+    device: str | None = field(default=None, metadata=SINCE)
+    dtype: str | None = field(default=None, metadata=SINCE)  # the model weights' precision; None: float32
     #: runtime settings the config gives (editscope.edit.runtime); the values in force, with the environment's
     #: defaults filled in, are what run.json and the digest record (:meth:`digest`'s ``runtime``)
-    runtime: tuple[tuple[str, Any], ...] = ()
+    runtime: tuple[tuple[str, Any], ...] = field(default=(), metadata=SINCE)
     #: prompts wrapped in the tokenizer's chat template (editscope.lm.engine.ChatFormat)
-    chat_template: bool = False
+    chat_template: bool = field(default=False, metadata=SINCE)
     #: lm-evaluation-harness tasks at chain checkpoints (editscope.run.lmeval)
-    lm_eval: LmEvalSpec | None = None
+    lm_eval: LmEvalSpec | None = field(default=None, metadata=SINCE)
     #: the config's ``models`` list (``model`` is then ""): one single-model run per entry (:meth:`for_model`)
-    models: tuple[str, ...] = ()
+    models: tuple[str, ...] = field(default=(), metadata=SINCE)
     #: where the config was read from (the YAML file, or parse_config's ``where``), for messages about its keys; not
     #: part of what is computed (left out of :meth:`to_dict`, the digest and equality)
     source: str = field(default="", compare=False)
@@ -166,32 +163,14 @@ class RunConfig:
         return replace(self, model=model, models=())
 
     def to_dict(self) -> dict[str, Any]:
-        """Canonical JSON form (stored in run.json; equal configs give equal dicts)."""
-        data = asdict(self)
-        data.pop("source")
-        if self.mode != "sequential_batches":  # other configs keep the digest they had before this mode
-            for key in ("batch", "rounds", "checkpoints"):
-                data.pop(key)
-        if self.mode != "sequential_batches" or self.batch * (self.rounds - 1) <= self.reprobe:
-            data.pop("reprobe")  # recorded where it changes what is probed (older runs keep their digest)
-        data["methods"] = [m.to_dict() for m in self.methods]
-        data["plugin_modules"] = list(self.plugin_modules)
-        if not self.plugin_modules:
-            data.pop("plugin_modules")
-        for key in ("device", "dtype"):  # unset: the digest configs had before these keys
-            if data[key] is None:
-                data.pop(key)
-        data["runtime"] = dict(self.runtime)
-        if not self.runtime:
-            data.pop("runtime")
-        for key in ("chat_template", "lm_eval", "models"):  # unset: the digest configs had before these keys
-            if not data[key]:
-                data.pop(key)
-        if self.lm_eval is not None:
-            data["lm_eval"] = self.lm_eval.to_dict()
-        if self.models:
-            data["models"] = list(self.models)
-        data["blocks"] = [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in self.blocks]
+        """Canonical JSON form (stored in run.json; equal configs give equal dicts). One rule keeps older digests:
+        a field marked :data:`SINCE` is left out while at its default; the mode writes its own keys."""
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "source" or (f.metadata.get("since") and value == f.default):
+                continue
+            data |= value.to_dict() if f.name == "mode" else {f.name: _plain(f.name, value)}
         return data
 
     @classmethod
@@ -202,10 +181,8 @@ class RunConfig:
             methods=tuple(MethodSpec.from_dict(m) for m in data["methods"]),
             blocks=tuple(BlockSpec(**{**b, "suites": tuple(SuiteSpec(**s) for s in b["suites"])})
                          for b in data["blocks"]),
-            mode=data["mode"], group_size=data["group_size"], seed=data["seed"], output=data["output"],
+            mode=mode_from_dict(data), seed=data["seed"], output=data["output"],
             save_patches=data["save_patches"], plugin_modules=tuple(data.get("plugin_modules", ())),
-            batch=data.get("batch", 0), rounds=data.get("rounds", 0), checkpoints=data.get("checkpoints", 0),
-            reprobe=data.get("reprobe", REPROBE),
             device=data.get("device"), dtype=data.get("dtype"), runtime=tuple(data.get("runtime", {}).items()),
             chat_template=bool(data.get("chat_template", False)),
             lm_eval=LmEvalSpec.from_dict(data["lm_eval"]) if data.get("lm_eval") else None,
@@ -226,16 +203,18 @@ class RunConfig:
             data["runtime"] = changed
         return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()
 
-    @property
-    def mode_label(self) -> str:
-        if self.mode == "sequential_batches":
-            return f"sequential_batches:{self.batch}x{self.rounds}"
-        return self.mode if self.mode in ("single", "probe_only") else f"{self.mode}:{self.group_size}"
 
-    @property
-    def probe_only(self) -> bool:
-        """Pre-edit measurements only: no edit, one row per case with method ``none``."""
-        return self.mode == "probe_only"
+def _plain(name: str, value: Any) -> Any:
+    """Config field ``name``'s value as JSON."""
+    if name == "runtime":
+        return dict(value)
+    if name == "blocks":
+        return [{**asdict(b), "suites": [asdict(s) for s in b.suites]} for b in value]
+    if name == "methods":
+        return [m.to_dict() for m in value]
+    if hasattr(value, "to_dict"):  # lm_eval
+        return value.to_dict()
+    return list(value) if isinstance(value, tuple) else value
 
 
 class _Checker:
@@ -303,10 +282,9 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
     chat_template = c.typed(data.get("chat_template", False), bool, "chat_template", "true or false")
     lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
-    config = RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode.name,
-                       group_size=mode.group_size, **settings, runtime=runtime, plugin_modules=plugin_modules,
-                       batch=mode.batch, rounds=mode.rounds, checkpoints=mode.checkpoints, reprobe=mode.reprobe,
-                       chat_template=chat_template, lm_eval=lm_eval, source=where)
+    config = RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode,
+                       **settings, runtime=runtime, plugin_modules=plugin_modules, chat_template=chat_template,
+                       lm_eval=lm_eval, source=where)
     if lm_eval is not None and lm_eval.checkpoints:
         _check_reach(c, config, data["lm_eval"]["checkpoints"])
     return config
@@ -326,7 +304,7 @@ def _check_reach(c: _Checker, config: RunConfig, listed: list[int]) -> None:
         if c_edits > longest:
             raise c.fail(f"lm_eval.checkpoints[{listed.index(c_edits)}]",
                          f"{c_edits} edits: no chain reaches it (the longest applies {longest} edits: batch "
-                         f"{config.batch} x rounds {config.rounds} cases and their requests)")
+                         f"{config.mode.batch} x rounds {config.mode.rounds} cases and their requests)")
 
 
 def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,
@@ -404,19 +382,6 @@ def _settings(c: _Checker, data: dict) -> dict[str, Any]:
     return {"seed": seed, "output": output, "save_patches": save_patches, "device": device, "dtype": dtype}
 
 
-@dataclass(frozen=True)
-class _Mode:
-    """A parsed ``mode``: its name, cases per group (one edit batch or one sequence) and the
-    sequential_batches shape (0 otherwise)."""
-
-    name: str = "single"
-    group_size: int = 1
-    batch: int = 0
-    rounds: int = 0
-    checkpoints: int = 0
-    reprobe: int = REPROBE
-
-
 def _runtime(c: _Checker, data: dict) -> tuple[tuple[str, Any], ...]:
     """``runtime``: the edit runtime settings the config fixes (:mod:`editscope.edit.runtime`)."""
     from editscope.edit.objective.forward import FORWARDS
@@ -435,21 +400,21 @@ def _runtime(c: _Checker, data: dict) -> tuple[tuple[str, Any], ...]:
     return tuple((k, raw[k]) for k in DEFAULT_SETTINGS if raw.get(k) is not None)
 
 
-def _mode(c: _Checker, raw: Any) -> _Mode:
+def _mode(c: _Checker, raw: Any) -> Mode:
     """``mode``: 'single', 'probe_only', {batch: N}, {sequential: N} or {sequential_batches: {...}}."""
     expected = ("expected 'single', 'probe_only', {batch: N}, {sequential: N} or "
                 "{sequential_batches: {batch: B, rounds: T, checkpoints: k}}")
     if isinstance(raw, str):
         if raw not in ("single", "probe_only"):
             raise c.fail("mode", f"{expected}, got {raw!r}")
-        return _Mode(raw)
+        return Single() if raw == "single" else ProbeOnly()
     if not (isinstance(raw, dict) and len(raw) == 1):
         raise c.fail("mode", f"{expected}, got {raw!r}")
     (mode, n), = raw.items()
     if mode not in ("batch", "sequential", "sequential_batches"):
         raise c.fail(f"mode.{mode}", f"unknown mode (known: {', '.join(MODES)})")
     if mode != "sequential_batches":
-        return _Mode(mode, c.count(n, f"mode.{mode}", 1))
+        return (Batch if mode == "batch" else Sequential)(c.count(n, f"mode.{mode}", 1))
     c.typed(n, dict, "mode.sequential_batches", "a mapping {batch: B, rounds: T, checkpoints: k}")
     c.keys(n, SEQ_BATCH_KEYS, "mode.sequential_batches.")
     for key in ("batch", "rounds"):
@@ -460,7 +425,7 @@ def _mode(c: _Checker, raw: Any) -> _Mode:
     checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
     reprobe = c.count(n.get("reprobe", REPROBE), "mode.sequential_batches.reprobe", 1)
     # one group = one sequence of edits from the unedited model
-    return _Mode(mode, batch * rounds, batch, rounds, checkpoints, reprobe)
+    return Lifelong(batch, rounds, checkpoints, reprobe)
 
 
 def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:
@@ -478,8 +443,8 @@ def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:
     return tuple(modules)
 
 
-def _methods(c: _Checker, data: dict, mode: _Mode, known: list[str],
-             base_dir: Path | None) -> tuple[_Mode, tuple[MethodSpec, ...]]:
+def _methods(c: _Checker, data: dict, mode: Mode, known: list[str],
+             base_dir: Path | None) -> tuple[Mode, tuple[MethodSpec, ...]]:
     """``methods``, and the mode they imply: ``methods: [none]`` (or leaving methods out under probe_only) is a
     probe-only run, whose groups are ``PROBE_GROUP`` cases and whose one method is ``none``."""
     if "methods" not in data and mode.name != "probe_only":
@@ -492,11 +457,11 @@ def _methods(c: _Checker, data: dict, mode: _Mode, known: list[str],
             raise c.fail("methods", f"{NO_EDIT!r} (probe only: no edit) cannot be combined with edit methods")
         if mode.name not in ("single", "probe_only"):
             raise c.fail("mode", f"methods: [{NO_EDIT}] measures the unedited model only; mode must be probe_only")
-        mode = _Mode("probe_only")
+        mode = ProbeOnly()
     elif mode.name == "probe_only":
         raise c.fail("methods", f"mode probe_only edits nothing: give methods: [{NO_EDIT}] or leave methods out")
     if mode.name == "probe_only":
-        return replace(mode, group_size=PROBE_GROUP), (MethodSpec(NO_EDIT, NO_EDIT),)
+        return mode, (MethodSpec(NO_EDIT, NO_EDIT),)
     specs = tuple(_method(c, m, f"methods[{i}]", known, base_dir) for i, m in enumerate(raw_methods))
     _unique(c, [m.label for m in specs], "methods", "method")
     return mode, specs

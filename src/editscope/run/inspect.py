@@ -38,6 +38,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.metrics.registry import specs_to_json
+from editscope.run.plan import Single
 from editscope.run.runner import load_blocks
 from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.trial import Method, Trial, request_dicts
@@ -48,7 +49,6 @@ from editscope.suites.evk import EvkSuite
 from editscope.suites.known_facts import Fact
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
-from editscope.suites.zsre import ZsreSuite
 
 FORMAT = "editscope-card-1"
 EVK_SIGMAS = (0.05, 0.1, 0.3, 0.6, 1.0)  # the card's σ sweep when the run measured no EVK itself
@@ -95,19 +95,12 @@ def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int,
     return out
 
 
-#: which card section shows which suite's candidates (by class: the report names no suite)
-SECTION_OF: tuple[tuple[type, str], ...] = ((CounterFactSuite, "logprobs"), (ZsreSuite, "logprobs"),
-                                            (OneToNSuite, "siblings"), (PeakSuite, "peak-answers"),
-                                            (EvkSuite, "evk-stability"), (CollateralSuite, "collateral-damage"))
-
-
 def sections_of(suites: Mapping[str, Suite]) -> dict[str, str]:
     """Card section -> the name of the (first) suite it shows."""
     out: dict[str, str] = {}
     for name, suite in suites.items():
-        for kind, section in SECTION_OF:
-            if isinstance(suite, kind):
-                out.setdefault(section, name)
+        if suite.card_section is not None:  # declared by the suite (Suite.card_section)
+            out.setdefault(suite.card_section, name)
     return out
 
 
@@ -125,8 +118,8 @@ def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None
     if meta is None:
         raise EditscopeError(f"{run_dir}: no {RUN_JSON} (not a run directory)")
     config = RunConfig.from_dict(meta["config"])
-    if config.mode != "single":
-        raise EditscopeError(f"{run_dir}: mode {config.mode_label}: a card replays one case's edit alone, which is "
+    if type(config.mode) is not Single:
+        raise EditscopeError(f"{run_dir}: mode {config.mode.label}: a card replays one case's edit alone, which is "
                              "what the run did only in mode single")
     labels = [m.label for m in config.methods]
     if method is None:

@@ -1,23 +1,24 @@
 """What a run edits, as data: the mode of a config as one tagged union, and the units of work it implies.
 
-A config's ``mode`` is one of :class:`Single`, :class:`Batch`, :class:`Sequential`, :class:`Lifelong` or
-:class:`ProbeOnly` (:func:`mode_of`). Each says how many consecutive cases make one *group* (the unit that is
-edited from the unedited model and restored after), which of a group's cases each edit takes (:meth:`steps`), whether
-the edits of a group are chained (folded into the model one after another, with one sequential editor state), and
-which rows a method writes for a group (:meth:`units`: the final rows, plus a lifelong chain's checkpoint rows).
-The runner asks the mode; nothing compares mode names.
+A config's ``mode`` (:attr:`editscope.run.config.RunConfig.mode`, parsed once) is one of :class:`Single`,
+:class:`Batch`, :class:`Sequential`, :class:`Lifelong` or :class:`ProbeOnly`. Each says how many consecutive cases
+make one *group* (the unit that is edited from the unedited model and restored after), which of a group's cases each
+edit takes (:meth:`~Single.steps`), whether the edits of a group are chained (folded into the model one after
+another, with one sequential editor state), which rows a method writes for a group (:meth:`~Single.units`: the
+final rows, plus a lifelong chain's checkpoint rows) and its keys in the config's canonical form
+(:meth:`~Single.to_dict`). The runner asks the mode; nothing compares mode names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from editscope.run.chain import reprobe_positions
 
-if TYPE_CHECKING:
-    from editscope.run.config import RunConfig
+REPROBE = 1000  # cases a lifelong checkpoint re-probes at most (``reprobe``)
+PROBE_GROUP = 16  # cases probed together in probe_only mode (one resume unit)
 
 #: a row a method writes for a group: (case index in the block, edits applied when probed; None: the final row)
 Unit = tuple[int, "int | None"]
@@ -46,6 +47,10 @@ class Single:
     def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
         """The rows one method writes for a group: one final row per case (:class:`Lifelong` adds checkpoints)."""
         return [(i, None) for i in members]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mode's keys of a config's canonical form (``run.json``, the digest): its name and group size."""
+        return {"mode": self.name, "group_size": self.group_size}
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Lifelong(Single):
     batch: int = 1
     rounds: int = 1
     checkpoints: int = 0
-    reprobe: int = 1000
+    reprobe: int = REPROBE
     name = "sequential_batches"
     chained = True
 
@@ -113,6 +118,13 @@ class Lifelong(Single):
         new = min(self.checkpoints * self.batch, n_edited)  # edited since the previous checkpoint
         return reprobe_positions(n_edited, new, self.reprobe, group_size, seed)
 
+    def to_dict(self) -> dict[str, Any]:
+        """``reprobe`` is recorded where it changes what is probed (so older runs keep their digest)."""
+        shape = {"batch": self.batch, "rounds": self.rounds, "checkpoints": self.checkpoints}
+        if self.batch * (self.rounds - 1) > self.reprobe:
+            shape["reprobe"] = self.reprobe
+        return super().to_dict() | shape
+
     def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
         units: list[Unit] = [(i, None) for i in members]
         n_rounds = len(self.steps(members))
@@ -127,7 +139,7 @@ class Lifelong(Single):
 class ProbeOnly(Single):
     """No edit: the unedited model's measurements, ``n`` cases probed together (one resume unit)."""
 
-    n: int = 16
+    n: int = PROBE_GROUP
     name = "probe_only"
     edits = False
 
@@ -139,9 +151,9 @@ class ProbeOnly(Single):
 Mode = Single | Batch | Sequential | Lifelong | ProbeOnly
 
 
-def mode_of(config: RunConfig) -> Mode:
-    """The config's mode as one value of the union."""
-    name, n = config.mode, config.group_size
+def mode_from_dict(data: Mapping[str, Any]) -> Mode:
+    """Inverse of ``Mode.to_dict`` (the keys of a config's canonical form)."""
+    name, n = data["mode"], int(data.get("group_size", 1))
     if name == "single":
         return Single()
     if name == "batch":
@@ -149,10 +161,11 @@ def mode_of(config: RunConfig) -> Mode:
     if name == "sequential":
         return Sequential(n)
     if name == "sequential_batches":
-        return Lifelong(config.batch, config.rounds, config.checkpoints, config.reprobe)
+        return Lifelong(data["batch"], data["rounds"], data.get("checkpoints", 0), data.get("reprobe", REPROBE))
     if name == "probe_only":
         return ProbeOnly(n)
     raise ValueError(f"unknown mode {name!r}")
 
 
-__all__ = ["Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit", "mode_of"]
+__all__ = ["PROBE_GROUP", "REPROBE", "Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit",
+           "mode_from_dict"]

@@ -22,7 +22,7 @@ from typing import Any
 from editscope.jsonl import read_lines, torn_line
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LM_EVAL_FILE, due_points
-from editscope.run.plan import Lifelong, Unit, mode_of
+from editscope.run.plan import Lifelong, Unit
 from editscope.run.store import RESULTS, read_results, row_key, unit_key
 from editscope.run.suites import SuiteFactory
 from editscope.run.trial import Trial
@@ -48,14 +48,14 @@ def plan_run(config: RunConfig, *, limit: int | None = None, shard: tuple[int, i
     an unknown suite or dataset is the loader's :class:`~editscope.errors.EditscopeError`)."""
     from editscope.run.runner import assign_groups, load_blocks
 
-    mode = mode_of(config)
+    mode = config.mode
     blocks = load_blocks(config, limit=limit, suite_factories=suite_factories)
     longest = 0
     if isinstance(mode, Lifelong):
         for block in blocks:
-            for s in range(0, len(block.cases), config.group_size):
-                longest = max(longest, sum(len(r) for r in block.requests[s:s + config.group_size]))
-    assign_groups(blocks, config.group_size, shard)
+            for s in range(0, len(block.cases), config.mode.group_size):
+                longest = max(longest, sum(len(r) for r in block.requests[s:s + config.mode.group_size]))
+    assign_groups(blocks, config.mode.group_size, shard)
     labels = [m.label for m in config.methods]
 
     def units(b: Any, g: int, members: list[int]) -> list[Unit]:  # the runner's units of a group
@@ -71,7 +71,7 @@ def plan_run(config: RunConfig, *, limit: int | None = None, shard: tuple[int, i
             lm += [(None, None, NO_EDIT, 0, t) for t in spec.tasks]
         for b in blocks:
             for g, members in b.groups:
-                points = due_points(spec, config.checkpoints, config.batch, [len(b.requests[i]) for i in members])
+                points = due_points(spec, mode.checkpoints, mode.batch, [len(b.requests[i]) for i in members])
                 lm += [(b.label, g, label, applied, t) for label in labels for _r, applied in points
                        for t in spec.tasks]
     return Plan(rows, tuple(lm), longest)

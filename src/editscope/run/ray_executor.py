@@ -1,8 +1,9 @@
 """``editscope run CONFIG --executor ray --workers N [--address ADDR]``: whole groups of cases on Ray actors.
 
-The driver is an ordinary :class:`~editscope.run.runner.Runner`: it checks the plan, holds the output directory's
+The driver is an ordinary :class:`~editscope.run.runner.Runner` with a :class:`RayExecutor` (the
+:class:`~editscope.run.runner.Executor` that runs its tasks): the runner checks the plan, holds the output directory's
 lock, warms the layer statistics (cached on disk, so actors on the same machine read them), finds the rows still
-to do (resume) and appends every row with the usual writer. Only :meth:`Runner._execute` differs: each task —
+to do (resume) and appends every row with the usual writer. Only where the tasks run differs: each task —
 one group, so a sequential chain stays on one actor — goes to an idle one of N actors; each actor loads the model,
 statistics and hparams once (its own in-process Runner) and returns the group's rows, which the driver appends in
 group order as groups complete. Rows equal the in-process run's (per-group seeds are derived from the config, not
@@ -26,7 +27,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from editscope.errors import EditscopeError
-from editscope.run.runner import Block, Runner
+from editscope.run.config import RunConfig
+from editscope.run.runner import Block, Runner, Task, Work
 from editscope.run.store import RESULTS
 
 #: how long a local raylet waits for its helper agents' port files: Ray's default aborts the node when a loaded
@@ -59,27 +61,22 @@ class _GroupWorker:
     def __init__(self, config, out_dir: str, limit: int | None, threads: int, suite_factories) -> None:
         import torch
 
-        from editscope.lm.engine import ScoringEngine
-
         torch.set_num_threads(threads)
         # The driver's output directory: the actor writes only the patches of ``save_patches`` there (the driver
         # holds the lock and appends the rows); on a cluster it must be a path every node shares.
         self.runner = Runner(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
                              suite_factories=suite_factories)
-        self.blocks, self.editors, self.hparams = self.runner._prepare()
-        self.engine = ScoringEngine(self.runner.bundle, chat_template=config.chat_template)
-        self.runner._prompt_format = self.engine.prompt_format  # rows record it, as the driver's run.json
+        self.work = self.runner.prepare()
 
     def fingerprint(self) -> str:
         return self.runner.bundle.fingerprint
 
     def run_group(self, b: int, g: int, members: list[int], todo: dict[str, set]) -> list[dict[str, Any]]:
-        return list(self.runner._group_rows(self.blocks[b], g, members, todo, self.editors, self.hparams,
-                                            self.engine))
+        return list(self.runner.group_rows(self.work, b, g, members, todo))
 
 
-class RayRunner(Runner):
-    """A :class:`Runner` whose groups run on ``workers`` Ray actors (see the module docstring).
+class RayExecutor:
+    """Runs a :class:`Runner`'s tasks on ``workers`` Ray actors (see the module docstring).
 
     ``rerun`` is the command a :class:`WorkersLostError` tells the user to run (the CLI passes its own command
     line). ``on_dispatch(actor, task_index)`` is called after a group is handed to an actor (tests kill the actor
@@ -89,20 +86,20 @@ class RayRunner(Runner):
 
     on_dispatch: Callable[[Any, int], None] | None = None
 
-    def __init__(self, config, *, workers: int = 2, address: str | None = None, threads_per_worker: int = 1,
-                 rerun: str | None = None, on_dispatch: Callable[[Any, int], None] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, workers: int = 2, address: str | None = None, threads_per_worker: int = 1,
+                 rerun: str | None = None, on_dispatch: Callable[[Any, int], None] | None = None) -> None:
         if workers < 1:
             raise EditscopeError("--workers must be >= 1")
-        if config.lm_eval is not None:
-            raise EditscopeError("lm_eval: the config's lm_eval checkpoints run in-process only; leave out "
-                                 "--executor ray")
-        super().__init__(config, **kwargs)
         self.workers, self.address, self.threads, self.rerun = workers, address, threads_per_worker, rerun
         if on_dispatch is not None:
             self.on_dispatch = on_dispatch
 
-    def _execute(self, blocks: list[Block], tasks, editors, hparams, engine) -> Iterator[dict[str, Any]]:
+    def check(self, config: RunConfig) -> None:
+        if config.lm_eval is not None:
+            raise EditscopeError("lm_eval: the config's lm_eval checkpoints run in-process only; leave out "
+                                 "--executor ray")
+
+    def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]:
         if not tasks:
             return
         ray = _ray()
@@ -113,18 +110,20 @@ class RayRunner(Runner):
                 ray.init(num_cpus=self.workers * self.threads, include_dashboard=False, log_to_driver=False,
                          _system_config={"agent_register_timeout_ms": AGENT_TIMEOUT_MS})
         # The actors run on the driver's device type: "auto" resolved in an actor without a GPU would be the CPU.
-        device = self.bundle.device.type
-        config = dataclasses.replace(self.config, device=device)
+        device = runner.bundle.device.type
+        config = dataclasses.replace(runner.config, device=device)
         remote = ray.remote(num_cpus=self.threads, num_gpus=1 if device == "cuda" else 0)(_GroupWorker)
-        started = [remote.remote(config, str(self.out_dir.resolve()), self.limit, self.threads, self.suite_factories)
+        started = [remote.remote(config, str(runner.out_dir.resolve()), runner.limit, self.threads,
+                                 runner.suite_factories)
                    for _ in range(min(self.workers, len(tasks)))]
         try:
-            yield from self._schedule(ray, blocks, tasks, started)
+            yield from self._schedule(runner, ray, work.blocks, tasks, started)
         finally:
             for actor in started:
                 ray.kill(actor)
 
-    def _schedule(self, ray, blocks: list[Block], tasks, started: list) -> Iterator[dict[str, Any]]:
+    def _schedule(self, runner: Runner, ray, blocks: list[Block], tasks: list[Task], started: list
+                  ) -> Iterator[dict[str, Any]]:
         """Hand each task to an idle actor; a task whose actor died goes back to the front of the queue for a
         surviving actor (at most :data:`MAX_ATTEMPTS` tries per group). Rows come out in task order, as the
         in-process run writes them; when the run cannot go on, the groups finished out of order are written too
@@ -136,11 +135,11 @@ class RayRunner(Runner):
             except ray.exceptions.RayActorError as exc:
                 if exc.actor_init_failed:  # its __init__ raised: not a lost worker, and a retry would fail again
                     raise EditscopeError(f"a Ray worker could not start: {_last_line(str(exc))}") from None
-                self.log(f"Ray worker {k} died while starting")
+                runner.log(f"Ray worker {k} died while starting")
                 continue
-            if fingerprint != self.bundle.fingerprint:
-                raise EditscopeError(f"a Ray worker loaded {self.config.model} with fingerprint {fingerprint}, "
-                                     f"the driver {self.bundle.fingerprint}")
+            if fingerprint != runner.bundle.fingerprint:
+                raise EditscopeError(f"a Ray worker loaded {runner.config.model} with fingerprint {fingerprint}, "
+                                     f"the driver {runner.bundle.fingerprint}")
             idle.append(k)
         queue = deque(range(len(tasks)))
         attempts = [0] * len(tasks)
@@ -169,7 +168,7 @@ class RayRunner(Runner):
                 if attempts[t] >= MAX_ATTEMPTS:
                     fatal = fatal or f"{where} lost its Ray worker {attempts[t]} times"
                 else:
-                    self.log(f"Ray worker {k} died running {where}; the group goes to another worker "
+                    runner.log(f"Ray worker {k} died running {where}; the group goes to another worker "
                              f"({left} left)")
                     queue.appendleft(t)
                 continue
@@ -190,12 +189,12 @@ class RayRunner(Runner):
             yield from finished[f]
         done = next_out + len(finished)
         raise WorkersLostError(f"{fatal} ({len(started) - len(idle)} of {len(started)} died); {done} of "
-                               f"{len(tasks)} groups finished, their rows are in {self.out_dir / RESULTS}; "
-                               f"rerun to resume: {self.rerun or self._default_rerun()}")
+                               f"{len(tasks)} groups finished, their rows are in {runner.out_dir / RESULTS}; "
+                               f"rerun to resume: {self.rerun or self._default_rerun(runner)}")
 
-    def _default_rerun(self) -> str:
+    def _default_rerun(self, runner: Runner) -> str:
         return shlex.join(["editscope", "run", "CONFIG", "--executor", "ray", "--workers", str(self.workers),
-                           "--output", str(self.out_dir)])
+                           "--output", str(runner.out_dir)])
 
 
 def _group_name(blocks: list[Block], task) -> str:

@@ -34,12 +34,12 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from editscope.atomic import atomic_write_text
 from editscope.data import DATASETS, dataset_path, load_cases
@@ -56,7 +56,7 @@ from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
-from editscope.run.plan import Lifelong, Single, Unit, mode_of
+from editscope.run.plan import Lifelong, Single, Unit
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
@@ -170,18 +170,60 @@ def assign_groups(blocks: Sequence[Block], group_size: int, shard: tuple[int, in
         block.groups = [(g, members) for g, members in groups if g % n == i]
 
 
+#: one unit the executor runs: (block index, group index, the group's case indices, the units to do per method)
+Task = tuple[int, int, list[int], dict[str, set[Unit]]]
+
+
+@dataclass
+class Work:
+    """What :meth:`Runner.prepare` loaded: the blocks (cut into this shard's groups), each method by label, the
+    engine."""
+
+    blocks: list[Block]
+    methods: dict[str, Method]
+    engine: ScoringEngine
+
+
+class Executor(Protocol):
+    """Where a run's tasks are executed: :meth:`run` yields the rows of every task, in task order (the runner
+    writes them as they come); :meth:`check` refuses a config it cannot run, before any work."""
+
+    def check(self, config: RunConfig) -> None: ...
+
+    def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]: ...
+
+
+class LocalExecutor:
+    """Every task in this process, one after another. In ``mode: single`` with runtime ``vstar_batch`` = N > 1, N
+    cases at a time form a window of independent edits: the first edit in it optimises the v*/z of all N in one
+    batched loop (:func:`editscope.edit.objective.independent_edits`)."""
+
+    def check(self, config: RunConfig) -> None:
+        pass
+
+    def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]:
+        size = (runner.runtime.vstar_batch or 1) if type(runner.mode) is Single else 1
+        for s in range(0, len(tasks), size):
+            window = [work.blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size] for i in members]
+            with independent_edits(runner.runtime, work.engine.bundle.fingerprint, window):
+                for task in tasks[s:s + size]:
+                    yield from runner.group_rows(work, *task)
+
+
 class Runner:
     """Runs one config into one output directory; see the module docstring.
 
     ``on_row(row)`` is called after each row is stored (progress hooks; tests raise from it to simulate a
     kill). ``suite_factories`` adds suites by name beside the registry. ``bundle`` reuses a loaded model.
+    ``executor`` runs the tasks (default :class:`LocalExecutor`; :class:`editscope.run.ray_executor.RayExecutor`
+    spreads whole groups over Ray actors).
     """
 
     def __init__(self, config: RunConfig, *, out_dir: str | Path | None = None, limit: int | None = None,
                  shard: tuple[int, int] = (0, 1), progress: bool = True, repair: bool = False,
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  suite_factories: Mapping[str, SuiteFactory] | None = None, bundle: Bundle | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, executor: Executor | None = None) -> None:
         if config.models:  # a models list is one run per model (editscope.run.models.run_models)
             raise EditscopeError(f"{config.where}: a config with 'models' runs one model at a time: "
                                  "editscope.run.models.run_models, or Runner(config.for_model(entry))")
@@ -198,18 +240,21 @@ class Runner:
         #: how edits are computed: the config's runtime settings, the environment's defaults for the others
         self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime")
         self._state_templates: dict[str, Any] = {}
-        self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by _prepare)
-        self._editors: dict[str, Any] = {}  # label -> Editor (set by _prepare)
-        self._plugins: dict[str, list] = {}  # label -> attached plug-ins
+        self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by prepare)
         self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
         self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
-        self.mode = mode_of(config)
+        self.mode = config.mode
+        #: where the tasks run: in this process (:class:`LocalExecutor`), or e.g. on Ray actors
+        self.executor = executor or LocalExecutor()
+        self.executor.check(config)
 
     # -- set-up -------------------------------------------------------------------------------------------
-    def _prepare(self):
+    def prepare(self) -> Work:
+        """Load what the run needs, checked before any work: the blocks' cases and suites (cut into this shard's
+        groups), the model, each method's editor and hparams, the scoring engine."""
         blocks = load_blocks(self.config, limit=self.limit, suite_factories=self.suite_factories)
         self._declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
-        assign_groups(blocks, self.config.group_size, self.shard)
+        assign_groups(blocks, self.mode.group_size, self.shard)
         if self.bundle is None:
             from editscope.lm import load
 
@@ -222,17 +267,17 @@ class Runner:
         for block, spec in zip(blocks, self.config.blocks, strict=True):  # before any edit: every text fits
             check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
                           block.cases)
-        editors, hparams = {}, {}
+        methods = {}
         for spec in self.config.methods:
             if not self.mode.edits:  # method "none": nothing to load
                 continue
-            editors[spec.label] = editor = get_editor(spec.name)
+            editor = get_editor(spec.name)
             editor.check_model(bundle)  # an unsupported family fails here, before any work
-            self._plugins[spec.label] = spec.attached_plugins()
-            hparams[spec.label] = editor.load_hparams(bundle, spec.hparams, spec.overrides or None,
-                                                      f"method {spec.label!r}: override")
-        self._editors = editors
-        return blocks, editors, hparams
+            hp = editor.load_hparams(bundle, spec.hparams, spec.overrides or None, f"method {spec.label!r}: override")
+            methods[spec.label] = Method(spec.label, editor, hp, tuple(spec.attached_plugins()))
+        engine = ScoringEngine(bundle, chat_template=self.config.chat_template)
+        self._prompt_format = engine.prompt_format
+        return Work(blocks, methods, engine)
 
     def _run_json(self, started: str, status: str, rows: int, finished: str | None = None) -> dict[str, Any]:
         bundle = self.bundle
@@ -303,8 +348,8 @@ class Runner:
             return self._run_locked()
 
     def _run_locked(self) -> RunResult:
-        blocks, editors, hparams = self._prepare()
-        bundle = self.bundle
+        work = self.prepare()
+        blocks, bundle = work.blocks, self.bundle
         assert bundle is not None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         started = self._check_existing() or _now()
@@ -323,14 +368,13 @@ class Runner:
         if done:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
         if pending:
-            self._warm_stats(hparams)
-        engine = ScoringEngine(bundle, chat_template=self.config.chat_template)
-        self._prompt_format = engine.prompt_format
+            self._warm_stats(work.methods.values())
         if self.config.lm_eval is not None:  # lm-evaluation-harness at chain checkpoints (editscope.run.lmeval)
             from editscope.run.lmeval import LmEvalHook
 
-            self.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=self.config.checkpoints,
-                                           batch=self.config.batch, chat_template=self.config.chat_template,
+            every, batch = (self.mode.checkpoints, self.mode.batch) if isinstance(self.mode, Lifelong) else (0, 0)
+            self.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=every,
+                                           batch=batch, chat_template=self.config.chat_template,
                                            log=self.log)
             self.lm_eval_hook.baseline(bundle)
         written, status, failure = 0, "interrupted", {}
@@ -344,7 +388,7 @@ class Runner:
                              self.lm_eval_hook, block, g, members, m) for m in methods}).values())]
                 # closing(): on an error here the edit generators restore the weights now, not when the
                 # traceback holding their frames is collected
-                with closing(self._execute(blocks, tasks, editors, hparams, engine)) as produced, \
+                with closing(self.executor.run(self, work, tasks)) as produced, \
                         listening(bar_status(bar) if self.progress else None):
                     for row in produced:
                         writer.append(row)  # flush + fsync before the chain that produced it goes on
@@ -367,22 +411,11 @@ class Runner:
         return RunResult(self.out_dir, written, total - pending, len(rows), summary,
                          results_text(summary, self._declared))
 
-    def _execute(self, blocks: list[Block], tasks: list[tuple[int, int, list[int], dict[str, set]]], editors,
-                 hparams, engine: ScoringEngine) -> Iterator[dict[str, Any]]:
-        """The rows of every (block index, group, members, rows to do per method) task, in order, in this process
-        (editscope.run.ray_executor overrides it to spread whole groups over Ray actors). In ``mode: single`` with
-        runtime ``vstar_batch`` = N > 1, N cases at a time form a window of independent edits: the first edit in it
-        optimises the v*/z of all N in one batched loop (edit.objective.independent_edits)."""
-        size = (self.runtime.vstar_batch or 1) if type(self.mode) is Single else 1
-        for s in range(0, len(tasks), size):
-            with independent_edits(self.runtime, engine.bundle.fingerprint,
-                                   [blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size] for i in members]):
-                for b, g, members, todo in tasks[s:s + size]:
-                    yield from self._group_rows(blocks[b], g, members, todo, editors, hparams, engine)
-
-    def _group_rows(self, block: Block, g: int, members: list[int], todo: dict[str, set], editors, hparams,
-                    engine: ScoringEngine) -> Iterator[dict[str, Any]]:
-        """One group: pre probes from the unedited model, then each method's rows (edit, probe, restore)."""
+    def group_rows(self, work: Work, b: int, g: int, members: list[int], todo: dict[str, set[Unit]]
+                   ) -> Iterator[dict[str, Any]]:
+        """One task (block ``b``'s group ``g``): pre probes from the unedited model, then each method's rows (edit,
+        probe, restore) of the units in ``todo[method]``."""
+        block, engine = work.blocks[b], work.engine
         cases = [block.cases[i] for i in members]
         pre = self._trial(block).probe(engine, cases, g, "pre")
         for label in [m.label for m in self.config.methods]:
@@ -392,8 +425,8 @@ class Runner:
                 probe = (0, 0, list(range(len(members))), pre)
                 yield from self._rows(self._trial(block), block, g, members, pre, None, probe, todo[label])
             else:
-                trial = self._trial(block, Method(label, editors[label], hparams[label], tuple(self._plugins[label])))
-                yield from self._edit_group(trial, block, g, members, pre, engine, todo[label])
+                yield from self._edit_group(self._trial(block, work.methods[label]), block, g, members, pre, engine,
+                                            todo[label])
 
     def _trial(self, block: Block, method: Method | None = None) -> Trial:
         """The trial of ``method`` (None: the unedited model) on ``block``."""
@@ -463,17 +496,16 @@ class Runner:
         template = self._state_templates.get(label)
         return template.without_edits() if template is not None else editor.new_state()
 
-    def _warm_stats(self, hparams: Mapping[str, Any]) -> None:
+    def _warm_stats(self, methods: Iterable[Method]) -> None:
         """Compute the layer statistics every method will need in one pass per token budget (instead of one
         pass per method and layer set); they are cached on disk, so a later run reads them."""
         from editscope.stats import second_moments
 
         by_budget: dict[int, set[int]] = {}
-        for label, hp in hparams.items():
-            editor = self._editors[label]
-            layers = editor.stats_layers(hp)
+        for method in methods:
+            layers = method.editor.stats_layers(method.hp)
             if layers:
-                by_budget.setdefault(editor.stats_tokens(hp), set()).update(layers)
+                by_budget.setdefault(method.editor.stats_tokens(method.hp), set()).update(layers)
         for budget, layers in sorted(by_budget.items()):
             self.log(f"layer statistics for layers {sorted(layers)} ({budget} tokens; cached after the first run)")
             second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress)

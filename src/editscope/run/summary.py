@@ -41,8 +41,8 @@ from editscope.metrics.intervals import (
 )
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
-from editscope.suites import measures_whole_model
-from editscope.suites.wild import COUNTERPARTS
+from editscope.suites import SUITES, measures_whole_model
+from editscope.suites.base import Suite
 from editscope.tables import Cell, Table
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
@@ -431,22 +431,25 @@ def metrics_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: SpecM
 
 
 def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
-    """Markdown lines of the wild-minus-teacher-forced table of every dataset whose rows hold the ``wild`` suite
-    and a teacher-forced suite it declares a counterpart for (:data:`editscope.suites.wild.COUNTERPARTS`): per
+    """Markdown lines of the protocol-minus-teacher-forced table of every dataset whose rows hold a suite of
+    another protocol (``wild``, or any registered suite declaring ``counterparts``) and a teacher-forced suite it
+    declares a counterpart for (:attr:`editscope.suites.base.Suite.counterparts`): per
     method and column pair, the mean over cases of (wild - teacher-forced) with its paired t interval (clipped to
     [-1, 1]), in points
     (× 100); † where the interval excludes 0. Checkpoint rows are left out. Empty without such a dataset."""
     pairs: dict[tuple[str, str, str, str, str], tuple[list[float], list[float]]] = {}
     for row in rows:
         metrics = row["metrics"]
-        if row.get("checkpoint") or "wild" not in metrics:
+        if row.get("checkpoint"):
             continue
-        for suite, columns in COUNTERPARTS.items():
-            for tf, wild in columns:
-                if tf in metrics.get(suite, {}) and wild in metrics["wild"]:
-                    a, b = pairs.setdefault((row["dataset"], suite, tf, wild, row["method"]), ([], []))
-                    a.append(float(metrics["wild"][wild]))
-                    b.append(float(metrics[suite][tf]))
+        for name in metrics:
+            for suite, columns in _counterparts(name).items():
+                for tf, own in columns:
+                    if tf in metrics.get(suite, {}) and own in metrics[name]:
+                        a, b = pairs.setdefault((row["dataset"], suite, tf, f"{name} {own}" if name != "wild" else own,
+                                                 row["method"]), ([], []))
+                        a.append(float(metrics[name][own]))
+                        b.append(float(metrics[suite][tf]))
     if not pairs:
         return []
     methods = list(dict.fromkeys([*method_order, *(k[4] for k in pairs)]))
@@ -467,6 +470,13 @@ def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = 
             "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
             "probabilities under the gold prefix (each table above names its protocol).", "",
             *table.markdown().split("\n")]
+
+
+def _counterparts(suite: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
+    """The counterparts the registered suite class ``suite`` declares (none for an unregistered one or a factory
+    function)."""
+    cls = SUITES.get(suite, None)
+    return cls.counterparts if isinstance(cls, type) and issubclass(cls, Suite) else {}
 
 
 NotesMap = Mapping[tuple[str, str], Sequence[str]]

@@ -42,7 +42,7 @@ Adding a suite is one module (a :class:`Suite` subclass) plus one line, ``regist
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
@@ -78,6 +78,14 @@ class Suite(ABC):
     #: whether the suite has a say in what is edited (:meth:`edit_requests`); False for a suite that measures the
     #: model whatever was edited (``general``), so it can share a block with any other suite
     chooses_edits: ClassVar[bool] = True
+    #: the edit card's section that shows this suite's probes (``logprobs``: scored candidates; ``siblings``,
+    #: ``peak-answers``, ``evk-stability``, ``collateral-damage``: the sections of those suites); None: the card
+    #: shows its metrics only
+    card_section: ClassVar[str | None] = None
+    #: an evaluation protocol's pairing with the teacher-forced suites (teacher-forced suite name -> pairs of (its
+    #: column, this suite's column) that measure the same thing): the summary's paired gap table of a block that
+    #: holds both (:func:`editscope.run.summary.protocol_gaps`); empty for a teacher-forced suite
+    counterparts: ClassVar[Mapping[str, tuple[tuple[str, str], ...]]] = {}
 
     @property
     @abstractmethod

@@ -51,6 +51,7 @@ class CollateralSuite(Suite):
     """Collateral damage on a fixed probe set of known facts (see the module docstring)."""
 
     name = "collateral"
+    card_section = "collateral-damage"
     chooses_edits = False  # the model as a whole: any block's edits
 
     def __init__(self, *, facts: int = 500, sources: Sequence[str] = SOURCES) -> None:

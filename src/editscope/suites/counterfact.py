@@ -172,6 +172,7 @@ class CounterFactSuite(Suite):
     """CounterFact probability tests (+ optional generation tests); see the module docstring."""
 
     name = "counterfact"
+    card_section = "logprobs"
 
     def __init__(self, *, generation: bool = False, max_new_tokens: int = 100, top_k: int | None = 5,
                  seed: int = 0, corpus: Sequence[str | os.PathLike[str]] | None = None,

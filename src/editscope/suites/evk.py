@@ -96,6 +96,7 @@ class EvkSuite(Suite):
     """EVK-Bench ES/TS; options documented in the module docstring."""
 
     name = "evk"
+    card_section = "evk-stability"
 
     def __init__(self, *, sigma: float = 0.3, instances_per_type: int = 1, drifts: Sequence[str] = DRIFTS,
                  source: str = "edit", text: str = "auto", sigmas: Sequence[float] | None = None,

@@ -150,6 +150,7 @@ class OneToNSuite(Suite):
     """1-to-N knowledge metrics before and after an edit; see the module docstring."""
 
     name = "one_to_n"
+    card_section = "siblings"
 
     def __init__(self, *, k: int = 3, corpus: Sequence[str | os.PathLike[str]] | None = None,
                  window: Literal["passage", "sentence"] = "passage", include_false: bool = True,

@@ -163,6 +163,7 @@ class PeakSuite(Suite):
     """PEAK appending + additivity; see the module docstring."""
 
     name = "peak"
+    card_section = "peak-answers"
     metrics_declared = METRICS
 
     def __init__(self, *, prob: Literal["mean", "sum"] = "mean", filter_answers: bool = True,

@@ -98,6 +98,7 @@ class WildSuite(Suite):
 
     name = "wild"
     metrics_declared = METRICS
+    counterparts = COUNTERPARTS
 
     def __init__(self, *, context: Literal["plain", "qa"] = "plain",
                  target: Literal["target_new", "answers0"] = "target_new", max_new_tokens: int = 50,

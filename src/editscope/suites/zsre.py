@@ -127,6 +127,7 @@ class ZsreSuite(Suite):
     """zsRE top-1 probability tests; options ``target`` and ``loc_question_mark`` (see the module docstring)."""
 
     name = "zsre"
+    card_section = "logprobs"
     metrics_declared = METRICS
 
     def __init__(self, *, target: Literal["answers0", "alt"] = "answers0", loc_question_mark: bool = True) -> None:
