@@ -33,7 +33,7 @@ if _THREADS is not None:
 
     torch.set_num_threads(_THREADS)
 
-TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3"]
+TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3", "llama3", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2", "smollm3"]
 
 #: caches under EDITSCOPE_HOME that are expensive to rebuild and keyed by what they hold (converted models, layer
 #: statistics, tokenizers, trained MEND networks): tests share the user's; every other cache is the session's own
