@@ -14,7 +14,8 @@ from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.partial_forward import FullForward, SuffixForward, lanes_of, start_block
 
-FAMILIES = ["llama", "gpt2", "gptj", "gemma3"]
+FAMILIES = ["llama", "gpt2", "gptj", "gemma3", "llama3", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2",
+            "smollm3"]
 
 
 def _context(bundle, request, hook_point: str):
