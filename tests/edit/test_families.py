@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from editscope.cli import main
+from editscope.data.records import EditRequest
 from editscope.edit import EDITORS, get_editor
 from editscope.errors import EditscopeError
 from editscope.lm import load
@@ -324,3 +325,38 @@ def test_models_families_lists_every_family_with_its_editors(capsys):
                 "memit, alphaedit, prune, rect, evk_edit: it assumes the MLP output adds linearly to the residual "
                 f"stream, and {tree.family} normalises it first (post_feedforward_layernorm)")
     assert "parallel" in sections["gpt_neox"]["notes"] and "gate_up_proj" in sections["phi3"]["notes"]
+
+
+# -- tuning ------------------------------------------------------------------------------------------------------
+def test_layer_candidates_follow_the_family_reference():
+    """The tuner's layer candidates take the published position from the family's own reference (GPT-NeoX-20B's
+    ROME layer 15 of 44 for Pythia: floor(15 * 24 / 44) = 8 on a 24-layer Pythia) or, without one, Llama-3-8B's."""
+    from editscope.tune.space import layer_candidates
+
+    found, why = layer_candidates("rome", "gpt_neox", 24, None, [8])
+    assert why["published"] == [8] and found == [[7], [8], [9]]
+    found, why = layer_candidates("rome", "olmo2", 16, None, [5])
+    assert why["published"] == [2] and found == [[1], [2], [3], [4], [5], [6]]  # floor(5 * 16 / 32) = 2
+
+
+def test_tune_runs_end_to_end_on_a_new_family(tiny_bundles, tmp_path):
+    """``editscope tune`` on Pythia's family (parallel residual, its own LayerReference): 2 layers x 2 v_lr
+    candidates on 2 then 4 validation cases; the tuned YAML loads for the model and edits it."""
+    from editscope.edit.hparams import load_yaml
+    from editscope.edit.rome import RomeHParams
+    from editscope.tune import Tuner, TuneSettings
+
+    bundle = tiny_bundles["gpt_neox"]
+    out = tmp_path / "tune"
+    settings = TuneSettings(model="tiny-gpt_neox", method="rome", out=str(out), budget_minutes=30,
+                            overrides={"v_steps": 2}, knobs=["layers", "v_lr"], grid={"layers": ([1], [2])},
+                            first=2, eta=2, max_cases=4)
+    result = Tuner(settings, bundle=bundle, progress=False, log=lambda _m: None).run()
+    assert result.halving.complete and result.chosen is not None and len(result.halving.rungs[0][1]) == 4
+    hp = load_yaml(result.yaml_path, RomeHParams, n_layers=bundle.n_layers)
+    assert hp.layers == result.chosen.to_dict()["hparams"]["layers"] and hp.v_steps == 2
+    before = checksums(bundle.model)
+    patch = get_editor("rome").apply(bundle, EditRequest("{} is located in", "Paris", "Rome", "France"), hp)
+    assert set(patch.deltas) == {bundle.arch.weight_name(hp.layers[0])}
+    patch.revert(bundle)
+    assert checksums(bundle.model) == before
