@@ -48,7 +48,8 @@ def _configs() -> dict:
     }
 
 
-#: the rope parameters of Llama 3.1/3.2/3.3 (their config.json ``rope_scaling``), but for the original context
+#: the rope parameters of Llama 3.1 and 3.3 (their config.json ``rope_scaling``; 3.2 has factor 32), but for the
+#: original context
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 40}
 
