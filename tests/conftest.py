@@ -33,7 +33,10 @@ if _THREADS is not None:
 
     torch.set_num_threads(_THREADS)
 
-TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3"]
+#: the tiny models the family-generic tests (the ``tiny`` fixture) run on: one per architecture family
+TINY_FAMILIES = ["gpt2", "gptj", "llama", "gemma3", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2", "smollm3"]
+#: every tiny model in ``tiny_bundles``: the families and the variants family tests need (Llama 3.x rope scaling)
+TINY_MODELS = [*TINY_FAMILIES, "llama3"]
 
 #: caches under EDITSCOPE_HOME that are expensive to rebuild and keyed by what they hold (converted models, layer
 #: statistics, tokenizers, trained MEND networks): tests share the user's; every other cache is the session's own
@@ -58,7 +61,7 @@ def session_home(tmp_path_factory):
 def tiny_bundles():
     from editscope.lm import load
 
-    return {family: load(f"tiny-{family}") for family in TINY_FAMILIES}
+    return {name: load(f"tiny-{name}") for name in TINY_MODELS}
 
 
 @pytest.fixture(scope="session", params=TINY_FAMILIES)

@@ -23,17 +23,23 @@ from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moments
 
 STEPS = 3
-#: the HF module names of each tiny family's blocks and MLP down projection, written out here (not the arch maps)
-DOWN = {"llama": "down_proj", "gemma3": "down_proj", "gpt2": "c_proj", "gptj": "fc_out"}
-MEMIT_FAMILIES = ["llama", "gpt2", "gptj"]  # MEMIT's residual spread needs a linear residual (not Gemma 3)
+#: the HF module names of each tiny model's MLP down projection by model_type, written out here (not the arch maps)
+DOWN = {"llama": "down_proj", "gemma3_text": "down_proj", "gpt2": "c_proj", "gptj": "fc_out", "qwen3": "down_proj",
+        "gemma2": "down_proj", "phi3": "down_proj", "gpt_neox": "dense_4h_to_h", "olmo2": "down_proj",
+        "smollm3": "down_proj"}
+#: MEMIT's residual spread needs a linear residual: not Gemma 2/3 or OLMo 2, whose MLP output passes a norm first
+MEMIT_FAMILIES = ["llama", "gpt2", "gptj", "llama3", "qwen3", "phi3", "gpt_neox", "smollm3"]
+ROME_FAMILIES = MEMIT_FAMILIES + ["gemma3", "gemma2", "olmo2"]
 
 
 def blocks(model):
-    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    if hasattr(model, "transformer"):
+        return model.transformer.h
+    return model.gpt_neox.layers if hasattr(model, "gpt_neox") else model.model.layers
 
 
 def down_proj(model, layer: int):
-    return getattr(blocks(model)[layer].mlp, DOWN[model.config.model_type.split("_")[0]])
+    return getattr(blocks(model)[layer].mlp, DOWN[model.config.model_type])
 
 
 # -- a straight-line reference implementation ---------------------------------------------------------------
@@ -227,7 +233,7 @@ def _patch(bundle, method, reqs, convention):
     return hp, patch.info["templates"], deltas
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gptj", "gemma3"])
+@pytest.mark.parametrize("family", ROME_FAMILIES)
 def test_rome_reference_and_paper_match_straight_line(tiny_bundles, request_a, family):
     bundle = tiny_bundles[family]
     got = {}

@@ -42,11 +42,14 @@ def _hand(layer: int, ref_depth: int, n_layers: int) -> int:
     return out
 
 
-@pytest.mark.parametrize("family,depth", [("gpt2", 4), ("gptj", 4), ("llama", 4), ("gemma3", 4)])
+@pytest.mark.parametrize("family,depth", [(f, 4) for f in ("gpt2", "gptj", "llama", "gemma3", "llama3", "qwen3",
+                                                            "gemma2", "phi3", "gpt_neox", "olmo2", "smollm3")])
 def test_tiny_models_get_derived_layers(tiny_bundles, family, depth):
     bundle = tiny_bundles[family]
     assert bundle.n_layers == depth
-    ref = LAYER_REFERENCES["llama" if family == "gemma3" else family]  # gemma3 has no published config
+    # families without a published config of their own (Gemma, Qwen3, Phi-3, OLMo 2, SmolLM3) follow Llama-3-8B's
+    ref = LAYER_REFERENCES.get(bundle.arch.family, LAYER_REFERENCES["llama"])
+    assert (bundle.arch.family in LAYER_REFERENCES) == (bundle.arch.family in ("gpt2", "gptj", "llama", "gpt_neox"))
     for method in ("rome", "memit", "alphaedit", "ft", "prune", "rect"):
         editor = get_editor(method)
         if not editor.supports(bundle.arch.family):
@@ -79,6 +82,15 @@ def test_hand_values_of_the_rule():
         if method != "ft":
             assert derived_layers(method, family, PAPER_DEPTHS[model])[0] == layers
     assert derived_layers("kn", "llama", 30) is None and derived_layers("mend", "gpt2", 12) is None
+    # GPT-NeoX-20B's own published layers (ROME 15 of 44, MEMIT 6-10), and Pythia-1.4B (24 layers) from them:
+    # floor(15*24/44) = 8, window floor(144/44)..floor(240/44) = 3..5
+    assert derived_layers("rome", "gpt_neox", 44)[0] == [15] and derived_layers("memit", "gpt_neox", 44)[0] == [
+        6, 7, 8, 9, 10]
+    assert derived_layers("rome", "gpt_neox", 24)[0] == [8] and derived_layers("alphaedit", "gpt_neox", 24)[0] == [
+        3, 4, 5]
+    # a family without published layers of its own follows Llama-3-8B's: Qwen3-0.6B (28 layers) gets floor(140/32)
+    assert derived_layers("rome", "qwen3", 28) == derived_layers("rome", "llama", 28) and derived_layers(
+        "rome", "qwen3", 28)[0] == [4]
 
 
 def test_no_rule_or_unknown_depth_names_hparams():

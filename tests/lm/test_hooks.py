@@ -104,7 +104,7 @@ def test_embed_point_applies_the_declared_scaling(tiny):
     table = tiny.model.get_submodule(tiny.arch.embed).weight
     expected = table[ids_of(tiny)[0]] * tiny.arch.embed_multiplier(tiny.config)
     torch.testing.assert_close(store["embed"][0], expected.detach())
-    assert (tiny.arch.embed_multiplier(tiny.config) != 1.0) == (tiny.arch.family == "gemma3")
+    assert (tiny.arch.embed_multiplier(tiny.config) != 1.0) == (tiny.arch.family in ("gemma2", "gemma3"))
 
 
 def test_attn_heads_are_the_output_projections_input_split_by_head(tiny):

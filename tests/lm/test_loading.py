@@ -13,6 +13,7 @@ from editscope.errors import EditscopeError
 from editscope.lm import ARCHS, arch_for_config, load
 from editscope.lm.bundle import fingerprint_model, package_dir
 from editscope.lm.hooks import capture, hooks
+from editscope.lm.tiny import TINY_FAMILIES
 
 
 def test_unknown_model_name_is_a_clear_error():
@@ -34,7 +35,7 @@ def test_unsupported_architecture_lists_supported():
         arch_for_config(BertConfig())
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gptj", "llama", "mistral", "qwen2", "gemma3"])
+@pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_arch_map_paths_exist(family):
     bundle = load(f"tiny-{family}")
     model, arch = bundle.model, bundle.arch
@@ -44,6 +45,9 @@ def test_arch_map_paths_exist(family):
             model.get_submodule(arch.layer_module_path(layer, part))
         w = arch.as_out_in(params[arch.weight_name(layer)])
         assert tuple(w.shape) == (bundle.hidden_size, arch.mlp_size(model.config))
+        w_in = params[arch.weight_name(layer, "mlp_in")]
+        assert tuple(arch.as_out_in(w_in).shape) == (arch.mlp_in_parts * arch.mlp_size(model.config),
+                                                     bundle.hidden_size)
     for path in (arch.embed, arch.final_norm, arch.lm_head, arch.base):
         model.get_submodule(path)
     assert ARCHS[arch.family] is arch

@@ -9,10 +9,14 @@ import sys
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "models",
-        help="list models; 'models prepare NAME' converts one once",
+        help="list models (--families: architecture families); 'models prepare NAME' converts one once",
         description="List the registry models and whether each is prepared (converted and cached under "
-        "$EDITSCOPE_HOME). 'editscope models prepare NAME' converts a model now, with progress output.",
+        "$EDITSCOPE_HOME). 'editscope models prepare NAME' converts a model now, with progress output. "
+        "--families lists the architecture families instead: the config.model_type values each covers, the "
+        "editors that accept it and why the others refuse it.",
     )
+    parser.add_argument("--families", action="store_true",
+                        help="list architecture families, their model_types and the editors that accept each")
     parser.set_defaults(func=_list)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     prep = actions.add_parser("prepare", help="convert a registry model once and cache it",
@@ -22,8 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.set_defaults(func=_prepare)
 
 
-def _list(_args: argparse.Namespace) -> int:
+def _list(args: argparse.Namespace) -> int:
     import textwrap
+
+    if getattr(args, "families", False):
+        return _families()
 
     from editscope.lm.loading import DEFAULT_MODEL_NOTE, GGUF_MODELS, is_prepared
     from editscope.lm.tiny import TINY_FAMILIES
@@ -36,6 +43,37 @@ def _list(_args: argparse.Namespace) -> int:
         print(f"{'tiny-' + family:<16} {'built':<12} random-init {family} test model (GPT-2 tokenizer)")
     print("Any local Hugging Face model folder is accepted as --model PATH as well.")
     print(f"\nDefault model: {textwrap.fill(DEFAULT_MODEL_NOTE, 100, subsequent_indent='  ')}")
+    return 0
+
+
+def _families() -> int:
+    """Every registered architecture family: model_types, accepting editors, refusals with their reason."""
+    import textwrap
+
+    from editscope.edit.registry import EDITORS
+    from editscope.lm.archs import ARCHS
+    from editscope.lm.tiny import TINY_FAMILIES, tiny_family
+
+    def wrap(label: str, text: str) -> str:
+        return textwrap.fill(text, 100, initial_indent=f"  {label:<9}", subsequent_indent=" " * 11)
+
+    for family in sorted(ARCHS):
+        arch = ARCHS[family]
+        print(f"{family}  (model_type: {', '.join(arch.model_types)})")
+        accepted = [e.name for e in EDITORS.values() if e.supports(family)]
+        print(wrap("editors", ", ".join(accepted) or "none"))
+        refusals: dict[str, list[str]] = {}
+        for editor in EDITORS.values():
+            why = editor.unsupported_because(family)
+            if why is not None:
+                refusals.setdefault(why, []).append(editor.name)
+        for why, names in refusals.items():
+            print(wrap("refused", f"{', '.join(names)}: {why}"))
+        tiny = [f"tiny-{t}" for t in TINY_FAMILIES if tiny_family(t) == family]
+        if tiny:
+            print(wrap("tests", ", ".join(tiny)))
+        if arch.notes:
+            print(wrap("notes", arch.notes))
     return 0
 
 

@@ -292,8 +292,10 @@ class LayerReference:
     source: str
 
 
-#: Published layer choices per architecture family (ArchMap.family). A family without its own (gemma3) uses
-#: ``llama``'s: the closest published pre-norm rotary decoder.
+#: Published layer choices per architecture family (ArchMap.family). A family without its own (gemma2, gemma3, qwen3,
+#: phi3, olmo2, smollm3) uses ``llama``'s: the closest published pre-norm rotary decoder. GPT-NeoX's (Pythia's
+#: family) are GPT-NeoX-20B's: ROME's layer from the ROME config in kmeng01/memit; MEMIT's window from the MEMIT config
+#: for GPT-NeoX-20B in JoveReCode/OrthoEdit, a MEMIT-based repository (kmeng01/memit ships no MEMIT file for NeoX).
 LAYER_REFERENCES: dict[str, LayerReference] = {
     "gpt2": LayerReference("GPT-2 XL", 48, 17, (13, 17),
                            "kmeng01/rome hparams/ROME/gpt2-xl.json, kmeng01/memit hparams/MEMIT/gpt2-xl.json"),
@@ -301,6 +303,9 @@ LAYER_REFERENCES: dict[str, LayerReference] = {
                                                       "kmeng01/memit hparams/MEMIT/EleutherAI_gpt-j-6B.json"),
     "llama": LayerReference("Llama-3-8B", 32, 5, (4, 8), "jianghoucheng/AlphaEdit hparams/ROME/Llama3-8B.json, "
                                                          "hparams/MEMIT/Llama3-8B.json"),
+    "gpt_neox": LayerReference("GPT-NeoX-20B", 44, 15, (6, 10),
+                               "kmeng01/memit hparams/ROME/EleutherAI_gpt-neox-20b.json, "
+                               "JoveReCode/OrthoEdit hparams/MEMIT/EleutherAI_gpt-neox-20b.json"),
 }
 DEFAULT_REFERENCE_FAMILY = "llama"
 

@@ -113,19 +113,27 @@ class Editor:
 
     def supports(self, family: str) -> bool:
         """Whether the editor supports the architecture family (a key of :data:`editscope.lm.archs.ARCHS`)."""
+        return self.unsupported_because(family) is None
+
+    def unsupported_because(self, family: str) -> str | None:
+        """Why the editor refuses the architecture family, in words; None when it supports it."""
         arch = ARCHS.get(family, None)
-        if self.needs_linear_residual and (arch is None or arch.mlp_post_norm is not None):
-            return False
-        return self.families is None or family in self.families
+        if arch is None:
+            return "unknown architecture family"
+        if self.needs_linear_residual and arch.mlp_post_norm is not None:
+            return (f"it assumes the MLP output adds linearly to the residual stream, and {family} normalises it "
+                    f"first ({arch.mlp_post_norm})")
+        if self.families is not None and family not in self.families:
+            return f"it is declared for {', '.join(sorted(self.families))} only"
+        return None
 
     def check_model(self, bundle: Bundle) -> None:
         """A clear error, before any work, when the model's family is not supported."""
-        if not self.supports(bundle.arch.family):
-            why = "; it assumes the MLP output adds linearly to the residual stream" if self.needs_linear_residual \
-                else ""
+        why = self.unsupported_because(bundle.arch.family)
+        if why is not None:
             raise EditscopeError(
                 f"{self.name} does not support the {bundle.arch.family!r} architecture of {bundle.name} "
-                f"(supported: {', '.join(f for f in sorted(ARCHS) if self.supports(f))}){why}")
+                f"(supported: {', '.join(f for f in sorted(ARCHS) if self.supports(f))}); {why}")
 
     def attach(self, plugins: Sequence[PluginLike], where: str = "plugins") -> list[Plugin]:
         """Validated plug-ins for this editor; an error when there are any and the editor does not optimise."""

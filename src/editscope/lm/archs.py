@@ -3,8 +3,10 @@
 The family is detected from ``config.model_type`` only; a model name never decides anything. All module
 paths are relative to the ``*ForCausalLM`` object; per-layer paths are relative to one block. As pyvene keeps
 one ``type_to_module_mapping`` per architecture, each map lists its named hook points
-(:data:`HookPoint`: module path, ``"input"`` or ``"output"``) and its family quirks (Gemma3's final logit
+(:data:`HookPoint`: module path, ``"input"`` or ``"output"``) and its family quirks (Gemma's final logit
 soft-capping, sliding window, post-MLP norm and scaled embeddings) as fields that the engine and the hooks read.
+``notes`` says, in words, what else sets a family apart (q/k norms, fused projections, parallel residual, layers
+without rotary embeddings): facts a reader of ``editscope models --families`` needs, which no code branches on.
 """
 
 from __future__ import annotations
@@ -61,10 +63,13 @@ class ArchMap:
     soft-capping c (logits <- c * tanh(logits / c), Gemma 2/3); ``sliding_window_key`` the config key of the
     local-attention window (a custom attention mask bypasses it, so the engine refuses longer rows);
     ``mlp_post_norm`` the block-relative path of a norm applied to the MLP output before it joins the residual
-    (Gemma3's post_feedforward_layernorm: the residual update is not linear in the MLP output);
+    (the post_feedforward_layernorm of Gemma 2/3 and OLMo 2: the residual update is not linear in the MLP output);
     ``embed_scale`` how the embedding module scales the token table ("sqrt_hidden": x sqrt(d), Gemma).
     ``start_token_keys`` are the tokenizer attributes tried in order for the token an empty context is scored
     from (BOS, else EOS: GPT-2's <|endoftext|> convention, as lm-evaluation-harness's rolling log-likelihood).
+    ``mlp_in_parts`` is how many matrices the MLP input projection stacks along its output rows (2: Phi-3's fused
+    ``gate_up_proj`` holds the gate and up projections, so its weight is (2 * mlp_size, d));
+    ``n_kv_heads_keys`` the config keys of the key/value head count (grouped-query attention; unset: n_heads).
     """
 
     family: str
@@ -92,6 +97,9 @@ class ArchMap:
     mlp_post_norm: str | None = None
     embed_scale: Literal["sqrt_hidden"] | None = None
     start_token_keys: tuple[str, ...] = ("bos_token_id", "eos_token_id")
+    mlp_in_parts: int = 1
+    n_kv_heads_keys: tuple[str, ...] = ("num_key_value_heads",)
+    notes: str = ""
 
     # -- dimensions ---------------------------------------------------------------------------------
     def _config_value(self, config, keys: tuple[str, ...]) -> int | None:
@@ -114,6 +122,11 @@ class ArchMap:
 
     def n_heads(self, config) -> int:
         return int(self._config_value(config, self.n_heads_keys))
+
+    def n_kv_heads(self, config) -> int:
+        """Key/value heads (grouped-query attention); the query head count where the config sets none."""
+        value = self._config_value(config, self.n_kv_heads_keys)
+        return value if value is not None else self.n_heads(config)
 
     def head_dim(self, config) -> int:
         """Per-head width of the attention output projection's input (Gemma sets it apart from d / n_heads)."""
@@ -216,6 +229,7 @@ for _arch in (
         hidden_keys=("n_embd",),
         mlp_keys=("n_inner",),
         n_heads_keys=("n_head",),
+        notes="Conv1D weights stored (in, out)",
         hook_points=_hook_points(embed="transformer.wte", attn_out="attn.c_proj", mlp="mlp", mlp_out="mlp.c_proj",
                                  final_norm="transformer.ln_f"),
     ),
@@ -236,12 +250,15 @@ for _arch in (
         hidden_keys=("n_embd",),
         mlp_keys=("n_inner",),
         n_heads_keys=("n_head",),
+        notes="parallel attention + MLP residual, partial rotary",
         hook_points=_hook_points(embed="transformer.wte", attn_out="attn.out_proj", mlp="mlp", mlp_out="mlp.fc_out",
                                  final_norm="transformer.ln_f"),
     ),
     # LLaMA, Mistral and Qwen2 share module names (checked on tiny configs with transformers 5).
-    # LLaMA has no window; Mistral and Qwen2 configs may set one.
+    # LLaMA has no window; Mistral and Qwen2 configs may set one. Llama 3.x's rope scaling ("llama3" rope type:
+    # frequencies rescaled once, by position-independent factors) lives inside the rotary embedding: nothing here.
     ArchMap(family="llama", model_types=("llama", "mistral", "qwen2"), sliding_window_key="sliding_window",
+            notes="LLaMA 1-3.x (incl. llama3 rope scaling), Mistral, Qwen2/2.5: pre-norm, gated MLP",
             **_ROTARY_DECODER),
     ArchMap(
         family="gemma3",
@@ -250,8 +267,59 @@ for _arch in (
         sliding_window_key="sliding_window",
         mlp_post_norm="post_feedforward_layernorm",
         embed_scale="sqrt_hidden",
+        notes="scaled embeddings, norms before and after attention and MLP, local/global layers, q/k norms",
         **_ROTARY_DECODER,
     ),
+    # Qwen3: LLaMA's module names plus per-head RMS norms of queries and keys inside the attention (q_norm,
+    # k_norm); the small sizes (0.6B-4B) tie the LM head to the embeddings. A window only with use_sliding_window.
+    ArchMap(family="qwen3", model_types=("qwen3",), sliding_window_key="sliding_window",
+            notes="per-head q/k RMS norms; tied embeddings in the small sizes", **_ROTARY_DECODER),
+    # Gemma 2: as Gemma 3 (scaled embeddings, a norm after the MLP, local/global layers, final logit
+    # soft-capping) plus soft-capping of the attention logits, which transformers computes in eager attention.
+    ArchMap(
+        family="gemma2",
+        model_types=("gemma2",),
+        softcap_key="final_logit_softcapping",
+        sliding_window_key="sliding_window",
+        mlp_post_norm="post_feedforward_layernorm",
+        embed_scale="sqrt_hidden",
+        notes="scaled embeddings, norms before and after attention and MLP, local/global layers, attention and final "
+              "logit soft-capping",
+        **_ROTARY_DECODER,
+    ),
+    # Phi-3 and Phi-4 (model_type phi3): one fused query/key/value projection and one fused gate/up projection
+    # (gate_up_proj, (2 * mlp_size, d)); the down projection is LLaMA's. Phi-3-mini-4k sets a window.
+    ArchMap(family="phi3", model_types=("phi3",), sliding_window_key="sliding_window", mlp_in_parts=2,
+            notes="Phi-3, Phi-4: fused qkv_proj and gate_up_proj",
+            **{**_ROTARY_DECODER, "mlp_in": "mlp.gate_up_proj"}),
+    # Pythia / GPT-NeoX: attention and MLP both read the block input and add to the residual (use_parallel_residual,
+    # Pythia's setting; the MLP output still adds linearly), partial rotary embeddings, an untied LM head
+    # (embed_out in the checkpoints, lm_head in transformers 5).
+    ArchMap(
+        family="gpt_neox",
+        model_types=("gpt_neox",),
+        base="gpt_neox",
+        embed="gpt_neox.embed_in",
+        blocks="gpt_neox.layers",
+        attn="attention",
+        attn_out="attention.dense",
+        mlp="mlp",
+        mlp_in="mlp.dense_h_to_4h",
+        mlp_out="mlp.dense_4h_to_h",
+        final_norm="gpt_neox.final_layer_norm",
+        lm_head="lm_head",
+        notes="Pythia, GPT-NeoX: parallel attention + MLP residual, partial rotary, untied embed_out (lm_head)",
+        hook_points=_hook_points(embed="gpt_neox.embed_in", attn_out="attention.dense", mlp="mlp",
+                                 mlp_out="mlp.dense_4h_to_h", final_norm="gpt_neox.final_layer_norm"),
+    ),
+    # OLMo 2: no norm before attention or MLP; a norm after each (post_attention_layernorm,
+    # post_feedforward_layernorm) before the residual add, and RMS norms of the full query and key projections.
+    ArchMap(family="olmo2", model_types=("olmo2",), mlp_post_norm="post_feedforward_layernorm",
+            notes="norms after attention and MLP (none before), q/k RMS norms", **_ROTARY_DECODER),
+    # SmolLM3: LLaMA's module names; every no_rope_layer_interval-th layer (no_rope_layers[i] == 0) attends without
+    # rotary embeddings (NoPE), decided inside the attention from the config.
+    ArchMap(family="smollm3", model_types=("smollm3",), sliding_window_key="sliding_window",
+            notes="every 4th layer without rotary embeddings (NoPE); tied embeddings", **_ROTARY_DECODER),
 ):
     ARCHS.register(_arch)
 

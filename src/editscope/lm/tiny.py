@@ -32,10 +32,40 @@ def _configs() -> dict:
         "mistral": lambda: T.MistralConfig(**rotary),
         "qwen2": lambda: T.Qwen2Config(**rotary),
         "gemma3": lambda: T.Gemma3TextConfig(head_dim=16, sliding_window=64, **rotary),
+        # Llama 3.x rope scaling with an original context short enough (40) that test rows reach past it; at this
+        # head size its frequencies fall in all three bands (kept, smoothed, divided by the factor)
+        "llama3": lambda: T.LlamaConfig(rope_parameters=LLAMA3_ROPE, **rotary),
+        "qwen3": lambda: T.Qwen3Config(head_dim=16, tie_word_embeddings=True, **rotary),  # tied, as Qwen3-0.6B
+        "gemma2": lambda: T.Gemma2Config(head_dim=16, sliding_window=64, **rotary),
+        "phi3": lambda: T.Phi3Config(**rotary),
+        # Pythia's layout: a quarter of each head rotary, parallel residual, untied LM head
+        "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                            num_attention_heads=4, max_position_embeddings=256, rotary_pct=0.25,
+                                            use_parallel_residual=True, tie_word_embeddings=False, **small),
+        "olmo2": lambda: T.Olmo2Config(**rotary),
+        # SmolLM3's default interval (4): layer 3 of the 4 has no rotary embeddings; its pad id is outside this vocab
+        "smollm3": lambda: T.SmolLM3Config(pad_token_id=None, **rotary),
     }
 
 
-TINY_FAMILIES = ("gpt2", "gptj", "llama", "mistral", "qwen2", "gemma3")
+#: the rope parameters of Llama 3.1 and 3.3 (their config.json ``rope_scaling``; 3.2 has factor 32), but for the
+#: original context
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 40}
+
+TINY_FAMILIES = ("gpt2", "gptj", "llama", "mistral", "qwen2", "gemma3", "llama3", "qwen3", "gemma2", "phi3",
+                 "gpt_neox", "olmo2", "smollm3")
+
+
+def tiny_family(name: str) -> str:
+    """The architecture family of ``tiny-{name}`` (its config's model_type decides; no weights are built)."""
+    from editscope.lm.archs import arch_for_config
+
+    configs = _configs()
+    if name not in configs:
+        raise EditscopeError(f"no tiny model for family {name!r}; available: {', '.join(TINY_FAMILIES)}")
+    quiet_transformers()
+    return arch_for_config(configs[name]()).family
 
 
 def gpt2_tokenizer():
