@@ -13,6 +13,7 @@ from typing import Any
 from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
 from editscope.finite import with_reasons
+from editscope.integrity import verify_folder
 from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
@@ -76,11 +77,24 @@ def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False
 
 def run_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run directory: its ``results.jsonl``, or, where it has none, its archive (``ARCHIVE``: the rows
-    without their raw probes, :func:`editscope.run.archive.archive_run`)."""
+    without their raw probes, :func:`editscope.run.archive.archive_run`; its run.json and rows checked against the
+    folder's content digest first, :mod:`editscope.integrity`)."""
     run_dir = Path(run_dir)
     if not (run_dir / RESULTS).is_file() and (run_dir / ARCHIVE).is_file():
-        return read_results(run_dir / ARCHIVE)
+        verify_folder(run_dir, [RUN_JSON, ARCHIVE], what="run archive",
+                      hint="delete the folder (a regeneration that reads the run itself archives it again)")
+        return _read_archive(run_dir / ARCHIVE)
     return read_results(run_dir / RESULTS)
+
+
+def _read_archive(path: Path) -> list[dict[str, Any]]:
+    """An archive's rows; a file that is not gzip is one line (its digest matched, so it was written so)."""
+    import zlib
+
+    try:
+        return read_results(path)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise EditscopeError(f"{path}: not a readable gzip archive of rows ({type(exc).__name__})") from None
 
 
 def has_rows(folder: str | Path) -> bool:
