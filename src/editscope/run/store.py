@@ -27,6 +27,12 @@ TIMING_FIELDS = ("edit_seconds", "eval_seconds")
 #: fields every results row has, with their JSON types
 ROW_FIELDS: dict[str, type] = {"dataset": str, "case_id": str, "method": str, "group": int, "index": int,
                                "metrics": dict, "pre": dict, "post": dict}
+#: fields a row may lack (rows written before the field existed), with their JSON types when present
+OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "model": str, "editor": str, "method_display": str, "plugins": list, "mode": str, "group_size": int,
+    "edit_seconds": (int, float), "eval_seconds": (int, float), "edit_info": dict, "requests": list, "hparams": dict,
+    "conventions": dict, "runtime": dict, "protocol": dict, "checkpoint": bool, "edits_applied": int, "round": int,
+    "non_finite": dict}
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -121,6 +127,12 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
             if not isinstance(row[name], kind):
                 raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {kind.__name__}, got "
                                      f"{type(row[name]).__name__}; the file is damaged")
+        for name, kinds in OPTIONAL_FIELDS.items():
+            value = row.get(name)
+            if name in row and (not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool)):
+                expected = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+                raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {expected}, got "
+                                     f"{type(value).__name__}; the file is damaged")
         _check_metrics(path, line, row["metrics"])
         key = row_key(row)
         if key in seen:
