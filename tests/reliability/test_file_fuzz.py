@@ -8,7 +8,7 @@ wrong JSON types — and the code that reads the file back is run on it:
 * ``clean``: an :class:`EditscopeError` whose message is one line naming the file (never "bug: please report");
 * ``correct``: no error, and what the reader produced equals what it produces on the unaltered file (the loaded chain,
   patch, statistics, tune state or archived rows are the originals bit for bit; a resumed run's rows equal the
-  reference rows);
+  reference rows; every lm_eval row taken as done is an original row, the others are evaluated again);
 * ``traceback``: any other exception (a raw traceback on the command line), or an error message that is not one
   clean line;
 * ``silently wrong``: no error, and a result that differs.
@@ -22,6 +22,7 @@ brackets) and its deleted keys are those every row has; wrong types hit every fi
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import struct
@@ -35,8 +36,8 @@ import torch
 
 from editscope.errors import EditscopeError
 
-SEED = 20261127
-PER_TYPE = 14  # mutations sampled per file type
+SEED = int(os.environ.get("EDITSCOPE_FUZZ_SEED", "20261127"))
+PER_TYPE = int(os.environ.get("EDITSCOPE_FUZZ_N", "24"))  # mutations sampled per file type
 BUDGET, SEQ, LAYER = 256, 32, 1
 
 
@@ -62,18 +63,19 @@ def _flip(data: bytes, lo: int, hi: int, rng: random.Random) -> bytes:
 
 
 def _wrong_type(value: Any, rng: random.Random) -> Any:
-    """A value of another JSON type."""
+    """A value of another JSON type (never null: null is a legitimate value of some fields, so turning one into null
+    is a change of value, not of type)."""
     if isinstance(value, bool):
         return rng.choice(["yes", 1])
     if isinstance(value, (int, float)):
-        return rng.choice([str(value), [value], None, {"v": value}])
+        return rng.choice([str(value), [value], {"v": value}])
     if isinstance(value, str):
-        return rng.choice([1, None, [value], {"v": value}])
+        return rng.choice([1, [value], {"v": value}])
     if isinstance(value, list):
         return rng.choice([{"0": value}, "[]", 0])
     if isinstance(value, dict):
         return rng.choice([list(value), "{}", 0])
-    return 0
+    return rng.choice(["null", [None]])  # null
 
 
 def _altered(value: Any, rng: random.Random) -> Any:
@@ -176,7 +178,8 @@ def json_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
 _STRUCTURE = set(b'{}[]":,')
 
 
-def jsonl_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
+def jsonl_mutations(data: bytes, rng: random.Random, required: list[str] | None = None) -> list[tuple[str, bytes]]:
+    """``required``: the fields every row has (default: a results row's)."""
     lines = data.decode().splitlines(keepends=True)
     out = []
     for _ in range(PER_TYPE):
@@ -200,7 +203,7 @@ def jsonl_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
             row = json.loads(lines[i])
             # a field every row has (one that rows of earlier versions lack is optional: its deletion is not damage
             # a row without a digest can show); any field for a wrong type
-            top = rng.choice(sorted(ROW_FIELDS) if kind == "delete key" else sorted(row))
+            top = rng.choice(sorted(required or ROW_FIELDS) if kind == "delete key" else sorted(row))
             if kind == "delete key":
                 row.pop(top)
             else:
@@ -220,7 +223,9 @@ class Tally:
     wrong: int = 0
     bad: list[str] = field(default_factory=list)
 
-    def run(self, what: str, read: Callable[[], Any], is_correct: Callable[[Any], bool]) -> None:
+    def run(self, what: str, read: Callable[[], Any], is_correct: Callable[[Any], bool],
+            names: tuple[str, ...] = ()) -> None:
+        """One mutated file read back; ``names``: what a clean message names (the file, or its folder)."""
         self.tried += 1
         try:
             with warnings.catch_warnings():
@@ -228,7 +233,7 @@ class Tally:
                 result = read()
         except EditscopeError as exc:
             msg = str(exc)
-            if "\n" in msg or "bug: please report" in msg or not msg:
+            if "\n" in msg or "bug: please report" in msg or not msg or (names and not any(n in msg for n in names)):
                 self.traceback += 1
                 self.bad.append(f"{what}: unclean message {msg!r}")
             else:
@@ -236,7 +241,10 @@ class Tally:
             return
         except Exception as exc:  # noqa: BLE001 (what the fuzz is looking for)
             self.traceback += 1
-            self.bad.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
+            import traceback
+
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            self.bad.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]} (at {frame.filename}:{frame.lineno})")
             return
         if is_correct(result):
             self.correct += 1
@@ -259,7 +267,7 @@ def _mutate_file(path: Path, mutations: list[tuple[str, bytes]], pristine: bytes
         if data == pristine:
             continue
         path.write_bytes(data)
-        tally.run(f"{path.name} ({kind})", read, is_correct)
+        tally.run(f"{path.name} ({kind})", read, is_correct, (str(path), str(path.parent)))
         if restore is not None:
             restore()
     path.write_bytes(pristine)
@@ -423,7 +431,7 @@ def fuzz_archive(run_dir: Path, tmp: Path, rng: random.Random) -> Tally:
     path = dest / FOLDER_MANIFEST  # deletion of the whole manifest: an unsealed (earlier) archive
     pristine = path.read_bytes()
     path.unlink()
-    tally.run("digest.json (deleted)", read, lambda got: got == want)
+    tally.run("digest.json (deleted)", read, lambda got: got == want, (str(dest),))
     path.write_bytes(pristine)
     return tally
 
@@ -467,9 +475,47 @@ def fuzz_run(bundle, tmp: Path, rng: random.Random) -> tuple[Tally, Tally]:
                 continue
             fresh()
             (work / name).write_bytes(data)
-            tally.run(f"{name} ({kind})", resume, lambda got: got == want)
+            tally.run(f"{name} ({kind})", resume, lambda got: got == want, (str(work / name), str(work)))
         tallies.append(tally)
     return tallies[0], tallies[1]
+
+
+def fuzz_lm_eval(tmp: Path, rng: random.Random) -> Tally:
+    """``lm_eval.jsonl``, read by a resume's lm_eval hook: which task rows are done (the others are evaluated again).
+    Correct: every row taken as done is the original row of its key (a damaged one is evaluated again or refused)."""
+    from editscope.jsonl import append_record
+    from editscope.run.lmeval import LM_EVAL_FILE, LmEvalHook, LmEvalSpec
+
+    folder = tmp / "lm"
+    spec = LmEvalSpec(tasks=("arc_tiny", "copa_tiny"), limit=8)
+    rows = []
+    for dataset, group, method, rnd, applied in ((None, None, "none", 0, 0), ("counterfact", 0, "rome", 1, 2),
+                                                 ("counterfact", 0, "rome", 2, 4)):
+        for task in spec.tasks:
+            rows.append({"dataset": dataset, "group": group, "method": method, "round": rnd, "edits_applied": applied,
+                         "task": task, "metrics": {"acc": 0.25 + applied / 16, "acc_stderr": None}, "n_samples": 8,
+                         "limit": 8, "num_fewshot": None, "chat_template": False, "seconds": 0.5,
+                         "lm_eval_version": "0.4.9"})
+    for row in rows:
+        append_record(folder / LM_EVAL_FILE, row)
+    by_key = {LmEvalHook._key(r): r for r in rows}
+    pristine = (folder / LM_EVAL_FILE).read_bytes()
+    tally = Tally()
+
+    def read() -> list[dict]:
+        from editscope.jsonl import read_records
+
+        hook = LmEvalHook(spec, folder, every=1, batch=2)
+        present = {LmEvalHook._key(r): r for r in read_records(folder / LM_EVAL_FILE) if isinstance(r, dict)}
+        return [present.get(k) for k in hook._done]
+
+    def same(done: list[dict | None]) -> bool:  # of the keys a resume asks for, those taken as done are the originals
+        return all(r is not None and by_key[LmEvalHook._key(r)] == r for r in done
+                   if r is not None and LmEvalHook._key(r) in by_key)
+
+    required = ["dataset", "group", "method", "edits_applied", "task", "metrics"]
+    _mutate_file(folder / LM_EVAL_FILE, jsonl_mutations(pristine, rng, required), pristine, tally, read, same)
+    return tally
 
 
 def test_every_file_read_back_survives_mutation(tiny_llama, run_dir, tmp_path, monkeypatch, capsys):
@@ -482,6 +528,7 @@ def test_every_file_read_back_survives_mutation(tiny_llama, run_dir, tmp_path, m
     tallies["tune state"] = fuzz_tune(tiny_llama, tmp_path, rng)
     tallies["reproduction archive"] = fuzz_archive(run_dir, tmp_path, rng)
     tallies["run.json"], tallies["results.jsonl"] = fuzz_run(tiny_llama, tmp_path, rng)
+    tallies["lm_eval.jsonl"] = fuzz_lm_eval(tmp_path, rng)
     lines = [f"{'file type':<22} {'tried':>5} {'clean':>5} {'correct':>7} {'traceback':>9} {'silently wrong':>14}"]
     for what, t in tallies.items():
         lines.append(f"{what:<22} {t.tried:>5} {t.clean:>5} {t.correct:>7} {t.traceback:>9} {t.wrong:>14}")

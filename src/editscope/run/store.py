@@ -180,11 +180,41 @@ def write_results(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
     return atomic_write_text(path, "".join(dumps_row(r) + "\n" for r in rows))
 
 
+#: the fields of ``run.json`` (and an archived copy) with their JSON types, checked when present: a resume, merge and
+#: report read them; a run of an earlier version lacks some
+RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (str,), "config": (dict,), "config_digest": (str,), "runtime": (dict,), "model": (dict,),
+    "shard": (list,), "limit": (int, type(None)), "versions": (dict,), "started": (str, type(None)),
+    "finished": (str, type(None)), "status": (str,), "rows": (int,), "argv": (list,), "metrics": (list, dict),
+    "planned_rows": (int,), "prompt_format": (dict,), "unverified_files": (list,), "error": (str,)}
+_MODEL_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "fingerprint": (str,), "n_layers": (int,),
+                                              "device": (str,)}
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
+    """A run's ``run.json`` (or ``models.json``), checked to be an object whose known fields have their types: damage
+    is one line naming the file and the field."""
     path = Path(path)
     if not path.is_file():
         raise EditscopeError(f"not a run directory (no {path.name}): {path.parent}")
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise EditscopeError(f"{path}: not valid JSON ({exc})") from exc
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise EditscopeError(f"{path}: not valid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{path}: expected a JSON object, got {type(data).__name__}; the file is damaged")
+    if path.name == RUN_JSON:
+        _check_fields(path, "", data, RUN_FIELDS)
+        _check_fields(path, "model.", data.get("model") or {}, _MODEL_FIELDS)
+        shard = data.get("shard", [0, 1])
+        if len(shard) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in shard):
+            raise EditscopeError(f"{path}: field 'shard': expected [i, n], got {str(shard)[:40]}; the file is damaged")
+    return data
+
+
+def _check_fields(path: Path, prefix: str, data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+    for name, kinds in fields.items():
+        value = data.get(name)
+        if name in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise EditscopeError(f"{path}: field '{prefix}{name}': expected {' or '.join(k.__name__ for k in kinds)}, "
+                                 f"got {type(value).__name__}; the file is damaged")
