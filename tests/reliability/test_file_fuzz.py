@@ -351,7 +351,8 @@ def fuzz_stats(bundle, tmp: Path, rng: random.Random) -> tuple[Tally, Tally]:
     _mutate_file(path, safetensors_mutations(pristine, rng), pristine, cache, read_cache,
                  lambda got: torch.equal(got, fresh), restore=lambda: path.write_bytes(pristine))
 
-    export = export_stats(bundle.fingerprint, tmp / "export.safetensors") and tmp / "export.safetensors"
+    export = tmp / "export.safetensors"
+    export_stats(bundle.fingerprint, export)
     exported = export.read_bytes()
     imported = Tally()
 
