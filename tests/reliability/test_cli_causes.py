@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from editscope.cli import main
+from editscope.integrity import seal
 
 DELTA = "model.layers.1.mlp.down_proj.weight"
 EDIT = ["edit", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} is located in", "--subject",
@@ -55,7 +56,8 @@ def test_patch_info_on_malformed_requests_metadata(capsys, tmp_path, requests, n
     meta = {"format": "editscope-patch-1", "method": "rome", "hparams": "{}", "fingerprint": "x",
             "model_name": "tiny-llama", "checksums": json.dumps({DELTA: "c"}), "requests": requests, "info": "{}"}
     path = tmp_path / "p.safetensors"
-    save_file({DELTA: torch.zeros(4, 4)}, str(path), metadata=meta)
+    tensors = {DELTA: torch.zeros(4, 4)}
+    save_file(tensors, str(path), metadata=seal(meta, tensors))  # sealed: the checks behind the content digest
     one_line_error(capsys, ["patch", "info", str(path)], 2, str(path), "key 'requests'", needle)
 
 
@@ -69,9 +71,9 @@ def test_stats_import_with_malformed_layers_metadata(capsys, tmp_path, tiny_llam
     from editscope.stats.artefact import FORMAT
 
     path = tmp_path / "stats.safetensors"
-    save_file({"layer1.mom2": torch.zeros(128, 128), "layer1.count": torch.ones(1)}, str(path),
-              metadata={"editscope-stats": FORMAT, "fingerprint": tiny_llama.fingerprint, "mlp_size": "128",
-                        "layers": layers})
+    tensors = {"layer1.mom2": torch.zeros(128, 128), "layer1.count": torch.ones(1)}
+    save_file(tensors, str(path), metadata=seal({"editscope-stats": FORMAT, "fingerprint": tiny_llama.fingerprint,
+                                                 "mlp_size": "128", "layers": layers}, tensors))
     one_line_error(capsys, ["stats", "import", str(path), "--model", "tiny-llama"], 2, str(path),
                    "metadata 'layers'", needle)
 

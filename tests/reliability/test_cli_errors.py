@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from editscope.integrity import seal
 from editscope.paths import data_file
 
 CLI = [sys.executable, "-m", "editscope.cli"]
@@ -80,7 +81,7 @@ def _patch(tmp_path, meta_changes=None, base_shape=(64, 128), with_base=True) ->
     if with_base:
         tensors["base::" + DELTA] = torch.zeros(*base_shape)
     path = tmp_path / "p.safetensors"
-    save_file(tensors, str(path), metadata=meta)
+    save_file(tensors, str(path), metadata=seal(meta, tensors))  # sealed: the checks behind the content digest
     return str(path)
 
 

@@ -1,5 +1,6 @@
 """The statistics cache verifies what it reads: a truncated file, a file whose matrix
-holds NaN, or one whose bytes no longer match its content checksum is recomputed with a warning, never used."""
+holds NaN, one whose bytes or metadata no longer match its content digest, or one without a digest (an earlier
+editscope's) is recomputed with a warning, never used."""
 
 from __future__ import annotations
 
@@ -53,7 +54,28 @@ def test_nan_file_is_recomputed(cached):
     bad = fresh.clone()
     bad[0, 0] = float("nan")
     _rewrite(path, bad)  # keeps the old metadata, so the content checksum no longer matches
-    assert torch.equal(_read_again(bundle, "content checksum"), fresh)
+    assert torch.equal(_read_again(bundle, "tensor 'mom2' does not match the recorded content digest"), fresh)
+
+
+@pytest.mark.parametrize("key", ["count", "weights", "content_digest"])
+def test_altered_or_missing_metadata_is_recomputed(cached, key):
+    from editscope.integrity import DIGEST_KEY
+
+    bundle, path, fresh = cached
+    with safe_open(str(path), framework="pt") as fh:
+        meta = dict(fh.metadata())
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+    if key == "count":
+        tensors["count"] = tensors["count"] + 1  # the sample count: not covered by the old content checksum
+        match = "tensor 'count' does not match"
+    elif key == "weights":
+        meta["weights"] = json.dumps("p1:" + "0" * 32)
+        match = "metadata key 'weights' does not match"
+    else:
+        meta.pop(DIGEST_KEY)
+        match = "has no content digest \\(written by an earlier editscope\\); recomputing"
+    save_file(tensors, str(path), metadata=meta)
+    assert torch.equal(_read_again(bundle, match), fresh)
 
 
 def test_nan_file_with_a_matching_checksum_is_recomputed(cached):
@@ -65,7 +87,10 @@ def test_nan_file_with_a_matching_checksum_is_recomputed(cached):
     with safe_open(str(path), framework="pt") as fh:
         meta = dict(fh.metadata())
         count = fh.get_tensor("count")
+    from editscope.integrity import seal
+
     meta["content"] = json.dumps(_content_checksum(bad))
-    save_file({"mom2": bad, "count": count}, str(path), metadata=meta)
+    tensors = {"mom2": bad, "count": count}
+    save_file(tensors, str(path), metadata=seal(meta, tensors))  # past the digest: the finiteness check
     got = _read_again(bundle, "non-finite")
     assert torch.isfinite(got).all() and torch.equal(got, fresh)

@@ -80,7 +80,7 @@ def test_an_altered_checkpoint_is_refused(tmp_path):
     data = bytearray(path.read_bytes())
     data[-5] ^= 0xFF  # a byte of the last tensor
     path.write_bytes(bytes(data))
-    with pytest.raises(EditscopeError, match="does not match its recorded checksum"):
+    with pytest.raises(EditscopeError, match="does not match the recorded content digest"):
         ChainCheckpoint.load(path)
     (tmp_path / "junk").write_text("not safetensors")
     with pytest.raises(EditscopeError, match="not a readable chain checkpoint"):

@@ -98,12 +98,22 @@ def test_import_refuses_other_models_and_damage(corpus_dir, tmp_path):
         meta = fh.metadata()
     damaged = tmp_path / "damaged.safetensors"
     save_file({**tensors, "layer1.mom2": tensors["layer1.mom2"] * 1.0001}, str(damaged), metadata=meta)
-    with pytest.raises(EditscopeError, match="checksum"):
+    with pytest.raises(EditscopeError, match=r"tensor 'layer1.mom2' does not match the recorded content digest"):
         import_stats(bundle, damaged)
-    small = tmp_path / "small.safetensors"
-    save_file({**tensors, "layer1.mom2": tensors["layer1.mom2"][:4, :4].contiguous()}, str(small), metadata=meta)
+    from editscope.integrity import DIGEST_KEY, seal
+
+    small = tmp_path / "small.safetensors"  # past the digest (resealed), the shape check holds
+    changed = {**tensors, "layer1.mom2": tensors["layer1.mom2"][:4, :4].contiguous()}
+    save_file(changed, str(small), metadata=seal(meta, changed))
     with pytest.raises(EditscopeError, match="matrix"):
         import_stats(bundle, small)
+    old = tmp_path / "old.safetensors"  # exported by an earlier editscope: no digest
+    save_file(tensors, str(old), metadata={k: v for k, v in meta.items() if k != DIGEST_KEY})
+    with pytest.raises(EditscopeError, match="has no content digest.*--trust-unverified"):
+        import_stats(bundle, old)
+    written = import_stats(bundle, old, trust_unverified=True)
+    with safe_open(str(written[0]), framework="pt") as fh:
+        assert json.loads(fh.metadata()["unverified_source"]) == str(old)
     empty = tmp_path / "x.safetensors"
     empty.write_bytes(b"")
     with pytest.raises(EditscopeError, match="unreadable safetensors"):

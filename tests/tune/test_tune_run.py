@@ -101,10 +101,20 @@ def test_kill_resume_budget_and_the_tuned_yaml(tmp_path, tiny_llama):
 def test_resume_refuses_other_settings(tmp_path, tiny_llama):
     out = tmp_path / "t"
     out.mkdir()
-    (out / "tune.json").write_text(json.dumps({"digest": "other", "model_fingerprint": tiny_llama.fingerprint}))
     from editscope.errors import EditscopeError
+    from editscope.integrity import dumps_sealed
 
+    old = {"digest": "other", "model_fingerprint": tiny_llama.fingerprint}
+    (out / "tune.json").write_text(json.dumps(old))  # an earlier editscope's: no content digest
+    with pytest.raises(EditscopeError, match="tune.json: tune settings has no content digest.*--trust-unverified"):
+        Tuner(settings(out), bundle=tiny_llama, progress=False, log=lambda m: None).run()
     with pytest.raises(EditscopeError, match="holds a tune of other settings"):
+        Tuner(settings(out), bundle=tiny_llama, progress=False, log=lambda m: None, trust_unverified=True).run()
+    (out / "tune.json").write_text(dumps_sealed(old))
+    with pytest.raises(EditscopeError, match="holds a tune of other settings"):
+        Tuner(settings(out), bundle=tiny_llama, progress=False, log=lambda m: None).run()
+    (out / "tune.json").write_text(dumps_sealed(old).replace('"other"', '"othe2"'))
+    with pytest.raises(EditscopeError, match="tune.json: tune settings: key 'digest' does not match the recorded"):
         Tuner(settings(out), bundle=tiny_llama, progress=False, log=lambda m: None).run()
 
 

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from editscope.commands._device import add_device_arguments
+from editscope.commands._trust import add_trust_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     info = actions.add_parser("info", help="describe a patch file")
     info.add_argument("patch")
     info.add_argument("--json", action="store_true")
+    add_trust_argument(info, "the patch file")
     info.set_defaults(func=run_info)
     for name, helptext in (("apply", "write an edited model folder"), ("revert", "undo a patch on an edited folder")):
         # 'export': an alias of 'apply --out' under the name users of lm-evaluation-harness/vLLM look for
@@ -34,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--model", required=True, help="registry name or local HF folder")
         add_device_arguments(p)
         p.add_argument("--out", required=True, help="output folder (must not exist)")
+        add_trust_argument(p, "the patch file; recorded in the folder's editscope-patch.json")
         p.set_defaults(func=run_apply if name == "apply" else run_revert)
 
 
@@ -41,7 +44,7 @@ def run_info(args: argparse.Namespace) -> int:
     from editscope.edit import Patch
     from editscope.finite import require_finite, strict_dumps
 
-    patch = Patch.load(args.patch)
+    patch = Patch.load(args.patch, trust_unverified=args.trust_unverified)
     params = {name: {"shape": list(d.shape), "fro_norm": float(d.double().norm()),
                      "max_abs": float(d.abs().max()), "nonzero": int((d != 0).sum())}
               for name, d in sorted(patch.deltas.items())}
@@ -73,26 +76,35 @@ def _write(bundle, out: str, note: dict) -> None:
     new_dir(out, build)
 
 
-def run_apply(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace):
+    """The patch of ``args.patch`` and, when it was used unverified (``--trust-unverified`` on a file without a
+    content digest), the note's record of that."""
     from editscope.edit import Patch
+    from editscope.integrity import trusting
+
+    with trusting(args.trust_unverified) as used:
+        patch = Patch.load(args.patch)
+    return patch, ({"unverified_files": used} if used else {})
+
+
+def run_apply(args: argparse.Namespace) -> int:
     from editscope.lm import load
 
-    patch = Patch.load(args.patch)
+    patch, trusted = _load(args)
     bundle = load(args.model, device=args.device, dtype=args.dtype)
     patch.apply(bundle)
     _write(bundle, args.out, {"applied": str(args.patch), "method": patch.method, "base_model": bundle.name,
-                              "base_fingerprint": bundle.base_fingerprint, "requests": patch.requests})
+                              "base_fingerprint": bundle.base_fingerprint, "requests": patch.requests} | trusted)
     print(f"wrote edited model to {args.out}")
     return 0
 
 
 def run_revert(args: argparse.Namespace) -> int:
-    from editscope.edit import Patch
     from editscope.errors import EditscopeError
     from editscope.lm import load
     from editscope.lm.loading import fingerprint_model
 
-    patch = Patch.load(args.patch)
+    patch, trusted = _load(args)
     if not patch.bases:
         raise EditscopeError(f"{args.patch}: holds no base weights (saved without them); revert needs the original "
                              "model")
@@ -102,6 +114,6 @@ def run_revert(args: argparse.Namespace) -> int:
     if fingerprint != patch.fingerprint:
         raise EditscopeError(f"reverted weights have fingerprint {fingerprint}, not the patch's base "
                              f"{patch.fingerprint} (the folder holds other changes too)")
-    _write(bundle, args.out, {"reverted": str(args.patch), "fingerprint": fingerprint})
+    _write(bundle, args.out, {"reverted": str(args.patch), "fingerprint": fingerprint} | trusted)
     print(f"wrote reverted model to {args.out} (fingerprint {fingerprint}, equal to the original)")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "there; a block with neither keeps its text); takes no RUN_DIR")
     parser.add_argument("--runs-root", metavar="DIR", default=".",
                         help="with --reproduction: the folder the blocks' run paths are relative to (default: .)")
+    add_trust_argument(parser, "archived runs (reproduction archives); a block made from one says so")
     parser.set_defaults(func=_run)
 
 
@@ -69,6 +71,13 @@ def _reproduction(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from editscope.integrity import trusting
+
+    with trusting(args.trust_unverified):
+        return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 

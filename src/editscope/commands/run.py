@@ -6,6 +6,7 @@ import argparse
 
 from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
+from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 
@@ -37,10 +38,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--chat-template", action="store_true",
                         help="wrap prompts in the tokenizer's chat template (instruct models; as the config's "
                         "chat_template: true, part of the config digest)")
+    add_trust_argument(parser, "chain checkpoints of a resumed lifelong run; recorded in run.json's unverified_files")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from editscope.integrity import trusting
+
+    with trusting(args.trust_unverified):
+        return _run_trusting(args)
+
+
+def _run_trusting(args: argparse.Namespace) -> int:
     from editscope.run import Runner, load_config
     from editscope.run.runner import parse_shard
 

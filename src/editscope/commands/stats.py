@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from editscope.commands._device import add_device_arguments
+from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 #: the token budget's range (the hparams key ``mom2_tokens`` declares the same) and the row length's
@@ -56,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp = actions.add_parser("import", help="check an exported file against a model and cache its layers")
     imp.add_argument("file")
     imp.add_argument("--model", required=True)
+    add_trust_argument(imp, "the export file; recorded in each cache file written as unverified_source")
     add_device_arguments(imp)
     imp.set_defaults(func=run_import)
 
@@ -121,7 +123,7 @@ def run_import(args: argparse.Namespace) -> int:
     from editscope.stats.artefact import import_stats
 
     bundle = load(args.model, device=args.device, dtype=args.dtype)
-    written = import_stats(bundle, args.file)
+    written = import_stats(bundle, args.file, trust_unverified=args.trust_unverified)
     for path in written:
         print(f"cached {path}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
+from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 
@@ -64,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_runtime_arguments(parser)
+    add_trust_argument(parser, "OUT/tune.json and OUT/state.json on a rerun; recorded in tuned.yaml's provenance")
     parser.set_defaults(func=run)
 
 
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         grid=parse_grid(args.grid), dataset=args.dataset, first=args.first, eta=args.eta, max_cases=args.max_cases,
         trace_facts=args.trace_facts, trace_samples=args.trace_samples, neighbourhood=args.neighbourhood,
         seed=args.seed, runtime={k: v for k, v in runtime_settings(args).items() if v is not None})
-    result = Tuner(settings, progress=not args.no_progress).run()
+    result = Tuner(settings, progress=not args.no_progress, trust_unverified=args.trust_unverified).run()
     print(f"wall time {result.wall_seconds / 60:.1f} min; {result.evaluated} candidate evaluation(s) computed now")
     if result.chosen is None:
         print(f"no candidate chosen (see {result.out / 'report.md'})")

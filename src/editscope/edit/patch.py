@@ -14,8 +14,11 @@ the earlier patches of a sequence were applied) is an :class:`~editscope.errors.
 
 A saved patch also records a checksum of each ΔW's own bytes (metadata ``delta_checksums``) and of each base
 tensor's (the pre-edit ``checksums``): :meth:`Patch.load` refuses a file whose tensors do not match them (altered or
-corrupted bytes) or whose ΔW holds NaN/inf, naming the file and the tensor, before anything can be applied. Files
-saved before ``delta_checksums`` existed still load (their ΔW is checked for NaN/inf only).
+corrupted bytes) or whose ΔW holds NaN/inf, naming the file and the tensor, before anything can be applied. The whole
+file — every tensor and every metadata entry (``requests``, ``hparams``, ``info``...) — is covered by its content
+digest (:mod:`editscope.integrity`), checked first; a file without one (saved by an earlier editscope, or with the
+digest removed) is refused unless the caller trusts unverified files (``--trust-unverified``), and then its ΔW is still
+checked against ``delta_checksums`` where present and for NaN/inf.
 
 Applied to a :class:`Bundle`, a patch is recorded on it (:meth:`Bundle.record_apply` / ``record_revert``) so
 ``bundle.fingerprint`` names the edited weights; a patch computed on an edited bundle (sequential editing)
@@ -36,6 +39,7 @@ from torch import nn
 
 from editscope.atomic import atomic_write
 from editscope.errors import EditscopeError
+from editscope.integrity import seal, verify
 from editscope.lm.bundle import Bundle
 
 FORMAT = "editscope-patch-1"
@@ -304,12 +308,14 @@ class Patch:
         tensors = {k: v.detach().contiguous() for k, v in self.deltas.items()}
         for k, v in (self.bases or {}).items():
             tensors[BASE_PREFIX + k] = v.detach().contiguous()
-        metadata = self.metadata()
+        metadata = seal(self.metadata(), tensors)
         return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     @classmethod
-    def load(cls, path: str | Path) -> Patch:
-        """Read a patch written by :meth:`save` (safetensors only; no pickle)."""
+    def load(cls, path: str | Path, *, trust_unverified: bool | None = None) -> Patch:
+        """Read a patch written by :meth:`save` (safetensors only; no pickle). Its content digest is checked before
+        anything is read from it; a file without one is refused unless ``trust_unverified`` (None: the command's
+        ``--trust-unverified``, :func:`editscope.integrity.trusting`)."""
         path = Path(path)
         if path.is_dir():
             raise EditscopeError(f"{path}: is a folder, not a patch file")
@@ -320,7 +326,10 @@ class Patch:
                 meta = fh.metadata() or {}
                 tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open API)
         except Exception as exc:  # safetensors raises its own error types
-            raise EditscopeError(f"{path}: not a safetensors patch ({exc})") from exc
+            raise EditscopeError(f"{path}: not a safetensors patch ({exc})") from None
+        if meta.get("format") != FORMAT and "delta_checksums" not in meta and "checksums" not in meta:
+            raise EditscopeError(f"{path}: not an editscope patch (metadata format={meta.get('format')!r})")
+        verify(path, meta, tensors, what="patch", hint="save the patch again from its edit", trust=trust_unverified)
         if meta.get("format") != FORMAT:
             raise EditscopeError(f"{path}: not an editscope patch (metadata format={meta.get('format')!r})")
         deltas = {k: v for k, v in tensors.items() if not k.startswith(BASE_PREFIX)}

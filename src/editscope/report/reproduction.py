@@ -18,7 +18,9 @@ of a sequential run, the protocol lines, and the curve and retention figures, wr
 
 Run directories do not outlive the machine they ran on, so each block keeps an archive of the runs it was made from
 under ``reproduction/<block>/runs/<run name>/`` (:func:`editscope.run.archive.archive_run`: run.json and the rows
-without raw probes). A regeneration reads the runs its patterns match and, for every name none of them has, the
+without raw probes; sealed with a content digest, checked before it is read: :mod:`editscope.integrity`; one without
+a digest is refused unless ``--trust-unverified``, and a block made from such an archive says so). A regeneration
+reads the runs its patterns match and, for every name none of them has, the
 archived one; so a block grows run by run across machines, and a later run of the same name replaces its archive.
 A block with neither keeps its text."""
 
@@ -32,9 +34,10 @@ from pathlib import Path
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text
 from editscope.errors import EditscopeError
+from editscope.integrity import unverified, verify_folder
 from editscope.report.build import Analysis, analyse, png_name
 from editscope.run.archive import archive_run
-from editscope.run.store import has_rows
+from editscope.run.store import MODELS_JSON, has_rows
 from editscope.run.summary import curve_markdown
 
 START = re.compile(r"^<!-- editscope:measured (?P<args>.+?) -->\s*$")
@@ -131,8 +134,12 @@ def _archived(folder: Path, live: list[Path]) -> list[Path]:
     """The archived runs of a block (``folder``/runs/*) whose names no run in ``live`` has."""
     names = {p.name for p in live}
     runs = folder / ARCHIVE_DIR
-    return [p for p in sorted(runs.iterdir()) if p.is_dir() and p.name not in names and has_rows(p)] \
+    out = [p for p in sorted(runs.iterdir()) if p.is_dir() and p.name not in names and has_rows(p)] \
         if runs.is_dir() else []
+    for p in out:  # a models list's folder: its list of runs (each run's files are checked when its rows are read)
+        if (p / MODELS_JSON).is_file():
+            verify_folder(p, [MODELS_JSON], what="run archive", hint="delete the folder")
+    return out
 
 
 def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) -> list[str]:
@@ -151,6 +158,8 @@ def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) 
         if curve:
             lines += [f"{suite} on {dataset}, after each number of edits:", "", *curve, ""]
     notes = list(dict.fromkeys(n for ns in a.notes.values() for n in ns))
+    notes += [f"Read from an archive without a content digest, unverified (--trust-unverified): {p}"
+              for p in unverified() if Path(p).is_relative_to(figure_dir)]
     lines += [f"*{n}*  " for n in notes] + ([""] if notes else [])
     if block.options.get("figures", "curves") == "curves":
         for f in a.figures:

@@ -6,6 +6,11 @@ metrics. An archive keeps what those need (every row with ``pre``/``post`` empti
 so a page of measured tables (``editscope report --reproduction``) can be regenerated, and paired against, after
 the run directories themselves are gone. :func:`editscope.run.store.run_rows` reads an archive where a folder
 has no ``results.jsonl``.
+
+Every archive folder is sealed (:mod:`editscope.integrity`): ``digest.json`` records the digest of its ``run.json`` and
+its rows (a models list's folder: of its ``models.json``), checked before an archived run is read
+(:func:`editscope.run.store.run_rows`); an archive without one (an earlier editscope's) is refused unless
+``--trust-unverified``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 
 from editscope.atomic import atomic_write_bytes, make_dirs
 from editscope.errors import EditscopeError
+from editscope.integrity import seal_folder
 from editscope.run.store import ARCHIVE, MODELS_JSON, RUN_JSON, dumps_row, run_rows
 
 
@@ -35,6 +41,7 @@ def archive_run(run_dir: str | Path, dest: str | Path) -> list[Path]:
     if (run_dir / MODELS_JSON).is_file():
         make_dirs(dest, "folder")
         shutil.copyfile(run_dir / MODELS_JSON, dest / MODELS_JSON)
+        seal_folder(dest, [MODELS_JSON])
     for meta in sorted(run_dir.glob(f"**/{RUN_JSON}")):
         src = meta.parent
         out = dest / src.relative_to(run_dir)
@@ -42,6 +49,7 @@ def archive_run(run_dir: str | Path, dest: str | Path) -> list[Path]:
         shutil.copyfile(meta, out / RUN_JSON)
         text = "".join(dumps_row(slim_row(r)) + "\n" for r in run_rows(src))
         atomic_write_bytes(out / ARCHIVE, gzip.compress(text.encode("utf-8"), mtime=0))
+        seal_folder(out, [RUN_JSON, ARCHIVE])
         written.append(out / ARCHIVE)
     return written
 

@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 from editscope.atomic import atomic_write
 from editscope.edit.patch import Patch, exact_index, tensor_checksum, write_exact
 from editscope.errors import EditscopeError
+from editscope.integrity import seal, verify
 
 if TYPE_CHECKING:
     from editscope.lm.bundle import Bundle
@@ -82,6 +83,8 @@ class ChainCheckpoint:
     exact: dict[str, tuple[torch.Tensor, torch.Tensor]]
     state_tensors: dict[str, torch.Tensor]
     state_meta: dict[str, Any] = field(default_factory=dict)
+    #: False: read from a file without a content digest, accepted with ``--trust-unverified``
+    verified: bool = True
 
     @property
     def round(self) -> int:
@@ -109,7 +112,8 @@ class ChainCheckpoint:
         return cls(meta, deltas, exact, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, state_meta)
 
     def save(self, path: str | Path) -> Path:
-        """One safetensors file, written atomically (temp file + rename); every tensor's checksum in its metadata."""
+        """One safetensors file, written atomically (temp file + rename); every tensor's checksum in its metadata, and
+        the content digest of the whole file (tensors and metadata: :mod:`editscope.integrity`)."""
         tensors = {_DELTA + n: d for n, d in self.deltas.items()}
         for name, (index, values) in self.exact.items():
             tensors[_INDEX + name], tensors[_VALUES + name] = index, values
@@ -118,36 +122,48 @@ class ChainCheckpoint:
         metadata = {"format": FORMAT, "chain": json.dumps(self.meta, sort_keys=True),
                     "state": json.dumps(self.state_meta, sort_keys=True),
                     "checksums": json.dumps({k: tensor_checksum(v) for k, v in tensors.items()}, sort_keys=True)}
+        metadata = seal(metadata, tensors)
         return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     @classmethod
-    def load(cls, path: str | Path) -> ChainCheckpoint:
-        """Read a file :meth:`save` wrote; a foreign or altered file is a one-line error naming it."""
+    def load(cls, path: str | Path, *, trust_unverified: bool | None = None) -> ChainCheckpoint:
+        """Read a file :meth:`save` wrote; a foreign or altered file is a one-line error naming it. The content digest
+        (tensors and metadata) is checked before anything is used; a file without one (an earlier editscope's) is
+        refused unless unverified files are trusted (``trust_unverified``; None: the command's
+        ``--trust-unverified``, :func:`editscope.integrity.trusting`)."""
         path = Path(path)
+        restart = "delete it to restart the chain"
         try:
             with safe_open(str(path), framework="pt") as fh:
                 meta = fh.metadata() or {}
                 tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 -- safe_open has no __iter__
         except Exception as exc:  # safetensors raises its own error types
-            raise EditscopeError(f"{path}: not a readable chain checkpoint ({exc}); delete it to restart the chain") \
-                from None
+            raise EditscopeError(f"{path}: not a readable chain checkpoint ({exc}); {restart}") from None
+        if meta.get("format") != FORMAT and "chain" not in meta:
+            raise EditscopeError(f"{path}: not an editscope chain checkpoint (metadata format={meta.get('format')!r})")
+        verified = verify(path, meta, tensors, what="chain checkpoint", hint=restart, trust=trust_unverified)
         if meta.get("format") != FORMAT:
             raise EditscopeError(f"{path}: not an editscope chain checkpoint (metadata format={meta.get('format')!r})")
         try:
             chain, state, sums = (json.loads(meta[k]) for k in ("chain", "state", "checksums"))
         except (KeyError, ValueError) as exc:
-            raise EditscopeError(f"{path}: chain checkpoint metadata: {exc}") from None
+            raise EditscopeError(f"{path}: chain checkpoint metadata: {exc}; {restart}") from None
+        _check_fields(path, chain, state, sums)
         if set(sums) != set(tensors):
             raise EditscopeError(f"{path}: chain checkpoint: the recorded checksums name other tensors than the file "
-                                 "holds; delete it to restart the chain")
+                                 f"holds; {restart}")
         for key, tensor in sorted(tensors.items()):
             if tensor_checksum(tensor) != sums[key]:
                 raise EditscopeError(f"{path}: tensor {key!r}: content does not match its recorded checksum (the file "
-                                     "was altered or corrupted); delete it to restart the chain")
+                                     f"was altered or corrupted); {restart}")
         deltas = {k[len(_DELTA):]: v for k, v in tensors.items() if k.startswith(_DELTA)}
+        missing = [n for n in deltas if _INDEX + n not in tensors or _VALUES + n not in tensors]
+        if missing:
+            raise EditscopeError(f"{path}: chain checkpoint: tensor {_INDEX + missing[0]!r} or "
+                                 f"{_VALUES + missing[0]!r} is missing; {restart}")
         exact = {n: (tensors[_INDEX + n], tensors[_VALUES + n]) for n in deltas}
         state_tensors = {k[len(_STATE):]: v for k, v in tensors.items() if k.startswith(_STATE)}
-        return cls(chain, deltas, exact, state_tensors, state)
+        return cls(chain, deltas, exact, state_tensors, state, verified)
 
     def patch(self, bundle: Bundle) -> Patch:
         """The folded ΔW as a patch on the loaded weights of ``bundle`` (its pre-edit checksums are the file's)."""
@@ -168,9 +184,30 @@ class ChainCheckpoint:
                 write_exact(params[name], index, values)
         for name, checksum in self.meta["edited_checksums"].items():
             if tensor_checksum(params[name]) != checksum:
+                why = "bug: please report" if self.verified else "the file was used unverified"
                 raise EditscopeError(f"{where}: parameter {name!r} does not hold the checkpointed value after "
-                                     "restoring (bug: please report); delete the file to restart the chain")
+                                     f"restoring ({why}); delete the file to restart the chain")
         return patch
+
+
+#: the progress fields a resume reads from a checkpoint's ``chain`` metadata, with their JSON types
+_CHAIN_FIELDS: dict[str, type | tuple[type, ...]] = {"round": int, "edits_applied": int, "rounds": list,
+                                                     "templates": list, "base_checksums": dict,
+                                                     "edited_checksums": dict}
+
+
+def _check_fields(path: Path, chain: Any, state: Any, sums: Any) -> None:
+    """The metadata's JSON has the shapes a resume reads (reached only by a file accepted unverified, or one written
+    by a bug: a sealed file holds what :meth:`ChainCheckpoint.save` wrote): one line naming the field otherwise."""
+    where = f"{path}: chain checkpoint metadata"
+    for name, value in (("chain", chain), ("state", state), ("checksums", sums)):
+        if not isinstance(value, dict):
+            raise EditscopeError(f"{where}: {name!r}: expected an object, got {type(value).__name__}; delete the file "
+                                 "to restart the chain")
+    for name, kind in _CHAIN_FIELDS.items():
+        if name in chain and (not isinstance(chain[name], kind) or isinstance(chain[name], bool)):
+            raise EditscopeError(f"{where}: field {name!r}: expected {getattr(kind, '__name__', kind)}, got "
+                                 f"{type(chain[name]).__name__}; delete the file to restart the chain")
 
 
 def templates_to_json(cache: dict) -> list[list[Any]]:

@@ -250,6 +250,37 @@ def mark_failed(out_dir: str | Path, message: str) -> None:
     atomic_write_text(path, strict_dumps(meta, str(path), indent=2, default=str) + "\n")
 
 
+#: the fields of an ``lm_eval.jsonl`` row (None where the type tuple allows it); ``True``: every row has it
+_ROW: dict[str, tuple[tuple[type, ...], bool]] = {
+    "dataset": ((str, type(None)), True), "group": ((int, type(None)), True), "method": ((str,), True),
+    "edits_applied": ((int,), True), "task": ((str,), True), "metrics": ((dict,), True), "round": ((int,), False),
+    "n_samples": ((int, type(None)), False), "limit": ((int, type(None)), False),
+    "num_fewshot": ((int, type(None)), False), "chat_template": ((bool,), False), "seconds": ((int, float), False),
+    "lm_eval_version": ((str, type(None)), False)}
+
+
+def check_row(path: Path, line: int, row: Any) -> dict[str, Any]:
+    """An ``lm_eval.jsonl`` row as the hook wrote it, or one line naming ``file:line N`` and the field: a row that
+    only looks done (its key intact, its metrics not numbers) would never be evaluated again."""
+    where = f"{path}:line {line}"
+    if not isinstance(row, dict):
+        raise EditscopeError(f"{where}: not a JSON object; the file is damaged")
+    for name, (kinds, required) in _ROW.items():
+        if name not in row:
+            if required:
+                raise EditscopeError(f"{where}: field {name!r} is missing; the file is damaged")
+            continue
+        value = row[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise EditscopeError(f"{where}: field {name!r}: expected {' or '.join(k.__name__ for k in kinds)}, got "
+                                 f"{type(value).__name__}; the file is damaged")
+    for name, value in row["metrics"].items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise EditscopeError(f"{where}: field 'metrics.{name}': expected a number or null, got "
+                                 f"{type(value).__name__}; the file is damaged")
+    return row
+
+
 class LmEvalHook:
     """Runs a run's ``lm_eval`` tasks on the model at the chain checkpoints it names; see the module docstring.
 
@@ -267,7 +298,7 @@ class LmEvalHook:
         self.chat_template = chat_template
         self.log = log
         self._manager = None
-        self._done = {self._key(row) for _, row in read_lines(self.path, repair=True) if isinstance(row, dict)}
+        self._done = {self._key(check_row(self.path, line, row)) for line, row in read_lines(self.path, repair=True)}
 
     @staticmethod
     def _key(row: dict[str, Any]) -> tuple:

@@ -49,6 +49,7 @@ from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
 from editscope.finite import REASONS_KEY
+from editscope.integrity import unverified
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.progress import listening
@@ -299,6 +300,7 @@ class Runner:
             "argv": sys.argv,
             "metrics": declarations_to_json(self._declared),
         } | ({"prompt_format": self._prompt_format} if self._prompt_format else {}) | (
+            {"unverified_files": unverified()} if unverified() else {}) | (
             {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {})
 
     def _check_existing(self) -> str | None:

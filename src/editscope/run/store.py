@@ -13,6 +13,7 @@ from typing import Any
 from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
 from editscope.finite import with_reasons
+from editscope.integrity import verify_folder
 from editscope.jsonl import JsonlWriter, read_lines
 
 RESULTS = "results.jsonl"
@@ -26,6 +27,12 @@ TIMING_FIELDS = ("edit_seconds", "eval_seconds")
 #: fields every results row has, with their JSON types
 ROW_FIELDS: dict[str, type] = {"dataset": str, "case_id": str, "method": str, "group": int, "index": int,
                                "metrics": dict, "pre": dict, "post": dict}
+#: fields a row may lack (rows written before the field existed), with their JSON types when present
+OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "model": str, "editor": str, "method_display": str, "plugins": list, "mode": str, "group_size": int,
+    "edit_seconds": (int, float), "eval_seconds": (int, float), "edit_info": dict, "requests": list, "hparams": dict,
+    "conventions": dict, "runtime": dict, "protocol": dict, "checkpoint": bool, "edits_applied": int, "round": int,
+    "non_finite": dict}
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -76,11 +83,24 @@ def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False
 
 def run_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run directory: its ``results.jsonl``, or, where it has none, its archive (``ARCHIVE``: the rows
-    without their raw probes, :func:`editscope.run.archive.archive_run`)."""
+    without their raw probes, :func:`editscope.run.archive.archive_run`; its run.json and rows checked against the
+    folder's content digest first, :mod:`editscope.integrity`)."""
     run_dir = Path(run_dir)
     if not (run_dir / RESULTS).is_file() and (run_dir / ARCHIVE).is_file():
-        return read_results(run_dir / ARCHIVE)
+        verify_folder(run_dir, [RUN_JSON, ARCHIVE], what="run archive",
+                      hint="delete the folder (a regeneration that reads the run itself archives it again)")
+        return _read_archive(run_dir / ARCHIVE)
     return read_results(run_dir / RESULTS)
+
+
+def _read_archive(path: Path) -> list[dict[str, Any]]:
+    """An archive's rows; a file that is not gzip is one line (its digest matched, so it was written so)."""
+    import zlib
+
+    try:
+        return read_results(path)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise EditscopeError(f"{path}: not a readable gzip archive of rows ({type(exc).__name__})") from None
 
 
 def has_rows(folder: str | Path) -> bool:
@@ -107,6 +127,12 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
             if not isinstance(row[name], kind):
                 raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {kind.__name__}, got "
                                      f"{type(row[name]).__name__}; the file is damaged")
+        for name, kinds in OPTIONAL_FIELDS.items():
+            value = row.get(name)
+            if name in row and (not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool)):
+                expected = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+                raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {expected}, got "
+                                     f"{type(value).__name__}; the file is damaged")
         _check_metrics(path, line, row["metrics"])
         key = row_key(row)
         if key in seen:
@@ -154,11 +180,41 @@ def write_results(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
     return atomic_write_text(path, "".join(dumps_row(r) + "\n" for r in rows))
 
 
+#: the fields of ``run.json`` (and an archived copy) with their JSON types, checked when present: a resume, merge and
+#: report read them; a run of an earlier version lacks some
+RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (str,), "config": (dict,), "config_digest": (str,), "runtime": (dict,), "model": (dict,),
+    "shard": (list,), "limit": (int, type(None)), "versions": (dict,), "started": (str, type(None)),
+    "finished": (str, type(None)), "status": (str,), "rows": (int,), "argv": (list,), "metrics": (list, dict),
+    "planned_rows": (int,), "prompt_format": (dict,), "unverified_files": (list,), "error": (str,)}
+_MODEL_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "fingerprint": (str,), "n_layers": (int,),
+                                              "device": (str,)}
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
+    """A run's ``run.json`` (or ``models.json``), checked to be an object whose known fields have their types: damage
+    is one line naming the file and the field."""
     path = Path(path)
     if not path.is_file():
         raise EditscopeError(f"not a run directory (no {path.name}): {path.parent}")
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise EditscopeError(f"{path}: not valid JSON ({exc})") from exc
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise EditscopeError(f"{path}: not valid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{path}: expected a JSON object, got {type(data).__name__}; the file is damaged")
+    if path.name == RUN_JSON:
+        _check_fields(path, "", data, RUN_FIELDS)
+        _check_fields(path, "model.", data.get("model") or {}, _MODEL_FIELDS)
+        shard = data.get("shard", [0, 1])
+        if len(shard) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in shard):
+            raise EditscopeError(f"{path}: field 'shard': expected [i, n], got {str(shard)[:40]}; the file is damaged")
+    return data
+
+
+def _check_fields(path: Path, prefix: str, data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+    for name, kinds in fields.items():
+        value = data.get(name)
+        if name in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise EditscopeError(f"{path}: field '{prefix}{name}': expected {' or '.join(k.__name__ for k in kinds)}, "
+                                 f"got {type(value).__name__}; the file is damaged")

@@ -4,9 +4,12 @@ The cache itself is :mod:`editscope.stats.second_moment`'s (``cache_file``: one 
 corpus digest, token budget, row length and layer; metadata with the weights checksum and a content checksum).
 An export file holds, per layer L, the tensors ``layer{L}.mom2`` and ``layer{L}.count`` and in its metadata
 ``editscope-stats`` (format version), ``fingerprint``, ``mlp_size`` and ``layers`` (JSON: per layer the cache
-file's own metadata). Import checks the file against the loaded model — same fingerprint, [mlp, mlp] matrices,
-the weights checksum each layer was computed under equal to the model's, content checksums, finite values —
-and writes each layer into the cache through the same ``_save`` as a computed one, so the next edit reads it.
+file's own metadata), and the content digest of all of it (:mod:`editscope.integrity`: checked before anything is
+imported; a file without one, exported by an earlier editscope, is refused unless ``--trust-unverified``, and the
+cache files it fills record where they came from). Import checks the file against the loaded model — same
+fingerprint, [mlp, mlp] matrices, the weights checksum each layer was computed under equal to the model's, content
+checksums, finite values — and writes each layer into the cache through the same ``_save`` as a computed one, so
+the next edit reads it.
 A corpus may be text files, a folder of ``.txt`` files, or one field of a JSONL file (extracted once to a text
 file under ``home()/corpora`` named by its content digest, so the corpus digest is a function of the text).
 """
@@ -26,6 +29,7 @@ from safetensors.torch import save_file
 from editscope.atomic import atomic_write
 from editscope.data.corpus import Corpus
 from editscope.errors import EditscopeError
+from editscope.integrity import DIGEST_KEY, IntegrityError, seal, verify
 from editscope.lm.bundle import Bundle
 from editscope.paths import home
 from editscope.stats.second_moment import (
@@ -157,19 +161,28 @@ def export_stats(fingerprint: str, out: str | Path, *, layers: Sequence[int] | N
     per_layer: dict[str, dict] = {}
     for stat in chosen:
         with safe_open(stat.path, framework="pt") as fh:
-            tensors[f"layer{stat.layer}.mom2"] = fh.get_tensor("mom2").contiguous()
-            tensors[f"layer{stat.layer}.count"] = fh.get_tensor("count")
-        per_layer[str(stat.layer)] = _meta(Path(stat.path))
+            meta = fh.metadata() or {}
+            layer = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        try:  # a cache file is exported only as it was computed
+            verify(stat.path, meta, layer, what="layer statistics", hint="", trust=False)
+        except IntegrityError as exc:
+            raise EditscopeError(f"{str(exc).removesuffix('; not using it')}; 'editscope stats compute' recomputes "
+                                 "it") from None
+        tensors[f"layer{stat.layer}.mom2"] = layer["mom2"].contiguous()
+        tensors[f"layer{stat.layer}.count"] = layer["count"]
+        per_layer[str(stat.layer)] = {k: v for k, v in _meta(Path(stat.path)).items() if k != DIGEST_KEY}
     dim = next(iter(tensors.values())).shape[0]
-    metadata = {"editscope-stats": FORMAT, "fingerprint": fingerprint, "mlp_size": str(dim),
-                "layers": json.dumps(per_layer)}
+    metadata = seal({"editscope-stats": FORMAT, "fingerprint": fingerprint, "mlp_size": str(dim),
+                     "layers": json.dumps(per_layer)}, tensors)
     out = Path(out)
     atomic_write(out, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
     return chosen
 
 
-def import_stats(bundle: Bundle, path: str | Path) -> list[Path]:
-    """Validate an export file against ``bundle`` and write its layers into the cache; returns the cache files."""
+def import_stats(bundle: Bundle, path: str | Path, *, trust_unverified: bool | None = None) -> list[Path]:
+    """Validate an export file against ``bundle`` and write its layers into the cache; returns the cache files.
+    The file's content digest is checked first; one without a digest is refused unless ``trust_unverified`` (None:
+    the command's ``--trust-unverified``), and then each cache file written records ``unverified_source``."""
     path = Path(path)
     if not path.is_file():
         raise EditscopeError(f"{path}: file not found")
@@ -177,12 +190,18 @@ def import_stats(bundle: Bundle, path: str | Path) -> list[Path]:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types on a damaged file)
+        raise EditscopeError(f"{path}: unreadable safetensors file ({type(exc).__name__})") from None
+    if "editscope-stats" not in meta and "layers" not in meta:
+        raise EditscopeError(f"{path}: not an editscope statistics export (format {meta.get('editscope-stats')!r})")
+    verified = verify(path, meta, tensors, what="statistics export", hint="export it again with 'editscope stats "
+                      "export'", trust=trust_unverified)
+    provenance = {} if verified else {"unverified_source": str(path)}
+    try:
         per_layer = json.loads(meta["layers"])
     except (KeyError, ValueError) as exc:
         raise EditscopeError(f"{path}: not an editscope statistics export ({type(exc).__name__}: "
                              f"{str(exc)[:80]})") from None
-    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types on a damaged file)
-        raise EditscopeError(f"{path}: unreadable safetensors file ({type(exc).__name__})") from None
     if meta.get("editscope-stats") != FORMAT:
         raise EditscopeError(f"{path}: not an editscope statistics export (format {meta.get('editscope-stats')!r})")
     if meta.get("fingerprint") != bundle.fingerprint:
@@ -207,7 +226,10 @@ def import_stats(bundle: Bundle, path: str | Path) -> list[Path]:
             raise EditscopeError(f"{where}: computed for other weights than {bundle.name}'s (weights checksum)")
         target = cache_file(bundle.fingerprint, layer, str(layer_meta["corpus"]), int(layer_meta["token_budget"]),
                             int(layer_meta["seq_len"]))
-        _save(target, mom2, int(count[0]), {k: v for k, v in layer_meta.items() if k != "content"})
+        if count.dtype.is_floating_point or count.dtype == torch.bool or int(count[0]) < 1:
+            raise EditscopeError(f"{where}: tensor layer{layer}.count: expected a positive integer count")
+        _save(target, mom2, int(count[0]), {k: v for k, v in layer_meta.items() if k not in ("content", DIGEST_KEY)}
+              | provenance)
         written.append(target)
     return written
 

@@ -26,8 +26,9 @@ it, each parameter's digest computed once per process and again only after an in
 every read: a mismatch recomputes and overwrites the file with a
 warning. The limit: such a change is caught when the cache is read, so until then the file under the unedited
 fingerprint may hold values of the changed weights (never served for other weights).
-A file that is unreadable (truncated), fails its own content checksum, has the wrong shape or holds
-non-finite values is recomputed the same way. Files are written atomically (temp file + rename).
+A file that is unreadable (truncated), fails its content digest (every tensor and metadata entry:
+:mod:`editscope.integrity`), has none (written by an earlier editscope), has the wrong shape or holds non-finite values
+is recomputed the same way, with a warning line that says so. Files are written atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from tqdm import tqdm
 from editscope.atomic import atomic_write, file_lock
 from editscope.data.corpus import Corpus
 from editscope.errors import EditscopeError
+from editscope.integrity import DIGEST_KEY, IntegrityError, seal, verify
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks
@@ -158,11 +160,22 @@ def _read_cached(path: Path, checksum: str, dim: int,
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
-            mom2 = fh.get_tensor("mom2")
-            count = int(fh.get_tensor("count")[0])
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except Exception as exc:  # safetensors raises its own types on a damaged file
+        return None, f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+    if DIGEST_KEY not in meta:
+        return None, "has no content digest (written by an earlier editscope)"
+    try:
+        verify(path, meta, tensors, what="layer statistics", hint="", trust=False)
+    except IntegrityError as exc:
+        detail = str(exc).removeprefix(f"{path}: layer statistics: ").removesuffix("; not using it")
+        return None, f"is damaged: {detail}"
+    try:
+        mom2 = tensors["mom2"]
+        count = int(tensors["count"][0])
         weights = json.loads(meta["weights"]) if "weights" in meta else None
         content = json.loads(meta["content"]) if "content" in meta else None
-    except Exception as exc:  # safetensors/json raise their own types on a damaged file
+    except Exception as exc:  # noqa: BLE001 (a sealed file of another shape: recomputed)
         return None, f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
     if weights is None:
         return None, "has no weights checksum (older cache)"
@@ -184,8 +197,9 @@ def _read_cached(path: Path, checksum: str, dim: int,
 
 def _save(path: Path, mom2: torch.Tensor, count: int, meta: dict) -> None:
     mom2 = mom2.contiguous()
-    metadata = {k: json.dumps(v) for k, v in {**meta, "content": _content_checksum(mom2)}.items()}
+    metadata = {k: json.dumps(v) for k, v in {**meta, "content": _content_checksum(mom2)}.items() if k != DIGEST_KEY}
     tensors = {"mom2": mom2, "count": torch.tensor([count], dtype=torch.int64)}
+    metadata = seal(metadata, tensors)
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 

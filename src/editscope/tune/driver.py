@@ -5,6 +5,7 @@ Layout of the output directory (everything resumable: a rerun skips what is done
 
     OUT/tune.json              the search's settings, candidates and validation slice (a rerun must match them)
     OUT/state.json             wall seconds spent so far, rung results (rewritten atomically)
+                               (both sealed with a content digest, checked on a rerun: :mod:`editscope.integrity`)
     OUT/layer_curve.jsonl      traced facts of the layer curve (one line per fact; resumed)
     OUT/candidates/<id>/       one ordinary run directory per candidate (run.json, results.jsonl, summary.*)
     OUT/reference/             the editor alone (base hparams, no plug-ins) on the same cases, when the objective's
@@ -30,6 +31,7 @@ import yaml
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.finite import nulled
+from editscope.integrity import dumps_sealed, read_json, trusting, unverified
 from editscope.tune.search import (
     OBJECTIVES,
     CandidateScore,
@@ -94,15 +96,17 @@ class TuneResult:
     reference: dict[int, CandidateScore] = field(default_factory=dict)  # the editor alone per rung (cases -> score)
 
 
-def _json(data: Any) -> str:
-    return json.dumps(data, indent=1, default=list, allow_nan=False) + "\n"
+def _sealed(data: dict[str, Any]) -> str:
+    """``data`` as JSON with its content digest (:mod:`editscope.integrity`), so a rerun refuses an altered file."""
+    return dumps_sealed(json.loads(json.dumps(nulled(data)[0], default=list, allow_nan=False)), indent=1)
 
 
 class Tuner:
     """One search (see the module docstring). ``bundle`` reuses a loaded model; ``log`` receives progress lines."""
 
     def __init__(self, settings: TuneSettings, *, bundle: Any = None, progress: bool = True,
-                 log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 trust_unverified: bool = False) -> None:
         if settings.dataset not in TARGETS:
             raise EditscopeError(f"--dataset {settings.dataset!r}: tune scores {', '.join(TARGETS)}")
         self.s = settings
@@ -115,6 +119,8 @@ class Tuner:
         self.objective = OBJECTIVES[objective]
         self.evaluated = 0
         self.reference: dict[int, CandidateScore] = {}
+        #: accept tune.json / state.json written without a content digest (recorded in the provenance)
+        self.trust_unverified = trust_unverified
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -190,14 +196,15 @@ class Tuner:
                 "candidates": {c.id: c.to_dict() for c in cands}, "validation": slice_}
         path = self.out / TUNE_JSON
         if path.is_file():
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = read_json(path, what="tune settings", hint="delete it to write it again from these settings (the "
+                            "candidates' runs check their own configs)")
             if old.get("digest") != meta["digest"] or old.get("model_fingerprint") != meta["model_fingerprint"]:
                 raise EditscopeError(f"{self.out} holds a tune of other settings or another model; use another "
                                      "--out or the same settings")
             if old.get("candidates") != meta["candidates"]:
                 raise EditscopeError(f"{self.out} holds a tune with other candidates (the layer curve or the "
                                      "declared grids changed); use another --out")
-        atomic_write_text(path, _json(nulled(meta)[0]))
+        atomic_write_text(path, _sealed(meta))
 
     def _prepare(self, cands: list[Candidate]) -> float:
         """Run the editor's declared preparation (MEND: training to every candidate's ``steps``) for the
@@ -293,13 +300,25 @@ class Tuner:
         from editscope.run.store import run_lock
 
         self.out.mkdir(parents=True, exist_ok=True)
-        with run_lock(self.out):
+        with run_lock(self.out), trusting(self.trust_unverified):
             return self._run()
+
+    def _state(self, path: Path) -> dict[str, Any]:
+        """``state.json`` (checked; {} when there is none yet)."""
+        if not path.is_file():
+            return {}
+        state = read_json(path, what="tune state", hint="delete it to count the budget from zero (the candidates' rows "
+                          "are kept)")
+        wall = state.get("wall_seconds", 0.0)
+        if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not 0 <= wall < float("inf"):
+            raise EditscopeError(f"{path}: field 'wall_seconds': expected a number >= 0, got {wall!r:.40}; delete "
+                                 "it to count the budget from zero")
+        return state
 
     def _run(self) -> TuneResult:
         self._load()
         state_path = self.out / STATE_JSON
-        state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
+        state = self._state(state_path)
         before = float(state.get("wall_seconds", 0.0))
         t0 = self.clock()
 
@@ -350,7 +369,7 @@ class Tuner:
                              for n, scores in result.rungs]
         if self.reference:
             data["reference"] = {str(n): s.to_dict() for n, s in sorted(self.reference.items())}
-        atomic_write_text(path, _json(nulled(data)[0]))
+        atomic_write_text(path, _sealed(data))
 
     def _write_yaml(self, chosen: Candidate, result: HalvingResult, slice_: dict, grids: dict[str, tuple],
                     layer_why: dict, wall: float, sizes: list[int]) -> Path:
@@ -387,7 +406,7 @@ class Tuner:
             "chosen": {"id": chosen.id, "label": chosen.label(), **chosen.to_dict()},
             "candidates": [{"id": cid, "label": by_id[cid].label(), "scores": rows} for cid, rows in scores.items()],
             "wall_seconds": round(wall, 1),
-        }
+        } | ({"unverified_files": unverified()} if unverified() else {})
         head = (f"# {self.editor.display(self.plugins)} on {self.bundle.name}, chosen by editscope tune "
                 f"({chosen.label()}).\n# Where these values came from: the provenance block below (DESIGN rule 13).\n")
         text = head + yaml.safe_dump(nulled(values)[0], sort_keys=False, default_flow_style=None, width=120) + \

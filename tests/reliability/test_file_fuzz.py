@@ -1,0 +1,541 @@
+"""Every file editscope reads back, mutated: the reader (resume, apply, import, tune rerun, report) ends in the
+correct result or one clean line.
+
+Per file type a genuine file is written by editscope itself (tiny-llama), then a seeded sample of mutations is applied
+to a fresh copy — byte flips in tensor data and in metadata/header bytes, truncation, deleted keys, torn last lines,
+wrong JSON types — and the code that reads the file back is run on it:
+
+* ``clean``: an :class:`EditscopeError` whose message is one line naming the file (never "bug: please report");
+* ``correct``: no error, and what the reader produced equals what it produces on the unaltered file (the loaded chain,
+  patch, statistics, tune state or archived rows are the originals bit for bit; a resumed run's rows equal the
+  reference rows; every lm_eval row taken as done is an original row, the others are evaluated again);
+* ``traceback``: any other exception (a raw traceback on the command line), or an error message that is not one
+  clean line;
+* ``silently wrong``: no error, and a result that differs.
+
+The counts per file type are printed (``pytest -s`` shows them); the test asserts 0 tracebacks and 0 silently wrong.
+Rows (``results.jsonl``) carry no digest of their own: a flipped digit inside a stored number, or a field that rows of
+earlier versions lack deleted, is undetectable in that file, so its byte flips hit its structure (keys, quotes,
+brackets) and its deleted keys are those every row has; wrong types hit every field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import struct
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from editscope.errors import EditscopeError
+
+SEED = int(os.environ.get("EDITSCOPE_FUZZ_SEED", "20261127"))
+PER_TYPE = int(os.environ.get("EDITSCOPE_FUZZ_N", "24"))  # mutations sampled per file type
+BUDGET, SEQ, LAYER = 256, 32, 1
+
+
+# -- mutations ------------------------------------------------------------------------------------------------------
+def _st_split(data: bytes) -> tuple[dict, bytes]:
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def _st_join(header: dict, body: bytes) -> bytes:
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + body
+
+
+def _flip(data: bytes, lo: int, hi: int, rng: random.Random) -> bytes:
+    if hi <= lo:
+        return data
+    i = rng.randrange(lo, hi)
+    out = bytearray(data)
+    out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+def _wrong_type(value: Any, rng: random.Random) -> Any:
+    """A value of another JSON type (never null: null is a legitimate value of some fields, so turning one into null
+    is a change of value, not of type)."""
+    if isinstance(value, bool):
+        return rng.choice(["yes", 1])
+    if isinstance(value, (int, float)):
+        return rng.choice([str(value), [value], {"v": value}])
+    if isinstance(value, str):
+        return rng.choice([1, [value], {"v": value}])
+    if isinstance(value, list):
+        return rng.choice([{"0": value}, "[]", 0])
+    if isinstance(value, dict):
+        return rng.choice([list(value), "{}", 0])
+    return rng.choice(["null", [None]])  # null
+
+
+def _altered(value: Any, rng: random.Random) -> Any:
+    """A value of the same type, changed (what a byte flip inside a value does)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + rng.choice([-1, 1])
+    if isinstance(value, float):
+        return value * 1.5 + 1.0
+    if isinstance(value, str):
+        return value[:-1] + ("x" if not value.endswith("x") else "y")
+    if isinstance(value, list):
+        return value[:-1] if value else [0]
+    if isinstance(value, dict):
+        return dict(list(value.items())[:-1]) if value else {"x": 0}
+    return 1
+
+
+def _nested_edit(obj: Any, rng: random.Random, delete: bool, alter: bool = False) -> Any:
+    """``obj`` with one randomly chosen key (at any depth) deleted, given a wrong-typed value, or (``alter``) a value
+    of the same type changed."""
+    paths: list[tuple] = []
+
+    def walk(node: Any, path: tuple) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                paths.append(path + (k,))
+                walk(v, path + (k,))
+        elif isinstance(node, list):
+            for i, v in enumerate(node[:3]):
+                walk(v, path + (i,))
+
+    walk(obj, ())
+    if not paths:
+        return _altered(obj, rng) if alter else _wrong_type(obj, rng)
+    target = rng.choice(paths)
+    obj = json.loads(json.dumps(obj))
+    node = obj
+    for k in target[:-1]:
+        node = node[k]
+    if delete:
+        del node[target[-1]]
+    else:
+        node[target[-1]] = (_altered if alter else _wrong_type)(node[target[-1]], rng)
+    return obj
+
+
+def safetensors_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
+    header, body = _st_split(data)
+    n = 8 + struct.unpack("<Q", data[:8])[0]
+    meta = header.get("__metadata__", {})
+    out = []
+    for _ in range(PER_TYPE):
+        kind = rng.choice(["flip tensor byte", "flip header byte", "truncate", "delete metadata key",
+                           "wrong type in metadata", "altered value in metadata", "delete tensor"])
+        if kind == "flip tensor byte":
+            out.append((kind, _flip(data, n, len(data), rng)))
+        elif kind == "flip header byte":
+            out.append((kind, _flip(data, 0, n, rng)))
+        elif kind == "truncate":
+            out.append((kind, data[:rng.randrange(0, len(data))]))
+        elif kind == "delete metadata key" and meta:
+            h = json.loads(json.dumps(header))
+            del h["__metadata__"][rng.choice(sorted(meta))]
+            out.append((kind, _st_join(h, body)))
+        elif kind in ("wrong type in metadata", "altered value in metadata") and meta:
+            h = json.loads(json.dumps(header))
+            key = rng.choice(sorted(meta))
+            try:
+                value = json.loads(meta[key])
+                h["__metadata__"][key] = json.dumps(_nested_edit(value, rng, delete=rng.random() < 0.3,
+                                                                 alter=kind.startswith("altered")))
+            except ValueError:
+                h["__metadata__"][key] = meta[key][:-1]
+            out.append((kind, _st_join(h, body)))
+        else:
+            h = json.loads(json.dumps(header))
+            names = [k for k in h if k != "__metadata__"]
+            del h[rng.choice(names)]
+            out.append(("delete tensor", _st_join(h, body)))
+    return out
+
+
+def json_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
+    obj = json.loads(data)
+    out = []
+    for _ in range(PER_TYPE):
+        kind = rng.choice(["flip byte", "truncate", "delete key", "wrong type", "altered value"])
+        if kind == "flip byte":
+            out.append((kind, _flip(data, 0, len(data), rng)))
+        elif kind == "truncate":
+            out.append((kind, data[:rng.randrange(0, len(data))]))
+        else:
+            edited = _nested_edit(obj, rng, delete=kind == "delete key", alter=kind == "altered value")
+            out.append((kind, json.dumps(edited, indent=1).encode()))
+    return out
+
+
+_STRUCTURE = set(b'{}[]":,')
+
+
+def jsonl_mutations(data: bytes, rng: random.Random, required: list[str] | None = None) -> list[tuple[str, bytes]]:
+    """``required``: the fields every row has (default: a results row's)."""
+    lines = data.decode().splitlines(keepends=True)
+    out = []
+    for _ in range(PER_TYPE):
+        kind = rng.choice(["flip structure byte", "truncate", "torn last line", "delete key", "wrong type",
+                           "delete line"])
+        i = rng.randrange(len(lines))
+        if kind == "flip structure byte":
+            spots = [j for j, b in enumerate(data) if b in _STRUCTURE]
+            j = rng.choice(spots)
+            out.append((kind, data[:j] + bytes([data[j] ^ 1 << rng.randrange(8)]) + data[j + 1:]))
+        elif kind == "truncate":
+            out.append((kind, data[:rng.randrange(0, len(data))]))
+        elif kind == "torn last line":
+            last = lines[-1].encode()
+            out.append((kind, "".join(lines[:-1]).encode() + last[:rng.randrange(1, len(last) - 1)]))
+        elif kind == "delete line":
+            out.append((kind, "".join(lines[:i] + lines[i + 1:]).encode()))
+        else:
+            from editscope.run.store import ROW_FIELDS
+
+            row = json.loads(lines[i])
+            # a field every row has (one that rows of earlier versions lack is optional: its deletion is not damage
+            # a row without a digest can show); any field for a wrong type
+            top = rng.choice(sorted(required or ROW_FIELDS) if kind == "delete key" else sorted(row))
+            if kind == "delete key":
+                row.pop(top)
+            else:
+                row[top] = _wrong_type(row[top], rng)
+            kind += f" {top!r}"
+            out.append((kind, "".join(lines[:i] + [json.dumps(row) + "\n"] + lines[i + 1:]).encode()))
+    return out
+
+
+# -- the tally ------------------------------------------------------------------------------------------------------
+@dataclass
+class Tally:
+    tried: int = 0
+    clean: int = 0
+    correct: int = 0
+    traceback: int = 0
+    wrong: int = 0
+    bad: list[str] = field(default_factory=list)
+
+    def run(self, what: str, read: Callable[[], Any], is_correct: Callable[[Any], bool],
+            names: tuple[str, ...] = ()) -> None:
+        """One mutated file read back; ``names``: what a clean message names (the file, or its folder)."""
+        self.tried += 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the statistics cache says "recomputing" as a warning
+                result = read()
+        except EditscopeError as exc:
+            msg = str(exc)
+            if "\n" in msg or "bug: please report" in msg or not msg or (names and not any(n in msg for n in names)):
+                self.traceback += 1
+                self.bad.append(f"{what}: unclean message {msg!r}")
+            else:
+                self.clean += 1
+            return
+        except Exception as exc:  # noqa: BLE001 (what the fuzz is looking for)
+            self.traceback += 1
+            import traceback
+
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            self.bad.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]} (at {frame.filename}:{frame.lineno})")
+            return
+        if is_correct(result):
+            self.correct += 1
+        else:
+            self.wrong += 1
+            self.bad.append(f"{what}: silently wrong")
+
+
+def _equal_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(x.dtype == b[k].dtype and x.shape == b[k].shape and
+                                        torch.equal(x.view(torch.uint8) if x.numel() else x,
+                                                    b[k].view(torch.uint8) if x.numel() else b[k])
+                                        for k, x in a.items())
+
+
+def _mutate_file(path: Path, mutations: list[tuple[str, bytes]], pristine: bytes, tally: Tally,
+                 read: Callable[[], Any], is_correct: Callable[[Any], bool], restore: Callable[[], None] | None = None,
+                 ) -> None:
+    for kind, data in mutations:
+        if data == pristine:
+            continue
+        path.write_bytes(data)
+        tally.run(f"{path.name} ({kind})", read, is_correct, (str(path), str(path.parent)))
+        if restore is not None:
+            restore()
+    path.write_bytes(pristine)
+
+
+# -- the file types -------------------------------------------------------------------------------------------------
+def fuzz_chain(bundle, tmp: Path, rng: random.Random) -> Tally:
+    from editscope.edit.patch import Patch, tensor_checksum
+    from editscope.run.chain import ChainCheckpoint
+
+    class State:  # a state with tensors and JSON, as AlphaEdit's / UltraEdit's carry
+        def __init__(self) -> None:
+            self.k = torch.arange(12.0).reshape(3, 4)
+
+        def state_dict(self):
+            return {"kpk.1": self.k}, {"layers": [1], "edits": 3}
+
+    params = dict(bundle.model.named_parameters())
+    name = bundle.arch.weight_name(1)
+    gen = torch.Generator().manual_seed(0)
+    with bundle.folding():
+        patch = Patch({name: 1e-3 * torch.randn(params[name].shape, generator=gen)}, "rome", {}, bundle.fingerprint,
+                      {name: tensor_checksum(params[name])}, bundle.name)
+        patch.apply(bundle)
+        bundle.fold(patch)
+        meta = {"round": 2, "edits_applied": 8, "rounds": [{"digest": "d1"}, {"digest": "d2"}],
+                "templates": [["tiny", [[5, 3]], 0, 0, ["The {}.", "A {}."]]], "config_digest": "c"}
+        ckpt = ChainCheckpoint.capture(bundle, State(), meta)
+    path = ckpt.save(tmp / "chain.safetensors")
+    pristine = path.read_bytes()
+    tally = Tally()
+
+    def same(got: ChainCheckpoint) -> bool:
+        return (got.meta == ckpt.meta and got.state_meta == ckpt.state_meta and _equal_tensors(got.deltas, ckpt.deltas)
+                and _equal_tensors(got.state_tensors, ckpt.state_tensors)
+                and all(_equal_tensors(dict(zip("iv", got.exact[n], strict=True)),
+                                       dict(zip("iv", ckpt.exact[n], strict=True))) for n in ckpt.exact)
+                and got.exact.keys() == ckpt.exact.keys())
+
+    _mutate_file(path, safetensors_mutations(pristine, rng), pristine, tally, lambda: ChainCheckpoint.load(path), same)
+    return tally
+
+
+def fuzz_patch(bundle, tmp: Path, rng: random.Random) -> Tally:
+    from editscope.edit.patch import Patch, tensor_checksum
+
+    params = dict(bundle.model.named_parameters())
+    names = [bundle.arch.weight_name(1), bundle.arch.weight_name(2)]
+    gen = torch.Generator().manual_seed(1)
+    patch = Patch({n: 1e-3 * torch.randn(params[n].shape, generator=gen) for n in names}, "rome", {"layers": [1, 2]},
+                  bundle.fingerprint, {n: tensor_checksum(params[n]) for n in names}, bundle.name,
+                  requests=[{"prompt": "{} is in", "subject": "Paris", "target_new": "Rome"}], info={"loss": 0.5},
+                  bases={n: params[n].detach().clone() for n in names})
+    path = patch.save(tmp / "patch.safetensors")
+    pristine = path.read_bytes()
+    tally = Tally()
+
+    def same(got: Patch) -> bool:
+        return (got.metadata() == patch.metadata() and _equal_tensors(got.deltas, patch.deltas)
+                and _equal_tensors(got.bases or {}, patch.bases or {}))
+
+    _mutate_file(path, safetensors_mutations(pristine, rng), pristine, tally, lambda: Patch.load(path), same)
+    return tally
+
+
+def fuzz_stats(bundle, tmp: Path, rng: random.Random) -> tuple[Tally, Tally]:
+    """The statistics cache (read by every edit: recomputed when damaged) and an export file (``stats import``)."""
+    from safetensors import safe_open
+
+    from editscope.stats.artefact import export_stats, import_stats
+    from editscope.stats.second_moment import second_moment
+
+    fresh = second_moment(bundle, LAYER, token_budget=BUDGET, seq_len=SEQ, progress=False)
+    path = next((tmp / "home" / "stats").rglob(f"layer{LAYER}.safetensors"))
+    pristine = path.read_bytes()
+    cache = Tally()
+
+    def read_cache() -> torch.Tensor:
+        return second_moment(bundle, LAYER, token_budget=BUDGET, seq_len=SEQ, progress=False)
+
+    _mutate_file(path, safetensors_mutations(pristine, rng), pristine, cache, read_cache,
+                 lambda got: torch.equal(got, fresh), restore=lambda: path.write_bytes(pristine))
+
+    export = tmp / "export.safetensors"
+    export_stats(bundle.fingerprint, export)
+    exported = export.read_bytes()
+    imported = Tally()
+
+    def layer_file(p: Path) -> tuple:
+        with safe_open(str(p), framework="pt") as fh:
+            return fh.get_tensor("mom2"), int(fh.get_tensor("count")[0])
+
+    want = layer_file(path)
+
+    def same(written: list[Path]) -> bool:
+        got = [layer_file(p) for p in written]
+        return len(got) == 1 and torch.equal(got[0][0], want[0]) and got[0][1] == want[1]
+
+    _mutate_file(export, safetensors_mutations(exported, rng), exported, imported, lambda: import_stats(bundle, export),
+                 same, restore=lambda: path.write_bytes(pristine))
+    return cache, imported
+
+
+def fuzz_tune(bundle, tmp: Path, rng: random.Random) -> Tally:
+    """``tune.json`` (the settings a rerun must match) and ``state.json`` (budget spent, rungs) on a rerun."""
+    from editscope.tune import Tuner, TuneSettings
+    from editscope.tune.space import candidates
+
+    out = tmp / "tune"
+    out.mkdir()
+    tuner = Tuner(TuneSettings(model="tiny-llama", method="rome", out=str(out)), bundle=bundle, progress=False,
+                  log=lambda _m: None)
+    grids = {"v_lr": (0.1, 0.5)}
+    cands = candidates(grids)
+    slice_ = {"dataset": "counterfact", "offset": 0, "limit": 4}
+    tuner._check_settings(grids, cands, slice_)
+    tuner.reference = {}
+    tuner._save_state(out / "state.json", 12.5, None)
+    tally = Tally()
+    settings = (out / "tune.json").read_bytes()
+    state = (out / "state.json").read_bytes()
+    want_state = tuner._state(out / "state.json")
+
+    def rerun_settings() -> bytes:
+        tuner._check_settings(grids, cands, slice_)
+        return (out / "tune.json").read_bytes()
+
+    _mutate_file(out / "tune.json", json_mutations(settings, rng), settings, tally, rerun_settings,
+                 lambda got: got == settings)
+    _mutate_file(out / "state.json", json_mutations(state, rng), state, tally, lambda: tuner._state(out / "state.json"),
+                 lambda got: got == want_state)
+    return tally
+
+
+def fuzz_archive(run_dir: Path, tmp: Path, rng: random.Random) -> Tally:
+    """A reproduction archive (run.json + slim rows + digest.json), read as ``report --reproduction`` reads it."""
+    from editscope.integrity import FOLDER_MANIFEST
+    from editscope.run.archive import archive_run
+    from editscope.run.store import ARCHIVE, RUN_JSON, read_json, run_rows
+
+    dest = tmp / "archive" / "run"
+    archive_run(run_dir, dest)
+    want = (run_rows(dest), read_json(dest / RUN_JSON))
+    tally = Tally()
+
+    def read() -> tuple:
+        return run_rows(dest), read_json(dest / RUN_JSON)
+
+    for name, mutate in ((ARCHIVE, None), (RUN_JSON, json_mutations), (FOLDER_MANIFEST, json_mutations)):
+        path = dest / name
+        pristine = path.read_bytes()
+        if mutate is None:  # the gzip file: byte flips anywhere, truncation, and a re-compressed torn last line
+            import gzip
+
+            text = gzip.decompress(pristine)
+            mutations = [("flip byte", _flip(pristine, 0, len(pristine), rng)) for _ in range(4)]
+            mutations += [("truncate", pristine[:rng.randrange(len(pristine))]) for _ in range(3)]
+            mutations += [(k, gzip.compress(m, mtime=0)) for k, m in jsonl_mutations(text, rng)[:5]]
+        else:
+            mutations = mutate(pristine, rng)[:7]
+        _mutate_file(path, mutations, pristine, tally, read, lambda got: got == want)
+    path = dest / FOLDER_MANIFEST  # deletion of the whole manifest: an unsealed (earlier) archive
+    pristine = path.read_bytes()
+    path.unlink()
+    tally.run("digest.json (deleted)", read, lambda got: got == want, (str(dest),))
+    path.write_bytes(pristine)
+    return tally
+
+
+def fuzz_run(bundle, tmp: Path, rng: random.Random) -> tuple[Tally, Tally]:
+    """``run.json`` and ``results.jsonl`` of a finished run, read by a resume (which recomputes what is missing)."""
+    from editscope.paths import data_file
+    from editscope.run import Runner, parse_config, read_results
+    from editscope.run.runner import timing_free
+    from editscope.run.store import RESULTS, RUN_JSON, row_key
+
+    records = json.loads(data_file("counterfact/counterfact-edit-1k.json").read_text())[:3]
+    (tmp / "data.json").write_text(json.dumps(records))
+    reference = tmp / "reference"
+    config = parse_config({"model": "tiny-llama", "output": str(reference), "methods": ["none"],
+                           "dataset": str(tmp / "data.json"), "suites": ["counterfact"]})
+
+    def run(out: Path) -> None:
+        Runner(config, out_dir=out, bundle=bundle, progress=False, log=lambda _m: None).run()
+
+    run(reference)
+    want = sorted((timing_free(r) for r in read_results(reference / RESULTS)), key=row_key)
+    work = tmp / "work"
+
+    def resume() -> list[dict]:
+        run(work)
+        meta = json.loads((work / RUN_JSON).read_text())
+        assert meta["status"] == "complete" and meta["rows"] == len(want)
+        return sorted((timing_free(r) for r in read_results(work / RESULTS)), key=row_key)
+
+    def fresh() -> None:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(reference, work)
+
+    tallies = []
+    for name, mutate in ((RUN_JSON, json_mutations), (RESULTS, jsonl_mutations)):
+        tally = Tally()
+        pristine = (reference / name).read_bytes()
+        for kind, data in mutate(pristine, rng):
+            if data == pristine:
+                continue
+            fresh()
+            (work / name).write_bytes(data)
+            tally.run(f"{name} ({kind})", resume, lambda got: got == want, (str(work / name), str(work)))
+        tallies.append(tally)
+    return tallies[0], tallies[1]
+
+
+def fuzz_lm_eval(tmp: Path, rng: random.Random) -> Tally:
+    """``lm_eval.jsonl``, read by a resume's lm_eval hook: which task rows are done (the others are evaluated again).
+    Correct: every row taken as done is the original row of its key (a damaged one is evaluated again or refused)."""
+    from editscope.jsonl import append_record
+    from editscope.run.lmeval import LM_EVAL_FILE, LmEvalHook, LmEvalSpec
+
+    folder = tmp / "lm"
+    spec = LmEvalSpec(tasks=("arc_tiny", "copa_tiny"), limit=8)
+    rows = []
+    for dataset, group, method, rnd, applied in ((None, None, "none", 0, 0), ("counterfact", 0, "rome", 1, 2),
+                                                 ("counterfact", 0, "rome", 2, 4)):
+        for task in spec.tasks:
+            rows.append({"dataset": dataset, "group": group, "method": method, "round": rnd, "edits_applied": applied,
+                         "task": task, "metrics": {"acc": 0.25 + applied / 16, "acc_stderr": None}, "n_samples": 8,
+                         "limit": 8, "num_fewshot": None, "chat_template": False, "seconds": 0.5,
+                         "lm_eval_version": "0.4.9"})
+    for row in rows:
+        append_record(folder / LM_EVAL_FILE, row)
+    by_key = {LmEvalHook._key(r): r for r in rows}
+    pristine = (folder / LM_EVAL_FILE).read_bytes()
+    tally = Tally()
+
+    def read() -> list[dict]:
+        from editscope.jsonl import read_records
+
+        hook = LmEvalHook(spec, folder, every=1, batch=2)
+        present = {LmEvalHook._key(r): r for r in read_records(folder / LM_EVAL_FILE) if isinstance(r, dict)}
+        return [present.get(k) for k in hook._done]
+
+    def same(done: list[dict | None]) -> bool:  # of the keys a resume asks for, those taken as done are the originals
+        return all(r is not None and by_key[LmEvalHook._key(r)] == r for r in done
+                   if r is not None and LmEvalHook._key(r) in by_key)
+
+    required = ["dataset", "group", "method", "edits_applied", "task", "metrics"]
+    _mutate_file(folder / LM_EVAL_FILE, jsonl_mutations(pristine, rng, required), pristine, tally, read, same)
+    return tally
+
+
+def test_every_file_read_back_survives_mutation(tiny_llama, run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "home"))
+    rng = random.Random(SEED)
+    tallies: dict[str, Tally] = {}
+    tallies["chain checkpoint"] = fuzz_chain(tiny_llama, tmp_path, rng)
+    tallies["patch"] = fuzz_patch(tiny_llama, tmp_path, rng)
+    tallies["statistics cache"], tallies["statistics export"] = fuzz_stats(tiny_llama, tmp_path, rng)
+    tallies["tune state"] = fuzz_tune(tiny_llama, tmp_path, rng)
+    tallies["reproduction archive"] = fuzz_archive(run_dir, tmp_path, rng)
+    tallies["run.json"], tallies["results.jsonl"] = fuzz_run(tiny_llama, tmp_path, rng)
+    tallies["lm_eval.jsonl"] = fuzz_lm_eval(tmp_path, rng)
+    lines = [f"{'file type':<22} {'tried':>5} {'clean':>5} {'correct':>7} {'traceback':>9} {'silently wrong':>14}"]
+    for what, t in tallies.items():
+        lines.append(f"{what:<22} {t.tried:>5} {t.clean:>5} {t.correct:>7} {t.traceback:>9} {t.wrong:>14}")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+    bad = [b for t in tallies.values() for b in t.bad]
+    assert not bad, "\n".join(bad)
+    for what, t in tallies.items():
+        assert t.tried >= 5 and t.clean + t.correct == t.tried, what
