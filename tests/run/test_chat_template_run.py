@@ -56,3 +56,23 @@ def test_tokenizer_without_template_is_refused_before_work(tiny_bundles, tmp_pat
 def test_chat_template_key_must_be_a_bool(tmp_path):
     with pytest.raises(EditscopeError, match="key 'chat_template': expected true or false"):
         config(tmp_path, chat_template="yes")
+
+
+def test_the_card_of_a_chat_run_replays_its_prompt_format(tmp_path):
+    """The edit card of a ``chat_template: true`` run wraps prompts as the run did, so its metrics are the row's;
+    a model whose tokenizer lost the template is refused in one line (its numbers would silently differ)."""
+    from editscope.run.inspect import compute_card, job_from_run
+
+    bundle = build_tiny("llama", seed=5)
+    bundle.tokenizer.chat_template = CHATML
+    Runner(config(tmp_path, chat_template=True), bundle=bundle, progress=False, log=lambda _m: None).run()
+    row = read_results(tmp_path / "run" / "results.jsonl")[1]  # group 1: the runner's per-group seeds matter
+    job = job_from_run(tmp_path / "run", row["case_id"], bundle=bundle, collateral_facts=20)
+    card = compute_card(job, generate_tokens=0, progress=False)
+    assert card["suites"]["counterfact"]["metrics"] == row["metrics"]["counterfact"]
+    assert card["suites"]["counterfact"]["protocol"] == row["protocol"]["counterfact"]
+    bundle.tokenizer.chat_template = None
+    with pytest.raises(EditscopeError, match="chat template|prompt format") as err:
+        compute_card(job_from_run(tmp_path / "run", row["case_id"], bundle=bundle, collateral_facts=20),
+                     generate_tokens=0, progress=False)
+    assert "\n" not in str(err.value)
