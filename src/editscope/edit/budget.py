@@ -20,7 +20,10 @@ model built on PyTorch's meta device) and an editor's hyperparameters. Memory is
     AlphaEdit / EVK-Edit: the null-space projector P and the accumulated K_p K_pᵀ per layer (2 × d_ff² × 8).
 ``solve``
     transient float64 matrices of the largest solve: ROME the LU copy of C (1 × d_ff² × 8); MEMIT λC, K Kᵀ, their
-    sum and LU (3 ×); AlphaEdit the SVD of C (U, Vᵀ, LAPACK's copy and workspace: 5 ×).
+    sum and LU (3 ×); AlphaEdit the SVD of C (A's copy, U, Vᵀ, gesdd's 4n² workspace, the kept columns: 8 ×).
+``patch``
+    per edited weight (d × d_ff): the float32 ΔW, the pre-edit copy of W a patch carries (``bases``, in the
+    model's dtype) and the float64 result of the solve.
 ``vstar``
     the z / v* optimisation (or FT's training forward): activations kept for backward of every token of the
     batched rows through the blocks after the first edited layer, plus float32 logits, log-softmax and their
@@ -59,9 +62,11 @@ from editscope.errors import EditscopeError
 MiB = 2 ** 20
 GiB = 2 ** 30
 
-#: resident memory of a process that imported torch, transformers and editscope, before any model (248 MiB measured
-#: on this CPU with torch 2.13 / transformers 5.24; a runner with every suite imported holds a little more)
-RUNTIME_HOST = 300 * MiB
+#: resident memory of the process beside the weights once a model has run a forward: Python, torch, transformers and
+#: editscope imported (248 MiB; 312 MiB with the runner), the tokenizer, model code and the compute kernels' pages
+#: (measured on this CPU, torch 2.13 / transformers 5.24: SmolLM2 loaded and one forward, 951 MiB RSS - 513 MiB of
+#: weights)
+RUNTIME_HOST = 440 * MiB
 #: GPU memory taken before any tensor: CUDA context, cuBLAS workspace, the caching allocator's slack
 RUNTIME_CUDA = 600 * MiB
 #: bytes per element of the dtypes editscope runs models in
@@ -361,6 +366,12 @@ class Plan:
             return None
         return sum(v for k, v in secs.items() if not k.startswith("once"))
 
+    def seconds_first_edit(self) -> float | None:
+        """Seconds of the first edit of a run: per edit plus what is computed once (statistics not cached,
+        AlphaEdit's projectors)."""
+        secs = self.seconds()
+        return None if secs is None else sum(secs.values())
+
     def to_dict(self) -> dict[str, Any]:
         secs = self.seconds()
         return {
@@ -372,7 +383,8 @@ class Plan:
             "peak_bytes": self.peak, "peak_phase": self.peak_phase, "biggest": self.biggest().name,
             "available_bytes": self.available, "host_available_bytes": self.host_available, "fits": self.fits,
             "flops": self.flops, "rates": asdict(self.rates) if self.rates else None,
-            "seconds": secs, "seconds_per_edit": self.seconds_per_edit(), "advice": self.advice,
+            "seconds": secs, "seconds_per_edit": self.seconds_per_edit(),
+            "seconds_first_edit": self.seconds_first_edit(), "advice": self.advice,
         }
 
 
@@ -420,7 +432,7 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     c_bytes = ff * ff * 8
     after = n_layers - layers[0]  # blocks the optimisation runs through (and back)
     terms: list[Term] = [
-        Term("runtime", RUNTIME_HOST, "all", "host", "torch + transformers + editscope imported (measured)"),
+        Term("runtime", RUNTIME_HOST, "all", "host", "Python, libraries, tokenizer, kernels (measured)"),
         Term("weights", shape.n_params * b, "statistics,edit", dev, f"{shape.n_params:,} parameters x {b} B"),
         Term("load", shape.n_params * 4, "load", "host", "editscope loads float32 on the host, then converts"),
     ]
@@ -454,9 +466,9 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
         if kind == "alphaedit":
             terms.append(Term("projector", 2 * n_edit * c_bytes, "edit", dev,
                               f"{n_edit} layer(s) x (P + K_p K_p^T) x d_ff^2 x 8 B"))
-        solve = {"rome": 1, "memit": 3, "alphaedit": 5}[kind]
-        what = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU", "alphaedit": "SVD of C: U, V^T, A's copy, "
-                                                                                          "workspace"}[kind]
+        solve = {"rome": 1, "memit": 3, "alphaedit": 8}[kind]
+        what = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU",
+                "alphaedit": "SVD of C: A's copy, U, V^T, gesdd's 4 n^2 workspace, the kept columns"}[kind]
         terms.append(Term("solve", solve * c_bytes, "edit", dev, f"{solve} x d_ff^2 x 8 B ({what})"))
         tokens = group * suffix
         act = tokens * after * _act_per_token_layer(shape, width) * b
@@ -522,6 +534,10 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
         terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", dev,
                           "one forward/backward of the edit prompt"))
         flops["forward/backward"] = tokens * (6.0 * shape.block_params * after + 4.0 * d * shape.vocab)
+    if kind != "kn":
+        terms.append(Term("patch", n_edit * d * ff * (4 + b + 8), "edit", dev,
+                          f"{n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
+                          "float64 solve result)"))
     if kind in ("rome", "memit", "alphaedit"):
         # the optimisation and the solve do not overlap: keep the larger as the edit phase's transient
         vstar = next(t for t in terms if t.name == "vstar")
@@ -665,7 +681,8 @@ def render(plan: Plan) -> str:
         for k, v in secs.items():
             if plan.flops[k]:
                 lines.append(f"  {k:<28} {plan.flops[k] / 1e12:10.3f} TFLOP  {v:10.2f} s")
-        lines.append(f"  per edit (matmuls only: a lower bound) {plan.seconds_per_edit():.2f} s")
+        lines.append(f"  per edit (matmuls only: a lower bound) {plan.seconds_per_edit():.2f} s; the first edit "
+                     f"{plan.seconds_first_edit():.2f} s")
     if plan.advice:
         lines.append("")
         lines.append("to fit:")
