@@ -61,8 +61,18 @@ def measure(model: str, method: str, requests: int, dtype: str, overrides: list[
            "--dtype", dtype]
     for item in overrides:
         cmd += ["--set", item]
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    import tempfile
+
+    from editscope.paths import home
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # a fresh EDITSCOPE_HOME sharing only the converted models and the layer statistics: KN's cached attributions
+        # (and any other cache) would skip the work being measured
+        for name in ("models", "gguf", "stats", "tokenizers", "mend"):
+            if (home() / name).is_dir():
+                (Path(tmp) / name).symlink_to(home() / name, target_is_directory=True)
+        env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "EDITSCOPE_HOME": tmp}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
         raise SystemExit(f"{method}: the measuring process failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -82,9 +82,9 @@ def test_rome_gpt2xl_float32_and_vstar_batch(shapes):
     assert _term(one, "C") == 6400 ** 2 * 8 and _term(one, "solve") == 6400 ** 2 * 8
     assert not any(t.name == "statistics" for t in one.terms)
     # the v* batch by hand: 5 prefixes + bare prompt rows of 6 suffix tokens, an essence row of 3, through 31
-    # blocks; values per token and block 16 d + 3 d_ff (GELU MLP) + 2 heads x row width (10 + 12 + 3)
+    # blocks; values per token and block 6 d + 2 d_ff (GELU MLP) + 2 heads x row width (10 + 12 + 3)
     tokens = 6 * 6 + 3
-    per = 16 * 1600 + 3 * 6400 + 2 * 25 * 25
+    per = 6 * 1600 + 2 * 6400 + 2 * 25 * 25
     assert _term(one, "vstar") == tokens * 31 * per * 4 + tokens * 50257 * 4 * 3
     # batched: the engine's 2,048 tokens hold 2048 // (7 rows x 25) = 11 requests per forward, vstar_batch caps it
     memit_hp = B.plan_hparams("memit", shape, shape.name, overrides=FIVE_PREFIXES)[0]
@@ -122,8 +122,8 @@ def test_kn_and_mend_terms(shapes):
     assert kn_hp.layers == list(range(32)) and "defaults" in note
     kn = B.plan_edit(shape, "kn", kn_hp, dtype="bfloat16")
     rows = min(32, 1024 // 20) * 20  # every layer's 20 IG steps fit one forward
-    kv = rows * 12 * 2 * (8 + 32) * 128 * 2
-    per = (16 * 4096 + 4 * 14336 + 2 * 32 * 12) * 2 + kv
+    kv = 12 * 2 * 8 * 128 * 2  # per row: the 12-token prompt's keys and values (8 key/value heads)
+    per = (6 * 4096 + 3 * 14336 + 2 * 32 * 12) * 2 + kv
     assert _term(kn, "ig") == rows * 32 * per + rows * 32000 * 12
     mend_hp, _ = B.plan_hparams("mend", shape, shape.name)
     assert mend_hp.layers == [29, 30, 31]

@@ -78,9 +78,11 @@ ENGINE_TOKEN_BUDGET = 2048
 #: subject) and the target (~3); the suffix each v*/z step runs per rewrite row (the subject's last token to the
 #: target's last: ~6) and per essence row ("{subject} is a": ~3)
 PROMPT_TOKENS, TARGET_TOKENS, SUFFIX_TOKENS, ESSENCE_TOKENS = 12, 3, 6, 3
-#: values kept for backward per token and block, in units of the hidden size d and the MLP width d_ff (residual,
-#: norms, q/k/v/o, attention output; gate/up/activation/product): fitted to the measured SmolLM2 ROME edit
-ACT_D, ACT_FF_GATED, ACT_FF_PLAIN = 16, 4, 3
+#: values kept for backward per token and block, in units of the hidden size d and the MLP width d_ff. The weights do
+#: not require grad, so no matmul keeps its input; what is kept is the norms' inputs (and their float32 copies), the
+#: queries and attention output (d each), and the MLP's elementwise operands (gate, up, activation: 3 d_ff gated; the
+#: GELU input and output: 2 d_ff). Checked against KN's measured SmolLM2 edit (its 18,000 row-blocks dominate it)
+ACT_D, ACT_FF_GATED, ACT_FF_PLAIN = 6, 3, 2
 #: KN's integrated-gradient rows per forward (editscope.locate.attribution.knowledge_neurons' token_budget)
 KN_TOKEN_BUDGET = 1024
 #: statistics pass: rows per batch and tokens per row (editscope.stats.second_moment defaults)
@@ -512,7 +514,9 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
         per_forward = min(n_edit, max(1, KN_TOKEN_BUDGET // steps))
         rows = per_forward * steps
         prompt = PROMPT_TOKENS
-        kv = rows * prompt * 2 * (shape.n_kv_heads + shape.n_heads) * shape.head_dim * b
+        # per row and block: its activations, and the prompt's keys/values copied per row (the cache's concat, kept
+        # for backward by the attention; SDPA takes grouped keys/values as they are)
+        kv = prompt * 2 * shape.n_kv_heads * shape.head_dim * b
         act = rows * (n_layers - layers[0]) * (_act_per_token_layer(shape, prompt) * b + kv)
         terms.append(Term("ig", act + rows * shape.vocab * 4 * 3, "edit", dev,
                           f"{rows} one-token rows ({per_forward} layer(s) x {steps} steps) through "
