@@ -563,28 +563,31 @@ def advice(plan: Plan, hp) -> list[str]:
     out = []
     over = plan.peak - (plan.available or 0)
     gb = lambda n: f"{n / GiB:.1f} GiB"  # noqa: E731
-    if plan.dtype == "float32":
+    if plan.dtype == "float32" and plan.peak_phase != "load":
         saved = plan.model.n_params * 2
         out.append(f"--dtype bfloat16: weights and activations in half the bytes (-{gb(saved)})")
-    c_terms = sum(t.bytes for t in plan.terms if t.name in ("C", "projector", "solve", "statistics")
-                  and t.during(plan.peak_phase))
-    if c_terms:
-        out.append(f"statistics and solves in float32 instead of float64 would halve C, the projector and the "
-                   f"solve (-{gb(c_terms // 2)}; editscope accumulates and solves in float64 today)")
     vstar = next((t for t in plan.terms if t.name == "vstar" and t.during("edit")), None)
     group = vstar_tokens(hp, plan.requests, plan.vstar_batch)[0]
     if vstar is not None and group > 1:
         out.append(f"--vstar-batch 1: one request per v*/z forward instead of {group} "
                    f"(-{gb(vstar.bytes - vstar.bytes // group)})")
+    if plan.method in ("alphaedit", "evk_edit", "memit", "prune", "rect") and len(plan.layers) > 1:
+        per = plan.model.mlp ** 2 * 8 * (3 if plan.method in ("alphaedit", "evk_edit") else 1)
+        out.append(f"fewer edited layers ({len(plan.layers)} now, --set layers=[...]): each holds "
+                   f"{gb(per)} of float64 C{', P and K_p K_p^T' if per > plan.model.mlp ** 2 * 8 else ''}")
     if plan.peak_phase == "statistics":
         out.append("compute the statistics once where they fit (editscope stats compute) and import them "
                    "(editscope stats import): the statistics pass is the peak; a smaller statistics budget "
                    "(mom2_tokens) shortens that pass but does not shrink C")
     if plan.peak_phase == "load":
-        out.append("the float32 load on the host is the peak: load on a machine with more host memory, convert, and "
-                   "pass the converted folder")
-    if plan.method == "alphaedit" and len(plan.layers) > 1:
-        out.append(f"fewer edited layers ({len(plan.layers)} now): C, P and K_p K_p^T are held per layer")
+        out.append(f"the load is the peak: editscope reads every model in float32 on the host before converting "
+                   f"it to {plan.dtype} ({gb(plan.model.n_params * 4)}), whatever its folder stores; this needs a "
+                   "machine with more host memory")
+    c_terms = sum(t.bytes for t in plan.terms if t.name in ("C", "projector", "solve", "statistics")
+                  and t.during(plan.peak_phase))
+    if c_terms:
+        out.append(f"statistics and solves in float32 instead of float64 would halve C, the projector and the "
+                   f"solve (-{gb(c_terms // 2)}; not offered yet: editscope accumulates and solves in float64)")
     out.append(f"the plan is {gb(over)} over the {gb(plan.available or 0)} available")
     return out
 
