@@ -22,6 +22,8 @@ def main() -> None:
     parser.add_argument("--methods", default="rome,memit,alphaedit,kn,mend,ft")
     parser.add_argument("--tflops", type=float, default=None, help="matmul rate for a time column (TFLOP/s)")
     parser.add_argument("--fp64-tflops", type=float, default=None)
+    parser.add_argument("--flops", action="store_true",
+                        help="cells: TFLOP per edit in the dtype + float64 TFLOP per edit (+ once per run) instead")
     args = parser.parse_args()
     methods = args.methods.split(",")
     print(f"| model ({args.dtype}) | " + " | ".join(methods) + " |")
@@ -36,6 +38,12 @@ def main() -> None:
             rates = Rates(args.tflops * 1e12, (args.fp64_tflops or args.tflops / 2) * 1e12) if args.tflops else None
             cold = plan_edit(shape, method, hp, dtype=args.dtype, device="cuda", rates=rates)
             warm = plan_edit(shape, method, hp, dtype=args.dtype, device="cuda", stats_cached=True, rates=rates)
+            if args.flops:
+                per = sum(v for k, v in cold.flops.items() if not k.startswith("once") and not k.endswith("fp64"))
+                fp64 = sum(v for k, v in cold.flops.items() if not k.startswith("once") and k.endswith("fp64"))
+                once = sum(v for k, v in cold.flops.items() if k.startswith("once"))
+                cells.append(f"{per / 1e12:.1f} + {fp64 / 1e12:.1f} fp64" + (f" (+{once / 1e12:,.0f})" if once else ""))
+                continue
             cell = f"{warm.peak / GiB:.1f}"
             if cold.peak > warm.peak + GiB // 10:
                 cell += f" ({cold.peak / GiB:.1f})"
