@@ -95,6 +95,15 @@ def test_rome_gpt2xl_float32_and_vstar_batch(shapes):
     assert _term(many, "vstar") > _term(capped, "vstar")
 
 
+def test_rome_without_c_inverse_holds_no_c(shapes):
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, _ = B.plan_hparams("rome", shape, shape.name)
+    assert hp.mom2_adjustment is False  # AlphaEdit's ROME baseline on Llama-3, as published
+    plan = B.plan_edit(shape, "rome", hp, dtype="bfloat16")
+    assert _term(plan, "C") == 0 and _term(plan, "solve") == 0 and plan.flops["solve fp64"] == 0
+    assert not any(t.name == "statistics" for t in plan.terms)
+
+
 def test_time_is_flops_over_the_given_rates(shapes):
     shape = shapes["gpt2-xl"]
     hp, _ = B.plan_hparams("rome", shape, shape.name, overrides=FIVE_PREFIXES)

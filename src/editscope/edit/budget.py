@@ -462,13 +462,14 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
         flops["once: statistics"] = budget * (2.0 * shape.block_params * upto)
         flops["once: statistics"] += budget * 2.0 * ff * ff * n_s  # kk^T products (float32)
     group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
+    uses_c = kind != "rome" or bool(getattr(hp, "mom2_adjustment", True))  # ROME without C⁻¹ reads no statistics
     if kind in ("rome", "memit", "alphaedit"):
-        held = 1 if kind == "rome" else n_edit
+        held = (1 if kind == "rome" else n_edit) if uses_c else 0
         terms.append(Term("C", held * c_bytes, "edit", dev, f"{held} layer(s) x d_ff^2 x 8 B (float64)"))
         if kind == "alphaedit":
             terms.append(Term("projector", 2 * n_edit * c_bytes, "edit", dev,
                               f"{n_edit} layer(s) x (P + K_p K_p^T) x d_ff^2 x 8 B"))
-        solve = {"rome": 1, "memit": 3, "alphaedit": 8}[kind]
+        solve = {"rome": 1 if uses_c else 0, "memit": 3, "alphaedit": 8}[kind]
         what = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU",
                 "alphaedit": "SVD of C: A's copy, U, V^T, gesdd's 4 n^2 workspace, the kept columns"}[kind]
         terms.append(Term("solve", solve * c_bytes, "edit", dev, f"{solve} x d_ff^2 x 8 B ({what})"))
@@ -485,7 +486,7 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
         flops["keys and initial forwards"] = 3.0 * requests * per_request * 2.0 * shape.block_params * n_layers
         n3 = float(ff) ** 3
         if kind == "rome":
-            flops["solve fp64"] = requests * (2.0 / 3.0) * n3
+            flops["solve fp64"] = requests * (2.0 / 3.0) * n3 if uses_c else 0.0
         elif kind == "memit":
             flops["solve fp64"] = n_edit * ((2.0 / 3.0) * n3 + 2.0 * ff * ff * requests)
         else:
