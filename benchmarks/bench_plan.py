@@ -79,14 +79,13 @@ def measure(model: str, method: str, requests: int, dtype: str, overrides: list[
 
 
 def predict(model: str, method: str, requests: int, dtype: str, overrides: list[str]):
-    from editscope.edit.budget import model_shape, plan_edit, plan_hparams
+    from editscope.edit.budget import model_shape, plan_edit, plan_hparams, stats_cached
     from editscope.edit.hparams import parse_overrides
-    from editscope.run.budget import _stats_cached
 
     shape = model_shape(model)
     hp, note = plan_hparams(method, shape, model, None, parse_overrides(overrides))
     return plan_edit(shape, method, hp, dtype=dtype, device="cpu", requests=requests,
-                     stats_cached=_stats_cached(model, hp, dtype), hparams_note=note)
+                     stats_cached=stats_cached(model, hp, dtype), hparams_note=note)
 
 
 def main() -> None:

@@ -31,9 +31,8 @@ print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss *
 
 @pytest.mark.slow
 def test_rome_smollm2_peak_rss_within_tolerance_of_the_plan():
-    from editscope.edit.budget import model_shape, plan_edit, plan_hparams
+    from editscope.edit.budget import model_shape, plan_edit, plan_hparams, stats_cached
     from editscope.lm.loading import check_available, is_prepared
-    from editscope.run.budget import _stats_cached
 
     try:
         check_available("smollm2-135m")
@@ -46,7 +45,7 @@ def test_rome_smollm2_peak_rss_within_tolerance_of_the_plan():
     shape = model_shape("smollm2-135m")
     hp, note = plan_hparams("rome", shape, "smollm2-135m")
     assert note == "shipped hparams" and hp.layers == [4]
-    cached = _stats_cached("smollm2-135m", hp, "float32")
+    cached = stats_cached("smollm2-135m", hp, "float32")
     plan = plan_edit(shape, "rome", hp, dtype="float32", device="cpu", stats_cached=cached)
     records = Path(__file__).resolve().parents[1] / "fixtures" / "counterfact_rome_sample.json"
     src = str(Path(__file__).resolve().parents[2] / "src")

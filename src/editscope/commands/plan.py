@@ -27,17 +27,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one hparam (repeatable)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="model weights' precision (default float32)")
     parser.add_argument("--device", default=None, help="cpu | cuda | cuda:N | auto (default auto)")
-    parser.add_argument("--requests", type=option(int, "[1, inf)"), default=1, metavar="N",
+    parser.add_argument("--requests", type=option(int, "[1, 1000000]"), default=1, metavar="N",
                         help="requests edited together (a MEMIT-family batch; default 1)")
     parser.add_argument("--vstar-batch", default=None, metavar="auto|N",
                         help="requests per batched v*/z forward (default $EDITSCOPE_VSTAR_BATCH, else auto)")
     parser.add_argument("--stats-cached", action="store_true",
-                        help="the layer statistics are cached already (no statistics pass)")
-    parser.add_argument("--available-gib", type=option(float, "(0, inf)"), default=None, metavar="GIB",
+                        help="plan as if the layer statistics were cached (default: whether they are cached here)")
+    parser.add_argument("--available-gib", type=option(float, "(0, 1e9]"), default=None, metavar="GIB",
                         help="memory to plan against (default: free memory of the device now)")
-    parser.add_argument("--tflops", type=option(float, "(0, inf)"), default=None, metavar="T",
+    parser.add_argument("--tflops", type=option(float, "[1e-6, 1e6]"), default=None, metavar="T",
                         help="matmul rate in TFLOP/s in the model's dtype (default: measured now)")
-    parser.add_argument("--fp64-tflops", type=option(float, "(0, inf)"), default=None, metavar="T",
+    parser.add_argument("--fp64-tflops", type=option(float, "[1e-6, 1e6]"), default=None, metavar="T",
                         help="float64 matmul rate in TFLOP/s for the solves (default: measured now, or --tflops / 2)")
     parser.add_argument("--no-time", action="store_true", help="memory only: no matmul benchmark, no time")
     parser.add_argument("--json", action="store_true", help="print the plans as JSON")
@@ -56,6 +56,7 @@ def _plan(args: argparse.Namespace) -> int:
         plan_edit,
         plan_hparams,
         render,
+        stats_cached,
     )
     from editscope.edit.hparams import parse_overrides
     from editscope.edit.runtime import EditRuntime
@@ -88,7 +89,8 @@ def _plan(args: argparse.Namespace) -> int:
         for method in args.method or ["rome"]:
             hp, note = plan_hparams(method, shape, args.model, args.hparams, overrides)
             plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
-                                   vstar_batch=runtime.vstar_batch, stats_cached=args.stats_cached,
+                                   vstar_batch=runtime.vstar_batch,
+                                   stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
                                    hparams_note=note, available=available, host_available=host))
     if not args.no_time and plans:
         first = plans[0]

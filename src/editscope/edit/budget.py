@@ -43,8 +43,10 @@ The peak is the largest of three phases that do not overlap: load (runtime + loa
 Time per edit is a FLOP count divided by the device's matmul rate at the edit's own shapes (:func:`measure_rates`
 measures it in about a second, or the caller passes rates): forward and input-gradient matmuls of the v*/z steps
 (4 × the block's parameters per token and layer), the logits, the key forwards, and the float64 solves at the
-device's float64 rate. It is the time of the matmuls alone: a lower bound that small rows approach only when many
-requests share a forward (DESIGN "cost of an edit": single requests run 3-4x slower on 2 CPU cores).
+device's float64 rate. It is the time of the matmuls alone at the rate measured for the edit's row count (small
+rows run slower than large ones, DESIGN "cost of an edit"); kernel launches, Python and the optimiser's small
+operations are not counted (on SmolLM2 with one CPU thread it landed within 0.5-2x of the measured time,
+docs/scale.md).
 """
 
 from __future__ import annotations
@@ -136,7 +138,18 @@ class ModelShape:
 
 def read_config(name_or_path: str):
     """The transformers config of a registry name, a local folder or a hub id whose ``config.json`` is in the local
-    hub cache (fetched when the hub is reachable and ``HF_HUB_OFFLINE`` is not set). No weights are read."""
+    hub cache (fetched when the hub is reachable and ``HF_HUB_OFFLINE`` is not set). No weights are read. A config
+    transformers cannot read is a one-line error naming it."""
+    try:
+        return _read_config(name_or_path)
+    except EditscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (transformers' and huggingface_hub's errors for a config they refuse)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise EditscopeError(f"{name_or_path}: cannot read its config.json ({type(exc).__name__}: {first})") from None
+
+
+def _read_config(name_or_path: str):
     from transformers import AutoConfig
 
     from editscope.lm.loading import GGUF_MODELS, is_prepared
@@ -185,9 +198,10 @@ def count_parameters(config) -> int:
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError) as exc:
-        raise EditscopeError(f"transformers cannot build model_type {config.model_type!r}: "
-                             f"{str(exc).splitlines()[0][:200]}") from None
+    except Exception as exc:  # noqa: BLE001 (whatever a model class raises on a config it cannot build)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise EditscopeError(f"transformers cannot build model_type {getattr(config, 'model_type', None)!r} from "
+                             f"this config: {first}") from None
     return sum(p.numel() for p in model.parameters())
 
 
@@ -261,6 +275,26 @@ def _span(layers) -> str:
     if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
         return f"{layers[0]}-{layers[-1]}"
     return ",".join(map(str, layers))
+
+
+def stats_cached(model: str, hp, dtype: str | None) -> bool:
+    """Whether a statistics cache folder for this model exists at the hparams' budget (a registry or folder model
+    whose fingerprint is known without loading; otherwise False: the plan then counts the statistics pass)."""
+    from pathlib import Path
+
+    from editscope.lm.loading import FINGERPRINT_FILE, GGUF_MODELS
+    from editscope.paths import home
+
+    if not hp.stats_layers() or dtype not in (None, "float32"):
+        return False
+    folder = GGUF_MODELS[model].folder(model) if model in GGUF_MODELS else Path(model).expanduser()
+    stamp = folder / FINGERPRINT_FILE
+    if not stamp.is_file():
+        return False
+    root = home() / "stats" / stamp.read_text().strip()
+    budget = f"-b{hp.stats_tokens()}-"
+    return any(budget in d.name and all((d / f"layer{la}.safetensors").is_file() for la in hp.stats_layers())
+               for d in root.glob("*") if d.is_dir()) if root.is_dir() else False
 
 
 # -- the prediction ----------------------------------------------------------------------------------------------
@@ -689,7 +723,7 @@ def render(plan: Plan) -> str:
         for k, v in secs.items():
             if plan.flops[k]:
                 lines.append(f"  {k:<28} {plan.flops[k] / 1e12:10.3f} TFLOP  {v:10.2f} s")
-        lines.append(f"  per edit (matmuls only: a lower bound) {plan.seconds_per_edit():.2f} s; the first edit "
+        lines.append(f"  per edit (matmuls only) {plan.seconds_per_edit():.2f} s; the first edit "
                      f"{plan.seconds_first_edit():.2f} s")
     if plan.advice:
         lines.append("")

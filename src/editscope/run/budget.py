@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from editscope.edit.budget import GiB, Plan, available_memory, model_shape, plan_edit, plan_hparams
+from editscope.edit.budget import GiB, Plan, available_memory, model_shape, plan_edit, plan_hparams, stats_cached
 from editscope.errors import EditscopeError
 
 #: environment variable that turns the check off (``0``, ``off``, ``false``, ``no``)
@@ -26,26 +26,6 @@ def _requests_per_edit(config) -> int:
     if config.mode == "sequential_batches":
         return max(1, int(config.batch))
     return 1
-
-
-def _stats_cached(model: str, hp, dtype: str | None) -> bool:
-    """Whether a statistics cache folder for this model exists at the hparams' budget (a registry or folder model
-    whose fingerprint is known without loading; otherwise False: the plan then counts the statistics pass)."""
-    from pathlib import Path
-
-    from editscope.lm.loading import FINGERPRINT_FILE, GGUF_MODELS
-    from editscope.paths import home
-
-    if not hp.stats_layers() or dtype not in (None, "float32"):
-        return False
-    folder = GGUF_MODELS[model].folder(model) if model in GGUF_MODELS else Path(model).expanduser()
-    stamp = folder / FINGERPRINT_FILE
-    if not stamp.is_file():
-        return False
-    root = home() / "stats" / stamp.read_text().strip()
-    budget = f"-b{hp.stats_tokens()}-"
-    return any(budget in d.name and all((d / f"layer{la}.safetensors").is_file() for la in hp.stats_layers())
-               for d in root.glob("*") if d.is_dir()) if root.is_dir() else False
 
 
 def plans_for_config(config, *, device: str | None = None, dtype: str | None = None,
@@ -71,7 +51,7 @@ def plans_for_config(config, *, device: str | None = None, dtype: str | None = N
         if config.mode == "single" and runtime.vstar_batch:  # a window of N cases optimised together
             requests = runtime.vstar_batch
         plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
-                               vstar_batch=runtime.vstar_batch, stats_cached=_stats_cached(config.model, hp, dtype),
+                               vstar_batch=runtime.vstar_batch, stats_cached=stats_cached(config.model, hp, dtype),
                                hparams_note=note, available=available, host_available=host_available))
     return plans
 
@@ -102,8 +82,8 @@ def check_fits(config, *, device: str | None = None, dtype: str | None = None, a
         try:
             plans = plans_for_config(one, device=device, dtype=dtype, available=available,
                                      host_available=host_available)
-        except EditscopeError:
-            continue  # not plannable without loading (e.g. an unconverted registry model): the run says why
+        except Exception:  # noqa: BLE001 (a plan that cannot be made never stops a run: e.g. an unconverted
+            continue       # registry model or a model given only by name; the run reports its own error)
         for plan in plans:
             if plan.fits is False:
                 raise EditscopeError(refusal(plan))
