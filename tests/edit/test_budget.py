@@ -230,3 +230,19 @@ def test_cli_plan_json_offline(tmp_path, capsys, monkeypatch):
                      "--available-gib", "1", "--no-time"])
     out = capsys.readouterr().out
     assert code == 0 and out.count("DOES NOT FIT") == 2 and "to fit:" in out and "time (" not in out
+
+
+def test_run_config_modes_set_the_requests_per_edit(tmp_path):
+    from editscope.run import load_config
+    from editscope.run.budget import plans_for_config
+
+    cfg = _run_config(tmp_path, CONFIGS / "gpt2-xl", "memit", "float32")
+    base = cfg.read_text()
+    (plan,) = plans_for_config(load_config(cfg), available=100 * GiB)
+    assert (plan.requests, plan.vstar_batch, plan.dtype, plan.device) == (1, None, "float32", "cpu")
+    cfg.write_text(base + "mode: {batch: 10}\nruntime: {vstar_batch: 4}\n")
+    (plan,) = plans_for_config(load_config(cfg), available=100 * GiB)
+    assert (plan.requests, plan.vstar_batch) == (10, 4)
+    cfg.write_text(base + "runtime: {vstar_batch: 8}\n")  # single mode: a window of 8 cases' v* optimised together
+    (plan,) = plans_for_config(load_config(cfg), dtype="bfloat16", available=100 * GiB)
+    assert (plan.requests, plan.dtype) == (8, "bfloat16")
