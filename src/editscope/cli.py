@@ -33,6 +33,7 @@ for _module in (
     "editscope.commands.configs",
     "editscope.commands.tune",
     "editscope.commands.inspect",
+    "editscope.commands.plan",
 ):
     COMMANDS.register(_module, _module.rpartition(".")[2])
 

@@ -67,6 +67,9 @@ def _run_trusting(args: argparse.Namespace) -> int:
         EditRuntime.from_settings(given, where="--forward/--vstar-batch")  # a bad value fails here, in one line
         merged = {**dict(config.runtime), **given}
         config = dataclasses.replace(config, runtime=tuple(merged.items()))
+    from editscope.run.budget import check_fits
+
+    check_fits(config)  # a run whose predicted peak memory exceeds what is available stops here, in one line
     kwargs = dict(out_dir=args.output, limit=args.limit, shard=parse_shard(args.shard),
                   progress=not args.no_progress, repair=args.repair)
     make = Runner

@@ -1,0 +1,736 @@
+"""What an edit costs before it runs: predicted peak memory, term by term, and predicted seconds per edit.
+
+Everything is computed from a model's ``config.json`` (no weights are read: the parameter count comes from the
+model built on PyTorch's meta device) and an editor's hyperparameters. Memory is counted in bytes per term:
+
+``runtime``
+    the process before any model: Python, torch, transformers and editscope imported (:data:`RUNTIME_HOST`,
+    measured on this CPU); on a GPU the CUDA context and kernels' workspace (:data:`RUNTIME_CUDA`).
+``weights``
+    parameters × bytes of the dtype (tied embeddings once). editscope loads every model in float32 on the host
+    and then converts it (:func:`editscope.lm.device.place`), so the *load* phase holds parameters × 4 bytes on the
+    host whatever the dtype (term ``load``).
+``statistics``
+    computing the key second moment C of the edited layers (:mod:`editscope.stats.second_moment`) in one pass: per
+    layer a float64 sum d_ff² × 8 and its mean (another d_ff² × 8 while the sums are alive), one float32 k kᵀ
+    chunk (d_ff² × 4) and one no-grad forward batch (``batch_rows × seq_len`` tokens). Skipped when C is cached.
+``C``
+    the float64 C of every edited layer the editor holds while it solves (d_ff² × 8 per layer).
+``projector``
+    AlphaEdit / EVK-Edit: the null-space projector P and the accumulated K_p K_pᵀ per layer (2 × d_ff² × 8).
+``solve``
+    transient float64 matrices of the largest solve: ROME the LU copy of C (1 × d_ff² × 8); MEMIT λC, K Kᵀ, their
+    sum and LU (3 ×); AlphaEdit the SVD of C (A's copy, U, Vᵀ, gesdd's 4n² workspace, the kept columns: 8 ×).
+``patch``
+    per edited weight (d × d_ff): the float32 ΔW, the pre-edit copy of W a patch carries (``bases``, in the
+    model's dtype) and the float64 result of the solve.
+``vstar``
+    the z / v* optimisation (or FT's training forward): activations kept for backward of every token of the
+    batched rows through the blocks after the first edited layer, plus float32 logits, log-softmax and their
+    gradient over the vocabulary. The batch is as many requests as ``vstar_batch`` and the engine's token
+    budget allow (:func:`editscope.edit.objective.optimise.request_groups`).
+``ig``
+    KN's integrated gradients: ``steps`` one-token rows per searched layer, as many layers per forward/backward as
+    its 1,024-token budget allows, through every block, with the prompt's keys/values copied per row.
+``mend``
+    MEND's editor networks (float32 low-rank MLPs, float64 normalisers) and the edited weights' gradients.
+``optimizer``
+    FT: gradient, Adam's two moments and the pre-edit copy of each trained weight.
+
+The peak is the largest of three phases that do not overlap: load (runtime + load), statistics (runtime + weights
++ statistics) and edit (runtime + weights + C + projector + the larger of the solve and the optimisation).
+
+Time per edit is a FLOP count divided by the device's matmul rate at the edit's own shapes (:func:`measure_rates`
+measures it in about a second, or the caller passes rates): forward and input-gradient matmuls of the v*/z steps
+(4 × the block's parameters per token and layer), the logits, the key forwards, and the float64 solves at the
+device's float64 rate. It is the time of the matmuls alone at the rate measured for the edit's row count (small
+rows run slower than large ones, DESIGN "cost of an edit"); kernel launches, Python and the optimiser's small
+operations are not counted (on SmolLM2 with one CPU thread it landed within 0.5-2x of the measured time,
+docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from editscope.errors import EditscopeError
+
+MiB = 2 ** 20
+GiB = 2 ** 30
+
+#: resident memory of the process beside the weights once a model has run a forward: Python, torch, transformers and
+#: editscope imported (248 MiB; 312 MiB with the runner), the tokenizer, model code and the compute kernels' pages
+#: (measured on this CPU, torch 2.13 / transformers 5.24: SmolLM2 loaded and one forward, 951 MiB RSS - 513 MiB of
+#: weights)
+RUNTIME_HOST = 440 * MiB
+#: GPU memory taken before any tensor: CUDA context, cuBLAS workspace, the caching allocator's slack
+RUNTIME_CUDA = 600 * MiB
+#: bytes per element of the dtypes editscope runs models in
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+#: the engine's token budget per forward (ScoringEngine's default; the v*/z groups use it: rows × widest row)
+ENGINE_TOKEN_BUDGET = 2048
+#: what one CounterFact-style request adds to a row beyond its context prefix: the prompt (~12 tokens with the
+#: subject) and the target (~3); the suffix each v*/z step runs per rewrite row (the subject's last token to the
+#: target's last: ~6) and per essence row ("{subject} is a": ~3)
+PROMPT_TOKENS, TARGET_TOKENS, SUFFIX_TOKENS, ESSENCE_TOKENS = 12, 3, 6, 3
+#: values kept for backward per token and block, in units of the hidden size d and the MLP width d_ff. The weights do
+#: not require grad, so no matmul keeps its input; what is kept is the norms' inputs (and their float32 copies), the
+#: queries and attention output (d each), and the MLP's elementwise operands (gate, up, activation: 3 d_ff gated; the
+#: GELU input and output: 2 d_ff). Checked against KN's measured SmolLM2 edit (its 18,000 row-blocks dominate it)
+ACT_D, ACT_FF_GATED, ACT_FF_PLAIN = 6, 3, 2
+#: KN's integrated-gradient rows per forward (editscope.locate.attribution.knowledge_neurons' token_budget)
+KN_TOKEN_BUDGET = 1024
+#: statistics pass: rows per batch and tokens per row (editscope.stats.second_moment defaults)
+STATS_BATCH_ROWS, STATS_SEQ_LEN = 8, 256
+#: flops of a full SVD of an n × n matrix with both singular vector sets (gesdd, order of magnitude)
+SVD_FLOPS_PER_N3 = 12.0
+
+#: how each editor's memory and time are computed (editors not listed are planned as the one they extend)
+METHOD_KIND = {"rome": "rome", "memit": "memit", "prune": "memit", "rect": "memit", "alphaedit": "alphaedit",
+               "evk_edit": "alphaedit", "ft": "ft", "kn": "kn", "mend": "mend", "ultraedit": "ultraedit"}
+
+
+# -- the model's shape ---------------------------------------------------------------------------------------------
+def _first(config, keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a causal LM that its edit costs depend on, from its config (see :func:`model_shape`).
+    ``family`` is editscope's architecture family (None: editscope has no map for this model_type, so it cannot edit
+    it; the numbers are still predicted)."""
+
+    name: str
+    model_type: str
+    family: str | None
+    n_layers: int
+    hidden: int
+    mlp: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    n_params: int
+    gated: bool
+    tied: bool
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one block (all but the embeddings and an untied LM head, spread over the blocks)."""
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return max(1, (self.n_params - embed) // self.n_layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_config(name_or_path: str):
+    """The transformers config of a registry name, a local folder or a hub id whose ``config.json`` is in the local
+    hub cache (fetched when the hub is reachable and ``HF_HUB_OFFLINE`` is not set). No weights are read. A config
+    transformers cannot read is a one-line error naming it."""
+    try:
+        return _read_config(name_or_path)
+    except EditscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (transformers' and huggingface_hub's errors for a config they refuse)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise EditscopeError(f"{name_or_path}: cannot read its config.json ({type(exc).__name__}: {first})") from None
+
+
+def _read_config(name_or_path: str):
+    from transformers import AutoConfig
+
+    from editscope.lm.loading import GGUF_MODELS, is_prepared
+
+    text = str(name_or_path or "").strip()
+    if not text:
+        raise EditscopeError("model name is empty")
+    if text.startswith("tiny-"):
+        from editscope.lm.tiny import TINY_FAMILIES, _configs
+
+        family = text[len("tiny-"):]
+        if family not in TINY_FAMILIES:
+            raise EditscopeError(f"no tiny model for family {family!r}; available: {', '.join(TINY_FAMILIES)}")
+        return _configs()[family]()
+    if text in GGUF_MODELS:
+        if not is_prepared(text):
+            raise EditscopeError(f"model {text!r} is not converted yet (its config comes from the conversion): run "
+                                 f"editscope models prepare {text}")
+        return AutoConfig.from_pretrained(GGUF_MODELS[text].folder(text))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if path.joinpath("config.json").is_file():
+            return AutoConfig.from_pretrained(path)
+        raise EditscopeError(f"{path}: not a Hugging Face model folder (no config.json)")
+    from editscope.lm.hub import _offline, is_hub_id
+
+    if not is_hub_id(text):
+        raise EditscopeError(f"unknown model {text!r}: not a registry name, a folder holding config.json or a hub id")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        config_file = hf_hub_download(text, "config.json", local_files_only=_offline())
+    except Exception as exc:  # noqa: BLE001 (offline, not cached, gated or unknown repo)
+        why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise EditscopeError(f"model {text!r}: no config.json in the local hub cache ({why}); copy the model's "
+                             "config.json into a folder and pass --model DIR") from None
+    return AutoConfig.from_pretrained(Path(config_file).parent)
+
+
+def count_parameters(config) -> int:
+    """Parameters of the model ``config`` describes (tied weights once), built on the meta device: no memory, no
+    weights. A model type transformers cannot build is an error naming it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 (whatever a model class raises on a config it cannot build)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise EditscopeError(f"transformers cannot build model_type {getattr(config, 'model_type', None)!r} from "
+                             f"this config: {first}") from None
+    return sum(p.numel() for p in model.parameters())
+
+
+def shape_of_config(config, name: str = "") -> ModelShape:
+    """:class:`ModelShape` of a transformers config (any model_type transformers knows)."""
+    from editscope.lm.archs import arch_for_config
+
+    text = getattr(config, "text_config", None)
+    config = text if text is not None and getattr(config, "num_hidden_layers", None) is None else config
+    try:
+        family: str | None = arch_for_config(config).family
+    except EditscopeError:
+        family = None
+    n_layers = _first(config, ("num_hidden_layers", "n_layer", "num_layers"))
+    hidden = _first(config, ("hidden_size", "n_embd", "d_model"))
+    if n_layers is None or hidden is None:
+        raise EditscopeError(f"{name or config.model_type}: config has no layer count or hidden size")
+    mlp = _first(config, ("intermediate_size", "n_inner", "ffn_dim")) or 4 * hidden
+    n_heads = _first(config, ("num_attention_heads", "n_head")) or 1
+    n_kv = _first(config, ("num_key_value_heads",)) or n_heads
+    head_dim = _first(config, ("head_dim",)) or hidden // n_heads
+    act = str(getattr(config, "hidden_act", None) or getattr(config, "activation_function", "") or "")
+    gated = config.model_type not in ("gpt2", "gptj", "gpt_neox", "opt", "gpt_neo", "bloom", "falcon") \
+        and act not in ("gelu_new",)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return ModelShape(name=name or str(getattr(config, "_name_or_path", "") or config.model_type),
+                      model_type=str(config.model_type), family=family, n_layers=n_layers, hidden=hidden, mlp=mlp,
+                      n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=int(config.vocab_size),
+                      n_params=count_parameters(config), gated=gated, tied=tied)
+
+
+def model_shape(name_or_path: str) -> ModelShape:
+    """:class:`ModelShape` of a registry name, local folder or cached hub id (see :func:`read_config`)."""
+    return shape_of_config(read_config(name_or_path), str(name_or_path))
+
+
+# -- hyperparameters ---------------------------------------------------------------------------------------------
+def plan_hparams(method: str, shape: ModelShape, model: str, path: str | None = None,
+                 overrides: Mapping[str, Any] | None = None):
+    """The hparams an edit of ``model`` with ``method`` would use: ``path``, else the shipped file, else the derived
+    defaults (layers by relative depth; families without a published reference take LLaMA's). KN and MEND, which
+    have no derivation rule, fall back to their defaults over all layers (KN, as Dai et al.) or the last three
+    (MEND's default edit layers), with a note saying so. Returns (hparams, note)."""
+    import warnings
+
+    from editscope.edit.hparams import DerivedHParamsWarning, load_yaml, resolve_hparams
+    from editscope.edit.registry import get_editor
+
+    editor = get_editor(method)
+    overrides = dict(overrides or {})
+    if path is not None:
+        return load_yaml(path, editor.hparams_class, overrides or None, shape.n_layers), f"hparams from {path}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DerivedHParamsWarning)
+        try:
+            hp = resolve_hparams(method, editor.hparams_class, model, (shape.family or "llama", shape.n_layers),
+                                 overrides or None)
+        except EditscopeError:
+            if method not in ("kn", "mend"):
+                raise
+            layers = list(range(shape.n_layers)) if method == "kn" else \
+                list(range(max(0, shape.n_layers - 3), shape.n_layers))
+            hp = editor.hparams_class.from_dict({"layers": layers, **overrides}, f"<{method} defaults>")
+            return hp, f"no {method} hparams for this model: {method}'s defaults with layers {_span(layers)}"
+    derived = [str(w.message) for w in caught if issubclass(w.category, DerivedHParamsWarning)]
+    return hp, (f"derived hparams: layers {_span(hp.layers)}" if derived else "shipped hparams")
+
+
+def _span(layers) -> str:
+    layers = list(layers)
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ",".join(map(str, layers))
+
+
+def stats_cached(model: str, hp, dtype: str | None) -> bool:
+    """Whether a statistics cache folder for this model exists at the hparams' budget (a registry or folder model
+    whose fingerprint is known without loading; otherwise False: the plan then counts the statistics pass)."""
+    from pathlib import Path
+
+    from editscope.lm.loading import FINGERPRINT_FILE, GGUF_MODELS
+    from editscope.paths import home
+
+    if not hp.stats_layers() or dtype not in (None, "float32"):
+        return False
+    folder = GGUF_MODELS[model].folder(model) if model in GGUF_MODELS else Path(model).expanduser()
+    stamp = folder / FINGERPRINT_FILE
+    if not stamp.is_file():
+        return False
+    root = home() / "stats" / stamp.read_text().strip()
+    budget = f"-b{hp.stats_tokens()}-"
+    return any(budget in d.name and all((d / f"layer{la}.safetensors").is_file() for la in hp.stats_layers())
+               for d in root.glob("*") if d.is_dir()) if root.is_dir() else False
+
+
+# -- the prediction ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Term:
+    """One memory term: ``name`` (see the module docstring), bytes, the phase it belongs to (load, statistics,
+    edit; ``all`` for the runtime), where it lives (``device``: the model's device; ``host``) and how it was
+    counted."""
+
+    name: str
+    bytes: int
+    phase: str
+    where: str
+    how: str
+
+    def during(self, phase: str) -> bool:
+        """Whether the term is held during ``phase`` (``phase`` may list several, comma-separated)."""
+        return self.phase == "all" or phase in self.phase.split(",")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Matmul rates in FLOP/s: ``matmul`` in the model's dtype at the edit's row shape, ``fp64`` for the solves, and
+    how they were obtained (``measured`` or ``given``)."""
+
+    matmul: float
+    fp64: float
+    how: str = "given"
+
+
+@dataclass
+class Plan:
+    """A predicted edit: memory terms, phases, peak, available memory, time and advice (see :func:`plan_edit`)."""
+
+    model: ModelShape
+    method: str
+    dtype: str
+    device: str
+    requests: int
+    vstar_batch: int | None
+    stats_cached: bool
+    hparams_note: str
+    layers: list[int]
+    terms: list[Term]
+    editable: bool
+    notes: list[str] = field(default_factory=list)
+    available: int | None = None
+    host_available: int | None = None
+    flops: dict[str, float] = field(default_factory=dict)
+    rates: Rates | None = None
+    advice: list[str] = field(default_factory=list)
+    #: tokens of one batched v*/z (or training) forward: the row count of the matmuls the time is counted at
+    batch_tokens: int = 1
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def phases(self, where: str = "device") -> dict[str, int]:
+        """Bytes per phase on ``where`` (``device``; ``host`` is the same as device on a CPU)."""
+        places = {"device", "host"} if not self.on_cuda else {where}
+        out = {}
+        for phase in ("load", "statistics", "edit"):
+            out[phase] = sum(t.bytes for t in self.terms if t.where in places and t.during(phase))
+        return out
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases("device").values())
+
+    @property
+    def host_peak(self) -> int:
+        return max(self.phases("host").values())
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases("device")
+        return max(phases, key=phases.get)
+
+    def biggest(self) -> Term:
+        """The largest term of the peak phase on the device (the one to act on first)."""
+        places = {"device", "host"} if not self.on_cuda else {"device"}
+        return max((t for t in self.terms if t.where in places and t.during(self.peak_phase)),
+                   key=lambda t: t.bytes)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the peak fits the available memory (None: not known)."""
+        if self.available is None:
+            return None
+        ok = self.peak <= self.available
+        if self.on_cuda and self.host_available is not None:
+            ok = ok and self.host_peak <= self.host_available
+        return ok
+
+    def seconds(self) -> dict[str, float] | None:
+        """Predicted seconds of each counted computation (None without rates)."""
+        if self.rates is None:
+            return None
+        return {k: v / (self.rates.fp64 if k.endswith("fp64") else self.rates.matmul) for k, v in self.flops.items()}
+
+    def seconds_per_edit(self) -> float | None:
+        secs = self.seconds()
+        if secs is None:
+            return None
+        return sum(v for k, v in secs.items() if not k.startswith("once"))
+
+    def seconds_first_edit(self) -> float | None:
+        """Seconds of the first edit of a run: per edit plus what is computed once (statistics not cached,
+        AlphaEdit's projectors)."""
+        secs = self.seconds()
+        return None if secs is None else sum(secs.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        secs = self.seconds()
+        return {
+            "model": self.model.to_dict(), "method": self.method, "dtype": self.dtype, "device": self.device,
+            "requests": self.requests, "vstar_batch": self.vstar_batch or "auto", "stats_cached": self.stats_cached,
+            "hparams": self.hparams_note, "layers": self.layers, "editable": self.editable, "notes": self.notes,
+            "terms": [asdict(t) for t in self.terms], "phases": self.phases("device"),
+            "host_phases": self.phases("host") if self.on_cuda else None,
+            "peak_bytes": self.peak, "peak_phase": self.peak_phase, "biggest": self.biggest().name,
+            "available_bytes": self.available, "host_available_bytes": self.host_available, "fits": self.fits,
+            "flops": self.flops, "rates": asdict(self.rates) if self.rates else None,
+            "seconds": secs, "seconds_per_edit": self.seconds_per_edit(),
+            "seconds_first_edit": self.seconds_first_edit(), "advice": self.advice,
+        }
+
+
+def _act_per_token_layer(shape: ModelShape, context: int) -> int:
+    """Values kept for backward per token and block (see :data:`ACT_D`), attention probabilities over ``context``
+    keys included."""
+    ff = ACT_FF_GATED if shape.gated else ACT_FF_PLAIN
+    return ACT_D * shape.hidden + ff * shape.mlp + 2 * shape.n_heads * context
+
+
+def vstar_tokens(hp, requests: int, vstar_batch: int | None) -> tuple[int, int, int, int]:
+    """(requests per batched forward, padded row tokens per request, suffix tokens per request, row width) of the
+    v*/z optimisation of ``requests`` requests (see :data:`PROMPT_TOKENS`)."""
+    specs = getattr(hp, "context_templates", None) or [[10, 5]]
+    prefixes = sum(int(n) for _, n in specs)
+    width = max(int(t) for t, _ in specs) + PROMPT_TOKENS + TARGET_TOKENS
+    rows = prefixes + 1 + 1  # the context prefixes, the bare prompt, the essence row
+    per_request = rows * width
+    cap = max(1, ENGINE_TOKEN_BUDGET // per_request)
+    group = min(requests, cap if vstar_batch is None else min(cap, vstar_batch))
+    suffix = (prefixes + 1) * SUFFIX_TOKENS + ESSENCE_TOKENS
+    return max(1, group), per_request, suffix, width
+
+
+def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", device: str = "cpu", requests: int = 1,
+              vstar_batch: int | None = None, stats_cached: bool = False, hparams_note: str = "",
+              rates: Rates | None = None, available: int | None = None,
+              host_available: int | None = None) -> Plan:
+    """The predicted memory terms and FLOPs of one edit of ``requests`` requests with ``method`` and ``hp`` (see the
+    module docstring for every term). ``stats_cached``: C is on disk already (no statistics pass)."""
+    from editscope.edit.registry import get_editor
+
+    if dtype not in DTYPE_BYTES or dtype == "float64":
+        raise EditscopeError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if requests < 1:
+        raise EditscopeError(f"requests must be >= 1, got {requests}")
+    editor = get_editor(method)
+    kind = METHOD_KIND.get(method, "memit" if getattr(hp, "mom2_tokens", None) else "ft")
+    b = DTYPE_BYTES[dtype]
+    d, ff, n_layers = shape.hidden, shape.mlp, shape.n_layers
+    cuda = str(device).startswith("cuda")
+    dev = "device"
+    layers = sorted(hp.layers)
+    n_edit = len(layers)
+    c_bytes = ff * ff * 8
+    after = n_layers - layers[0]  # blocks the optimisation runs through (and back)
+    terms: list[Term] = [
+        Term("runtime", RUNTIME_HOST, "all", "host", "Python, libraries, tokenizer, kernels (measured)"),
+        Term("weights", shape.n_params * b, "statistics,edit", dev, f"{shape.n_params:,} parameters x {b} B"),
+        Term("load", shape.n_params * 4, "load", "host", "editscope loads float32 on the host, then converts"),
+    ]
+    if cuda:
+        terms.append(Term("runtime", RUNTIME_CUDA, "all", "device", "CUDA context, cuBLAS workspace, allocator slack"))
+    notes: list[str] = []
+    editable = shape.family is not None and editor.supports(shape.family)
+    if shape.family is None:
+        notes.append(f"editscope has no architecture map for model_type {shape.model_type!r}: it cannot edit this "
+                     "model yet (the numbers are predicted from the config)")
+    elif not editable:
+        notes.append(f"{method} does not support the {shape.family!r} family (its MLP output is not added linearly "
+                     "to the residual stream)")
+    flops: dict[str, float] = {}
+    stats_layers = editor.stats_layers(hp)
+    if stats_layers and not stats_cached:
+        n_s = len(stats_layers)
+        batch_tokens = STATS_BATCH_ROWS * STATS_SEQ_LEN
+        act = batch_tokens * (4 * d + 3 * ff) * b + STATS_BATCH_ROWS * shape.n_heads * STATS_SEQ_LEN ** 2 * 4
+        terms.append(Term("statistics", 2 * n_s * c_bytes + ff * ff * 4 + act, "statistics", dev,
+                          f"{n_s} layer(s) x (sum + mean) x d_ff^2 x 8 B + one float32 kk^T chunk + one "
+                          f"{STATS_BATCH_ROWS}x{STATS_SEQ_LEN}-token no-grad batch"))
+        budget = editor.stats_tokens(hp)
+        upto = max(stats_layers) + 1
+        flops["once: statistics"] = budget * (2.0 * shape.block_params * upto)
+        flops["once: statistics"] += budget * 2.0 * ff * ff * n_s  # kk^T products (float32)
+    group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
+    uses_c = kind != "rome" or bool(getattr(hp, "mom2_adjustment", True))  # ROME without C⁻¹ reads no statistics
+    if kind in ("rome", "memit", "alphaedit"):
+        held = (1 if kind == "rome" else n_edit) if uses_c else 0
+        terms.append(Term("C", held * c_bytes, "edit", dev, f"{held} layer(s) x d_ff^2 x 8 B (float64)"))
+        if kind == "alphaedit":
+            terms.append(Term("projector", 2 * n_edit * c_bytes, "edit", dev,
+                              f"{n_edit} layer(s) x (P + K_p K_p^T) x d_ff^2 x 8 B"))
+        solve = {"rome": 1 if uses_c else 0, "memit": 3, "alphaedit": 8}[kind]
+        what = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU",
+                "alphaedit": "SVD of C: A's copy, U, V^T, gesdd's 4 n^2 workspace, the kept columns"}[kind]
+        terms.append(Term("solve", solve * c_bytes, "edit", dev, f"{solve} x d_ff^2 x 8 B ({what})"))
+        tokens = group * suffix
+        act = tokens * after * _act_per_token_layer(shape, width) * b
+        logits = tokens * shape.vocab * 4 * 3
+        terms.append(Term("vstar", act + logits, "edit", dev,
+                          f"{group} request(s) per forward x {suffix} suffix tokens through {after} blocks + "
+                          f"float32 logits x 3"))
+        steps = int(getattr(hp, "v_steps", 20))
+        batches = math.ceil(requests / group)
+        per_token = 4.0 * shape.block_params * after + 4.0 * d * shape.vocab
+        flops["v*/z optimisation"] = batches * steps * tokens * per_token
+        flops["keys and initial forwards"] = 3.0 * requests * per_request * 2.0 * shape.block_params * n_layers
+        n3 = float(ff) ** 3
+        if kind == "rome":
+            flops["solve fp64"] = requests * (2.0 / 3.0) * n3 if uses_c else 0.0
+        elif kind == "memit":
+            flops["solve fp64"] = n_edit * ((2.0 / 3.0) * n3 + 2.0 * ff * ff * requests)
+        else:
+            flops["solve fp64"] = n_edit * ((2.0 / 3.0) * n3 + 2.0 * n3)
+            flops["once: projector fp64"] = n_edit * SVD_FLOPS_PER_N3 * n3
+    elif kind == "ultraedit":
+        terms.append(Term("solve", 3 * c_bytes, "edit", dev, "3 x d_ff^2 x 8 B (K^T K + I and its LU, float64)"))
+        tokens = requests * (PROMPT_TOKENS + TARGET_TOKENS)
+        terms.append(Term("vstar", tokens * after * _act_per_token_layer(shape, width) * b + tokens * shape.vocab * 12,
+                          "edit", dev, "one forward/backward of the edit prompts"))
+        flops["forward/backward"] = tokens * (6.0 * shape.block_params * after)
+        flops["solve fp64"] = n_edit * (2.0 / 3.0) * float(ff) ** 3
+    elif kind == "ft":
+        weight = d * ff
+        terms.append(Term("optimizer", 4 * n_edit * weight * b, "edit", dev,
+                          f"{n_edit} weight(s) x (grad + Adam m, v + pre-edit copy) x {b} B"))
+        tokens = requests * (PROMPT_TOKENS + TARGET_TOKENS)
+        act = tokens * after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * b
+        terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", dev,
+                          f"{tokens} row tokens through {after} blocks + float32 logits x 3"))
+        steps = int(getattr(hp, "steps", 25))
+        flops["training steps"] = steps * tokens * (4.0 * shape.block_params * after + 4.0 * d * shape.vocab
+                                                    + 2.0 * weight * n_edit)
+    elif kind == "kn":
+        steps = int(getattr(hp, "steps", 20))
+        per_forward = min(n_edit, max(1, KN_TOKEN_BUDGET // steps))
+        rows = per_forward * steps
+        prompt = PROMPT_TOKENS
+        # per row and block: its activations, and the prompt's keys/values copied per row (the cache's concat, kept
+        # for backward by the attention; SDPA takes grouped keys/values as they are)
+        kv = prompt * 2 * shape.n_kv_heads * shape.head_dim * b
+        act = rows * (n_layers - layers[0]) * (_act_per_token_layer(shape, prompt) * b + kv)
+        terms.append(Term("ig", act + rows * shape.vocab * 4 * 3, "edit", dev,
+                          f"{rows} one-token rows ({per_forward} layer(s) x {steps} steps) through "
+                          f"{n_layers - layers[0]} blocks, keys/values of a {prompt}-token prompt per row, logits"))
+        n_prompts = len(getattr(hp, "prefixes", [""]))
+        chunks = math.ceil(n_edit / per_forward)
+        flops["integrated gradients"] = n_prompts * chunks * rows * (4.0 * shape.block_params * n_layers
+                                                                     + 4.0 * d * shape.vocab)
+    elif kind == "mend":
+        rank = int(getattr(hp, "rank", 64))
+        dim = d + ff
+        nets = (1 if getattr(hp, "shared", True) else n_edit) * (4 * rank * dim + dim) * 4 \
+            + n_edit * (4 * dim + 1) * 4 + n_edit * 3 * dim * 8
+        grads = n_edit * d * ff * (b + 4)
+        tokens = requests * (PROMPT_TOKENS + TARGET_TOKENS)
+        act = tokens * after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * b
+        terms.append(Term("mend", nets + grads, "edit", dev,
+                          f"editor networks (rank {rank}, dim {dim}) + {n_edit} weight gradient(s) and float32 ΔW"))
+        terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", dev,
+                          "one forward/backward of the edit prompt"))
+        flops["forward/backward"] = tokens * (6.0 * shape.block_params * after + 4.0 * d * shape.vocab)
+    if kind != "kn":
+        terms.append(Term("patch", n_edit * d * ff * (4 + b + 8), "edit", dev,
+                          f"{n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
+                          "float64 solve result)"))
+    if kind in ("rome", "memit", "alphaedit"):
+        # the optimisation and the solve do not overlap: keep the larger as the edit phase's transient
+        vstar = next(t for t in terms if t.name == "vstar")
+        solve = next(t for t in terms if t.name == "solve")
+        smaller = vstar if vstar.bytes < solve.bytes else solve
+        terms[terms.index(smaller)] = replace(smaller, phase="edit (not at peak)")
+    plan = Plan(model=shape, method=method, dtype=dtype, device=str(device), requests=requests,
+                vstar_batch=vstar_batch, stats_cached=stats_cached, hparams_note=hparams_note, layers=layers,
+                terms=terms, editable=editable, notes=notes, available=available, host_available=host_available,
+                flops=flops, rates=rates, batch_tokens=group * suffix)
+    plan.advice = advice(plan, hp)
+    return plan
+
+
+def advice(plan: Plan, hp) -> list[str]:
+    """What to change when the plan does not fit (empty when it fits or nothing is known), each with its saving."""
+    if plan.fits is not False:
+        return []
+    out = []
+    over = plan.peak - (plan.available or 0)
+    gb = lambda n: f"{n / GiB:.1f} GiB"  # noqa: E731
+    if plan.dtype == "float32" and plan.peak_phase != "load":
+        saved = plan.model.n_params * 2
+        out.append(f"--dtype bfloat16: weights and activations in half the bytes (-{gb(saved)})")
+    vstar = next((t for t in plan.terms if t.name == "vstar" and t.during("edit")), None)
+    group = vstar_tokens(hp, plan.requests, plan.vstar_batch)[0]
+    if vstar is not None and group > 1:
+        out.append(f"--vstar-batch 1: one request per v*/z forward instead of {group} "
+                   f"(-{gb(vstar.bytes - vstar.bytes // group)})")
+    if plan.method in ("alphaedit", "evk_edit", "memit", "prune", "rect") and len(plan.layers) > 1:
+        per = plan.model.mlp ** 2 * 8 * (3 if plan.method in ("alphaedit", "evk_edit") else 1)
+        out.append(f"fewer edited layers ({len(plan.layers)} now, --set layers=[...]): each holds "
+                   f"{gb(per)} of float64 C{', P and K_p K_p^T' if per > plan.model.mlp ** 2 * 8 else ''}")
+    if plan.peak_phase == "statistics":
+        out.append("compute the statistics once where they fit (editscope stats compute) and import them "
+                   "(editscope stats import): the statistics pass is the peak; a smaller statistics budget "
+                   "(mom2_tokens) shortens that pass but does not shrink C")
+    if plan.peak_phase == "load":
+        out.append(f"the load is the peak: editscope reads every model in float32 on the host before converting "
+                   f"it to {plan.dtype} ({gb(plan.model.n_params * 4)}), whatever its folder stores; this needs a "
+                   "machine with more host memory")
+    c_terms = sum(t.bytes for t in plan.terms if t.name in ("C", "projector", "solve", "statistics")
+                  and t.during(plan.peak_phase))
+    if c_terms:
+        out.append(f"statistics and solves in float32 instead of float64 would halve C, the projector and the "
+                   f"solve (-{gb(c_terms // 2)}; not offered yet: editscope accumulates and solves in float64)")
+    out.append(f"the plan is {gb(over)} over the {gb(plan.available or 0)} available")
+    return out
+
+
+# -- the device ------------------------------------------------------------------------------------------------------
+def available_memory(device: str) -> tuple[int | None, int | None]:
+    """(free bytes on ``device``, available host bytes): ``torch.cuda.mem_get_info`` on a GPU; psutil's (else
+    /proc/meminfo's) available memory on the host."""
+    host = None
+    try:
+        import psutil
+
+        host = int(psutil.virtual_memory().available)
+    except ImportError:
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    host = int(line.split()[1]) * 1024
+        except OSError:
+            host = None
+    if str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return None, host
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), host
+    return host, host
+
+
+def _time_matmul(a, b_, min_seconds: float, sync) -> float:
+    """FLOP/s of ``a @ b_`` repeated for at least ``min_seconds`` (after one warm-up)."""
+    a @ b_
+    sync()
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        a @ b_
+        reps += 1
+        sync()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_seconds:
+            break
+    return 2.0 * a.shape[0] * a.shape[1] * b_.shape[1] * reps / elapsed
+
+
+def measure_rates(device: str, dtype: str, shape: ModelShape, rows: int = 256, min_seconds: float = 0.25) -> Rates:
+    """The device's matmul rate at the edit's shape ([rows, d] @ [d, d_ff] in ``dtype``) and its float64 rate (a
+    square matmul of d_ff, at most 2,048 on a CPU); about a second in all."""
+    import torch
+
+    dev = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    dt = getattr(torch, dtype)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(rows, shape.hidden, device=dev, dtype=dt, generator=gen)
+    w = torch.randn(shape.hidden, shape.mlp, device=dev, dtype=dt, generator=gen)
+    matmul = _time_matmul(a, w, min_seconds, sync)
+    n = min(shape.mlp, 2048 if dev.type == "cpu" else 8192)
+    x = torch.randn(n, n, device=dev, dtype=torch.float64, generator=gen)
+    fp64 = _time_matmul(x, x, min_seconds, sync)
+    return Rates(matmul=matmul, fp64=fp64, how=f"measured on {device}: {dtype} [{rows}x{shape.hidden}]@"
+                                                 f"[{shape.hidden}x{shape.mlp}], float64 [{n}x{n}]^2")
+
+
+# -- rendering ---------------------------------------------------------------------------------------------------
+def _size(n: int) -> str:
+    return f"{n / GiB:,.2f} GiB" if n >= GiB else f"{n / MiB:,.0f} MiB"
+
+
+def render(plan: Plan) -> str:
+    """The plan as text: the terms by phase, the peak against what is available, time per edit, advice."""
+    m = plan.model
+    lines = [f"{m.name}: {m.model_type} ({'editscope family ' + m.family if m.family else 'no editscope family'}), "
+             f"{m.n_params / 1e9:.2f}B parameters, {m.n_layers} layers, hidden {m.hidden}, MLP {m.mlp}, "
+             f"vocab {m.vocab}",
+             f"{plan.method} on layers {_span(plan.layers)} ({plan.hparams_note}); {plan.requests} request(s), "
+             f"vstar_batch {plan.vstar_batch or 'auto'}; {plan.dtype} on {plan.device}; statistics "
+             f"{'cached' if plan.stats_cached else 'computed'}"]
+    lines += [f"note: {n}" for n in plan.notes]
+    lines.append("")
+    lines.append(f"{'term':<11} {'phase':<19} {'where':<6} {'size':>12}  how")
+    for t in plan.terms:
+        lines.append(f"{t.name:<11} {t.phase:<19} {t.where:<6} {_size(t.bytes):>12}  {t.how}")
+    phases = plan.phases("device")
+    lines.append("")
+    lines.append("phases: " + ", ".join(f"{k} {_size(v)}" for k, v in phases.items()))
+    avail = f" of {_size(plan.available)} available" if plan.available is not None else ""
+    verdict = {True: "fits", False: "DOES NOT FIT", None: "available memory unknown"}[plan.fits]
+    lines.append(f"peak {_size(plan.peak)} ({plan.peak_phase}; biggest term: {plan.biggest().name}){avail}: {verdict}")
+    if plan.on_cuda:
+        havail = f" of {_size(plan.host_available)}" if plan.host_available is not None else ""
+        lines.append(f"host peak {_size(plan.host_peak)}{havail} (the float32 load)")
+    secs = plan.seconds()
+    if secs is not None:
+        lines.append("")
+        lines.append(f"time ({plan.rates.how}: {plan.rates.matmul / 1e9:,.3g} GFLOP/s, "
+                     f"float64 {plan.rates.fp64 / 1e9:,.3g} GFLOP/s):")
+        for k, v in secs.items():
+            if plan.flops[k]:
+                lines.append(f"  {k:<28} {plan.flops[k] / 1e12:10.3f} TFLOP  {v:10.2f} s")
+        lines.append(f"  per edit (matmuls only) {plan.seconds_per_edit():.2f} s; the first edit "
+                     f"{plan.seconds_first_edit():.2f} s")
+    if plan.advice:
+        lines.append("")
+        lines.append("to fit:")
+        lines += [f"  - {a}" for a in plan.advice]
+    return "\n".join(lines)
+
+
+def to_json(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), indent=2)

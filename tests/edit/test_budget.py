@@ -1,0 +1,248 @@
+"""``editscope plan`` (editscope.edit.budget, editscope.run.budget): every memory term against a closed form computed
+here by hand from the published architecture numbers, the phases and the peak, FLOPs, the advice, the CLI and the
+check ``editscope run`` makes first. No weights: the models are built on the meta device from config.json
+fixtures (tests/fixtures/configs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from editscope.edit import budget as B
+from editscope.errors import EditscopeError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+GiB = 2 ** 30
+
+#: published parameter counts (model cards: GPT-2 XL 1.5B, GPT-J 6B, Llama-3-8B 8.03B, Qwen3-8B 8.2B, Mistral 7.24B),
+#: as the architecture numbers give them exactly (embeddings tied for GPT-2 only)
+PARAMS = {"gpt2-xl": 1_557_611_200, "gpt-j-6B": 6_050_882_784, "Meta-Llama-3-8B": 8_030_261_248,
+          "Qwen3-8B": 8_190_735_360, "Mistral-7B-v0.1": 7_241_732_096}
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return {name: B.model_shape(str(CONFIGS / name)) for name in PARAMS}
+
+
+def test_fixture_shapes_are_the_published_architectures(shapes):
+    for name, n in PARAMS.items():
+        assert shapes[name].n_params == n, name
+    llama = shapes["Meta-Llama-3-8B"]
+    assert (llama.n_layers, llama.hidden, llama.mlp, llama.n_heads, llama.n_kv_heads, llama.vocab) == \
+        (32, 4096, 14336, 32, 8, 128256)
+    assert llama.gated and not llama.tied and llama.family == "llama"
+    gpt2 = shapes["gpt2-xl"]
+    assert (gpt2.mlp, gpt2.tied, gpt2.gated, gpt2.family) == (6400, True, False, "gpt2")
+    # a block's parameters by hand: attention q,o (d x d) + k,v (d x kv) + gate/up/down (3 d d_ff) + 2 norms, and the
+    # final norm spread over the 32 blocks
+    d, kv = 4096, 8 * 128
+    assert llama.block_params == 2 * d * d + 2 * d * kv + 3 * d * 14336 + 2 * d + d // 32
+
+
+def _term(plan, name, phase=None):
+    found = [t for t in plan.terms if t.name == name and (phase is None or t.during(phase))]
+    assert len(found) == 1, (name, [t.name for t in plan.terms])
+    return found[0].bytes
+
+
+def test_alphaedit_llama3_terms_equal_their_closed_forms(shapes):
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, note = B.plan_hparams("alphaedit", shape, shape.name)
+    assert hp.layers == [4, 5, 6, 7, 8] and note == "shipped hparams"  # the folder name finds llama3-8b's file
+    plan = B.plan_edit(shape, "alphaedit", hp, dtype="bfloat16", device="cpu")
+    n, ff, d = 5, 14336, 4096
+    c = ff * ff * 8  # one float64 C: 1.53 GiB
+    assert _term(plan, "weights") == 8_030_261_248 * 2
+    assert _term(plan, "load") == 8_030_261_248 * 4  # float32 on the host first
+    assert _term(plan, "C") == n * c
+    assert _term(plan, "projector") == 2 * n * c
+    assert _term(plan, "solve") == 8 * c
+    assert _term(plan, "patch") == n * d * ff * (4 + 2 + 8)
+    act = 8 * 256 * (4 * d + 3 * ff) * 2 + 8 * 32 * 256 ** 2 * 4
+    assert _term(plan, "statistics") == 2 * n * c + ff * ff * 4 + act
+    phases = plan.phases()
+    edit = B.RUNTIME_HOST + 8_030_261_248 * 2 + n * c + 2 * n * c + n * d * ff * 14 + max(8 * c, _term(plan, "vstar"))
+    assert phases["edit"] == edit and plan.peak == edit and plan.peak_phase == "edit"
+    assert phases["load"] == B.RUNTIME_HOST + 8_030_261_248 * 4
+    assert plan.biggest().name == "projector"
+    assert 48 * GiB < plan.peak < 80 * GiB  # over a 48 GB card (AlphaEdit's own tracker ran out there), under 80
+
+
+FIVE_PREFIXES = {"context_templates": [[10, 5]]}  # the shipped GPT-2 XL files use ROME's 20 prefixes
+
+
+def test_rome_gpt2xl_float32_and_vstar_batch(shapes):
+    shape = shapes["gpt2-xl"]
+    hp, _ = B.plan_hparams("rome", shape, shape.name, overrides=FIVE_PREFIXES)
+    assert hp.layers == [17] and hp.context_templates == [[10, 5]]
+    one = B.plan_edit(shape, "rome", hp, dtype="float32", stats_cached=True)
+    assert _term(one, "C") == 6400 ** 2 * 8 and _term(one, "solve") == 6400 ** 2 * 8
+    assert not any(t.name == "statistics" for t in one.terms)
+    # the v* batch by hand: 5 prefixes + bare prompt rows of 6 suffix tokens, an essence row of 3, through 31
+    # blocks; values per token and block 6 d + 2 d_ff (GELU MLP) + 2 heads x row width (10 + 12 + 3)
+    tokens = 6 * 6 + 3
+    per = 6 * 1600 + 2 * 6400 + 2 * 25 * 25
+    assert _term(one, "vstar") == tokens * 31 * per * 4 + tokens * 50257 * 4 * 3
+    # batched: the engine's 2,048 tokens hold 2048 // (7 rows x 25) = 11 requests per forward, vstar_batch caps it
+    memit_hp = B.plan_hparams("memit", shape, shape.name, overrides=FIVE_PREFIXES)[0]
+    many = B.plan_edit(shape, "memit", memit_hp, requests=100)
+    assert many.batch_tokens == 11 * tokens
+    capped = B.plan_edit(shape, "memit", memit_hp, requests=100, vstar_batch=2)
+    assert capped.batch_tokens == 2 * tokens
+    assert _term(many, "vstar") > _term(capped, "vstar")
+
+
+def test_rome_without_c_inverse_holds_no_c(shapes):
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, _ = B.plan_hparams("rome", shape, shape.name)
+    assert hp.mom2_adjustment is False  # AlphaEdit's ROME baseline on Llama-3, as published
+    plan = B.plan_edit(shape, "rome", hp, dtype="bfloat16")
+    assert _term(plan, "C") == 0 and _term(plan, "solve") == 0 and plan.flops["solve fp64"] == 0
+    assert not any(t.name == "statistics" for t in plan.terms)
+
+
+def test_time_is_flops_over_the_given_rates(shapes):
+    shape = shapes["gpt2-xl"]
+    hp, _ = B.plan_hparams("rome", shape, shape.name, overrides=FIVE_PREFIXES)
+    plan = B.plan_edit(shape, "rome", hp, stats_cached=True, rates=B.Rates(1e12, 5e11))
+    tokens, after = 39, 48 - 17
+    zflops = 20 * tokens * (4.0 * shape.block_params * after + 4.0 * 1600 * 50257)
+    assert plan.flops["v*/z optimisation"] == pytest.approx(zflops)
+    assert plan.flops["solve fp64"] == pytest.approx(2 / 3 * 6400 ** 3)
+    secs = plan.seconds()
+    assert secs["v*/z optimisation"] == pytest.approx(zflops / 1e12)
+    assert secs["solve fp64"] == pytest.approx(2 / 3 * 6400 ** 3 / 5e11)
+    keys = 3 * 7 * 25 * 2.0 * shape.block_params * 48  # 3 forwards of the request's 7 rows x 25 tokens
+    assert plan.flops["keys and initial forwards"] == pytest.approx(keys)
+    assert plan.seconds_per_edit() == pytest.approx(sum(secs.values()))
+    cold = B.plan_edit(shape, "rome", hp, stats_cached=False, rates=B.Rates(1e12, 5e11))
+    stats = 100_000 * (2.0 * shape.block_params * 18 + 2.0 * 6400 ** 2)  # forward to layer 17 + k k^T, per token
+    assert cold.flops["once: statistics"] == pytest.approx(stats)
+    assert cold.seconds_per_edit() == pytest.approx(plan.seconds_per_edit())  # once per run, not per edit
+    assert cold.seconds_first_edit() == pytest.approx(plan.seconds_first_edit() + stats / 1e12)
+
+
+def test_kn_and_mend_terms(shapes):
+    shape = shapes["Mistral-7B-v0.1"]
+    kn_hp, note = B.plan_hparams("kn", shape, shape.name)
+    assert kn_hp.layers == list(range(32)) and "defaults" in note
+    kn = B.plan_edit(shape, "kn", kn_hp, dtype="bfloat16")
+    rows = min(32, 1024 // 20) * 20  # every layer's 20 IG steps fit one forward
+    kv = 12 * 2 * 8 * 128 * 2  # per row: the 12-token prompt's keys and values (8 key/value heads)
+    per = (6 * 4096 + 3 * 14336 + 2 * 32 * 12) * 2 + kv
+    assert _term(kn, "ig") == rows * 32 * per + rows * 32000 * 12
+    mend_hp, _ = B.plan_hparams("mend", shape, shape.name)
+    assert mend_hp.layers == [29, 30, 31]
+    mend = B.plan_edit(shape, "mend", mend_hp, dtype="bfloat16")
+    dim = 4096 + 14336
+    nets = (4 * mend_hp.rank * dim + dim) * 4 + 3 * (4 * dim + 1) * 4 + 3 * 3 * dim * 8
+    assert _term(mend, "mend") == nets + 3 * 4096 * 14336 * (2 + 4)
+
+
+def test_a_family_editscope_cannot_edit_is_still_planned(tmp_path):
+    from transformers import OPTConfig
+
+    OPTConfig(hidden_size=64, ffn_dim=256, num_hidden_layers=4, num_attention_heads=4, vocab_size=1000,
+              word_embed_proj_dim=64).save_pretrained(tmp_path)
+    shape = B.model_shape(str(tmp_path))
+    assert shape.family is None and shape.mlp == 256 and shape.n_layers == 4
+    hp, note = B.plan_hparams("rome", shape, str(tmp_path))
+    plan = B.plan_edit(shape, "rome", hp, hparams_note=note)
+    assert not plan.editable and "cannot edit" in plan.notes[0] and "'opt'" in plan.notes[0]
+    assert _term(plan, "C") == 256 ** 2 * 8
+
+
+def test_memit_refuses_gemma3_in_the_plan():
+    shape = B.model_shape("tiny-gemma3")
+    hp, _ = B.plan_hparams("memit", shape, "tiny-gemma3")
+    plan = B.plan_edit(shape, "memit", hp)
+    assert not plan.editable and "does not support the 'gemma3'" in plan.notes[0]
+    assert B.plan_edit(shape, "rome", B.plan_hparams("rome", shape, "tiny-gemma3")[0]).editable
+
+
+def test_advice_when_it_does_not_fit(shapes):
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, _ = B.plan_hparams("alphaedit", shape, shape.name)
+    fits = B.plan_edit(shape, "alphaedit", hp, dtype="bfloat16", available=80 * GiB, stats_cached=True)
+    assert fits.fits is True and fits.advice == []
+    over = B.plan_edit(shape, "alphaedit", hp, dtype="float32", available=40 * GiB, stats_cached=True)
+    assert over.fits is False
+    assert over.advice[0].startswith("--dtype bfloat16")
+    assert any("float32 instead of float64" in a for a in over.advice)
+    assert any("fewer edited layers" in a for a in over.advice)
+    assert B.plan_edit(shape, "alphaedit", hp, available=None).fits is None
+
+
+def _run_config(tmp_path, model, method="alphaedit", dtype="bfloat16"):
+    cfg = tmp_path / "c.yaml"
+    data = CONFIGS.parent / "counterfact_rome_sample.json"
+    cfg.write_text(f"model: {model}\nmethods: [{method}]\ndtype: {dtype}\ndevice: cpu\noutput: {tmp_path / 'out'}\n"
+                   f"dataset: {data}\nslice: {{offset: 0, limit: 1}}\nsuites: [counterfact]\n")
+    return cfg
+
+
+def test_check_fits_refuses_in_one_line_naming_the_biggest_term(tmp_path, monkeypatch):
+    from editscope.run import load_config
+    from editscope.run.budget import check_fits
+
+    config = load_config(_run_config(tmp_path, CONFIGS / "Meta-Llama-3-8B"))
+    with pytest.raises(EditscopeError) as err:
+        check_fits(config, available=40 * GiB)
+    line = str(err.value)
+    assert "\n" not in line and "biggest term: projector" in line and "alphaedit" in line
+    plans = check_fits(config, available=200 * GiB)
+    assert [p.method for p in plans] == ["alphaedit"] and plans[0].fits
+    monkeypatch.setenv("EDITSCOPE_PLAN_CHECK", "0")
+    assert check_fits(config, available=1) == []
+
+
+def test_run_command_stops_before_loading_a_model_that_cannot_fit(tmp_path, monkeypatch, capsys):
+    from editscope import cli
+    from editscope.run import budget as run_budget
+
+    monkeypatch.setattr(run_budget, "available_memory", lambda device: (10 * GiB, 10 * GiB))
+    code = cli.main(["run", str(_run_config(tmp_path, CONFIGS / "Mistral-7B-v0.1", "rome", "float32"))])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1
+    assert err.startswith("editscope: error: rome on") and "biggest term: weights" in err
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_cli_plan_json_offline(tmp_path, capsys, monkeypatch):
+    from editscope import cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = cli.main(["plan", "--model", str(CONFIGS / "Qwen3-8B"), "--method", "alphaedit", "--dtype", "bfloat16",
+                     "--available-gib", "80", "--tflops", "400", "--json"])
+    assert code == 0
+    (plan,) = json.loads(capsys.readouterr().out)
+    assert plan["model"]["n_params"] == PARAMS["Qwen3-8B"] and plan["dtype"] == "bfloat16"
+    terms = {t["name"]: t["bytes"] for t in plan["terms"]}
+    assert terms["C"] == len(plan["layers"]) * 12288 ** 2 * 8
+    assert plan["rates"]["matmul"] == 400e12 and plan["rates"]["fp64"] == 200e12
+    assert plan["seconds_per_edit"] > 0 and plan["fits"] is True
+    if plan["model"]["family"] is None:  # until editscope maps qwen3
+        assert "cannot edit" in plan["notes"][0]
+    code = cli.main(["plan", "--model", str(CONFIGS / "gpt2-xl"), "--method", "rome", "--method", "kn",
+                     "--available-gib", "1", "--no-time"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("DOES NOT FIT") == 2 and "to fit:" in out and "time (" not in out
+
+
+def test_run_config_modes_set_the_requests_per_edit(tmp_path):
+    from editscope.run import load_config
+    from editscope.run.budget import plans_for_config
+
+    cfg = _run_config(tmp_path, CONFIGS / "gpt2-xl", "memit", "float32")
+    base = cfg.read_text()
+    (plan,) = plans_for_config(load_config(cfg), available=100 * GiB)
+    assert (plan.requests, plan.vstar_batch, plan.dtype, plan.device) == (1, None, "float32", "cpu")
+    cfg.write_text(base + "mode: {batch: 10}\nruntime: {vstar_batch: 4}\n")
+    (plan,) = plans_for_config(load_config(cfg), available=100 * GiB)
+    assert (plan.requests, plan.vstar_batch) == (10, 4)
+    cfg.write_text(base + "runtime: {vstar_batch: 8}\n")  # single mode: a window of 8 cases' v* optimised together
+    (plan,) = plans_for_config(load_config(cfg), dtype="bfloat16", available=100 * GiB)
+    assert (plan.requests, plan.dtype) == (8, "bfloat16")

@@ -1,0 +1,60 @@
+"""``editscope plan`` against a measured edit: the predicted peak RSS of one ROME edit of SmolLM2-135M (float32, CPU)
+within 15 % of the peak RSS a fresh process reaches loading the model and making that edit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from editscope.errors import EditscopeError
+
+TOLERANCE = 0.15
+CHILD = """
+import json, resource, sys
+from editscope.data.records import EditRequest
+from editscope.edit import edited
+from editscope.edit.registry import get_editor
+from editscope.lm import load
+r = json.loads(open(sys.argv[1]).read())[0]["requested_rewrite"]
+request = EditRequest(r["prompt"], r["subject"], r["target_new"]["str"], r["target_true"]["str"])
+bundle = load("smollm2-135m", device="cpu")
+with edited(bundle, "rome", [request], hparams=get_editor("rome").load_hparams(bundle)):
+    pass
+print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+@pytest.mark.slow
+def test_rome_smollm2_peak_rss_within_tolerance_of_the_plan():
+    from editscope.edit.budget import model_shape, plan_edit, plan_hparams, stats_cached
+    from editscope.lm.loading import check_available, is_prepared
+
+    try:
+        check_available("smollm2-135m")
+    except EditscopeError as exc:
+        pytest.skip(str(exc))
+    if not is_prepared("smollm2-135m"):
+        from editscope.lm.loading import prepare
+
+        prepare("smollm2-135m")
+    shape = model_shape("smollm2-135m")
+    hp, note = plan_hparams("rome", shape, "smollm2-135m")
+    assert note == "shipped hparams" and hp.layers == [4]
+    cached = stats_cached("smollm2-135m", hp, "float32")
+    plan = plan_edit(shape, "rome", hp, dtype="float32", device="cpu", stats_cached=cached)
+    records = Path(__file__).resolve().parents[1] / "fixtures" / "counterfact_rome_sample.json"
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "EDITSCOPE_DEVICE": "cpu"}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(records)], capture_output=True, text=True, env=env,
+                         check=False, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["maxrss"]
+    ratio = plan.peak / measured
+    print(f"ROME SmolLM2: predicted {plan.peak / 2**20:.0f} MiB ({plan.peak_phase}, statistics "
+          f"{'cached' if cached else 'computed'}), measured {measured / 2**20:.0f} MiB, ratio {ratio:.3f}")
+    assert abs(ratio - 1) <= TOLERANCE
