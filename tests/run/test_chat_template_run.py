@@ -62,17 +62,21 @@ def test_the_card_of_a_chat_run_replays_its_prompt_format(tmp_path):
     """The edit card of a ``chat_template: true`` run wraps prompts as the run did, so its metrics are the row's;
     a model whose tokenizer lost the template is refused in one line (its numbers would silently differ)."""
     from editscope.run.inspect import compute_card, job_from_run
+    from tests.suites.test_collateral import known_fact_file
 
     bundle = build_tiny("llama", seed=5)
     bundle.tokenizer.chat_template = CHATML
     Runner(config(tmp_path, chat_template=True), bundle=bundle, progress=False, log=lambda _m: None).run()
     row = read_results(tmp_path / "run" / "results.jsonl")[1]  # group 1: the runner's per-group seeds matter
-    job = job_from_run(tmp_path / "run", row["case_id"], bundle=bundle, collateral_facts=20)
+    facts = [str(tmp_path / "facts.json")]  # facts the tiny model knows, for the card's collateral scan
+    known_fact_file(tmp_path / "facts.json", ScoringEngine(bundle, chat_template=True))
+    job = job_from_run(tmp_path / "run", row["case_id"], bundle=bundle, collateral_facts=12,
+                       collateral_sources=facts)
     card = compute_card(job, generate_tokens=0, progress=False)
     assert card["suites"]["counterfact"]["metrics"] == row["metrics"]["counterfact"]
     assert card["suites"]["counterfact"]["protocol"] == row["protocol"]["counterfact"]
     bundle.tokenizer.chat_template = None
     with pytest.raises(EditscopeError, match="chat template|prompt format") as err:
-        compute_card(job_from_run(tmp_path / "run", row["case_id"], bundle=bundle, collateral_facts=20),
-                     generate_tokens=0, progress=False)
+        compute_card(job_from_run(tmp_path / "run", row["case_id"], bundle=bundle, collateral_facts=12,
+                                  collateral_sources=facts), generate_tokens=0, progress=False)
     assert "\n" not in str(err.value)

@@ -15,17 +15,17 @@ from typing import Any
 
 from editscope.edit.budget import GiB, Plan, available_memory, model_shape, plan_edit, plan_hparams, stats_cached
 from editscope.errors import EditscopeError
+from editscope.run.config import RunConfig
+from editscope.run.plan import Single
 
 #: environment variable that turns the check off (``0``, ``off``, ``false``, ``no``)
 ENV = "EDITSCOPE_PLAN_CHECK"
 
 
-def _requests_per_edit(config) -> int:
-    if config.mode == "batch":
-        return max(1, int(config.group_size))
-    if config.mode == "sequential_batches":
-        return max(1, int(config.batch))
-    return 1
+def _requests_per_edit(config: RunConfig) -> int:
+    """Cases in one edit of a full group (one request per case planned): the mode's first step."""
+    mode = config.mode
+    return len(mode.steps(list(range(mode.group_size)))[0])
 
 
 def plans_for_config(config, *, device: str | None = None, dtype: str | None = None,
@@ -48,7 +48,7 @@ def plans_for_config(config, *, device: str | None = None, dtype: str | None = N
             continue
         hp, note = plan_hparams(spec.name, shape, config.model, spec.hparams, spec.overrides)
         requests = _requests_per_edit(config)
-        if config.mode == "single" and runtime.vstar_batch:  # a window of N cases optimised together
+        if type(config.mode) is Single and runtime.vstar_batch:  # a window of N cases optimised together
             requests = runtime.vstar_batch
         plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
                                vstar_batch=runtime.vstar_batch, stats_cached=stats_cached(config.model, hp, dtype),
