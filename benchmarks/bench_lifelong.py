@@ -15,9 +15,20 @@
     It also prints the FLOP ratio of the two structures (:func:`flop_counts`): what the work itself allows an exact
     computation of the same optimiser steps to save, the ceiling of the ratio where matmuls dominate (SmolLM2).
 (c) Peak resident memory (VmHWM) after every round of (a): flat memory means the last is within ~10% of the first.
+(u) UltraEdit against AlphaEdit (the baseline) on the same batch of ``--u-batch`` CounterFact requests, same process,
+    each from a fresh chain state after a warm-up edit (so AlphaEdit's statistics and projector, computed once per
+    chain, are not counted): seconds per edit of each and ``ratio X.X`` = AlphaEdit / UltraEdit.
+(k) A checkpoint's evaluation cost at ``--k-edits`` (default 1,000 and 10,000) edits applied, emulated: a synthetic
+    accumulated ΔW (one real UltraEdit batch's ΔW scaled to that many edits) is folded into the bundle as a chain
+    does, and the suites of ``lifelong-stream`` (counterfact, general, weights) probe the cases that config's
+    checkpoint probes at that point (the cases edited since the previous checkpoint plus the re-probe sample; the
+    mode's batch/checkpoints/reprobe, overridable). Prints the seconds per suite and ``ratio`` = at the largest /
+    at the smallest, for the config's case sets and for one fixed case set (what the edits on the weights alone
+    change).
 
 Usage: .venv/bin/python benchmarks/bench_lifelong.py [--model smollm2-135m] [--method alphaedit] [--batch 100]
-       [--rounds 10] [--z-batch 100] [--ref-sample K] [--threads 2] [--parts ab]
+       [--rounds 10] [--z-batch 100] [--ref-sample K] [--threads 2] [--parts ab] [--u-batch 100]
+       [--k-edits 1000,10000] [--k-batch B --k-every K --k-reprobe N]
 """
 
 from __future__ import annotations
@@ -209,6 +220,87 @@ def part_b(bundle, args) -> None:
         raise SystemExit(f"(b) the ΔW disagree: {max(diffs.values()):.2e} > 1e-4")
 
 
+def _fresh_state(editor, bundle, reqs, hp, runtime):
+    """A chain state after a warm-up edit of one request (statistics, projectors and first-call costs paid), without
+    its edits."""
+    state = editor.new_state()
+    warm = hp.replace(v_steps=1) if "v_steps" in hp.to_dict() else hp
+    editor.compute_patch(bundle, reqs[:1], warm, state, runtime=runtime)
+    return state.without_edits()
+
+
+def part_u(bundle, args) -> None:
+    """Seconds per edit of UltraEdit and of AlphaEdit on the same batch (CounterFact records 0..u_batch-1)."""
+    cases = load_counterfact(data_file("counterfact/counterfact-edit.json"))
+    reqs = [c.requests[0] for c in cases[: args.u_batch]]
+    per: dict[str, float] = {}
+    for name in ("alphaedit", "ultraedit"):
+        editor = get_editor(name)
+        hp, runtime = editor.load_hparams(bundle), EditRuntime()
+        state = _fresh_state(editor, bundle, reqs, hp, runtime)
+        t0 = time.perf_counter()
+        editor.compute_patch(bundle, reqs, hp, state, runtime=runtime)
+        per[name] = (time.perf_counter() - t0) / len(reqs)
+        print(f"(u) {name}: one batch of {len(reqs)} edits in {per[name] * len(reqs):.2f} s = "
+              f"{per[name]:.4f} s per edit", flush=True)
+    print(f"(u) ratio {per['alphaedit'] / per['ultraedit']:.1f} (seconds per edit, AlphaEdit / UltraEdit, same batch "
+          f"of {len(reqs)})")
+
+
+def _stream_mode(args):
+    from editscope.paths import configs_dir
+    from editscope.run.config import load_config
+    from editscope.run.plan import Lifelong, mode_of
+
+    mode = mode_of(load_config(configs_dir() / "experiments" / "lifelong-stream.yaml"))
+    assert isinstance(mode, Lifelong)
+    return Lifelong(batch=args.k_batch or mode.batch, rounds=mode.rounds, checkpoints=args.k_every or mode.checkpoints,
+                    reprobe=args.k_reprobe or mode.reprobe)
+
+
+def part_k(bundle, args) -> None:
+    """A checkpoint's probe on a bundle holding a synthetic accumulated ΔW of each number of edits."""
+    from editscope.data import load_cases
+    from editscope.lm.engine import ScoringEngine
+    from editscope.suites import get_suite
+
+    mode = _stream_mode(args)
+    edits = [int(e) for e in args.k_edits.split(",")]
+    stream = load_cases("counterfact-stream", limit=max(edits))
+    group = min(mode.group_size, len(stream))
+    suites = [get_suite("counterfact"), get_suite("general", fact_dataset="counterfact-stream-heldout",
+                                                  fact_pool=2000, facts=200), get_suite("weights")]
+    engine = ScoringEngine(bundle)
+    for suite in suites[1:2]:
+        suite.probe_many(engine, stream[:1])  # the known facts are chosen on the unedited model
+    editor = get_editor("ultraedit")
+    hp = editor.load_hparams(bundle)
+    one = editor.compute_patch(bundle, [c.requests[0] for c in stream[: mode.batch]], hp, editor.new_state())
+    fixed = [stream[i] for i in mode.probed(edits[0], group, 0)]
+    timings: dict[tuple[str, int], dict[str, float]] = {}
+    for n in edits:
+        cases = [stream[i] for i in mode.probed(n, group, 0)]
+        deltas = {k: v * (n / mode.batch) for k, v in one.deltas.items()}
+        patch = type(one)(deltas, "synthetic", {}, bundle.fingerprint, one.checksums)
+        with bundle.folding():
+            patch.apply(bundle)
+            bundle.fold(patch)
+            for label, probed in (("config", cases), ("fixed", fixed)):
+                seconds = {}
+                for suite in suites:
+                    t0 = time.perf_counter()
+                    suite.probe_many(engine, probed)
+                    seconds[suite.name] = time.perf_counter() - t0
+                timings[label, n] = seconds
+                print(f"(k) {n} edits applied, {label} case set: {len(probed)} cases probed in "
+                      f"{sum(seconds.values()):.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+                      + ")", flush=True)
+    lo, hi = edits[0], edits[-1]
+    for label in ("config", "fixed"):
+        print(f"(k) ratio {label} {sum(timings[label, hi].values()) / sum(timings[label, lo].values()):.2f} "
+              f"(checkpoint evaluation seconds at {hi} / at {lo} edits applied)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -221,13 +313,22 @@ def main() -> None:
                         "requests (sampled with seed 0; default: all). Their cost per request does not depend on the "
                         "batch, and the reference on 100 requests is over an hour of one core")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--parts", default="ab", help="which parts to run: a (with c), b")
+    parser.add_argument("--parts", default="ab", help="which parts to run: a (with c), b, u, k")
+    parser.add_argument("--u-batch", type=int, default=100, help="part (u): requests in the one batch")
+    parser.add_argument("--k-edits", default="1000,10000", help="part (k): numbers of edits applied, comma-separated")
+    parser.add_argument("--k-batch", type=int, default=0, help="part (k): batch (default: lifelong-stream's)")
+    parser.add_argument("--k-every", type=int, default=0, help="part (k): rounds per checkpoint")
+    parser.add_argument("--k-reprobe", type=int, default=0, help="part (k): re-probe sample (default: the config's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load(args.model)
     print(f"model {args.model}, {args.threads} thread(s)", flush=True)
     if "b" in args.parts:
         part_b(bundle, args)
+    if "u" in args.parts:
+        part_u(bundle, args)
+    if "k" in args.parts:
+        part_k(bundle, args)
     if "a" in args.parts:
         timer = PhaseTimer()
         timer.install()

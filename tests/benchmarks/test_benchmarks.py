@@ -63,6 +63,22 @@ def test_bench_lifelong_runs_on_tiny_batches():
 
 
 @pytest.mark.slow
+def test_bench_lifelong_compares_ultraedit_with_alphaedit_and_times_checkpoints():
+    out = _run("bench_lifelong.py", "--model", "tiny-llama", "--parts", "uk", "--u-batch", "4", "--k-edits", "8,40",
+               "--k-batch", "4", "--k-every", "1", "--k-reprobe", "6", "--threads", "1")
+    per = {name: float(out.split(f"(u) {name}: ")[1].split("= ")[1].split()[0]) for name in ("alphaedit", "ultraedit")}
+    ratio = float(out.split("(u) ratio ")[1].split()[0])
+    assert ratio == pytest.approx(per["alphaedit"] / per["ultraedit"], rel=0.05)
+    # the stream config's checkpoint after 8 edits (batches of 4, one per checkpoint, sample of 6): the batch just
+    # written plus all 4 earlier cases; after 40: the batch plus the 6 of the sample
+    assert "(k) 8 edits applied, config case set: 8 cases probed" in out
+    assert "(k) 40 edits applied, config case set: 10 cases probed" in out
+    assert "(k) 40 edits applied, fixed case set: 8 cases probed" in out
+    assert "(k) ratio config " in out and "(k) ratio fixed " in out
+    assert "weights " in out.split("(k) 40 edits applied, config")[1].splitlines()[0]
+
+
+@pytest.mark.slow
 def test_bench_device_runs_every_asked_editor_and_precision():
     out = _run("bench_device.py", "--model", "tiny-llama", "--device", "cpu", "--cases", "2",
                "--methods", "rome,ft", "--dtypes", "bfloat16")

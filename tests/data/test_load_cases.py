@@ -15,6 +15,8 @@ def test_every_registered_dataset_resolves_to_a_shared_file():
         "counterfact",
         "counterfact-1k",
         "counterfact-train",
+        "counterfact-stream",
+        "counterfact-stream-heldout",
         "zsre",
         "peak-cf",
         "peak-t",

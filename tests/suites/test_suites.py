@@ -412,7 +412,7 @@ def test_probe_sends_one_score_call(tiny_pair, monkeypatch):
 
 def test_registry():
     assert set(SUITES) == {"counterfact", "zsre", "peak", "one_to_n", "evk", "portability", "general", "collateral",
-                           "wild"}
+                           "wild", "weights"}
     for name in SUITES:
         suite = get_suite(name)
         assert suite.name == name and isinstance(suite, Suite)

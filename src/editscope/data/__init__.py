@@ -20,12 +20,12 @@ module exposing a ``FORMAT`` plus its line in :data:`FORMATS`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from editscope.data import counterfact, hf, knowedit, mquake, peak, qaedit, zsre
+from editscope.data import counterfact, counterfact_stream, hf, knowedit, mquake, peak, qaedit, zsre
 from editscope.data._common import Format, first_record, read_json_list
 from editscope.data.records import Case, EditRequest
 from editscope.errors import DataError, EditscopeError
@@ -48,6 +48,9 @@ class Dataset:
     known_invalid: Mapping[int, str] = field(default_factory=dict)
     #: ``file`` is one of the datasets packaged with editscope, not a file under the data folder
     packaged: bool = False
+    #: a dataset built from several files (e.g. ``counterfact-stream``): returns its validated cases; ``file`` is
+    #: then the first of them (what error messages and length checks name)
+    build: Callable[[], list[Case]] | None = None
 
     def path(self) -> Path:
         """The file, with a clear error when it is missing."""
@@ -69,6 +72,14 @@ for _name, _dataset in {
     "counterfact": Dataset("counterfact/counterfact-edit.json", counterfact.FORMAT, "CounterFact, EasyEdit edit split"),
     "counterfact-1k": Dataset("counterfact/counterfact-edit-1k.json", counterfact.FORMAT, "CounterFact, 1k subset"),
     "counterfact-train": Dataset("counterfact/counterfact-train.json", counterfact.FORMAT, "CounterFact, train"),
+    counterfact_stream.STREAM: Dataset(
+        counterfact_stream.FILES[0], counterfact.FORMAT,
+        "CounterFact edit + train splits, de-duplicated by prompt (first kept), but the held-out last 2,000: "
+        "the lifelong stream (17,732 edits)", build=counterfact_stream.stream_cases),
+    counterfact_stream.HELDOUT: Dataset(
+        counterfact_stream.FILES[1], counterfact.FORMAT,
+        "the last 2,000 de-duplicated records of the CounterFact stream, never in it (the general suite's "
+        "known facts)", build=counterfact_stream.heldout_cases),
     "zsre": Dataset(
         "zsre/zsre_mend_train-1k.json",
         zsre.FORMAT,
@@ -124,6 +135,9 @@ def load_cases(name_or_path: str | os.PathLike[str], *, limit: int | None = None
             raise DataError(file, None, None, "the dataset holds no rows")
         cases = fmt.parse(records, file=file, source=hf.label(key), known_invalid={})
         return cases[offset:None if limit is None else offset + limit]
+    if key in DATASETS and DATASETS[key].build is not None:
+        built = DATASETS[key].build()  # type: ignore[misc]
+        return built[offset:None if limit is None else offset + limit]
     if key in DATASETS:
         spec = DATASETS[key]
         path, source, known_invalid = spec.path(), key, spec.known_invalid

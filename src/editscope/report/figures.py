@@ -12,7 +12,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from editscope.metrics.registry import MetricSpec
 from editscope.plotting import method_colors, plt, png
-from editscope.run.summary import LOG_UNITS, SummaryRow
+from editscope.run.summary import LOG_UNITS, SummaryRow, curve_columns
 
 UNIT_TEXT = {"share": "share (0–1)", "prob": "probability (0–1)", "ppl": "perplexity (ppl)",
              "prob-diff": "probability difference", "log-prob": "log-probability (nats)", "flag": "flag (0/1)"}
@@ -122,14 +122,27 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
     return png(fig)
 
 
+LOG_X_SPAN = 10.0
+"""Curves against the number of edits use a log x-axis when the checkpoints span more than this factor (1,000 to
+17,732 edits of a stream; not 100 to 1,000 of paper 004's protocol)."""
+
+
+def log_edits_axis(edits: Sequence[int]) -> bool:
+    """Whether curves over these numbers of edits are drawn on a log x-axis (:data:`LOG_X_SPAN`)."""
+    positive = [e for e in edits if e > 0]
+    return len(positive) > 1 and max(positive) / min(positive) > LOG_X_SPAN
+
+
 def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str], title: str,
-                specs: Sequence[MetricSpec]) -> bytes:
-    """Metric vs number of edits on the model (sequential batches): one panel per headline metric, one line per
-    method through the edited model's means, the 95% CI as a band (clipped to the metric's range), the
-    unedited model's mean as a dashed line where the metric has a pre-edit value."""
-    cols = [s for s in specs if s.headline and s.higher_is_better is not None]
+                specs: Sequence[MetricSpec], *, log_x: bool | None = None) -> bytes:
+    """Metric vs number of edits on the model (sequential batches): one panel per metric of
+    :func:`~editscope.run.summary.curve_columns`, one line per method through the edited model's means, the 95% CI
+    as a band (clipped to the metric's range), the unedited model's mean as a dashed line where the metric has a
+    pre-edit value. ``log_x`` (default: :func:`log_edits_axis`) draws the edits on a log scale."""
+    cols = curve_columns(specs)
     colors = method_colors(methods)
     edits = sorted(points)
+    log_x = log_edits_axis(edits) if log_x is None else log_x
     ncols = min(4, max(1, len(cols)))
     nrows = math.ceil(len(cols) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.3 * nrows + 0.8), squeeze=False)
@@ -160,9 +173,11 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
         if log:
             _plain_log_ticks(ax)
         ax.set_title(f"{spec.name} {spec.arrow}".strip())
-        ax.set_xlabel("edits on the model")
+        ax.set_xlabel("edits on the model" + (", log scale" if log_x else ""))
         ax.set_ylabel(y_label(spec, paper_units=True, log=log))
-        if len(edits) <= 6:  # the checkpoints themselves: 100, 200, 300 rather than 100, 125, ..., 300
+        if log_x:
+            ax.set_xscale("log")
+        elif len(edits) <= 6:  # the checkpoints themselves: 100, 200, 300 rather than 100, 125, ..., 300
             ax.set_xticks(edits)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # 10 checkpoint labels collide

@@ -387,11 +387,19 @@ def results_text(summary: Sequence[SummaryRow], specs: SpecMap | None = None) ->
     return "\n".join(out).lstrip("\n")
 
 
+def curve_columns(specs: Sequence[MetricSpec] | None) -> list[MetricSpec]:
+    """The metrics a suite's curves against the number of edits show: its headline metrics with a direction; a
+    suite that declares none (a diagnostic one, such as ``weights``: norm growth has no better direction) shows its
+    per-case metrics."""
+    cols = [s for s in specs or () if s.headline and s.higher_is_better is not None]
+    return cols or [s for s in specs or () if s.aggregate is None]
+
+
 def curve_table(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str],
                 specs: Sequence[MetricSpec] | None) -> Table | None:
-    """The headline metrics of one (dataset, suite) after each number of edits, one row per (method, edits),
-    in the paper's units (:func:`compact_table`'s columns; the edited model's values); None without them."""
-    cols = [s for s in specs or () if s.headline and s.higher_is_better is not None]
+    """The metrics of one (dataset, suite) after each number of edits (:func:`curve_columns`), one row per (method,
+    edits), in the paper's units (the edited model's values); None without them."""
+    cols = curve_columns(specs)
     if not cols or not points:
         return None
     body: list[list[Cell]] = []

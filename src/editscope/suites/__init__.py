@@ -14,7 +14,8 @@ are documented in each module:
 * ``evk`` -- :mod:`.evk` (EVK-Bench Embedding/Text Stability per drift type and σ);
 * ``portability`` -- :mod:`.portability` (KnowEdit portability/locality, EasyEdit's token-accuracy protocol);
 * ``general`` -- :mod:`.general` (perplexity, next-token accuracy, known-fact locality, GE of the whole model);
-* ``collateral`` -- :mod:`.collateral` (known facts an edit made the model stop answering: Flipped).
+* ``collateral`` -- :mod:`.collateral` (known facts an edit made the model stop answering: Flipped);
+* ``weights`` -- :mod:`.weights` (drift of the edited matrices: ‖ΔW‖/‖W₀‖, norm growth, σ₁(ΔW)/σ₁(W₀)).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from editscope.suites.general import GeneralAbilitySuite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite
 from editscope.suites.portability import PortabilitySuite
+from editscope.suites.weights import WeightDriftSuite
 from editscope.suites.wild import WildSuite
 from editscope.suites.zsre import ZsreSuite
 
@@ -60,7 +62,7 @@ def register_suite(factory: Callable[..., Suite], name: str | None = None, *, al
 
 
 for _factory in (CounterFactSuite, ZsreSuite, PeakSuite, OneToNSuite, EvkSuite, PortabilitySuite,
-                 GeneralAbilitySuite, CollateralSuite, WildSuite):
+                 GeneralAbilitySuite, CollateralSuite, WildSuite, WeightDriftSuite):
     register_suite(_factory)
 
 
@@ -81,5 +83,5 @@ def measures_whole_model(name: str) -> bool:
 
 
 __all__ = ["SUITES", "CollateralSuite", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite",
-           "PortabilitySuite", "Suite", "SuiteFigure", "WildSuite", "ZsreSuite", "get_suite", "measures_whole_model",
-           "register_suite"]
+           "PortabilitySuite", "Suite", "SuiteFigure", "WeightDriftSuite", "WildSuite", "ZsreSuite", "get_suite",
+           "measures_whole_model", "register_suite"]

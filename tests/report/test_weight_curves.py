@@ -1,0 +1,73 @@
+"""The report's curves against the number of edits carry the weights suite's drift metrics (a suite without headline
+metrics shows its per-case ones), from a real lifelong run on tiny-llama; long streams get a log x-axis."""
+
+from __future__ import annotations
+
+import pytest
+
+from editscope.report import figures
+from editscope.report.build import analyse
+from editscope.run import Runner, parse_config, read_results
+from editscope.run.summary import curve_columns, curve_table
+from editscope.suites import get_suite
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from editscope.lm import load
+
+    out = tmp_path_factory.mktemp("weights-run")
+    config = parse_config({
+        "model": "tiny-llama", "seed": 0, "methods": ["ultraedit"],
+        "mode": {"sequential_batches": {"batch": 3, "rounds": 3, "checkpoints": 1}},
+        "dataset": "counterfact-sample", "slice": {"limit": 9}, "suites": ["counterfact", "weights"]}, where="test")
+    Runner(config, out_dir=out, bundle=load("tiny-llama"), progress=False, log=lambda _m: None).run()
+    return out
+
+
+def test_curve_columns_fall_back_to_a_diagnostic_suites_metrics():
+    assert [s.name for s in curve_columns(get_suite("weights").metrics_declared)] == [
+        "DeltaNorm", "DeltaNormMax", "NormGrowth", "DeltaSigma"]
+    assert [s.name for s in curve_columns(get_suite("counterfact").metrics_declared)] == ["ES", "PS", "NS", "Score"]
+
+
+def test_the_reports_weights_curve_and_table_hold_each_checkpoints_values(run_dir):
+    rows = read_results(run_dir / "results.jsonl")
+    analysis = analyse([run_dir])
+    points = analysis.curves[("counterfact-sample", "weights")]
+    assert sorted(points) == [3, 6, 9]
+    table = curve_table(points, ["ultraedit"], analysis.specs[("counterfact-sample", "weights")])
+    assert table is not None and table.headers[3:7] == ["DeltaNorm ↓ (ratio)", "DeltaNormMax ↓ (ratio)",
+                                                       "NormGrowth (ratio)", "DeltaSigma ↓ (ratio)"]
+    for edits, line in zip((3, 6, 9), table.rows, strict=True):
+        row = next(r for r in rows if r["edits_applied"] == edits)
+        assert line[1] == edits
+        mean = {r.metric: r.mean for r in points[edits]}
+        for metric in ("DeltaNorm", "DeltaNormMax", "NormGrowth", "DeltaSigma"):
+            assert mean[metric] == pytest.approx(row["metrics"]["weights"][metric], rel=1e-12)
+    assert mean["DeltaNorm"] > 0 and mean["NormGrowth"] != 1.0
+    slugs = {f.slug for f in analysis.figures}
+    assert "curve-counterfact-sample-weights" in slugs
+    assert "retention-counterfact-sample-weights" not in slugs  # the model as a whole: nothing to retain per batch
+
+
+def test_a_stream_of_checkpoints_spanning_more_than_a_decade_is_drawn_on_a_log_x_axis(run_dir, monkeypatch):
+    assert not figures.log_edits_axis([100 * k for k in range(1, 11)])  # paper 004's 100..1,000: linear
+    assert figures.log_edits_axis([1000 * k for k in range(1, 18)] + [17732])
+    analysis = analyse([run_dir])
+    points = analysis.curves[("counterfact-sample", "weights")]
+    drawn = []
+    monkeypatch.setattr(figures, "png", lambda fig: drawn.append(fig) or b"")
+    specs = analysis.specs[("counterfact-sample", "weights")]
+    figures.edit_curves(points, ["ultraedit"], "t", specs)
+    figures.edit_curves({e * 1000: rs for e, rs in points.items()} | {9 * 10**4: points[9]}, ["ultraedit"], "t", specs)
+    linear, log = drawn
+    visible = [ax for ax in linear.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in visible] == ["DeltaNorm ↓", "DeltaNormMax ↓", "NormGrowth", "DeltaSigma ↓"]
+    assert {ax.get_xscale() for ax in visible} == {"linear"}
+    assert {ax.get_xscale() for ax in log.axes if ax.get_visible() and ax.get_title()} == {"log"}
+    # the plotted line is the checkpoints' means
+    line = visible[0].get_lines()[0]
+    assert list(line.get_xdata()) == [3, 6, 9]
+    assert list(line.get_ydata()) == pytest.approx([{r.metric: r.mean for r in points[e]}["DeltaNorm"]
+                                                    for e in (3, 6, 9)])
