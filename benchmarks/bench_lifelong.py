@@ -250,9 +250,9 @@ def part_u(bundle, args) -> None:
 def _stream_mode(args):
     from editscope.paths import configs_dir
     from editscope.run.config import load_config
-    from editscope.run.plan import Lifelong, mode_of
+    from editscope.run.plan import Lifelong
 
-    mode = mode_of(load_config(configs_dir() / "experiments" / "lifelong-stream.yaml"))
+    mode = load_config(configs_dir() / "experiments" / "lifelong-stream.yaml").mode
     assert isinstance(mode, Lifelong)
     return Lifelong(batch=args.k_batch or mode.batch, rounds=mode.rounds, checkpoints=args.k_every or mode.checkpoints,
                     reprobe=args.k_reprobe or mode.reprobe)
