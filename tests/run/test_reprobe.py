@@ -5,6 +5,7 @@ rerun writes nothing, and the setting is in the digest only where it changes wha
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -132,3 +133,82 @@ def test_reprobe_is_in_the_digest_only_where_it_samples():
     assert parse_config(_config(BATCH * (ROUNDS - 1))).digest() == parse_config(_config(None)).digest()
     with pytest.raises(EditscopeError, match="mode.sequential_batches.reprobe"):
         parse_config(_config(None) | {"mode": {"sequential_batches": {"batch": 2, "rounds": 2, "reprobe": 0}}})
+
+
+# ``sampled: true``: every probe (checkpoints, final, pre) takes the batch just written and the sample only
+
+
+def _sampled_config() -> dict:
+    config = _config(LIMIT)
+    config["mode"]["sequential_batches"] |= {"checkpoints": 2, "sampled": True}
+    return config
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tiny_bundles, tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream")
+    Runner(parse_config(_sampled_config()), out_dir=path, bundle=tiny_bundles["llama"], progress=False,
+           log=lambda _m: None).run()
+    return path, read_results(path / "results.jsonl")
+
+
+def _positions_by_hand(n_edited: int, keys: np.ndarray) -> list[int]:
+    """The batch just written, and LIMIT of the earlier cases chosen by the group's fixed keys (all of them while
+    they are no more than LIMIT)."""
+    earlier = n_edited - BATCH
+    if earlier <= LIMIT:
+        return list(range(n_edited))
+    return sorted(sorted(range(earlier), key=lambda p: keys[p])[:LIMIT]) + list(range(earlier, n_edited))
+
+
+def test_a_sampled_run_probes_the_batch_just_written_and_the_sample(sampled_run, runs):
+    from editscope.run.trial import derived_seed
+
+    keys = np.random.default_rng(derived_seed(0, "counterfact", 0, "reprobe")).random(BATCH * ROUNDS)
+    rows = sampled_run[1]
+    for method in ("memit", "alphaedit"):
+        got = {}
+        for r in rows:
+            if r["method"] == method:
+                got.setdefault((r["edits_applied"], r["checkpoint"]), []).append(r["index"])
+        # checkpoints after rounds 2 and 4, then the final rows after round 5: never every case
+        assert set(got) == {(4, True), (8, True), (BATCH * ROUNDS, False)}
+        for (edits, _), indices in got.items():
+            assert sorted(indices) == _positions_by_hand(edits, keys), (method, edits)
+    # each row equals the row of the run that probes every case at every round: same chain, same probes
+    full = {(r["method"], r["case_id"], r["edits_applied"]): r for r in runs["all"][1]}
+    for r in rows:
+        twin = full[(r["method"], r["case_id"], r["edits_applied"])]
+        for name, value in r["metrics"]["counterfact"].items():
+            assert value == pytest.approx(twin["metrics"]["counterfact"][name], rel=1e-6, abs=1e-6), name
+    # the run's plan counted exactly these rows
+    assert json.loads((sampled_run[0] / "run.json").read_text())["planned_rows"] == len(rows)
+
+
+def test_sampled_rows_record_their_stratum_and_the_table_weighs_it(sampled_run):
+    """The final rows are the last batch (2 of 10 cases) and a sample of 3 of the 8 earlier: the table's mean is
+    (2·mean(last batch) + 8·mean(sample)) / 10, not the plain mean of 5 rows."""
+    from editscope.run.summary import summarize
+
+    rows = sampled_run[1]
+    final = [r for r in rows if r["method"] == "memit" and not r["checkpoint"]]
+    n = BATCH * ROUNDS
+    for r in final:
+        new = r["index"] >= n - BATCH
+        assert r["stratum"] == ([True, BATCH] if new else [False, n - BATCH])
+    got = next(s for s in summarize(rows) if s.method == "memit" and s.metric == "PS_post")
+    new = [r["metrics"]["counterfact"]["PS_post"] for r in final if r["index"] >= n - BATCH]
+    old = [r["metrics"]["counterfact"]["PS_post"] for r in final if r["index"] < n - BATCH]
+    assert len(new) == BATCH and len(old) == LIMIT
+    assert got.ci == "t-strata"
+    assert got.mean == pytest.approx(BATCH / n * np.mean(new) + (n - BATCH) / n * np.mean(old))
+
+
+def test_sampled_is_in_the_digest_and_checked():
+    assert parse_config(_sampled_config()).digest() != parse_config(
+        _config(LIMIT) | {"mode": {"sequential_batches": {"batch": BATCH, "rounds": ROUNDS, "checkpoints": 2,
+                                                          "reprobe": LIMIT}}}).digest()
+    bad = _sampled_config()
+    bad["mode"]["sequential_batches"]["sampled"] = "yes"
+    with pytest.raises(EditscopeError, match="mode.sequential_batches.sampled"):
+        parse_config(bad)

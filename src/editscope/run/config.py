@@ -15,7 +15,9 @@ Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) 
     mode: single                 # single | {batch: N} | {sequential: N} | probe_only
                                  # | {sequential_batches: {batch: B, rounds: T, checkpoints: k, reprobe: N}}
                                  #   (a checkpoint probes the cases edited since the last one and re-probes
-                                 #   the earlier ones: all up to N (1000), beyond a fixed random sample of N)
+                                 #   the earlier ones: all up to N (1000), beyond a fixed random sample of N;
+                                 #   sampled: true -> only the batch just written and that sample, at every
+                                 #   checkpoint and at the end: a long stream's evaluation stays bounded)
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
     chat_template: false         # wrap prompts in the tokenizer's chat template (instruct models); --chat-template
     lm_eval:                     # sequential_batches only: lm-evaluation-harness tasks at chain checkpoints
@@ -71,7 +73,7 @@ BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
 MODES = ("single", "batch", "sequential", "sequential_batches", "probe_only")
-SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe"}
+SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe", "sampled"}
 NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
 #: fields of a config left out of its canonical form while at their default (they came after the first digests;
 #: an unset one keeps an older config's digest)
@@ -424,8 +426,9 @@ def _mode(c: _Checker, raw: Any) -> Mode:
     rounds = c.count(n["rounds"], "mode.sequential_batches.rounds", 1)
     checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
     reprobe = c.count(n.get("reprobe", REPROBE), "mode.sequential_batches.reprobe", 1)
+    sampled = c.typed(n.get("sampled", False), bool, "mode.sequential_batches.sampled", "true or false")
     # one group = one sequence of edits from the unedited model
-    return Lifelong(batch, rounds, checkpoints, reprobe)
+    return Lifelong(batch, rounds, checkpoints, reprobe, sampled)
 
 
 def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:

@@ -48,6 +48,18 @@ class Single:
         """The rows one method writes for a group: one final row per case (:class:`Lifelong` adds checkpoints)."""
         return [(i, None) for i in members]
 
+    def final_positions(self, group_size: int, seed: int) -> list[int]:
+        """Positions in the group of the cases probed after the group's last edit: all of them."""
+        return list(range(group_size))
+
+    def pre_positions(self, group_size: int, seed: int) -> list[int]:
+        """Positions in the group of the cases probed on the unedited model: all of them."""
+        return list(range(group_size))
+
+    def stratum(self, position: int, n_edited: int, group_size: int) -> tuple[bool, int] | None:
+        """The stratum a probed row stands for where a probe took a sample (None: the rows are no sample)."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """The mode's keys of a config's canonical form (``run.json``, the digest): its name and group size."""
         return {"mode": self.name, "group_size": self.group_size}
@@ -87,12 +99,20 @@ class Sequential(Batch):
 class Lifelong(Single):
     """``rounds`` edits of ``batch`` cases each, chained (:class:`editscope.run.chain.LifelongChain`); after every
     ``checkpoints``-th round (0: none) the cases edited so far are probed (the earlier ones: a fixed random sample
-    of ``reprobe`` once there are more)."""
+    of ``reprobe`` once there are more).
+
+    ``sampled``: the evaluation of a long stream costs what one checkpoint costs, whatever the stream's length. A
+    checkpoint probes the batch just written (not every case edited since the previous checkpoint) and the fixed
+    sample of ``reprobe`` earlier ones; the final rows are the same cut after the last round, and only the cases
+    probed somewhere are probed before editing. Each row then records its stratum (the batch just written, or the
+    earlier cases it was sampled from) with the stratum's size, so that tables and curves weigh the two by the
+    number of cases they stand for (:func:`editscope.run.summary.summarize`)."""
 
     batch: int = 1
     rounds: int = 1
     checkpoints: int = 0
     reprobe: int = REPROBE
+    sampled: bool = False
     name = "sequential_batches"
     chained = True
 
@@ -112,21 +132,50 @@ class Lifelong(Single):
         rows')."""
         return bool(self.checkpoints) and r % self.checkpoints == 0 and r < n_rounds
 
+    def _new(self, n_edited: int) -> int:
+        """How many of the ``n_edited`` cases a probe after them takes in full: those edited since the previous
+        checkpoint (``sampled``: the batch just written; the last one may be short)."""
+        if self.sampled:
+            return n_edited - (n_edited - 1) // self.batch * self.batch
+        return min(self.checkpoints * self.batch, n_edited)
+
     def probed(self, n_edited: int, group_size: int, seed: int) -> list[int]:
         """Positions in the group of the cases a checkpoint after ``n_edited`` cases probes
         (:func:`~editscope.run.chain.reprobe_positions`; ``seed``: the group's re-probe seed)."""
-        new = min(self.checkpoints * self.batch, n_edited)  # edited since the previous checkpoint
-        return reprobe_positions(n_edited, new, self.reprobe, group_size, seed)
+        return reprobe_positions(n_edited, self._new(n_edited), self.reprobe, group_size, seed)
+
+    def final_positions(self, group_size: int, seed: int) -> list[int]:
+        return self.probed(group_size, group_size, seed) if self.sampled else list(range(group_size))
+
+    def pre_positions(self, group_size: int, seed: int) -> list[int]:
+        if not self.sampled:
+            return list(range(group_size))
+        n_rounds = -(-group_size // self.batch)
+        probed = set(self.final_positions(group_size, seed))
+        for r in range(1, n_rounds):
+            if self.is_checkpoint(r, n_rounds):
+                probed.update(self.probed(r * self.batch, group_size, seed))
+        return sorted(probed)
+
+    def stratum(self, position: int, n_edited: int, group_size: int) -> tuple[bool, int] | None:
+        """``sampled``: (whether the row is of the batch just written, the number of cases of its stratum)."""
+        if not self.sampled:
+            return None
+        new = self._new(n_edited)
+        return (True, new) if position >= n_edited - new else (False, n_edited - new)
 
     def to_dict(self) -> dict[str, Any]:
-        """``reprobe`` is recorded where it changes what is probed (so older runs keep their digest)."""
-        shape = {"batch": self.batch, "rounds": self.rounds, "checkpoints": self.checkpoints}
+        """``reprobe`` is recorded where it changes what is probed (so older runs keep their digest), ``sampled``
+        where it is set."""
+        shape: dict[str, Any] = {"batch": self.batch, "rounds": self.rounds, "checkpoints": self.checkpoints}
         if self.batch * (self.rounds - 1) > self.reprobe:
             shape["reprobe"] = self.reprobe
+        if self.sampled:
+            shape["sampled"] = True
         return super().to_dict() | shape
 
     def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
-        units: list[Unit] = [(i, None) for i in members]
+        units: list[Unit] = [(members[p], None) for p in self.final_positions(len(members), seed)]
         n_rounds = len(self.steps(members))
         for r in range(1, n_rounds):
             if self.is_checkpoint(r, n_rounds):
@@ -161,7 +210,8 @@ def mode_from_dict(data: Mapping[str, Any]) -> Mode:
     if name == "sequential":
         return Sequential(n)
     if name == "sequential_batches":
-        return Lifelong(data["batch"], data["rounds"], data.get("checkpoints", 0), data.get("reprobe", REPROBE))
+        return Lifelong(data["batch"], data["rounds"], data.get("checkpoints", 0), data.get("reprobe", REPROBE),
+                        bool(data.get("sampled", False)))
     if name == "probe_only":
         return ProbeOnly(n)
     raise ValueError(f"unknown mode {name!r}")

@@ -418,8 +418,9 @@ class Runner:
         """One task (block ``b``'s group ``g``): pre probes from the unedited model, then each method's rows (edit,
         probe, restore) of the units in ``todo[method]``."""
         block, engine = work.blocks[b], work.engine
-        cases = [block.cases[i] for i in members]
-        pre = self._trial(block).probe(engine, cases, g, "pre")
+        trial = self._trial(block)
+        positions = self.mode.pre_positions(len(members), trial.reprobe_seed(g))
+        pre = trial.probe(engine, [block.cases[members[k]] for k in positions], g, "pre").at(positions, len(members))
         for label in [m.label for m in self.config.methods]:
             if not todo[label]:
                 continue
@@ -462,8 +463,9 @@ class Runner:
                                n_cases=len(cases), where=where, seeded=step == 0)
             if label not in self._state_templates:
                 self._state_templates[label] = state.without_edits()
-            final = (len(log.records), sum(len(block.requests[i]) for i in members), list(range(len(members))),
-                     trial.probe(engine, [block.cases[i] for i in members], g))
+            positions = mode.final_positions(len(members), trial.reprobe_seed(g))
+            final = (len(log.records), sum(len(block.requests[i]) for i in members), positions,
+                     trial.probe(engine, [block.cases[members[k]] for k in positions], g))
         yield from self._rows(trial, block, g, members, pre, log, final, todo)
         if chain is not None:
             chain.finished()
@@ -479,8 +481,7 @@ class Runner:
             i = members[k]
             if (i, edits if checkpoint else None) not in todo:
                 continue
-            lifelong = {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd} \
-                if isinstance(self.mode, Lifelong) else None
+            lifelong = self._lifelong_fields(k, rnd, edits, checkpoint, len(members))
             row = trial.row(block.cases[i], i, model=self.bundle.name, mode=self.mode.label, group=g,
                             group_size=len(members), requests=block.requests[i], pre=pre.of(k),
                             post=post.of(j) if log is not None else None, eval_seconds=post.seconds,
@@ -488,6 +489,17 @@ class Runner:
                             edit_info=log.info(k) if log is not None else None, lifelong=lifelong)
             rows.append(row.to_dict())
         return rows
+
+    def _lifelong_fields(self, k: int, rnd: int, edits: int, checkpoint: bool, size: int) -> dict[str, Any] | None:
+        """What a ``sequential_batches`` row records of the probe that made it (None in other modes): the position
+        ``k`` of its case in a group of ``size`` probed after round ``rnd``."""
+        if not isinstance(self.mode, Lifelong):
+            return None
+        fields: dict[str, Any] = {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
+        stratum = self.mode.stratum(k, min(rnd * self.mode.batch, size), size)
+        if stratum is not None:  # a sampled probe: the row stands for the cases of its stratum
+            fields["stratum"] = list(stratum)
+        return fields
 
     def _chain_host(self) -> ChainHost:
         return ChainHost(self.out_dir, self.config.digest(self.runtime.settings()), self.lm_eval_hook, self.log)

@@ -95,7 +95,7 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             continue
         for suite, metrics in row["metrics"].items():
             cases.setdefault((row["dataset"], suite, row["method"]), []).append(metrics)
-            strata_of.setdefault((row["dataset"], suite, row["method"]), []).append(row.get(_STRATUM))
+            strata_of.setdefault((row["dataset"], suite, row["method"]), []).append(_row_stratum(row))
             order = stored.setdefault((row["dataset"], suite), [])
             order.extend(k for k in metrics if k not in order)
     seen_d = list(dict.fromkeys(list(dataset_order) + [k[0] for k in cases]))
@@ -155,6 +155,16 @@ _STRATUM = "_stratum"
 earlier cases: (stratum, its population size), so :func:`summarize` weighs each stratum by its size."""
 
 
+def _row_stratum(row: Mapping[str, Any]) -> tuple[Hashable, int] | None:
+    """A row's stratum: the one :func:`summarize_by_edits` marked, else the one the runner recorded for a sampled
+    lifelong probe (``sequential_batches.sampled``: the batch just written, or the sample of the earlier cases,
+    with the number of cases it stands for), else None."""
+    if _STRATUM in row:
+        return row[_STRATUM]
+    stored = row.get("stratum")
+    return ((row.get("group"), bool(stored[0])), int(stored[1])) if stored else None
+
+
 def _strata(entries: Sequence[tuple[Hashable, int] | None]) -> Strata | None:
     """The :data:`Strata` of a group of rows, or None where they are no stratified sample."""
     if not entries or any(e is None for e in entries):
@@ -167,6 +177,9 @@ def _checkpoint_strata(point: list[dict[str, Any]], first: Mapping[tuple, int], 
     only a sample of the earlier cases (``sequential_batches.reprobe``): per (dataset, method, group), the cases
     first probed now (the batch just written, all probed) and the earlier ones (a sample). Unmarked, the curve
     point would be the plain mean over both and lean toward the newest batch."""
+    if all("stratum" in r for r in point):  # a sampled probe: the runner recorded each row's stratum
+        return point
+
     def stratum(row: dict[str, Any]) -> tuple:
         key = (row["dataset"], row["method"], row.get("group"))
         return (*key, first[(*key, str(row["case_id"]))] == edits)

@@ -87,6 +87,18 @@ class Probes:
         """The j-th case's probe of every suite."""
         return {name: probes[j] for name, probes in self.by_suite.items()}
 
+    def at(self, positions: Sequence[int], size: int) -> Probes:
+        """These probes (the j-th of the case at ``positions[j]``) laid out by position in a group of ``size``
+        cases, the cases not probed left empty."""
+        if list(positions) == list(range(size)):
+            return self
+        spread: dict[str, list[Any]] = {}
+        for name, probes in self.by_suite.items():
+            spread[name] = [None] * size
+            for j, k in enumerate(positions):
+                spread[name][k] = probes[j]
+        return Probes(spread, self.seconds)
+
 
 @dataclass
 class Row:
