@@ -21,7 +21,7 @@
 (k) A checkpoint's evaluation cost at ``--k-edits`` (default 1,000 and 10,000) edits applied, emulated: a synthetic
     accumulated ΔW (one real UltraEdit batch's ΔW scaled to that many edits) is folded into the bundle as a chain
     does, and the suites of ``lifelong-stream`` (counterfact, general, weights) probe the cases that config's
-    checkpoint probes at that point (the cases edited since the previous checkpoint plus the re-probe sample; the
+    checkpoint probes at that point (the config is ``sampled``: the batch just written plus the re-probe sample; the
     mode's batch/checkpoints/reprobe, overridable). Prints the seconds per suite and ``ratio`` = at the largest /
     at the smallest, for the config's case sets and for one fixed case set (what the edits on the weights alone
     change).
@@ -255,7 +255,7 @@ def _stream_mode(args):
     mode = load_config(configs_dir() / "experiments" / "lifelong-stream.yaml").mode
     assert isinstance(mode, Lifelong)
     return Lifelong(batch=args.k_batch or mode.batch, rounds=mode.rounds, checkpoints=args.k_every or mode.checkpoints,
-                    reprobe=args.k_reprobe or mode.reprobe)
+                    reprobe=args.k_reprobe or mode.reprobe, sampled=mode.sampled)
 
 
 def part_k(bundle, args) -> None:
