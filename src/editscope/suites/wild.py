@@ -22,7 +22,8 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
   default: use it beside that suite so both edit the same thing);
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
-  (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; or one registered by the user).
+  (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``model:NAME``, a local model asked a
+  fixed yes/no question, :mod:`editscope.suites.model_judge`; or one registered by the user).
 
 Probe: ``{"prompts": [{"prompt": <the case's prompt>, "role": "rewrite" | "paraphrase" | "neighborhood",
 "gold": [answers], "answer": <what the model said>}, ...]}`` -- every generated answer is kept, pre and post, so
@@ -50,6 +51,7 @@ from editscope.lm.scorer import Scorer
 from editscope.metrics.answers import JUDGES, exact_match, judge_answer, token_f1
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite, check_choice
+from editscope.suites.model_judge import JUDGE_VERSION, PREFIX, ensure_model_judge
 from editscope.suites.zsre import answers0, answers0_request
 
 QA_TEMPLATE = "Question: {prompt}\nAnswer:"
@@ -110,6 +112,8 @@ class WildSuite(Suite):
                                  f"{max_new_tokens!r}")
         if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
             raise EditscopeError(f"wild suite: option stop must be a list of non-empty strings, not {stop!r}")
+        if isinstance(judge, str):
+            ensure_model_judge(judge)  # judge: model:NAME (editscope.suites.model_judge)
         JUDGES.get(judge)  # a one-line error naming the registered judges
         self.context, self.target, self.max_new_tokens = context, target, max_new_tokens
         self.stop, self.judge = tuple(stop), judge
@@ -122,7 +126,11 @@ class WildSuite(Suite):
         return {"name": "wild",
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged whole "
-                        f"by {self.judge} against {self.target}; Locality = neighbourhood answers unchanged"}
+                        f"by {self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
+                        "answers unchanged"}
+
+    def _judge_version(self) -> str:
+        return f" (judge prompt v{JUDGE_VERSION})" if self.judge.startswith(PREFIX) else ""
 
     def edit_target(self, case: Case) -> str:
         return case.request.target_new if self.target == "target_new" else answers0(case, self.name)
