@@ -8,6 +8,7 @@ import copy
 import hashlib
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -15,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from editscope.data import load_cases
 from editscope.data.records import EditRequest
 from editscope.edit import get_editor
-from editscope.edit.ultraedit import EPS, UltraEditState, ridge_update, shape_key
+from editscope.edit.ultraedit import EPS, UltraEditState, ridge_condition, ridge_update, shape_key
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
@@ -99,6 +100,8 @@ def test_delta_w_equals_a_plain_reimplementation_of_the_turn(tiny_bundles, dtype
     n_rows = sum(len(engine.encode_pair(r.text, r.target_new)[1]) for r in TURN_1)
     assert patch.info["answer_tokens"] == n_rows and n_rows > len(TURN_1)  # multi-token answers: every token's row
     assert state.counts == {shape_key(128, 64): 3 * n_rows} and state.n_edits == 3 and state.n_turns == 1
+    assert set(patch.info["solve_cond"]) == set(hp.layers)
+    assert patch.info["solve_cond_max"] == max(patch.info["solve_cond"].values()) > 1.0
 
 
 def test_running_statistics_equal_those_of_all_rows_and_one_row_gives_zero():
@@ -128,6 +131,16 @@ def test_dual_solve_equals_the_papers_primal_solve():
         v = values if k is keys else torch.randn(30, 9, generator=g, dtype=torch.float64)
         primal = torch.linalg.solve(k.T @ k + 2.0 * torch.eye(20, dtype=torch.float64), k.T @ v).T
         torch.testing.assert_close(ridge_update(k, v, 2.0), primal, rtol=1e-10, atol=1e-12)
+
+
+def test_the_solve_condition_number_is_that_of_the_primal_matrix():
+    """Against numpy's condition number of KᵀK + λI itself: fewer rows than inputs (rank-deficient KᵀK, so the
+    smallest eigenvalue is λ) and more."""
+    g = torch.Generator().manual_seed(7)
+    for n in (6, 40):
+        keys = torch.randn(n, 20, generator=g, dtype=torch.float64) * 3.0
+        want = np.linalg.cond((keys.T @ keys + 0.5 * torch.eye(20, dtype=torch.float64)).numpy())
+        assert ridge_condition(keys, 0.5) == pytest.approx(want, rel=1e-8)
 
 
 def _save_and_load(state: UltraEditState, path) -> UltraEditState:

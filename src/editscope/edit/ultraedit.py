@@ -157,6 +157,15 @@ def ridge_update(keys: torch.Tensor, values: torch.Tensor, ridge: float = 1.0) -
     return torch.linalg.solve(gram, keys.T @ values).T
 
 
+def ridge_condition(keys: torch.Tensor, ridge: float = 1.0) -> float:
+    """The 2-norm condition number of the solve's matrix KᵀK + λI (in × in) for keys K [n, in]: (σ₁² + λ) /
+    (σ_in² + λ) from K's singular values, σ_in = 0 when n < in (KᵀK then has a null space and λ alone keeps the
+    matrix invertible). How close a turn's solve is to singular: what NAS-style collapse analyses watch."""
+    s = torch.linalg.svdvals(keys.double())
+    smallest = float(s[-1]) ** 2 if keys.shape[0] >= keys.shape[1] else 0.0
+    return (float(s[0]) ** 2 + ridge) / (smallest + ridge)
+
+
 def answer_positions(batch: TokenBatch) -> list[tuple[int, int]]:
     """(row, position) of every position whose next-token prediction is an answer token: the context's last
     token through the answer's second-to-last (the reference's ``labels != -100`` positions, its labels being
@@ -225,7 +234,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: UltraEditHParams, state
     for layer in hp.layers:
         state.update(shapes[layer], torch.cat([keys[layer], grads[layer]], -1))
     params = dict(bundle.model.named_parameters())
-    deltas, norms = {}, {}
+    deltas, norms, conds = {}, {}, {}
     for layer in hp.layers:
         n_in = keys[layer].shape[1]
         z_hat = state.normalise(shapes[layer], torch.cat([keys[layer], grads[layer]], -1))
@@ -234,9 +243,11 @@ def compute(bundle, requests: Sequence[EditRequest], hp: UltraEditHParams, state
         name = bundle.arch.weight_name(layer)
         deltas[name] = bundle.arch.from_out_in(delta.to(params[name].dtype)).contiguous()
         norms[layer] = float(delta.norm())
+        conds[layer] = ridge_condition(keys[layer], hp.ridge)
     state.n_edits += len(requests)
     state.n_turns += 1
-    info = {"loss": loss, "answer_tokens": n_rows, "delta_norms": norms,
+    info = {"loss": loss, "answer_tokens": n_rows, "delta_norms": norms, "solve_cond": conds,
+            "solve_cond_max": max(conds.values()),
             "normaliser_rows": {k: state.counts[k] for k in sorted(set(shapes.values()))},
             "turn": state.n_turns}
     return deltas, info
