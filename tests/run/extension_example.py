@@ -22,6 +22,7 @@ import torch
 
 from editscope.data.records import Case
 from editscope.edit import rome
+from editscope.edit.context import key_statistics
 from editscope.edit.objective import Term, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import Editor, register_editor
@@ -34,13 +35,15 @@ SCALE = 0.5
 
 
 # -- an editor ---------------------------------------------------------------------------------------------------
-def half_rome(bundle, requests, hp, state, *, engine, runtime, extra_terms=()):
-    """ROME's ΔW (same hparams, same plug-in terms), times 0.5."""
-    deltas, info = rome.compute(bundle, requests, hp, state, engine=engine, runtime=runtime, extra_terms=extra_terms)
+def half_rome(bundle, requests, hp, state, *, engine, runtime, extra_terms=(), presolved=None):
+    """ROME's ΔW (same hparams, same plug-in terms, same presolved statistics), times 0.5."""
+    deltas, info = rome.compute(bundle, requests, hp, state, engine=engine, runtime=runtime, extra_terms=extra_terms,
+                                presolved=presolved)
     return {name: SCALE * delta for name, delta in deltas.items()}, {**info, "scale": SCALE}
 
 
-HALF_ROME = register_editor(Editor("half_rome", "HalfROME", rome.RomeHParams, half_rome, optimises=True))
+HALF_ROME = register_editor(Editor("half_rome", "HalfROME", rome.RomeHParams, half_rome, optimises=True,
+                                   presolve=key_statistics))
 
 
 # -- a loss-term plug-in -----------------------------------------------------------------------------------------

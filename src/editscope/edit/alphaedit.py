@@ -101,17 +101,27 @@ def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor
     return torch.linalg.solve(lhs, proj @ keys @ resid.T).T
 
 
+def presolve(bundle, hp: AlphaEditHParams, state: AlphaEditState | None = None
+             ) -> dict[int, tuple[torch.Tensor, int]]:
+    """(P, null-space dimension) per edit layer: the state's when it holds them (they come from the unedited model,
+    computed once per chain), else from C (eq. 10)."""
+    have = state.projections if state is not None else {}
+    missing = [layer for layer in hp.layers if layer not in have]
+    covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base") if missing else {}
+    return {layer: (have[layer], state.null_dims[layer]) if layer in have
+            else null_space(covs[layer].to(bundle.device), hp.nullspace_threshold) for layer in hp.layers}
+
+
 def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state: AlphaEditState | None = None, *,
-            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
-            ) -> tuple[dict[str, torch.Tensor], dict]:
+            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = (),
+            presolved: dict[int, tuple[torch.Tensor, int]] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """ΔW per edit layer; ``state`` records the projectors (``presolved``: :func:`presolve`) and gains the keys."""
     state = state if state is not None else AlphaEditState()
-    missing = [layer for layer in hp.layers if layer not in state.projections]
-    if missing:
-        covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base")
-        for layer in missing:
-            state.projections[layer], state.null_dims[layer] = null_space(covs[layer].to(bundle.device),
-                                                                          hp.nullspace_threshold)
-            state.cache_c[layer] = torch.zeros_like(state.projections[layer])
+    presolved = presolved if presolved is not None else presolve(bundle, hp, state)
+    for layer, (proj, dim) in presolved.items():
+        if layer not in state.projections:
+            state.projections[layer], state.null_dims[layer] = proj, dim
+            state.cache_c[layer] = torch.zeros_like(proj)
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return alphaedit_update(keys, resid, state.projections[layer], state.cache_c[layer], hp.L2)
