@@ -183,16 +183,27 @@ class Editor:
         ``plugins``: names, ``(name, {hparam: value})`` pairs, :class:`PluginSpec` or :class:`Plugin` objects.
         ``runtime``: how to compute (None: the defaults, :meth:`EditRuntime.from_settings`); pass the same one to
         a sequence of edits so they share its template cache."""
-        patch = self.compute_patch(bundle, requests, hparams, state, engine=engine, runtime=runtime,
-                                   plugins=plugins)
+        patch, update = self.compute_edit(bundle, requests, hparams, state, engine=engine, runtime=runtime,
+                                          plugins=plugins)
         patch.apply(bundle, check=False)
+        if state is not None:  # only now: a refused edit leaves the caller's state as it was
+            state.commit(update)
         return patch
 
     def compute_patch(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
                       hparams: HParams | None = None, state: EditState | None = None, *,
                       engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
                       plugins: Sequence[PluginLike] = ()) -> Patch:
-        """The patch of an edit without applying it (the model is unchanged on return)."""
+        """The patch of an edit without applying it (the model and ``state`` are unchanged on return)."""
+        return self.compute_edit(bundle, requests, hparams, state, engine=engine, runtime=runtime,
+                                 plugins=plugins)[0]
+
+    def compute_edit(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
+                     hparams: HParams | None = None, state: EditState | None = None, *,
+                     engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
+                     plugins: Sequence[PluginLike] = ()) -> tuple[Patch, EditState]:
+        """The patch of an edit and the state after it (the state update: a :meth:`EditState.fork` of ``state``
+        that ``compute`` changed), neither applied; raises before returning when the edit is refused."""
         if isinstance(requests, EditRequest):
             requests = [requests]
         if not requests:
@@ -214,7 +225,8 @@ class Editor:
         t0 = time.perf_counter()
         report(f"{self.name}: editing {len(requests)} fact(s)")
         presolved = {} if self.presolve is None else {"presolved": self.presolve(bundle, hp, state)}
-        deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine, runtime=runtime,
+        update = state.fork()
+        deltas, info = self.compute(bundle, list(requests), hp, update, engine=engine, runtime=runtime,
                                     extra_terms=[p.term() for p in attached], **presolved)
         info["runtime"] = runtime.settings()
         info["seconds"] = time.perf_counter() - t0
@@ -224,7 +236,7 @@ class Editor:
             raise EditscopeError(f"{self.name} wrote undeclared parameters {sorted(unexpected)} (bug: please report)")
         if attached:
             info["plugins"] = [p.to_dict() for p in attached]
-        return Patch(
+        patch = Patch(
             deltas=deltas,
             method=self.name,
             hparams=hp.to_dict(),
@@ -236,6 +248,7 @@ class Editor:
             info=info,
             bases={name: params[name].detach().clone() for name in deltas},
         )
+        return patch, update
 
 
 def _non_finite(values: Any) -> list[str]:
@@ -253,8 +266,8 @@ def _non_finite(values: Any) -> list[str]:
 
 
 def _check_finite(method: str, requests: Sequence[EditRequest], deltas: dict, info: dict) -> None:
-    """An edit whose ΔW or vectors (v*, k*...) hold NaN/inf is refused before anything is applied or saved.
-    (A sequential ``state`` may already hold the failed edit's keys: start it again.)"""
+    """An edit whose ΔW or vectors (v*, k*...) hold NaN/inf is refused before anything is applied or saved (and
+    before a sequential state takes the edit's update)."""
     bad = _non_finite(deltas) + _non_finite(info.get("vectors", {}))
     if bad:
         shown = "; ".join(f"{r.subject!r} -> {r.target_new!r}" for r in requests[:3])
