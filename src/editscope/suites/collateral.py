@@ -89,7 +89,7 @@ class CollateralSuite(Suite):
         """The probe set (chosen on the unedited model on first use; cached on disk)."""
         if self._known is None:
             parts: list = ["collateral", list(self.sources), self.facts, "top1-true", "unique-text"]
-            fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
+            fmt = engine.prompt_format  # chat-wrapped prompts: another fact set
             rule = json.dumps(parts + [fmt] if fmt else parts)
 
             def show(scanned: int, total: int, found: int) -> None:
@@ -108,7 +108,7 @@ class CollateralSuite(Suite):
         ``engine.score`` call, reused for the same weights. On the weights the set was chosen on (the unedited
         model) they are the choosing pass's scores, all top-1 by construction: no second pass."""
         known = self.known(engine)
-        fingerprint = engine.bundle.fingerprint  # type: ignore[attr-defined]
+        fingerprint = engine.fingerprint
         if fingerprint == known.fingerprint:
             return list(known.logprobs), [True] * len(known.facts)
         measured = self._measured.get(fingerprint)

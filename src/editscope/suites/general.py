@@ -106,7 +106,7 @@ class GeneralAbilitySuite(Suite):
         if self._known is not None:
             return self._known
         parts: list = [self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"]
-        fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
+        fmt = engine.prompt_format  # chat-wrapped prompts: another fact set
         rule = json.dumps(parts + [fmt] if fmt else parts)
         chosen = choose_known(engine, self._fact_pool, self.facts, rule, who="general suite")
         self._known = [(f.prompt, f.answer) for f in chosen.facts]
@@ -134,7 +134,7 @@ class GeneralAbilitySuite(Suite):
         if edited:
             raise EditscopeError(f"general suite: the run edits a fact of the known-fact probe set "
                                  f"({sorted(edited)[0]!r}); use cases outside the dataset's last fact_pool records")
-        fingerprint = engine.bundle.fingerprint  # type: ignore[attr-defined]
+        fingerprint = engine.fingerprint
         probe = self._measured.get(fingerprint)
         if probe is None:
             probe = self._measure(engine, known)

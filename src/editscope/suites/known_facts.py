@@ -50,11 +50,10 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
     """The first ``n`` facts of ``pool`` the model answers top-1 (cached; see the module docstring). ``pool`` may be a
     callable, called only when the cache misses; ``who`` names the caller in errors; ``progress(scanned, pool,
     found)`` is called after each chunk."""
-    bundle = engine.bundle  # type: ignore[attr-defined]
-    if bundle.applied:
+    if engine.fingerprint != engine.base_fingerprint:
         raise EditscopeError(f"{who}: the known-fact probe set must be chosen on the unedited model, but "
-                             f"{len(bundle.applied)} patch(es) are applied")
-    key = hashlib.blake2b(f"{bundle.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
+                             "patches are applied")
+    key = hashlib.blake2b(f"{engine.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
     path = home() / "general" / f"known-facts-{key}.json"
     cached = read_json(path)
     if cached is None:
@@ -76,7 +75,7 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
     meta = cached.get("meta") or [["", "", "", float("nan")] for _ in cached["facts"]]
     return KnownSet([Fact(p, a, *m[:3]) for (p, a), m in zip(cached["facts"], meta, strict=True)],
                     [float(m[3]) for m in meta], int(cached.get("scanned", cached.get("pool", 0))),
-                    int(cached.get("pool", 0)), bundle.fingerprint)
+                    int(cached.get("pool", 0)), engine.fingerprint)
 
 
 def relation_of(case: Any) -> str:
