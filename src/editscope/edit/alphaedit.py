@@ -13,7 +13,7 @@ which the caller owns). Δᵀ lies in the range of P, so Δ k = 0 for every k wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +101,24 @@ def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor
     return torch.linalg.solve(lhs, proj @ keys @ resid.T).T
 
 
+@dataclass(frozen=True)
+class AlphaEditSolve:
+    """The per-layer solve of eq. 14 (a :data:`~editscope.edit.memit.Solver`) on ``state``'s P and K_p K_pᵀ, and
+    :meth:`remember`, which adds this edit's keys of every edit layer to K_p K_pᵀ once all updates are in place."""
+
+    state: AlphaEditState
+    l2: float
+    layers: tuple[int, ...]
+
+    def __call__(self, _i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+        return alphaedit_update(keys, resid, self.state.projections[layer], self.state.cache_c[layer], self.l2)
+
+    def remember(self, keys_at: Callable[[int], torch.Tensor]) -> None:
+        for layer in self.layers:
+            keys = keys_at(layer)
+            self.state.cache_c[layer] = self.state.cache_c[layer] + keys @ keys.T
+
+
 def presolve(bundle, hp: AlphaEditHParams, state: AlphaEditState | None = None
              ) -> dict[int, tuple[torch.Tensor, int]]:
     """(P, null-space dimension) per edit layer: the state's when it holds them (they come from the unedited model,
@@ -122,17 +140,9 @@ def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state
         if layer not in state.projections:
             state.projections[layer], state.null_dims[layer] = proj, dim
             state.cache_c[layer] = torch.zeros_like(proj)
-
-    def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-        return alphaedit_update(keys, resid, state.projections[layer], state.cache_c[layer], hp.L2)
-
-    def after(keys_at) -> None:
-        for layer in hp.layers:
-            keys = keys_at(layer)
-            state.cache_c[layer] = state.cache_c[layer] + keys @ keys.T
-        state.n_edits += len(requests)
-
-    deltas, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms,
-                                      after=after)
+    solve = AlphaEditSolve(state, hp.L2, tuple(hp.layers))
+    deltas, info = spread_over_layers(bundle, engine, runtime, requests, hp, solve, extra_terms=extra_terms,
+                                      after=solve.remember)
+    state.n_edits += len(requests)
     info["null_space_dims"] = {layer: state.null_dims[layer] for layer in hp.layers}
     return deltas, info
