@@ -58,7 +58,7 @@ def test_the_stream_is_both_files_first_occurrences_minus_the_held_out_tail():
 
 def test_the_general_suite_draws_its_known_facts_from_the_held_out_tail_only():
     suite = get_suite("general", fact_dataset=cs.HELDOUT, fact_pool=cs.HELD_OUT, facts=200)
-    pool = suite._fact_pool()
+    pool = suite.pool.facts()
     stream_prompts = {c.request.text for c in load_cases(cs.STREAM)}
     assert len(pool) == cs.HELD_OUT  # every held-out record has a true answer and a unique prompt
     assert not {f.prompt for f in pool} & stream_prompts

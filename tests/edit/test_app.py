@@ -25,7 +25,8 @@ from editscope.edit.plugins.app import (
 )
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.partial_forward import FullForward, SharedContextForward, SuffixForward
+from editscope.lm.full_forward import FullForward
+from editscope.lm.partial_forward import SharedContextForward, SuffixForward
 from editscope.metrics import peak_answer_filter
 from editscope.run import parse_config
 from tests.run.helpers import SUITES

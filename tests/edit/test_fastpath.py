@@ -12,7 +12,8 @@ from editscope.edit.context import context_templates
 from editscope.edit.objective import FORWARDS, EssenceKL, build_context, setup_terms
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.partial_forward import FullForward, SuffixForward, lanes_of, start_block
+from editscope.lm.full_forward import FullForward
+from editscope.lm.partial_forward import SuffixForward, lanes_of, start_block
 
 FAMILIES = ["llama", "gpt2", "gptj", "gemma3", "llama3", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2",
             "smollm3"]

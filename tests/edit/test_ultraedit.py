@@ -91,8 +91,7 @@ def test_delta_w_equals_a_plain_reimplementation_of_the_turn(tiny_bundles, dtype
     hp = editor.load_hparams(bundle).replace(layers=[1, 2, 3], lr=3e-3, ridge=0.5)
     engine = ScoringEngine(bundle, token_budget=24)  # the editor's forwards split the turn into chunks
     want = plain_turn(bundle.model, engine, TURN_1, hp.layers, hp.lr, hp.ridge)
-    state = editor.new_state()
-    patch = editor.compute_patch(bundle, TURN_1, hp, state, engine=engine)
+    patch, state = editor.compute_edit(bundle, TURN_1, hp, editor.new_state(), engine=engine)  # the state update
     for layer in hp.layers:
         got = bundle.arch.as_out_in(patch.deltas[bundle.arch.weight_name(layer)])
         assert got.dtype == dtype and want[layer].abs().max() > 1e-3

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from editscope.edit.patch import Patch, tensor_checksum
 from editscope.errors import EditscopeError
+from editscope.lm.bundle import patched_fingerprint
 from editscope.lm.engine import ScoreRequest, ScoringEngine
 from editscope.lm.scorer import Scorer
 
@@ -249,6 +251,26 @@ def test_empty_context_is_scored_from_the_start_token(tiny):
 
 def test_engine_implements_the_scorer_protocol(tiny_bundles):
     assert isinstance(ScoringEngine(tiny_bundles["gpt2"]), Scorer)
+
+
+def test_scorer_fingerprint_follows_the_weights_and_prompt_format_the_chat_template(tiny_bundles):
+    bundle = copy.deepcopy(tiny_bundles["llama"])
+    engine = ScoringEngine(bundle)
+    loaded = bundle.base_fingerprint
+    assert engine.fingerprint == engine.base_fingerprint == loaded and engine.prompt_format is None
+    name = bundle.arch.weight_name(1)
+    weight = dict(bundle.model.named_parameters())[name]
+    delta = torch.zeros_like(weight)
+    delta[0, 0] = 0.5
+    patch = Patch(deltas={name: delta}, method="manual", hparams={}, fingerprint=loaded,
+                  checksums={name: tensor_checksum(weight)})
+    patch.apply(bundle)
+    try:  # the weights changed: the fingerprint a score cache keys on changes with them, the loaded one does not
+        assert engine.fingerprint == patched_fingerprint(loaded, [patch.digest]) != loaded
+        assert engine.base_fingerprint == loaded
+    finally:
+        patch.revert(bundle)
+    assert engine.fingerprint == loaded
 
 
 def test_hidden_states_kind_comes_from_the_hook_point_map(tiny_bundles):

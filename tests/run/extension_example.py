@@ -8,7 +8,9 @@ and an evaluation protocol, each registered with one line. A run config loads it
 * ``p_new``: the suite that emits it on every case's rewrite prompt;
 * ``said``: an evaluation protocol -- the model's greedy answer to the rewrite prompt (at most 4 tokens, cut at a
   full stop), judged whole by exact match against target_new; it declares ``p_new`` as its teacher-forced
-  counterpart, so the summary pairs the two per case.
+  counterpart, so the summary pairs the two per case;
+* ``olmo``: a model family -- the architecture map of OLMo 1 (``config.model_type`` "olmo", which editscope does not
+  ship), and :func:`save_tiny_olmo`, a tiny random-init OLMo saved as a local folder a run config names as its model.
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from editscope.data.records import Case
 from editscope.edit import rome
+from editscope.edit.context import key_statistics
 from editscope.edit.objective import Term, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import Editor, register_editor
+from editscope.lm.archs import ARCHS, ArchMap
+from editscope.lm.tiny import gpt2_tokenizer
 from editscope.metrics.answers import JUDGES
 from editscope.metrics.registry import MetricSpec
 from editscope.suites import register_suite
@@ -34,13 +40,15 @@ SCALE = 0.5
 
 
 # -- an editor ---------------------------------------------------------------------------------------------------
-def half_rome(bundle, requests, hp, state, *, engine, runtime, extra_terms=()):
-    """ROME's ΔW (same hparams, same plug-in terms), times 0.5."""
-    deltas, info = rome.compute(bundle, requests, hp, state, engine=engine, runtime=runtime, extra_terms=extra_terms)
+def half_rome(bundle, requests, hp, state, *, engine, runtime, extra_terms=(), presolved=None):
+    """ROME's ΔW (same hparams, same plug-in terms, same presolved statistics), times 0.5."""
+    deltas, info = rome.compute(bundle, requests, hp, state, engine=engine, runtime=runtime, extra_terms=extra_terms,
+                                presolved=presolved)
     return {name: SCALE * delta for name, delta in deltas.items()}, {**info, "scale": SCALE}
 
 
-HALF_ROME = register_editor(Editor("half_rome", "HalfROME", rome.RomeHParams, half_rome, optimises=True))
+HALF_ROME = register_editor(Editor("half_rome", "HalfROME", rome.RomeHParams, half_rome, optimises=True,
+                                   presolve=key_statistics))
 
 
 # -- a loss-term plug-in -----------------------------------------------------------------------------------------
@@ -124,3 +132,30 @@ class SaidSuite(Suite):
 
 
 register_suite(SaidSuite)
+
+
+# -- a model family ----------------------------------------------------------------------------------------------
+#: OLMo 1: LLaMA's module names; its layer norms have no parameters. Pre-norm, so the MLP output adds linearly to the
+#: residual stream (no ``mlp_post_norm``) and every editor accepts it. Hook points follow from the paths.
+OLMO = ARCHS.register(ArchMap(
+    family="olmo", model_types=("olmo",), base="model", embed="model.embed_tokens", blocks="model.layers",
+    attn="self_attn", attn_out="self_attn.o_proj", mlp="mlp", mlp_in="mlp.up_proj", mlp_out="mlp.down_proj",
+    final_norm="model.norm", lm_head="lm_head", notes="OLMo 1: pre-norm gated MLP, layer norms without parameters"))
+
+
+def save_tiny_olmo(folder: Path, seed: int = 0) -> Path:
+    """A tiny random-init OLMo 1 (4 layers, hidden 64) with GPT-2's tokenizer, saved as a Hugging Face folder."""
+    from transformers import AutoModelForCausalLM, OlmoConfig
+
+    config = OlmoConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=256, vocab_size=50257, bos_token_id=50256,
+                        eos_token_id=50256, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # a wider init than the default, so log-probs differ between tokens
+        generator = torch.Generator().manual_seed(seed)
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.08)
+    model.save_pretrained(folder)
+    gpt2_tokenizer().save_pretrained(folder)
+    return folder

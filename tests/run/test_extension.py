@@ -6,20 +6,25 @@ ROME directly, the engine's scores before and after applying the saved patch, a 
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from editscope.data import load_cases
+from editscope.edit.context import mlp_out_of_keys
 from editscope.edit.hparams import shipped_hparams_path
 from editscope.edit.patch import Patch
 from editscope.edit.plugins import PLUGINS
 from editscope.edit.registry import EDITORS, get_editor, register_editor
 from editscope.errors import EditscopeError
+from editscope.lm import load
+from editscope.lm.archs import ARCHS, arch_for_config
 from editscope.lm.engine import ScoringEngine
 from editscope.run import Runner, parse_config
 from editscope.suites import SUITES
@@ -28,7 +33,7 @@ MODULE = "tests.run.extension_example"
 WEIGHT = 1.0
 OVERRIDES = {"v_steps": 3}
 N_CASES = 2
-REGISTERED = ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new"), (SUITES, "said"))
+REGISTERED = ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new"), (SUITES, "said"), (ARCHS, "olmo"))
 
 
 def config_data(rome_hparams: str) -> dict:
@@ -146,3 +151,62 @@ def test_the_protocol_judges_the_greedy_answer_and_pairs_with_its_counterpart(ru
         assert row["metrics"]["said"]["said_post"] == said
     summary = (run["out"] / "summary.md").read_text()
     assert "minus teacher-forced" in summary and "p_new p_new_post" in summary and "said said_post" in summary
+
+
+@pytest.fixture(scope="module")
+def olmo_run(tmp_path_factory):
+    """A ROME run on a tiny OLMo 1, a model family editscope does not ship, added by the example module's ArchMap."""
+    rome_hparams = str(shipped_hparams_path("rome", "tiny-llama"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(sys.modules, MODULE, raising=False)
+        for registry, name in REGISTERED:
+            mp.delitem(registry, name, raising=False)
+        with pytest.raises(EditscopeError, match="unsupported architecture model_type='olmo'"):
+            arch_for_config(SimpleNamespace(model_type="olmo"))
+        folder = importlib.import_module(MODULE).save_tiny_olmo(tmp_path_factory.mktemp("olmo") / "tiny-olmo")
+        data = {"model": str(folder), "plugin_modules": [MODULE], "save_patches": True,
+                "methods": [{"name": "rome", "hparams": rome_hparams, "overrides": OVERRIDES}],
+                "dataset": "counterfact", "slice": {"limit": N_CASES}, "suites": ["p_new"]}
+        out = tmp_path_factory.mktemp("olmo-run")
+        Runner(parse_config(data, where="olmo.yaml"), out_dir=out, progress=False, log=lambda _m: None).run()
+        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        try:
+            yield {"out": out, "rows": rows, "rome_hparams": rome_hparams, "folder": folder}
+        finally:
+            for registry, name in REGISTERED:
+                registry.pop(name, None)
+            sys.modules.pop(MODULE, None)
+
+
+def test_a_model_family_added_by_one_arch_map_runs_a_rome_edit(olmo_run):
+    bundle = load(str(olmo_run["folder"]))
+    assert bundle.arch is ARCHS["olmo"] and "blocks.{i}.mlp_key" in bundle.arch.hook_points
+    rome = get_editor("rome")
+    hp = rome.load_hparams(bundle, olmo_run["rome_hparams"], OVERRIDES)
+    layer = hp.layers[0]
+    name = bundle.arch.weight_name(layer)
+    assert name == f"model.layers.{layer}.mlp.down_proj.weight"
+    engine = ScoringEngine(bundle)
+    for row, case in rows_by_case(olmo_run):
+        assert row["method"] == "rome"
+        got = saved_patch(olmo_run, row)
+        want = rome.compute_patch(bundle, case.request, hp, engine=engine)  # the edit outside the runner
+        assert got.deltas.keys() == want.deltas.keys() == {name}
+        scale = float(want.deltas[name].abs().max())
+        assert scale > 0 and float((got.deltas[name].cpu() - want.deltas[name].cpu()).abs().max()) <= 1e-6 * scale
+        # ROME's closed form on the new family (eq. 2, paper convention): the edited W maps k* to v*
+        k_star, v_star = (want.info["vectors"][key][0].double() for key in ("k_star", "v_star"))
+        w_k = mlp_out_of_keys(bundle, layer, k_star.float()[None])[0].double()
+        delta = bundle.arch.as_out_in(got.deltas[name]).double()
+        assert torch.allclose(delta @ k_star, v_star - w_k, rtol=1e-4, atol=1e-5)
+        # the suite's numbers are the engine's before and after applying the saved patch
+        req = case.request
+        (pre,) = engine.score([(req.text, req.target_new)])
+        got.apply(bundle)
+        try:
+            (post,) = engine.score([(req.text, req.target_new)])
+        finally:
+            got.revert(bundle)
+        assert row["metrics"]["p_new"]["p_new_pre"] == pytest.approx(math.exp(pre.sum), rel=1e-4)
+        assert row["metrics"]["p_new"]["p_new_post"] == pytest.approx(math.exp(post.sum), rel=1e-4)
+        assert post.sum > pre.sum  # the edit raised the new target

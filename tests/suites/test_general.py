@@ -14,7 +14,9 @@ from editscope.edit import get_editor
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.metrics.generation import generation_entropy
+from editscope.suites.collateral import CollateralSuite
 from editscope.suites.general import GeneralAbilitySuite
+from editscope.suites.known_facts import FactPool
 
 SUBJECTS = ["Danielle Darrieux", "Thomas Joannes Stieltjes", "Toko Yasuda", "Autonomous University of Madrid",
             "Apple A5", "Edwin of Northumbria"]
@@ -119,3 +121,25 @@ def test_a_fact_the_file_repeats_is_never_in_the_probe_set(tiny_bundles, fact_fi
     path.write_text(json.dumps(records + [dict(first, case_id=len(records))]))  # repeated at the end (the pool)
     chosen = GeneralAbilitySuite(fact_dataset=str(path), fact_pool=len(records) + 1, facts=50).known_facts(engine)
     assert chosen == [f for f in known if f[0] != first["prompt"]]
+
+
+def test_one_fact_pool_policy_for_every_known_fact_set(tmp_path):
+    """Both suites' sets come from a FactPool: the last ``tail`` records of each source, in source order, that have a
+    true answer and a prompt no other record of the sources repeats (written out here record by record)."""
+    def record(i, subject, truth):
+        return {"case_id": i, "prompt": f"{subject} lives in", "subject": subject, "target_new": "Mars",
+                "ground_truth": truth, "rephrase_prompt": f"{subject} lives in", "locality_prompt": "x",
+                "locality_ground_truth": "y"}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([record(0, "Ann", "Oslo"), record(1, "Bob", "Rome"), record(2, "Cid", "Lima")]))
+    b.write_text(json.dumps([record(0, "Eve", "Kyiv"), record(1, "Bob", "Rome")]))  # Bob again, in another file
+    got = [(f.prompt, f.answer, f.source) for f in FactPool((str(a), str(b))).facts()]
+    assert got == [("Ann lives in", "Oslo", f"{a}:0"), ("Cid lives in", "Lima", f"{a}:2"),
+                   ("Eve lives in", "Kyiv", f"{b}:0")]
+    tail = [(f.prompt, f.source) for f in FactPool((str(a), str(b)), tail=1).facts()]
+    assert tail == [("Cid lives in", f"{a}:2")]  # b's last record repeats Bob of a
+    assert CollateralSuite(sources=(str(a), str(b))).pool == FactPool((str(a), str(b)))
+    general = GeneralAbilitySuite(fact_dataset=str(a), fact_pool=2)
+    assert general.pool == FactPool((str(a),), tail=2)
+    assert [f.prompt for f in general.pool.facts()] == ["Bob lives in", "Cid lives in"]  # unique within its file

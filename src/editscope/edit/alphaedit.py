@@ -13,7 +13,7 @@ which the caller owns). Δᵀ lies in the range of P, so Δ k = 0 for every k wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,28 +101,48 @@ def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor
     return torch.linalg.solve(lhs, proj @ keys @ resid.T).T
 
 
-def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state: AlphaEditState | None = None, *,
-            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
-            ) -> tuple[dict[str, torch.Tensor], dict]:
-    state = state if state is not None else AlphaEditState()
-    missing = [layer for layer in hp.layers if layer not in state.projections]
-    if missing:
-        covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base")
-        for layer in missing:
-            state.projections[layer], state.null_dims[layer] = null_space(covs[layer].to(bundle.device),
-                                                                          hp.nullspace_threshold)
-            state.cache_c[layer] = torch.zeros_like(state.projections[layer])
+@dataclass(frozen=True)
+class AlphaEditSolve:
+    """The per-layer solve of eq. 14 (a :data:`~editscope.edit.memit.Solver`) on ``state``'s P and K_p K_pᵀ, and
+    :meth:`remember`, which adds this edit's keys of every edit layer to K_p K_pᵀ once all updates are in place."""
 
-    def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-        return alphaedit_update(keys, resid, state.projections[layer], state.cache_c[layer], hp.L2)
+    state: AlphaEditState
+    l2: float
+    layers: tuple[int, ...]
 
-    def after(keys_at) -> None:
-        for layer in hp.layers:
+    def __call__(self, _i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+        return alphaedit_update(keys, resid, self.state.projections[layer], self.state.cache_c[layer], self.l2)
+
+    def remember(self, keys_at: Callable[[int], torch.Tensor]) -> None:
+        for layer in self.layers:
             keys = keys_at(layer)
-            state.cache_c[layer] = state.cache_c[layer] + keys @ keys.T
-        state.n_edits += len(requests)
+            self.state.cache_c[layer] = self.state.cache_c[layer] + keys @ keys.T
 
-    deltas, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms,
-                                      after=after)
+
+def presolve(bundle, hp: AlphaEditHParams, state: AlphaEditState | None = None
+             ) -> dict[int, tuple[torch.Tensor, int]]:
+    """(P, null-space dimension) per edit layer: the state's when it holds them (they come from the unedited model,
+    computed once per chain), else from C (eq. 10)."""
+    have = state.projections if state is not None else {}
+    missing = [layer for layer in hp.layers if layer not in have]
+    covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base") if missing else {}
+    return {layer: (have[layer], state.null_dims[layer]) if layer in have
+            else null_space(covs[layer].to(bundle.device), hp.nullspace_threshold) for layer in hp.layers}
+
+
+def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state: AlphaEditState | None = None, *,
+            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = (),
+            presolved: dict[int, tuple[torch.Tensor, int]] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """ΔW per edit layer; ``state`` records the projectors (``presolved``: :func:`presolve`) and gains the keys."""
+    state = state if state is not None else AlphaEditState()
+    presolved = presolved if presolved is not None else presolve(bundle, hp, state)
+    for layer, (proj, dim) in presolved.items():
+        if layer not in state.projections:
+            state.projections[layer], state.null_dims[layer] = proj, dim
+            state.cache_c[layer] = torch.zeros_like(proj)
+    solve = AlphaEditSolve(state, hp.L2, tuple(hp.layers))
+    deltas, info = spread_over_layers(bundle, engine, runtime, requests, hp, solve, extra_terms=extra_terms,
+                                      after=solve.remember)
+    state.n_edits += len(requests)
     info["null_space_dims"] = {layer: state.null_dims[layer] for layer in hp.layers}
     return deltas, info

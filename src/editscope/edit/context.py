@@ -11,8 +11,18 @@ from editscope.data.records import EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
+from editscope.stats import second_moments
 
 PREFIX_STARTS = ("The", "Therefore", "Because", "I", "You")
+
+
+def key_statistics(bundle: Bundle, hp, state=None) -> dict[int, torch.Tensor]:
+    """The presolve of ROME and the MEMIT family: C = E[k kᵀ] of every layer ``hp.stats_layers()`` names, from the
+    unedited weights (the convention for sequential editing); empty when the method uses C = I."""
+    layers = hp.stats_layers()
+    if not layers:
+        return {}
+    return second_moments(bundle, layers, token_budget=hp.stats_tokens(), weights="base")
 
 
 def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed: int = 0,

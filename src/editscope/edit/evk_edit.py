@@ -52,10 +52,11 @@ class EvkEditHParams(alphaedit.AlphaEditHParams):
 
 def compute(bundle, requests: Sequence[EditRequest], hp: EvkEditHParams,
             state: alphaedit.AlphaEditState | None = None, *, engine: ScoringEngine, runtime: EditRuntime,
-            extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    """AlphaEdit's ΔW with EVK-Align (from ``hp.evk_*``) added to its v* loss."""
+            extra_terms: Sequence[ObjectiveTerm] = (), presolved: dict[int, tuple[torch.Tensor, int]] | None = None
+            ) -> tuple[dict[str, torch.Tensor], dict]:
+    """AlphaEdit's ΔW with EVK-Align (from ``hp.evk_*``) added to its v* loss (``presolved``: AlphaEdit's)."""
     if any(t.name == EvkAlign.name for t in extra_terms):
         raise EditscopeError("evk_edit already includes EVK-Align (set evk_* hparams); do not attach the "
                              "evk_align plug-in to it")
     return alphaedit.compute(bundle, requests, hp, state, engine=engine, runtime=runtime,
-                             extra_terms=[EvkAlign(hp.align()), *extra_terms])
+                             extra_terms=[EvkAlign(hp.align()), *extra_terms], presolved=presolved)

@@ -27,12 +27,18 @@ from dataclasses import dataclass
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.context import context_templates, subject_keys, subject_states, template_weights, temporarily_added
+from editscope.edit.context import (
+    context_templates,
+    key_statistics,
+    subject_keys,
+    subject_states,
+    template_weights,
+    temporarily_added,
+)
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.objective import ObjectiveTerm, VSpec, optimisation_summary, solve_requests
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import second_moments
 
 #: solver(layer index in hp.layers, layer, K [in, n] float64, R [out, n] float64) -> ΔW (out, in) float64
 Solver = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -58,6 +64,11 @@ def memit_update(keys: torch.Tensor, resid: torch.Tensor, cov: torch.Tensor, lam
     return resid @ adj.T
 
 
+def every_request(groups: Sequence[tuple[EditRequest, ...]]) -> list[EditRequest]:
+    """The peers whose z MEMIT solves together with an edit of a window: every request of every case."""
+    return [r for g in groups for r in g]
+
+
 def compute_targets(bundle, engine: ScoringEngine, runtime: EditRuntime, requests: Sequence[EditRequest],
                     hp: VStarHParams, templates: Sequence[str], extra_terms: Sequence[ObjectiveTerm],
                     info: dict) -> torch.Tensor:
@@ -67,8 +78,7 @@ def compute_targets(bundle, engine: ScoringEngine, runtime: EditRuntime, request
     requests per batched forward (:func:`~editscope.edit.objective.solve_requests`; ``runtime.vstar_batch``), and
     in runner ``mode: single`` with the other cases' requests of the open window of independent edits."""
     spec = VSpec.of(hp, f"blocks.{hp.layers[-1]}.resid_post", templates)
-    solved = solve_requests(engine, runtime, requests, spec, extra_terms,
-                            peers=lambda groups: [r for g in groups for r in g])
+    solved = solve_requests(engine, runtime, requests, spec, extra_terms, peers=every_request)
     for s in solved:
         info.setdefault("requests", []).append({"losses": s.losses, "delta_norm": float(s.delta.norm()),
                                                 "v_init_norm": float(s.v_init.norm())})
@@ -110,11 +120,21 @@ def spread_over_layers(bundle, engine: ScoringEngine, runtime: EditRuntime, requ
     return deltas, info
 
 
+@dataclass(frozen=True)
+class MemitSolve:
+    """The per-layer solve of eq. 14 (a :data:`Solver`) with the presolved C per layer; PRUNE and RECT reuse it."""
+
+    covs: dict[int, torch.Tensor]
+    lam: float
+
+    def __call__(self, _i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+        return memit_update(keys, resid, self.covs[layer], self.lam)
+
+
 def compute(bundle, requests: Sequence[EditRequest], hp: MemitHParams, state=None, *, engine: ScoringEngine,
-            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
-
-    def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-        return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)
-
-    return spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms)
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = (),
+            presolved: dict[int, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """ΔW per edit layer; ``presolved``: C per layer (:func:`~editscope.edit.context.key_statistics`)."""
+    covs = presolved if presolved is not None else key_statistics(bundle, hp)
+    return spread_over_layers(bundle, engine, runtime, requests, hp, MemitSolve(covs, hp.mom2_update_weight),
+                              extra_terms=extra_terms)

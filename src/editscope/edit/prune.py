@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.memit import MemitHParams, memit_update, spread_over_layers
+from editscope.edit.context import key_statistics
+from editscope.edit.memit import MemitHParams, MemitSolve, spread_over_layers
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState, expect_keys, meta_field
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import second_moments
 
 
 @dataclass
@@ -69,16 +69,13 @@ def restrain(delta: torch.Tensor, sigma_max: float) -> torch.Tensor:
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: PruneState | None = None, *,
-            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
-            ) -> tuple[dict[str, torch.Tensor], dict]:
+            engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = (),
+            presolved: dict[int, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     state = state if state is not None else PruneState()
     params = dict(bundle.model.named_parameters())
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
-
-    def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-        return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)
-
-    raw, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms)
+    covs = presolved if presolved is not None else key_statistics(bundle, hp)
+    raw, info = spread_over_layers(bundle, engine, runtime, requests, hp, MemitSolve(covs, hp.mom2_update_weight),
+                                   extra_terms=extra_terms)
     out = {}
     info["restrained"] = {}
     ratio = 0.0

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.memit import MemitHParams, memit_update, spread_over_layers
+from editscope.edit.context import key_statistics
+from editscope.edit.memit import MemitHParams, MemitSolve, spread_over_layers
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import second_moments
 
 
 @dataclass
@@ -39,14 +39,12 @@ def keep_top_relative(delta: torch.Tensor, weight: torch.Tensor, share: float) -
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: RectHParams, state=None, *, engine: ScoringEngine,
-            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = (),
+            presolved: dict[int, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
+    covs = presolved if presolved is not None else key_statistics(bundle, hp)
     weights = {bundle.arch.weight_name(layer): params[bundle.arch.weight_name(layer)].detach().clone()
                for layer in hp.layers}
-
-    def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-        return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)
-
-    raw, info = spread_over_layers(bundle, engine, runtime, requests, hp, solver, extra_terms=extra_terms)
+    raw, info = spread_over_layers(bundle, engine, runtime, requests, hp, MemitSolve(covs, hp.mom2_update_weight),
+                                   extra_terms=extra_terms)
     return {name: keep_top_relative(d, weights[name], hp.rect_share).contiguous() for name, d in raw.items()}, info

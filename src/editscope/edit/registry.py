@@ -26,6 +26,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome, ultraedit
+from editscope.edit.context import key_statistics
 from editscope.edit.hparams import HParams, load_yaml, resolve_hparams, shipped_hparams_path
 from editscope.edit.mend import core as mend
 from editscope.edit.mend.train import prepare as mend_prepare
@@ -44,15 +45,24 @@ from editscope.registry import Registry
 
 
 class ComputeFn(Protocol):
-    """``compute(bundle, requests, hp, state, *, engine, runtime, extra_terms) -> (deltas, info)``: ΔW per
+    """``compute(bundle, requests, hp, state, *, engine, runtime, extra_terms[, presolved]) -> (deltas, info)``: ΔW per
     parameter (stored orientation) and diagnostics; the model is unchanged on return. ``runtime`` says how to
     compute (forward strategy, request batching, template cache: :class:`~editscope.edit.runtime.EditRuntime`).
     ``extra_terms`` (the attached plug-ins' terms) are added to the editor's loss; editors that do not optimise
-    never receive any."""
+    never receive any. ``presolved`` is the result of the editor's declared :class:`PresolveFn` (only passed when
+    it declares one)."""
 
     def __call__(self, bundle: Bundle, requests: list[EditRequest], hp: HParams, state: EditState, *,
                  engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
                  ) -> tuple[dict[str, torch.Tensor], dict]: ...
+
+
+class PresolveFn(Protocol):
+    """``presolve(bundle, hp, state) -> presolved``: what an edit computes once before its solve, from the unedited
+    model and the caller's state (the key statistics C per layer of ROME/MEMIT, AlphaEdit's null-space projectors).
+    :meth:`Editor.compute_patch` passes the result to ``compute`` as ``presolved=``; ``state`` is only read."""
+
+    def __call__(self, bundle: Bundle, hp: HParams, state: EditState) -> Any: ...
 
 
 class PrepareFn(Protocol):
@@ -77,6 +87,8 @@ class Editor:
     ``prepare`` is the training the editor needs before an edit (:class:`PrepareFn`; None: none): ``editscope
     tune`` runs it for every candidate's hparams before its search, so candidates that differ in training length
     compare trained editors. An ordinary run does not: a missing trained editor is an error naming the command.
+    ``presolve`` is what an edit computes once before its solve (:class:`PresolveFn`; None: nothing, and
+    ``compute`` is called without ``presolved``).
     """
 
     name: str
@@ -89,6 +101,7 @@ class Editor:
     needs_linear_residual: bool = False
     families: frozenset[str] | None = None
     prepare: PrepareFn | None = None
+    presolve: PresolveFn | None = None
 
     # -- declarations read by the runner and the CLI -------------------------------------------------------
     @property
@@ -170,16 +183,27 @@ class Editor:
         ``plugins``: names, ``(name, {hparam: value})`` pairs, :class:`PluginSpec` or :class:`Plugin` objects.
         ``runtime``: how to compute (None: the defaults, :meth:`EditRuntime.from_settings`); pass the same one to
         a sequence of edits so they share its template cache."""
-        patch = self.compute_patch(bundle, requests, hparams, state, engine=engine, runtime=runtime,
-                                   plugins=plugins)
+        patch, update = self.compute_edit(bundle, requests, hparams, state, engine=engine, runtime=runtime,
+                                          plugins=plugins)
         patch.apply(bundle, check=False)
+        if state is not None:  # only now: a refused edit leaves the caller's state as it was
+            state.commit(update)
         return patch
 
     def compute_patch(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
                       hparams: HParams | None = None, state: EditState | None = None, *,
                       engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
                       plugins: Sequence[PluginLike] = ()) -> Patch:
-        """The patch of an edit without applying it (the model is unchanged on return)."""
+        """The patch of an edit without applying it (the model and ``state`` are unchanged on return)."""
+        return self.compute_edit(bundle, requests, hparams, state, engine=engine, runtime=runtime,
+                                 plugins=plugins)[0]
+
+    def compute_edit(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
+                     hparams: HParams | None = None, state: EditState | None = None, *,
+                     engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
+                     plugins: Sequence[PluginLike] = ()) -> tuple[Patch, EditState]:
+        """The patch of an edit and the state after it (the state update: a :meth:`EditState.fork` of ``state``
+        that ``compute`` changed), neither applied; raises before returning when the edit is refused."""
         if isinstance(requests, EditRequest):
             requests = [requests]
         if not requests:
@@ -200,8 +224,10 @@ class Editor:
         params = dict(bundle.model.named_parameters())
         t0 = time.perf_counter()
         report(f"{self.name}: editing {len(requests)} fact(s)")
-        deltas, info = self.compute(bundle, list(requests), hp, state, engine=engine, runtime=runtime,
-                                    extra_terms=[p.term() for p in attached])
+        presolved = {} if self.presolve is None else {"presolved": self.presolve(bundle, hp, state)}
+        update = state.fork()
+        deltas, info = self.compute(bundle, list(requests), hp, update, engine=engine, runtime=runtime,
+                                    extra_terms=[p.term() for p in attached], **presolved)
         info["runtime"] = runtime.settings()
         info["seconds"] = time.perf_counter() - t0
         _check_finite(self.name, requests, deltas, info)
@@ -210,7 +236,7 @@ class Editor:
             raise EditscopeError(f"{self.name} wrote undeclared parameters {sorted(unexpected)} (bug: please report)")
         if attached:
             info["plugins"] = [p.to_dict() for p in attached]
-        return Patch(
+        patch = Patch(
             deltas=deltas,
             method=self.name,
             hparams=hp.to_dict(),
@@ -222,6 +248,7 @@ class Editor:
             info=info,
             bases={name: params[name].detach().clone() for name in deltas},
         )
+        return patch, update
 
 
 def _non_finite(values: Any) -> list[str]:
@@ -239,8 +266,8 @@ def _non_finite(values: Any) -> list[str]:
 
 
 def _check_finite(method: str, requests: Sequence[EditRequest], deltas: dict, info: dict) -> None:
-    """An edit whose ΔW or vectors (v*, k*...) hold NaN/inf is refused before anything is applied or saved.
-    (A sequential ``state`` may already hold the failed edit's keys: start it again.)"""
+    """An edit whose ΔW or vectors (v*, k*...) hold NaN/inf is refused before anything is applied or saved (and
+    before a sequential state takes the edit's update)."""
     bad = _non_finite(deltas) + _non_finite(info.get("vectors", {}))
     if bad:
         shown = "; ".join(f"{r.subject!r} -> {r.target_new!r}" for r in requests[:3])
@@ -268,17 +295,18 @@ def get_editor(method: str) -> Editor:
 
 
 for _editor in (
-    Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True),
+    Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True, presolve=key_statistics),
     Editor("memit", "MEMIT", memit.MemitHParams, memit.compute, optimises=True,
-           needs_linear_residual=True),
+           needs_linear_residual=True, presolve=key_statistics),
     Editor("alphaedit", "AlphaEdit", alphaedit.AlphaEditHParams, alphaedit.compute, optimises=True,
-           state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
+           state_class=alphaedit.AlphaEditState, needs_linear_residual=True, presolve=alphaedit.presolve),
     Editor("prune", "PRUNE", prune.PruneHParams, prune.compute, optimises=True, state_class=prune.PruneState,
-           needs_linear_residual=True),
-    Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, needs_linear_residual=True),
+           needs_linear_residual=True, presolve=key_statistics),
+    Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, needs_linear_residual=True,
+           presolve=key_statistics),
     Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True),
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
-           state_class=alphaedit.AlphaEditState, needs_linear_residual=True),
+           state_class=alphaedit.AlphaEditState, needs_linear_residual=True, presolve=alphaedit.presolve),
     Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
     Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True,  # its editing loss takes terms
            prepare=mend_prepare),

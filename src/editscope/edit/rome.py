@@ -27,13 +27,19 @@ from dataclasses import dataclass
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.context import context_templates, mlp_out_of_keys, subject_keys, subject_states, temporarily_added
+from editscope.edit.context import (
+    context_templates,
+    key_statistics,
+    mlp_out_of_keys,
+    subject_keys,
+    subject_states,
+    temporarily_added,
+)
 from editscope.edit.hparams import VStarHParams
 from editscope.edit.objective import ObjectiveTerm, VSpec, optimisation_summary, solve_requests
 from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import second_moment
 
 
 @dataclass
@@ -60,12 +66,19 @@ def rank_one_update(k: torch.Tensor, residual: torch.Tensor, cov: torch.Tensor |
     return torch.outer(residual.double(), u) / torch.dot(u, k_apply)
 
 
+def first_requests(groups: Sequence[tuple[EditRequest, ...]]) -> list[EditRequest]:
+    """The peers whose v* ROME solves together with a window's first edit: each case's first request."""
+    return [g[0] for g in groups]
+
+
 def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None, *, engine: ScoringEngine,
-            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    """ΔW of the edit layer (stored orientation) and diagnostics; the model is unchanged on return."""
+            runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = (),
+            presolved: dict[int, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """ΔW of the edit layer (stored orientation) and diagnostics; the model is unchanged on return.
+    ``presolved``: C of the edit layer (:func:`~editscope.edit.context.key_statistics`; none: C = I)."""
     layer = hp.layers[0]
     name = bundle.arch.weight_name(layer)
-    cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base") if hp.mom2_adjustment else None
+    cov = (presolved if presolved is not None else key_statistics(bundle, hp)).get(layer)
     templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start,
                                   runtime.templates)
     weight = dict(bundle.model.named_parameters())[name]
@@ -77,8 +90,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
         for j, request in enumerate(requests):
             # the first request's v* is computed on the model as handed over: in runner mode single, together
             # with the first requests of the other cases of the window (objective.independent_edits)
-            peers = (lambda groups: [g[0] for g in groups]) if j == 0 else None
-            solved = solve_requests(engine, runtime, [request], spec, extra_terms, peers=peers)[0]
+            solved = solve_requests(engine, runtime, [request], spec, extra_terms,
+                                    peers=first_requests if j == 0 else None)[0]
             all_solved.append(solved)
             delta = solved.delta
             v_star = solved.v_init + delta

@@ -9,6 +9,7 @@ rule 9)."""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, Self
@@ -20,7 +21,26 @@ from editscope.errors import EditscopeError
 
 class EditState(ABC):
     """State of a sequential editor. ``without_edits()`` is the reset: a state holding no edits, which may
-    share expensive read-only parts (AlphaEdit's null-space projectors) with this one."""
+    share expensive read-only parts (AlphaEdit's null-space projectors) with this one.
+
+    An edit never changes the caller's state directly: ``compute`` works on :meth:`fork` and that fork, the
+    edit's state update, is :meth:`commit`-ted by :meth:`editscope.edit.registry.Editor.apply` only once the
+    patch passed its checks and is applied. So an editor replaces a state's tensors and never writes into them."""
+
+    def fork(self) -> Self:
+        """A working copy for one edit: new containers holding the same (never modified in place) tensors, so
+        the copy is cheap however large the projectors are, and changing it leaves this state as it is."""
+        twin = copy.copy(self)
+        for key, value in vars(self).items():
+            if isinstance(value, dict):
+                setattr(twin, key, dict(value))
+        return twin
+
+    def commit(self, update: Self) -> None:
+        """Take the contents of ``update`` (a :meth:`fork` of this state that an edit changed)."""
+        if type(update) is not type(self):
+            raise EditscopeError(f"editor state: cannot commit a {type(update).__name__} to a {type(self).__name__}")
+        vars(self).update(vars(update))
 
     @abstractmethod
     def without_edits(self) -> Self: ...

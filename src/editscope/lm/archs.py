@@ -2,8 +2,8 @@
 
 The family is detected from ``config.model_type`` only; a model name never decides anything. All module
 paths are relative to the ``*ForCausalLM`` object; per-layer paths are relative to one block. As pyvene keeps
-one ``type_to_module_mapping`` per architecture, each map lists its named hook points
-(:data:`HookPoint`: module path, ``"input"`` or ``"output"``) and its family quirks (Gemma's final logit
+one ``type_to_module_mapping`` per architecture, each map has its named hook points (:data:`HookPoint`: module
+path, ``"input"`` or ``"output"``), derived from its module paths, and its family quirks (Gemma's final logit
 soft-capping, sliding window, post-MLP norm and scaled embeddings) as fields that the engine and the hooks read.
 ``notes`` says, in words, what else sets a family apart (q/k norms, fused projections, parallel residual, layers
 without rotary embeddings): facts a reader of ``editscope models --families`` needs, which no code branches on.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, NamedTuple
 
 import torch
@@ -90,8 +91,6 @@ class ArchMap:
     mlp_keys: tuple[str, ...] = ("intermediate_size",)
     n_heads_keys: tuple[str, ...] = ("num_attention_heads",)
     head_dim_keys: tuple[str, ...] = ("head_dim",)
-    #: name template -> where; ``blocks.{i}.`` names are per block
-    hook_points: Mapping[str, HookPoint] = field(default_factory=dict, hash=False)
     softcap_key: str | None = None
     sliding_window_key: str | None = None
     mlp_post_norm: str | None = None
@@ -100,6 +99,12 @@ class ArchMap:
     mlp_in_parts: int = 1
     n_kv_heads_keys: tuple[str, ...] = ("num_key_value_heads",)
     notes: str = ""
+
+    @cached_property
+    def hook_points(self) -> Mapping[str, HookPoint]:
+        """Name template -> where (``blocks.{i}.`` names are per block), derived from the module paths above, so a
+        map states each path once."""
+        return _hook_points(self.embed, self.attn_out, self.mlp, self.mlp_out, self.final_norm)
 
     # -- dimensions ---------------------------------------------------------------------------------
     def _config_value(self, config, keys: tuple[str, ...]) -> int | None:
@@ -202,8 +207,6 @@ _ROTARY_DECODER = dict(
     mlp_out="mlp.down_proj",
     final_norm="model.norm",
     lm_head="lm_head",
-    hook_points=_hook_points(embed="model.embed_tokens", attn_out="self_attn.o_proj", mlp="mlp",
-                             mlp_out="mlp.down_proj", final_norm="model.norm"),
 )
 
 ARCHS: Registry[ArchMap] = Registry("architecture family", expected=ArchMap, name_of=lambda a: a.family,
@@ -230,8 +233,6 @@ for _arch in (
         mlp_keys=("n_inner",),
         n_heads_keys=("n_head",),
         notes="Conv1D weights stored (in, out)",
-        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.c_proj", mlp="mlp", mlp_out="mlp.c_proj",
-                                 final_norm="transformer.ln_f"),
     ),
     ArchMap(
         family="gptj",
@@ -251,8 +252,6 @@ for _arch in (
         mlp_keys=("n_inner",),
         n_heads_keys=("n_head",),
         notes="parallel attention + MLP residual, partial rotary",
-        hook_points=_hook_points(embed="transformer.wte", attn_out="attn.out_proj", mlp="mlp", mlp_out="mlp.fc_out",
-                                 final_norm="transformer.ln_f"),
     ),
     # LLaMA, Mistral and Qwen2 share module names (checked on tiny configs with transformers 5).
     # LLaMA has no window; Mistral and Qwen2 configs may set one. Llama 3.x's rope scaling ("llama3" rope type:
@@ -309,8 +308,6 @@ for _arch in (
         final_norm="gpt_neox.final_layer_norm",
         lm_head="lm_head",
         notes="Pythia, GPT-NeoX: parallel attention + MLP residual, partial rotary, untied embed_out (lm_head)",
-        hook_points=_hook_points(embed="gpt_neox.embed_in", attn_out="attention.dense", mlp="mlp",
-                                 mlp_out="mlp.dense_4h_to_h", final_norm="gpt_neox.final_layer_norm"),
     ),
     # OLMo 2: no norm before attention or MLP; a norm after each (post_attention_layernorm,
     # post_feedforward_layernorm) before the residual add, and RMS norms of the full query and key projections.

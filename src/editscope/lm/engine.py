@@ -229,6 +229,16 @@ class ScoringEngine(Scorer):
         self.chat: ChatFormat | None = ChatFormat.of(self.tokenizer, bundle.name) if chat_template else None
 
     @property
+    def fingerprint(self) -> str:
+        """The bundle's weights as they are now (:attr:`editscope.lm.bundle.Bundle.fingerprint`)."""
+        return self.bundle.fingerprint
+
+    @property
+    def base_fingerprint(self) -> str:
+        """The bundle's weights as loaded."""
+        return self.bundle.base_fingerprint
+
+    @property
     def prompt_format(self) -> dict[str, str] | None:
         """How prompts are shown to the model when not as plain text (recorded with the numbers), else None."""
         return self.chat.protocol() if self.chat is not None else None

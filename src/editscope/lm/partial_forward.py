@@ -20,15 +20,19 @@ one unedited forward of the batch (with a key/value cache):
   0..S−1 are replaced, during a step, by a pass-through and block S's input by the recorded one, so each step
   runs blocks S..n−1 only.
 
-Three forwards share one interface (``base_hidden``: the unedited final states [B, T, d]; ``hidden(delta)``: the
-states with δ, a vector [d] for every row or one per row [B, d]; ``select(rows)``: the same forward on a subset of
-rows, where supported):
+Both forwards here share the interface of the exact one, :class:`~editscope.lm.full_forward.FullForward` (read it
+first: the whole model with a hook adding δ; ``base_hidden``: the unedited final states [B, T, d]; ``hidden(delta)``:
+the states with δ, a vector [d] for every row or one per row [B, d]; ``select(rows)``: the same forward on a subset
+of rows, where supported), and equal it to float rounding at every position they compute:
 
-- :class:`FullForward`: the whole model with a hook adding δ (exact everywhere; the baseline).
-- :class:`SuffixForward`: the suffix of each row from block S (exact at positions ≤ ``last_read[r]``; later
-  positions hold the unedited states), its rows run in lanes of similar suffix length (:func:`lanes_of`), each
-  padded only to its own longest suffix.
+- :class:`SuffixForward`: the suffix of each row from block S (equal to the full forward at positions ≤
+  ``last_read[r]``; later positions hold the unedited states), its rows run in lanes of similar suffix length
+  (:func:`lanes_of`), each padded only to its own longest suffix. Tested by
+  ``tests/edit/test_fastpath.py::test_suffix_forward_equals_full_forward`` and
+  ``::test_lanes_of_a_batched_group_equal_the_full_forward`` (states and δ-gradient to 1e-5 relative).
 - :class:`SharedContextForward`: rows that continue one shared context, the context computed once per step.
+  Tested by ``tests/edit/test_app.py::test_side_batch_on_the_fast_path_equals_the_full_forward`` and
+  ``::test_ft_side_batch_on_the_shared_context_path_equals_the_full_forward`` (loss and gradient to 1e-5/1e-4).
 
 Weights stay frozen (``Bundle`` loads them with ``requires_grad=False``): the backward pass computes δ's gradient
 only. Rows longer than a sliding attention window (Gemma 3's local layers) and δ at a hook point outside the blocks
@@ -168,7 +172,9 @@ class _Lane:
 class SuffixForward:
     """The fixed part of one batch's forward (prefix keys/values, block S's input at the suffix, unedited final
     states) and the per-step forward of the suffixes through blocks S..n−1, in lanes of rows of similar suffix
-    length (:func:`lanes_of`). Build with :meth:`build`; ``None`` there means: use the full forward."""
+    length (:func:`lanes_of`). Build with :meth:`build`; ``None`` there means: use the full forward. Equal to
+    :class:`~editscope.lm.full_forward.FullForward` to float rounding at positions ≤ ``last_read[r]`` (states and
+    δ-gradient: ``tests/edit/test_fastpath.py::test_suffix_forward_equals_full_forward``)."""
 
     def __init__(self, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int], hook_point: str,
                  last_read: Sequence[int], *, lane_overhead: int = LANE_OVERHEAD_TOKENS) -> None:
@@ -287,7 +293,8 @@ class SharedContextForward:
     :meth:`hidden` returns [B, T, d]: exact (to float rounding) at positions p .. ``last_read[r]``, the unedited
     states elsewhere. Build with :meth:`build`; None there means the rows do not share their context (or carry
     ``context_embeds``), δ is not at one position inside the context, or only the full forward is exact (sliding
-    window, hook point outside the blocks)."""
+    window, hook point outside the blocks). Equal to :class:`~editscope.lm.full_forward.FullForward` to float
+    rounding there (``tests/edit/test_app.py::test_side_batch_on_the_fast_path_equals_the_full_forward``)."""
 
     def __init__(self, engine: ScoringEngine, batch: TokenBatch, hook_point: str | None, position: int,
                  last_read: Sequence[int]) -> None:
@@ -392,53 +399,3 @@ class SharedContextForward:
         fns = {entry: lambda _x: self.entry} if self.hook_point is not None else {}
         cont = self._run(self.ids, self.mask, self.position_ids, DynamicCache(ddp_cache_data=kv), fns)
         return out.index_put(self.targets, cont[0])
-
-
-def select_rows(batch: TokenBatch, rows: Sequence[int]) -> TokenBatch:
-    """The batch restricted to ``rows``, in that order."""
-    idx = torch.tensor(list(rows), dtype=torch.long, device=batch.input_ids.device)
-    return TokenBatch(batch.input_ids[idx], batch.attention_mask[idx], batch.target_mask[idx],
-                      [batch.context_lengths[r] for r in rows], [batch.continuation_lengths[r] for r in rows],
-                      [batch.context_embeds[r] for r in rows])
-
-
-def add_at(delta: torch.Tensor, positions: Sequence[int]):
-    """A hook function adding δ (a vector [d], or one per row [B, d]) at ``positions[r]`` of each row r."""
-    cols = torch.tensor([int(p) for p in positions])
-
-    def add(x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        rows = torch.arange(len(positions), device=x.device)
-        x[rows, cols.to(x.device)] = x[rows, cols.to(x.device)] + delta.to(x)
-        return x
-
-    return add
-
-
-class FullForward:
-    """The whole model's forward of ``batch``, with δ added at ``positions`` by a hook at ``hook_point`` (None:
-    no δ; the trainable weights are what changes, as FT's). Exact at every position: the baseline the partial
-    forwards are tested against, and the path for batches they cannot take."""
-
-    def __init__(self, engine: ScoringEngine, batch: TokenBatch, positions: Sequence[int],
-                 hook_point: str | None) -> None:
-        self.engine, self.batch, self.positions, self.hook_point = engine, batch, list(positions), hook_point
-        self._base_hidden: torch.Tensor | None = None
-
-    @property
-    def base_hidden(self) -> torch.Tensor:
-        """Final states [B, T, d] without δ (computed on first use)."""
-        if self._base_hidden is None:
-            with torch.no_grad():
-                self._base_hidden = self.engine.batch_hidden(self.batch).detach()
-        return self._base_hidden
-
-    def hidden(self, delta: torch.Tensor | None) -> torch.Tensor:
-        if delta is None or self.hook_point is None:
-            return self.engine.batch_hidden(self.batch)
-        with hooks(self.engine.model, self.engine.arch, {self.hook_point: add_at(delta, self.positions)}):
-            return self.engine.batch_hidden(self.batch)
-
-    def select(self, rows: Sequence[int]) -> FullForward:
-        return FullForward(self.engine, select_rows(self.batch, rows), [self.positions[r] for r in rows],
-                           self.hook_point)

@@ -69,6 +69,23 @@ class Scorer(Protocol):
         """Number of transformer blocks (``hidden_states`` layers are 0..n_layers-1)."""
         ...
 
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of the weights scored, as they are now (it changes with every applied patch): what caches
+        of scores key on."""
+        ...
+
+    @property
+    def base_fingerprint(self) -> str:
+        """Fingerprint of the weights as loaded (equal to :attr:`fingerprint` while no patch is applied)."""
+        ...
+
+    @property
+    def prompt_format(self) -> dict[str, str] | None:
+        """How prompts are shown to the model when not as plain text (a chat template: recorded with the numbers,
+        and part of what a cache of scored prompts keys on), else None."""
+        ...
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the model sees it (a prompt: with a chat template, the start of a user turn)."""
         ...

@@ -206,7 +206,7 @@ class LocalExecutor:
         size = (runner.runtime.vstar_batch or 1) if type(runner.mode) is Single else 1
         for s in range(0, len(tasks), size):
             window = [work.blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size] for i in members]
-            with independent_edits(runner.runtime, work.engine.bundle.fingerprint, window):
+            with independent_edits(runner.runtime, work.engine.fingerprint, window):
                 for task in tasks[s:s + size]:
                     yield from runner.group_rows(work, *task)
 

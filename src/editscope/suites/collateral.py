@@ -1,10 +1,10 @@
 """Collateral damage: how many facts the unedited model knew stop being answered after an edit.
 
 The probe set is a fixed list of facts the *unedited* model answers top-1 (every answer token is the argmax after
-the prompt), chosen once per model by :func:`editscope.suites.known_facts.choose_known` -- the builder the general
-suite's ``KnownFacts`` uses -- from a pool of CounterFact, zsRE and PEAK records (``sources``, in order; each
-record's filled prompt and ``target_true``; a prompt that occurs more than once in the pool is left out, since its
-answer is ambiguous), the first ``facts`` known ones (default 500). It is a property of the model, measured with one
+the prompt), chosen once per model by a :class:`editscope.suites.known_facts.FactPool` -- the pool the general
+suite's ``KnownFacts`` uses -- of CounterFact, zsRE and PEAK records (``sources``, in order; each record's filled
+prompt and ``target_true``; a prompt that occurs more than once in the sources is left out, since its answer is
+ambiguous), the first ``facts`` known ones (default 500). It is a property of the model, measured with one
 batched ``engine.score`` over the set per model state (on the unedited model: the choosing pass's scores); a case's
 own facts (probe prompts equal to one of the case's request prompts) are excluded from that case's counts, so an
 edit is never charged for the fact it was asked to change.
@@ -21,9 +21,7 @@ Metrics (post-only, lower is better):
 
 from __future__ import annotations
 
-import json
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +30,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite
-from editscope.suites.known_facts import Fact, KnownSet, choose_known, relation_of
+from editscope.suites.known_facts import FactPool, KnownSet
 
 SOURCES = ("counterfact-train", "zsre", "peak-cf", "counterfact")
 #: the same pool from the datasets packaged with editscope (no PEAK record is packaged), for a pip install
@@ -61,6 +59,7 @@ class CollateralSuite(Suite):
             raise EditscopeError(f"collateral suite: option sources must be a non-empty list of datasets, "
                                  f"not {sources!r}")
         self.facts, self.sources = facts, tuple(sources)
+        self.pool = FactPool(self.sources)
         self._known: KnownSet | None = None
         # weights fingerprint -> (log-probs, top-1 flags) of the last few models scanned
         self._measured: dict[str, tuple[list[float], list[bool]]] = {}
@@ -72,32 +71,15 @@ class CollateralSuite(Suite):
         return {"name": "collateral", "note": f"the first {self.facts} facts of {', '.join(self.sources)} (filled "
                 "prompt, target_true) the unedited model answers top-1; a case's own facts excluded"}
 
-    def pool(self) -> list[Fact]:
-        """Every candidate fact of the sources, in order, prompts that occur once only."""
-        from editscope.data import load_cases
-
-        facts = []
-        for source in self.sources:
-            for case in load_cases(source):
-                r = case.request
-                if r.target_true:
-                    facts.append(Fact(r.text, r.target_true, r.subject, relation_of(case), f"{source}:{case.case_id}"))
-        seen = Counter(f.prompt for f in facts)
-        return [f for f in facts if seen[f.prompt] == 1]
-
     def known(self, engine: Scorer, *, progress: bool = False) -> KnownSet:
         """The probe set (chosen on the unedited model on first use; cached on disk)."""
         if self._known is None:
-            parts: list = ["collateral", list(self.sources), self.facts, "top1-true", "unique-text"]
-            fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
-            rule = json.dumps(parts + [fmt] if fmt else parts)
-
             def show(scanned: int, total: int, found: int) -> None:
                 print(f"collateral probe set: {found}/{self.facts} known facts in {scanned}/{total} scanned",
                       file=sys.stderr, flush=True)
 
-            self._known = choose_known(engine, self.pool, self.facts, rule, who="collateral suite",
-                                       progress=show if progress else None)
+            self._known = self.pool.known(engine, self.facts, who="collateral suite",
+                                          progress=show if progress else None)
             if not self._known.facts:
                 raise EditscopeError(f"collateral suite: the model answers none of the {self._known.scanned} facts "
                                      f"of {', '.join(self.sources)} top-1: nothing to scan")
@@ -108,7 +90,7 @@ class CollateralSuite(Suite):
         ``engine.score`` call, reused for the same weights. On the weights the set was chosen on (the unedited
         model) they are the choosing pass's scores, all top-1 by construction: no second pass."""
         known = self.known(engine)
-        fingerprint = engine.bundle.fingerprint  # type: ignore[attr-defined]
+        fingerprint = engine.fingerprint
         if fingerprint == known.fingerprint:
             return list(known.logprobs), [True] * len(known.facts)
         measured = self._measured.get(fingerprint)

@@ -23,10 +23,8 @@ carries the same numbers (so a checkpoint's mean over its cases is the value). A
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +35,7 @@ from editscope.lm.scorer import Scorer
 from editscope.metrics.generation import generation_entropy
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite
-from editscope.suites.known_facts import Fact, choose_known, relation_of
+from editscope.suites.known_facts import FactPool
 
 _P = "general ability (AlphaEdit §4.3, paper 004 §4)"
 METRICS: tuple[MetricSpec, ...] = (
@@ -67,6 +65,9 @@ class GeneralAbilitySuite(Suite):
                 raise EditscopeError(f"general suite: option {option} must be an integer >= 1, not {value!r}")
         self.text_tokens, self.row_tokens = text_tokens, row_tokens
         self.facts, self.fact_pool, self.fact_dataset = facts, fact_pool, fact_dataset
+        #: the last fact_pool records whose prompt occurs nowhere else in the file (CounterFact repeats some facts
+        #: verbatim: so no run of other records edits them)
+        self.pool = FactPool((fact_dataset,), tail=fact_pool)
         self.generation_prompts, self.generation_tokens = generation_prompts, generation_tokens
         self._text: list[str] | None = None
         self._known: list[tuple[str, str]] | None = None
@@ -105,26 +106,12 @@ class GeneralAbilitySuite(Suite):
         """The (prompt, answer) probe set, chosen on the unedited model (cached on disk by its fingerprint)."""
         if self._known is not None:
             return self._known
-        parts: list = [self.fact_dataset, self.fact_pool, self.facts, "top1-true", "unique-text"]
-        fmt = engine.prompt_format  # type: ignore[attr-defined]  # chat-wrapped prompts: another fact set
-        rule = json.dumps(parts + [fmt] if fmt else parts)
-        chosen = choose_known(engine, self._fact_pool, self.facts, rule, who="general suite")
+        chosen = self.pool.known(engine, self.facts, who="general suite")
         self._known = [(f.prompt, f.answer) for f in chosen.facts]
         if not self._known:  # KnownFacts is then absent from the rows (undefined), not 0
             warnings.warn(f"general suite: the model answers none of the last {self.fact_pool} {self.fact_dataset} "
                           "facts top-1, so KnownFacts is not measured (raise fact_pool)", stacklevel=2)
         return self._known
-
-    def _fact_pool(self) -> list[Fact]:
-        """The last ``fact_pool`` records of the dataset whose prompt occurs nowhere else in the file (CounterFact
-        repeats some facts verbatim: so no run of other records edits them)."""
-        from editscope.data import load_cases
-
-        cases = load_cases(self.fact_dataset)
-        seen = Counter(r.text for c in cases for r in c.requests)
-        return [Fact(c.request.text, c.request.target_true, c.request.subject, relation_of(c),
-                     f"{self.fact_dataset}:{c.case_id}")
-                for c in cases[-self.fact_pool:] if c.request.target_true and seen[c.request.text] == 1]
 
     # -- probing --------------------------------------------------------------------------------------------------
     def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
@@ -134,7 +121,7 @@ class GeneralAbilitySuite(Suite):
         if edited:
             raise EditscopeError(f"general suite: the run edits a fact of the known-fact probe set "
                                  f"({sorted(edited)[0]!r}); use cases outside the dataset's last fact_pool records")
-        fingerprint = engine.bundle.fingerprint  # type: ignore[attr-defined]
+        fingerprint = engine.fingerprint
         probe = self._measured.get(fingerprint)
         if probe is None:
             probe = self._measure(engine, known)

@@ -1,16 +1,22 @@
-"""Probe sets of facts the *unedited* model knows, chosen once per model and cached: the one builder behind the
-general suite's ``KnownFacts`` and the collateral suite's flip count.
+"""Probe sets of facts the *unedited* model knows, chosen once per model and cached: one :class:`FactPool` behind
+the general suite's ``KnownFacts`` and the collateral suite's flip count (and the edit card's collateral scan).
 
-A fact is known when every token of its answer is the argmax after its prompt (zsRE's top-1 rule). The pool is
-scanned in order, in chunks of one batched ``engine.score`` call each, until ``n`` known facts are found (so a
-large pool costs only as much as the scan needs); the first ``n`` known facts in pool order are the set. The choice
-is cached as JSON under ``home()/general/`` keyed by the model's weights fingerprint and ``rule`` (a string that
-names everything the pool depends on), with each fact's log-prob on the unedited model (the "before" of a scan).
+The pool: the records of its sources (datasets, in order; of each the last ``tail`` records, or all) that have a
+true answer and whose filled prompt occurs exactly once among all records of the sources (a prompt asked twice has
+an ambiguous answer, and a run editing the other record would edit this fact); each gives a :class:`Fact` (the
+filled prompt and ``target_true``). A fact is known when every token of its answer is the argmax after its prompt
+(zsRE's top-1 rule). The pool is scanned in order, in chunks of one batched ``engine.score`` call each, until ``n``
+known facts are found (so a large pool costs only as much as the scan needs); the first ``n`` known facts in pool
+order are the set. The choice is cached as JSON under ``home()/known_facts/`` keyed by the model's weights
+fingerprint and the pool's rule (its sources, tail, ``n`` and the prompt format: everything the set depends on),
+with each fact's log-prob on the unedited model (the "before" of a scan).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,12 +56,11 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
     """The first ``n`` facts of ``pool`` the model answers top-1 (cached; see the module docstring). ``pool`` may be a
     callable, called only when the cache misses; ``who`` names the caller in errors; ``progress(scanned, pool,
     found)`` is called after each chunk."""
-    bundle = engine.bundle  # type: ignore[attr-defined]
-    if bundle.applied:
+    if engine.fingerprint != engine.base_fingerprint:
         raise EditscopeError(f"{who}: the known-fact probe set must be chosen on the unedited model, but "
-                             f"{len(bundle.applied)} patch(es) are applied")
-    key = hashlib.blake2b(f"{bundle.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
-    path = home() / "general" / f"known-facts-{key}.json"
+                             "patches are applied")
+    key = hashlib.blake2b(f"{engine.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
+    path = home() / "known_facts" / f"{key}.json"
     cached = read_json(path)
     if cached is None:
         facts = list(pool() if callable(pool) else pool)
@@ -76,7 +81,41 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
     meta = cached.get("meta") or [["", "", "", float("nan")] for _ in cached["facts"]]
     return KnownSet([Fact(p, a, *m[:3]) for (p, a), m in zip(cached["facts"], meta, strict=True)],
                     [float(m[3]) for m in meta], int(cached.get("scanned", cached.get("pool", 0))),
-                    int(cached.get("pool", 0)), bundle.fingerprint)
+                    int(cached.get("pool", 0)), engine.fingerprint)
+
+
+@dataclass(frozen=True)
+class FactPool:
+    """The candidate facts of a known-fact set (the module docstring's pool) and the set chosen from them."""
+
+    sources: tuple[str, ...]
+    tail: int | None = None  # the last ``tail`` records of each source (None: all of them)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sources, str) or not self.sources:
+            raise EditscopeError(f"fact pool: sources must be a non-empty list of datasets, not {self.sources!r}")
+        object.__setattr__(self, "sources", tuple(self.sources))
+
+    def facts(self) -> list[Fact]:
+        """Every candidate, in source order then record order."""
+        from editscope.data import load_cases  # data loading only when a cache misses
+
+        loaded = [(source, load_cases(source)) for source in self.sources]
+        seen = Counter(r.text for _, cases in loaded for c in cases for r in c.requests)
+        return [Fact(c.request.text, c.request.target_true, c.request.subject, relation_of(c), f"{source}:{c.case_id}")
+                for source, cases in loaded for c in (cases if self.tail is None else cases[-self.tail:])
+                if c.request.target_true and seen[c.request.text] == 1]
+
+    def rule(self, engine: Scorer, n: int) -> str:
+        """Everything the set of ``n`` depends on besides the weights (chat-wrapped prompts: another set)."""
+        fmt = engine.prompt_format
+        parts: list = [list(self.sources), self.tail, n, "top1-true", "unique-text"]
+        return json.dumps(parts + [fmt] if fmt else parts)
+
+    def known(self, engine: Scorer, n: int, *, who: str,
+              progress: Callable[[int, int, int], None] | None = None) -> KnownSet:
+        """The first ``n`` facts of the pool the unedited model answers top-1 (:func:`choose_known`, cached)."""
+        return choose_known(engine, self.facts, n, self.rule(engine, n), who=who, progress=progress)
 
 
 def relation_of(case: Any) -> str:
@@ -84,4 +123,4 @@ def relation_of(case: Any) -> str:
     return str(case.extra.get("relation_id") or case.request.prompt)
 
 
-__all__ = ["CHUNK", "Fact", "KnownSet", "choose_known", "relation_of"]
+__all__ = ["CHUNK", "Fact", "FactPool", "KnownSet", "choose_known", "relation_of"]

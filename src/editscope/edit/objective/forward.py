@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine, TokenBatch
-from editscope.lm.partial_forward import FullForward, SharedContextForward, SuffixForward
+from editscope.lm.full_forward import FullForward
+from editscope.lm.partial_forward import SharedContextForward, SuffixForward
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from editscope.edit.context import prompt_rows
 from editscope.edit.objective.forward import FORWARDS, ForwardStrategy
 from editscope.edit.objective.terms import ObjectiveTerm
 from editscope.lm.engine import ScoringEngine, TokenBatch
+from editscope.lm.full_forward import FullForward
 from editscope.lm.hooks import capture
 from editscope.lm.loading import Bundle
-from editscope.lm.partial_forward import FullForward, SuffixForward
+from editscope.lm.partial_forward import SuffixForward
 
 ESSENCE_TEMPLATE = "{} is a"
 
