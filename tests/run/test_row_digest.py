@@ -70,7 +70,7 @@ def test_flipped_digit_is_refused_naming_the_line_and_recomputed_on_resume(refer
     work = tmp_path / "work"
     shutil.copytree(ref, work)
     _flip_digit(work / "results.jsonl", 2)
-    with pytest.raises(EditscopeError, match=rf"results\.jsonl:line 2: the row does not match its digest") as info:
+    with pytest.raises(EditscopeError, match=r"results\.jsonl:line 2: the row does not match its digest") as info:
         read_results(work / "results.jsonl")
     assert "\n" not in str(info.value)
     logged: list[str] = []

@@ -15,6 +15,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import with_reasons
 from editscope.integrity import verify_folder
 from editscope.jsonl import JsonlWriter, read_lines
+from editscope.rowdigest import KEY as ROW_DIGEST
 from editscope.rowdigest import RUN_FLAG, damage, dumps_sealed, required_in, strip
 
 RESULTS = "results.jsonl"
@@ -134,8 +135,7 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool, raise_damaged: bool
     dropped, damaged = 0, []
     required = required_in(path.parent)
     for line, row in read_lines(path, repair=repair):
-        # the digest first: a damaged row of any shape is recomputed on resume rather than refused
-        why = damage(row, required) if isinstance(row, dict) else None
+        why = _damage(path, line, row, required)
         if why:
             message = f"{path}:line {line}: {why}"
             if raise_damaged:
@@ -155,6 +155,14 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool, raise_damaged: bool
     if repair and (dropped or damaged):
         write_results(path, rows)
     return rows, dropped, damaged
+
+
+def _damage(path: Path, line: int, row: Any, required: bool) -> str | None:
+    """Why the row's digest does not vouch for it, or None. A row with a digest is judged by it first (damaged: a
+    resume recomputes it whatever its shape); one without is checked field by field first (the clearer message)."""
+    if not (isinstance(row, dict) and ROW_DIGEST in row):
+        _check_row(path, line, row)
+    return damage(row, required)
 
 
 def _check_row(path: Path, line: int, row: Any) -> None:
