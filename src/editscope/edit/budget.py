@@ -221,9 +221,9 @@ def _read_config(name_or_path: str):
     return AutoConfig.from_pretrained(Path(config_file).parent)
 
 
-def count_parameters(config) -> int:
+def count_parameters(config, where: str = "") -> int:
     """Parameters of the model ``config`` describes (tied weights once), built on the meta device: no memory, no
-    weights. A model type transformers cannot build is an error naming it."""
+    weights. A model type transformers cannot build is an error naming it (and ``where`` the config came from)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -232,8 +232,10 @@ def count_parameters(config) -> int:
             model = AutoModelForCausalLM.from_config(config)
     except Exception as exc:  # noqa: BLE001 (whatever a model class raises on a config it cannot build)
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise EditscopeError(f"transformers cannot build model_type {getattr(config, 'model_type', None)!r} from "
-                             f"this config: {first}") from None
+        prefix = f"{where}: " if where else ""
+        kind = getattr(config, "model_type", None)
+        raise EditscopeError(f"{prefix}transformers cannot build model_type {kind!r} from this config: "
+                             f"{first}") from None
     return sum(p.numel() for p in model.parameters())
 
 
@@ -264,7 +266,7 @@ def shape_of_config(config, name: str = "") -> ModelShape:
     return ModelShape(name=name or str(getattr(config, "_name_or_path", "") or config.model_type),
                       model_type=str(config.model_type), family=family, n_layers=n_layers, hidden=hidden, mlp=mlp,
                       n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=vocab,
-                      n_params=count_parameters(config), gated=gated, tied=tied)
+                      n_params=count_parameters(config, where), gated=gated, tied=tied)
 
 
 def model_shape(name_or_path: str) -> ModelShape:
