@@ -149,3 +149,39 @@ def test_report_names_the_damaged_row_in_one_line(reference, tmp_path, capsys):
     _flip_digit(work / "results.jsonl", 1)
     one_line_error(capsys, ["report", str(work)], 2, f"{work / 'results.jsonl'}:line 1",
                    "does not match its digest")
+
+
+def test_count_rows_counts_a_damaged_row_as_missing(reference, tmp_path):
+    from editscope.run.planned import count_rows, plan_run
+
+    tmp, ref = reference
+    work = tmp_path / "work"
+    shutil.copytree(ref, work)
+    _flip_digit(work / "results.jsonl", 1)
+    count = count_rows(work, plan_run(_config(tmp, work)))
+    assert not count.complete and count.planned == 2 and count.present == 1 and len(count.missing) == 1
+    assert f"{work / 'results.jsonl'}:line 1: the row does not match its digest" in count.line(work)
+
+
+def test_lm_eval_rows_carry_digests_and_a_damaged_one_is_evaluated_again(tmp_path):
+    from editscope.jsonl import append_record
+    from editscope.run.lmeval import LM_EVAL_FILE, LmEvalHook, LmEvalSpec
+
+    spec = LmEvalSpec(tasks=("arc_tiny", "copa_tiny"), limit=8)
+    rows = [{"dataset": None, "group": None, "method": "none", "round": 0, "edits_applied": 0, "task": task,
+             "metrics": {"acc": acc, "acc_stderr": None}, "n_samples": 8, "limit": 8, "num_fewshot": None,
+             "chat_template": False, "seconds": 0.5, "lm_eval_version": "0.4.9"}
+            for task, acc in (("arc_tiny", 0.375), ("copa_tiny", 0.625))]
+    writer = LmEvalHook(spec, tmp_path, every=1, log=lambda _m: None)
+    for row in rows:
+        append_record(tmp_path / LM_EVAL_FILE, row, writer._dumps)
+    lines = (tmp_path / LM_EVAL_FILE).read_text().splitlines()
+    assert all(json.loads(line)[KEY] == digest(json.loads(line)) for line in lines)
+    done = {("none", 0, "arc_tiny"), ("none", 0, "copa_tiny")}
+    assert {(k[2], k[3], k[4]) for k in LmEvalHook(spec, tmp_path, every=1, log=lambda _m: None)._done} == done
+    (tmp_path / LM_EVAL_FILE).write_text(lines[0].replace("0.375", "0.875") + "\n" + lines[1] + "\n")
+    logged: list[str] = []
+    hook = LmEvalHook(spec, tmp_path, every=1, log=logged.append)
+    assert {(k[2], k[3], k[4]) for k in hook._done} == {("none", 0, "copa_tiny")}
+    assert logged == [f"warning: {tmp_path / LM_EVAL_FILE}:line 1: the row does not match its digest (altered or "
+                      "corrupted); evaluating it again"]

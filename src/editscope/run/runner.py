@@ -361,8 +361,10 @@ class Runner:
         """Run (or resume) holding the output directory's lock: a second writer fails at once."""
         with run_lock(self.out_dir):
             if self.repair:
-                dropped = drop_duplicates(self.out_dir / RESULTS)
+                dropped, damaged = drop_duplicates(self.out_dir / RESULTS)
                 self.log(f"--repair: dropped {dropped} duplicate row(s) of {self.out_dir / RESULTS}")
+                for line in damaged:
+                    self.log(f"warning: {line}; computing it again")
             return self._run_locked()
 
     def _run_locked(self) -> RunResult:

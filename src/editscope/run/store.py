@@ -122,9 +122,11 @@ def has_rows(folder: str | Path) -> bool:
     return any(f.stat().st_size for name in (RESULTS, ARCHIVE) for f in folder.glob(f"**/{name}"))
 
 
-def drop_duplicates(path: str | Path) -> int:
-    """Keep the first row of each key in a results file (rewritten atomically); returns how many were dropped."""
-    return _read_results(Path(path), repair=True, dedupe=True)[1]
+def drop_duplicates(path: str | Path) -> tuple[int, list[str]]:
+    """Keep the first row of each key in a results file (rewritten atomically), and cut out the rows their digests do
+    not vouch for; returns how many duplicates were dropped and one line per damaged row cut out."""
+    _rows, dropped, damaged = _read_results(Path(path), repair=True, dedupe=True, raise_damaged=False)
+    return dropped, damaged
 
 
 def _read_results(path: Path, *, repair: bool, dedupe: bool, raise_damaged: bool = True,
