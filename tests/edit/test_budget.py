@@ -251,6 +251,8 @@ def test_run_config_modes_set_the_requests_per_edit(tmp_path):
 @pytest.mark.parametrize(("change", "needle"), [
     ({"hidden_size": None}, "config.json: names no hidden size (key 'hidden_size' or 'n_embd' or 'd_model')"),
     ({"vocab_size": None}, "config.json: names no vocabulary size (key 'vocab_size')"),
+    ({"intermediate_size": None}, "config.json: names no MLP width (key 'intermediate_size' or 'n_inner' or "
+                                  "'ffn_dim')"),
     ({"model_type": None}, "config.json: key 'model_type': expected the model's type"),
     ({"intermediate_size": 0}, "config key 'intermediate_size': expected a positive integer, got 0"),
     ({"num_key_value_heads": -8}, "config key 'num_key_value_heads': expected a positive integer, got -8"),

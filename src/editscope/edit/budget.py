@@ -115,7 +115,10 @@ def _first(config, keys: tuple[str, ...], where: str) -> int | None:
 #: with its class default, the size of some other model
 _REQUIRED_SIZES = {"layer count": ("num_hidden_layers", "n_layer", "num_layers"),
                    "hidden size": ("hidden_size", "n_embd", "d_model"),
-                   "attention head count": ("num_attention_heads", "n_head"), "vocabulary size": ("vocab_size",)}
+                   "attention head count": ("num_attention_heads", "n_head"), "vocabulary size": ("vocab_size",),
+                   "MLP width": ("intermediate_size", "n_inner", "ffn_dim")}
+#: keys that may be null when present (GPT-2's ``n_inner: null`` is its rule, 4 x hidden)
+_NULLABLE = frozenset({"intermediate_size", "n_inner", "ffn_dim"})
 
 
 def _check_config_file(path: Path) -> None:
@@ -132,7 +135,7 @@ def _check_config_file(path: Path) -> None:
                              f"{raw.get('model_type')!r}")
     scopes = [raw] + ([raw["text_config"]] if isinstance(raw.get("text_config"), dict) else [])
     for what, keys in _REQUIRED_SIZES.items():
-        if not any(scope.get(k) is not None for scope in scopes for k in keys):
+        if not any(scope.get(k) is not None or (k in _NULLABLE and k in scope) for scope in scopes for k in keys):
             raise EditscopeError(f"{path}: names no {what} (key {' or '.join(repr(k) for k in keys)}); a plan "
                                  "needs the model's own value")
 
