@@ -246,3 +246,30 @@ def test_run_config_modes_set_the_requests_per_edit(tmp_path):
     cfg.write_text(base + "runtime: {vstar_batch: 8}\n")  # single mode: a window of 8 cases' v* optimised together
     (plan,) = plans_for_config(load_config(cfg), dtype="bfloat16", available=100 * GiB)
     assert (plan.requests, plan.dtype) == (8, "bfloat16")
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"hidden_size": None}, "config.json: names no hidden size (key 'hidden_size' or 'n_embd' or 'd_model')"),
+    ({"vocab_size": None}, "config.json: names no vocabulary size (key 'vocab_size')"),
+    ({"intermediate_size": None}, "config.json: names no MLP width (key 'intermediate_size' or 'n_inner' or "
+                                  "'ffn_dim')"),
+    ({"model_type": None}, "config.json: key 'model_type': expected the model's type"),
+    ({"intermediate_size": 0}, "config key 'intermediate_size': expected a positive integer, got 0"),
+    ({"num_key_value_heads": -8}, "config key 'num_key_value_heads': expected a positive integer, got -8"),
+    ({"num_hidden_layers": 0}, "config key 'num_hidden_layers': expected a positive integer, got 0"),
+    ({"hidden_size": "4096"}, "cannot read its config.json"),
+    ({"model_type": "nosuch"}, "cannot read its config.json"),
+    ("", "config.json: not readable JSON"),
+    ("{hidden_size: 1", "config.json: not readable JSON"),
+    ("[1, 2]", "config.json: expected a JSON object, got list"),
+])
+def test_plan_refuses_an_odd_config_json_in_one_line(tmp_path, capsys, change, needle):
+    from editscope import cli
+
+    text = change if isinstance(change, str) else json.dumps(
+        {k: v for k, v in {**json.loads((CONFIGS / "Meta-Llama-3-8B" / "config.json").read_text()), **change}.items()
+         if v is not None})
+    (tmp_path / "config.json").write_text(text)
+    code = cli.main(["plan", "--model", str(tmp_path), "--no-time", "--available-gib", "80"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and str(tmp_path) in err[0] and needle in err[0], err

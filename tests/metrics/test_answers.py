@@ -261,3 +261,12 @@ def test_the_registry_refuses_what_is_not_a_judge():
         JUDGES.register(lambda q, p, g: 1.0, "bad")
     with pytest.raises(EditscopeError, match="answer judge 'exact_match' is already registered"):
         JUDGES.register(AnswerMatchJudge("exact_match", exact_match, binary=True))
+
+
+def test_a_judge_that_raises_is_one_line_naming_it():
+    def broken(prediction, golds):
+        raise ConnectionError("judge model unreachable\nretry later")
+
+    with pytest.raises(MetricInputError) as info:
+        judge_answer(AnswerMatchJudge("remote", broken, binary=True), "q", "p", ["g"])
+    assert str(info.value) == "judge 'remote': raised ConnectionError: judge model unreachable"

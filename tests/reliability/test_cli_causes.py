@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from editscope.cli import main
 from editscope.integrity import seal
+from editscope.run.store import write_results
 
 DELTA = "model.layers.1.mlp.down_proj.weight"
 EDIT = ["edit", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} is located in", "--subject",
@@ -122,6 +123,6 @@ def test_string_metric_value_in_results_names_line_and_field(capsys, tmp_path, r
     shutil.copytree(run_dir, run)
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     rows[0]["metrics"]["counterfact"]["ES_post"] = "high"
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_results(run / "results.jsonl", rows)  # sealed with its digest: the field check must name the damage
     one_line_error(capsys, ["report", str(run)], 2, f"{run / 'results.jsonl'}:line 1",
                    "field 'metrics.counterfact.ES_post': expected a number or null, got str 'high'")

@@ -14,13 +14,19 @@ wrong JSON types — and the code that reads the file back is run on it:
 * ``silently wrong``: no error, and a result that differs.
 
 The counts per file type are printed (``pytest -s`` shows them); the test asserts 0 tracebacks and 0 silently wrong.
-Rows (``results.jsonl``) carry no digest of their own: a flipped digit inside a stored number, or a field that rows of
-earlier versions lack deleted, is undetectable in that file, so its byte flips hit its structure (keys, quotes,
-brackets) and its deleted keys are those every row has; wrong types hit every field.
+Rows (``results.jsonl``, ``lm_eval.jsonl``) carry a digest each (:mod:`editscope.rowdigest`), so their mutations also
+change a digit or letter inside a value, delete any key and alter a nested value: a resume recomputes the row.
+
+Beside the files, three readers of odd input: an UltraEdit chain checkpoint (its lifelong normaliser's running mean
+and squared deviations, and their metadata, flipped: the loaded state must be the saved one bit for bit, or refused),
+the ``wild`` suite's options and a registered answer judge that raises (one line naming the option, or the judge and
+the case, with the rows written before it kept), and ``editscope plan`` on a mutated ``config.json`` (one line naming
+the file, or the plan of the config as transformers completes it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -176,6 +182,17 @@ def json_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
 
 
 _STRUCTURE = set(b'{}[]":,')
+_DIGITS, _LOWER, _UPPER = b"0123456789", b"abcdefghijklmnopqrstuvwxyz", b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _change_char(data: bytes, rng: random.Random) -> bytes:
+    """One digit or letter replaced by another of its kind: what a flipped bit inside a stored value looks like when it
+    leaves valid JSON of the same type (a number stays a number, a word a word)."""
+    spots = [j for j, b in enumerate(data) if b in _DIGITS or b in _LOWER or b in _UPPER]
+    j = rng.choice(spots)
+    alphabet = next(a for a in (_DIGITS, _LOWER, _UPPER) if data[j] in a)
+    new = rng.choice([b for b in alphabet if b != data[j]])
+    return data[:j] + bytes([new]) + data[j + 1:]
 
 
 def jsonl_mutations(data: bytes, rng: random.Random, required: list[str] | None = None) -> list[tuple[str, bytes]]:
@@ -184,9 +201,14 @@ def jsonl_mutations(data: bytes, rng: random.Random, required: list[str] | None 
     out = []
     for _ in range(PER_TYPE):
         kind = rng.choice(["flip structure byte", "truncate", "torn last line", "delete key", "wrong type",
-                           "delete line"])
+                           "delete line", "change digit or letter", "change digit or letter", "altered value"])
         i = rng.randrange(len(lines))
-        if kind == "flip structure byte":
+        if kind == "change digit or letter":
+            out.append((kind, _change_char(data, rng)))
+        elif kind == "altered value":  # a nested value of the same type changed, the row's digest kept
+            row = _nested_edit(json.loads(lines[i]), rng, delete=False, alter=True)
+            out.append((kind, "".join(lines[:i] + [json.dumps(row) + "\n"] + lines[i + 1:]).encode()))
+        elif kind == "flip structure byte":
             spots = [j for j, b in enumerate(data) if b in _STRUCTURE]
             j = rng.choice(spots)
             out.append((kind, data[:j] + bytes([data[j] ^ 1 << rng.randrange(8)]) + data[j + 1:]))
@@ -198,12 +220,10 @@ def jsonl_mutations(data: bytes, rng: random.Random, required: list[str] | None 
         elif kind == "delete line":
             out.append((kind, "".join(lines[:i] + lines[i + 1:]).encode()))
         else:
-            from editscope.run.store import ROW_FIELDS
-
             row = json.loads(lines[i])
-            # a field every row has (one that rows of earlier versions lack is optional: its deletion is not damage
-            # a row without a digest can show); any field for a wrong type
-            top = rng.choice(sorted(required or ROW_FIELDS) if kind == "delete key" else sorted(row))
+            # any field: the row's digest covers them all (deleting the digest itself is damage in a run whose
+            # run.json says its rows carry one); ``required`` narrows deletions for a file without run.json
+            top = rng.choice(sorted(required) if kind == "delete key" and required else sorted(row))
             if kind == "delete key":
                 row.pop(top)
             else:
@@ -485,6 +505,7 @@ def fuzz_lm_eval(tmp: Path, rng: random.Random) -> Tally:
     """``lm_eval.jsonl``, read by a resume's lm_eval hook: which task rows are done (the others are evaluated again).
     Correct: every row taken as done is the original row of its key (a damaged one is evaluated again or refused)."""
     from editscope.jsonl import append_record
+    from editscope.rowdigest import KEY
     from editscope.run.lmeval import LM_EVAL_FILE, LmEvalHook, LmEvalSpec
 
     folder = tmp / "lm"
@@ -497,8 +518,9 @@ def fuzz_lm_eval(tmp: Path, rng: random.Random) -> Tally:
                          "task": task, "metrics": {"acc": 0.25 + applied / 16, "acc_stderr": None}, "n_samples": 8,
                          "limit": 8, "num_fewshot": None, "chat_template": False, "seconds": 0.5,
                          "lm_eval_version": "0.4.9"})
+    writer = LmEvalHook(spec, folder, every=1, batch=2, log=lambda _m: None)
     for row in rows:
-        append_record(folder / LM_EVAL_FILE, row)
+        append_record(folder / LM_EVAL_FILE, row, writer._dumps)  # sealed with its digest, as the hook writes rows
     by_key = {LmEvalHook._key(r): r for r in rows}
     pristine = (folder / LM_EVAL_FILE).read_bytes()
     tally = Tally()
@@ -506,16 +528,221 @@ def fuzz_lm_eval(tmp: Path, rng: random.Random) -> Tally:
     def read() -> list[dict]:
         from editscope.jsonl import read_records
 
-        hook = LmEvalHook(spec, folder, every=1, batch=2)
-        present = {LmEvalHook._key(r): r for r in read_records(folder / LM_EVAL_FILE) if isinstance(r, dict)}
+        hook = LmEvalHook(spec, folder, every=1, batch=2, log=lambda _m: None)
+        present = {}
+        for r in read_records(folder / LM_EVAL_FILE):
+            with contextlib.suppress(TypeError):  # a mutated key field of a list or object type is no key
+                present[LmEvalHook._key(r)] = {k: v for k, v in r.items() if k != KEY}
         return [present.get(k) for k in hook._done]
 
     def same(done: list[dict | None]) -> bool:  # of the keys a resume asks for, those taken as done are the originals
         return all(r is not None and by_key[LmEvalHook._key(r)] == r for r in done
                    if r is not None and LmEvalHook._key(r) in by_key)
 
-    required = ["dataset", "group", "method", "edits_applied", "task", "metrics"]
-    _mutate_file(folder / LM_EVAL_FILE, jsonl_mutations(pristine, rng, required), pristine, tally, read, same)
+    _mutate_file(folder / LM_EVAL_FILE, jsonl_mutations(pristine, rng), pristine, tally, read, same)
+    return tally
+
+
+def state_mutations(data: bytes, rng: random.Random, n: int) -> list[tuple[str, bytes]]:
+    """Mutations aimed at a chain checkpoint's editor state: byte flips inside its tensors, and its ``state``
+    metadata (JSON) with a value altered, given a wrong type or a key deleted."""
+    from editscope.run.chain import _STATE
+
+    header, body = _st_split(data)
+    start = 8 + struct.unpack("<Q", data[:8])[0]
+    names = sorted(k for k in header if k.startswith(_STATE))
+    state = json.loads(header["__metadata__"]["state"])
+    out = []
+    for _ in range(n):
+        kind = rng.choice(["flip state tensor byte", "flip state tensor byte", "altered state metadata",
+                           "wrong type in state metadata", "delete state metadata key"])
+        if kind == "flip state tensor byte":
+            name = rng.choice(names)
+            lo, hi = header[name]["data_offsets"]
+            out.append((f"{kind} ({name})", _flip(data, start + lo, start + hi, rng)))
+            continue
+        h = json.loads(json.dumps(header))
+        edited = _nested_edit(state, rng, delete=kind.startswith("delete"), alter=kind.startswith("altered"))
+        h["__metadata__"]["state"] = json.dumps(edited, sort_keys=True)
+        out.append((kind, _st_join(h, body)))
+    return out
+
+
+def fuzz_ultraedit_chain(bundle, tmp: Path, rng: random.Random) -> Tally:
+    """The chain file of an UltraEdit chain after one real turn: its state is the lifelong normaliser (per module
+    shape the running mean, the sum of squared deviations, the row count) that every later turn normalises with."""
+    from editscope.data.records import EditRequest
+    from editscope.edit import get_editor
+    from editscope.edit.ultraedit import UltraEditState
+    from editscope.lm.engine import ScoringEngine
+    from editscope.run.chain import ChainCheckpoint
+
+    editor = get_editor("ultraedit")
+    requests = [EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France"),
+                EditRequest("The capital of {} is", "France", "Madrid", "Paris")]
+    state = editor.new_state()
+    with bundle.folding():
+        patch = editor.apply(bundle, requests, state=state, engine=ScoringEngine(bundle))
+        bundle.fold(patch)
+        ckpt = ChainCheckpoint.capture(bundle, state, {"round": 1, "edits_applied": 2, "rounds": [{"digest": "d1"}],
+                                                       "templates": [], "config_digest": "c"})
+    assert state.counts and state.n_turns == 1  # a real normaliser: statistics of this turn's features
+    path = ckpt.save(tmp / "ultraedit-chain.safetensors")
+    pristine = path.read_bytes()
+    tally = Tally()
+
+    def read() -> tuple[ChainCheckpoint, UltraEditState]:  # what a resume does before the next turn
+        got = ChainCheckpoint.load(path)
+        return got, UltraEditState.from_state_dict(got.state_tensors, got.state_meta, str(path))
+
+    def same(got: tuple[ChainCheckpoint, UltraEditState]) -> bool:
+        loaded, s = got
+        return (s.counts == state.counts and (s.n_edits, s.n_turns) == (state.n_edits, state.n_turns)
+                and _equal_tensors(s.means, state.means) and _equal_tensors(s.sq_devs, state.sq_devs)
+                and _equal_tensors(loaded.deltas, ckpt.deltas) and loaded.meta == ckpt.meta)
+
+    mutations = state_mutations(pristine, rng, PER_TYPE // 2) + safetensors_mutations(pristine, rng)[:PER_TYPE // 2]
+    _mutate_file(path, mutations, pristine, tally, read, same)
+    return tally
+
+
+#: wild suite options no run may start with: (option, value)
+_BAD_WILD = [("max_new_tokens", 0), ("max_new_tokens", -5), ("max_new_tokens", 10 ** 9), ("max_new_tokens", "50"),
+             ("max_new_tokens", 2.5), ("max_new_tokens", True), ("max_new_tokens", None), ("context", "chat"),
+             ("context", 3), ("target", "answers1"), ("target", None), ("judge", "gpt4"), ("judge", 7),
+             ("stop", "."), ("stop", [""])]
+
+
+class _RaisingJudge:
+    """A registered judge that fails on the answers to one subject's prompts (as a user's judge model might)."""
+
+    name, binary = "fuzz_raises", False
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+
+    def __call__(self, question: str, prediction: str, golds) -> float:
+        if self.subject in question:
+            raise RuntimeError("judge backend unreachable\n(a second line that must not reach the message)")
+        return 0.0
+
+
+def fuzz_wild(bundle, tmp: Path, rng: random.Random) -> Tally:
+    """The wild suite's generation settings: bad options refused in one line naming the option; a judge that raises
+    stops the run with one line naming the judge and the case, the rows written before it kept."""
+    from editscope.metrics.answers import JUDGES
+    from editscope.paths import data_file
+    from editscope.run import Runner, parse_config, read_results
+    from editscope.run.plan import PROBE_GROUP
+    from editscope.run.store import RESULTS
+    from editscope.run.suites import make_suite
+
+    tally = Tally()
+    for key, value in rng.sample(_BAD_WILD, min(len(_BAD_WILD), PER_TYPE)):
+        tally.run(f"wild option {key}={value!r}", lambda k=key, v=value: make_suite("wild", {k: v}),
+                  lambda _suite: False, (key,))
+    # probe_only measures 16 cases per unit of work (PROBE_GROUP): the judge fails on the 17th, in the second unit
+    records = json.loads(data_file("counterfact/counterfact-edit-1k.json").read_text())[:PROBE_GROUP + 1]
+    (tmp / "wild.json").write_text(json.dumps(records))
+    failing = records[PROBE_GROUP]
+    assert not any(failing["subject"] in json.dumps(r) for r in records[:PROBE_GROUP])
+    JUDGES.register(_RaisingJudge(failing["subject"]))
+    out = tmp / "wild-run"
+    config = parse_config({"model": "tiny-llama", "output": str(out), "methods": ["none"],
+                           "dataset": str(tmp / "wild.json"),
+                           "suites": [{"name": "wild", "options": {"judge": "fuzz_raises", "max_new_tokens": 3}}]})
+
+    def run() -> None:
+        try:
+            Runner(config, out_dir=out, bundle=bundle, progress=False, log=lambda _m: None).run()
+        except EditscopeError as exc:
+            kept = sorted(r["case_id"] for r in read_results(out / RESULTS))
+            if (f"case {failing['case_id']}" not in str(exc)
+                    or kept != sorted(str(r["case_id"]) for r in records[:PROBE_GROUP])):
+                raise AssertionError(f"the message does not name the case, or rows were lost: {exc}; "
+                                     f"kept {kept}") from None
+            raise
+
+    try:
+        tally.run("wild judge that raises", run, lambda _r: False, ("fuzz_raises",))
+    finally:
+        del JUDGES["fuzz_raises"]
+    return tally
+
+
+def config_mutations(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
+    """A model's config.json made odd: a size key deleted, zero, negative, a string or a float; an unknown
+    model_type; an empty file; text that is not JSON; JSON that is not an object; plus :func:`json_mutations`."""
+    obj = json.loads(data)
+    sizes = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "vocab_size"]
+    out: list[tuple[str, bytes]] = [("empty file", b""), ("not JSON", b"{hidden_size: 64"), ("a JSON list", b"[]"),
+                                    ("unknown model_type", json.dumps({**obj, "model_type": "nosuch"}).encode())]
+    for _ in range(PER_TYPE // 2):
+        key = rng.choice(sizes + ["model_type"])
+        kind = rng.choice(["delete", "zero", "negative", "string", "float"])
+        edited = dict(obj)
+        if kind == "delete":
+            edited.pop(key)
+        else:
+            edited[key] = {"zero": 0, "negative": -rng.randrange(1, 64), "string": str(obj[key]),
+                           "float": obj[key] + 0.5 if isinstance(obj[key], int) else 0.5}[kind]
+        out.append((f"{kind} {key}", json.dumps(edited).encode()))
+    return out + json_mutations(data, rng)[:PER_TYPE // 4]
+
+
+def fuzz_plan(tmp: Path, rng: random.Random) -> Tally:
+    """``editscope plan --model DIR`` on a mutated ``DIR/config.json``: rc 2 and one line naming the file, or rc 0
+    with the plan of the config as transformers completes it (a missing optional key takes the config class's
+    default: the plan must equal the plan of a file that states that default)."""
+    import contextlib
+    import io
+
+    from transformers import AutoConfig
+
+    from editscope.cli import main
+
+    folder = tmp / "plan-model"
+    folder.mkdir()
+    path = folder / "config.json"
+    pristine = (Path(__file__).parents[1] / "fixtures/configs/Llama-2-7b-hf/config.json").read_bytes()
+    args = ["plan", "--model", str(folder), "--no-time", "--available-gib", "100", "--json"]
+    tally = Tally()
+
+    def plan() -> Any:
+        err, out = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning from transformers is a config it half accepted
+            rc = main(args)
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        if rc == 2 and len(lines) == 1 and lines[0].startswith("editscope: error: "):
+            raise EditscopeError(lines[0][len("editscope: error: "):])  # the clean line, for the tally
+        if rc != 0 or lines:
+            raise AssertionError(f"rc {rc}, stderr {err.getvalue()[:300]!r}")
+        return json.loads(out.getvalue())
+
+    def expected(data: bytes) -> Any:
+        """The plan of the file with every key transformers would default stated explicitly."""
+        obj = json.loads(data)
+        defaults = AutoConfig.for_model(obj["model_type"]).to_dict()
+        whole = {k: v for k, v in defaults.items() if k in json.loads(pristine)} | obj
+        path.write_text(json.dumps(whole))
+        try:
+            return plan()
+        finally:
+            path.write_bytes(data)
+
+    for kind, data in config_mutations(pristine, rng):
+        path.write_bytes(data)
+
+        def correct(got: Any, data: bytes = data) -> bool:
+            try:
+                return got == expected(data)
+            except (EditscopeError, AssertionError):  # the explicit file refused where the implicit one planned
+                return False
+
+        tally.run(f"config.json ({kind})", plan, correct, (str(path), str(folder)))
+    path.write_bytes(pristine)
     return tally
 
 
@@ -530,6 +757,9 @@ def test_every_file_read_back_survives_mutation(tiny_llama, run_dir, tmp_path, m
     tallies["reproduction archive"] = fuzz_archive(run_dir, tmp_path, rng)
     tallies["run.json"], tallies["results.jsonl"] = fuzz_run(tiny_llama, tmp_path, rng)
     tallies["lm_eval.jsonl"] = fuzz_lm_eval(tmp_path, rng)
+    tallies["ultraedit chain"] = fuzz_ultraedit_chain(tiny_llama, tmp_path, rng)
+    tallies["wild options, judge"] = fuzz_wild(tiny_llama, tmp_path, rng)
+    tallies["plan config.json"] = fuzz_plan(tmp_path, rng)
     lines = [f"{'file type':<22} {'tried':>5} {'clean':>5} {'correct':>7} {'traceback':>9} {'silently wrong':>14}"]
     for what, t in tallies.items():
         lines.append(f"{what:<22} {t.tried:>5} {t.clean:>5} {t.correct:>7} {t.traceback:>9} {t.wrong:>14}")

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from editscope.errors import EditscopeError
+from editscope.rowdigest import KEY, digest
 from editscope.run.archive import archive_run
 from editscope.run.store import ARCHIVE, RESULTS, has_rows, run_rows
 
@@ -32,7 +33,9 @@ def test_an_archive_keeps_every_field_but_the_raw_probes(tmp_path):
     (written,) = archive_run(tmp_path / "run", tmp_path / "kept" / "run")
     assert written == tmp_path / "kept" / "run" / ARCHIVE
     lines = gzip.decompress(written.read_bytes()).decode().splitlines()
-    assert [json.loads(x) for x in lines] == [{**r, "pre": {}, "post": {}} for r in rows]
+    assert [{k: v for k, v in json.loads(x).items() if k != KEY} for x in lines] == [
+        {**r, "pre": {}, "post": {}} for r in rows]
+    assert all(json.loads(x)[KEY] == digest(json.loads(x)) for x in lines)  # each slim row sealed anew
     assert run_rows(tmp_path / "kept" / "run") == [{**r, "pre": {}, "post": {}} for r in rows]
     assert json.loads((tmp_path / "kept" / "run" / "run.json").read_text()) == {"status": "complete"}
     assert has_rows(tmp_path / "kept") and not has_rows(tmp_path / "nothing")

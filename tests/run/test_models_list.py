@@ -16,6 +16,7 @@ from editscope.cli import main
 from editscope.errors import EditscopeError
 from editscope.lm.loading import is_prepared
 from editscope.report import build_report
+from editscope.rowdigest import KEY, RUN_FLAG
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.config import load_config, model_slug
 from editscope.run.models import check_models, run_models
@@ -189,8 +190,11 @@ def test_rows_without_a_model_field_are_the_runs_model(tmp_path, alone):
     old = tmp_path / "old"
     shutil.copytree(alone["tiny-llama"], old)
     lines = [json.loads(line) for line in (old / "results.jsonl").read_text().splitlines()]
-    (old / "results.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "model"}) + "\n"
-                                               for r in lines))
+    (old / "results.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in ("model", KEY)})
+                                               + "\n" for r in lines))
+    meta = json.loads((old / "run.json").read_text())
+    meta.pop(RUN_FLAG)  # nor did its run.json say that rows carry digests
+    (old / "run.json").write_text(json.dumps(meta))
     result = Runner(models_config().for_model("tiny-llama"), out_dir=old, suite_factories=SUITES, progress=False,
                     log=lambda _m: None).run()
     assert result.written == 0 and result.skipped == 2

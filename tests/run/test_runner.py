@@ -13,6 +13,7 @@ from editscope.edit.patch import tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.run import Runner, merge_runs, parse_config, read_results, recompute_metrics
 from editscope.run.runner import timing_free
+from editscope.run.store import dumps_row
 from tests.run.helpers import SUITES, base_config
 
 
@@ -80,7 +81,8 @@ def test_metrics_recompute_from_raw_probes(reference):
     tampered = out.parent / "tampered"
     tampered.mkdir()
     (tampered / "run.json").write_text((out / "run.json").read_text())
-    (tampered / "results.jsonl").write_text("\n".join([json.dumps(row)] + lines[1:]) + "\n")
+    # sealed again (a writer that stored a wrong number): the digest vouches for it, recomputation does not
+    (tampered / "results.jsonl").write_text("\n".join([dumps_row(row)] + lines[1:]) + "\n")
     bad = recompute_metrics(tampered, suite_factories=SUITES)
     assert len(bad) == 1 and bad[0][0][2] == "rome"
 

@@ -194,3 +194,21 @@ def test_lifelong_checkpoints_reprobe_in_the_wild_too(tmp_path, tiny_bundles):
     for row in rows:  # the checkpoint re-probe and the final probe both measure both protocols
         assert {"counterfact", "wild"} <= set(row["metrics"]) and "Efficacy_post" in row["metrics"]["wild"]
         assert all(isinstance(p["answer"], str) for p in row["post"]["wild"]["prompts"])
+
+
+def test_a_registered_judge_that_raises_names_itself_and_the_case(monkeypatch):
+    class Failing:
+        name, binary = "failing", True
+
+        def __call__(self, question, prediction, golds):
+            raise TimeoutError("no answer from the judge")
+
+    from editscope.metrics.answers import JUDGES
+
+    monkeypatch.setitem(JUDGES, "failing", Failing())
+    c = case()
+    pre = probe("France", ["France"], ["Shakespeare"], c)
+    with pytest.raises(EditscopeError) as info:
+        WildSuite(judge="failing").metrics(c, pre, pre)
+    assert str(info.value) == ("wild suite: case c1, prompt 'Danielle Darrieux is a citizen of': judge 'failing': "
+                               "raised TimeoutError: no answer from the judge")

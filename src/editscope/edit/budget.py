@@ -98,12 +98,46 @@ METHOD_KIND = {"rome": "rome", "memit": "memit", "prune": "memit", "rect": "memi
 
 
 # -- the model's shape ---------------------------------------------------------------------------------------------
-def _first(config, keys: tuple[str, ...]) -> int | None:
+def _first(config, keys: tuple[str, ...], where: str) -> int | None:
+    """The first of ``keys`` the config sets, checked to be a positive integer (a zero or negative size would plan
+    nonsense, a float would be truncated); None when it sets none."""
     for key in keys:
         value = getattr(config, key, None)
-        if value is not None:
-            return int(value)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EditscopeError(f"{where}: config key {key!r}: expected a positive integer, got {value!r}")
+        return value
     return None
+
+
+#: what a plan reads from a model's own config.json (any key of each group): transformers would fill a missing one
+#: with its class default, the size of some other model
+_REQUIRED_SIZES = {"layer count": ("num_hidden_layers", "n_layer", "num_layers"),
+                   "hidden size": ("hidden_size", "n_embd", "d_model"),
+                   "attention head count": ("num_attention_heads", "n_head"), "vocabulary size": ("vocab_size",),
+                   "MLP width": ("intermediate_size", "n_inner", "ffn_dim")}
+#: keys that may be null when present (GPT-2's ``n_inner: null`` is its rule, 4 x hidden)
+_NULLABLE = frozenset({"intermediate_size", "n_inner", "ffn_dim"})
+
+
+def _check_config_file(path: Path) -> None:
+    """A folder's ``config.json`` is a JSON object that names the model type and the sizes a plan reads (also under
+    ``text_config``); otherwise one line naming the file and the key."""
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise EditscopeError(f"{path}: not readable JSON ({type(exc).__name__}); expected a model's config") from None
+    if not isinstance(raw, dict):
+        raise EditscopeError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    if not isinstance(raw.get("model_type"), str) or not raw["model_type"]:
+        raise EditscopeError(f"{path}: key 'model_type': expected the model's type (a string, e.g. 'llama'), got "
+                             f"{raw.get('model_type')!r}")
+    scopes = [raw] + ([raw["text_config"]] if isinstance(raw.get("text_config"), dict) else [])
+    for what, keys in _REQUIRED_SIZES.items():
+        if not any(scope.get(k) is not None or (k in _NULLABLE and k in scope) for scope in scopes for k in keys):
+            raise EditscopeError(f"{path}: names no {what} (key {' or '.join(repr(k) for k in keys)}); a plan "
+                                 "needs the model's own value")
 
 
 @dataclass(frozen=True)
@@ -172,6 +206,7 @@ def _read_config(name_or_path: str):
     path = Path(text).expanduser()
     if path.is_dir():
         if path.joinpath("config.json").is_file():
+            _check_config_file(path / "config.json")
             return AutoConfig.from_pretrained(path)
         raise EditscopeError(f"{path}: not a Hugging Face model folder (no config.json)")
     from editscope.lm.hub import _offline, is_hub_id
@@ -189,9 +224,9 @@ def _read_config(name_or_path: str):
     return AutoConfig.from_pretrained(Path(config_file).parent)
 
 
-def count_parameters(config) -> int:
+def count_parameters(config, where: str = "") -> int:
     """Parameters of the model ``config`` describes (tied weights once), built on the meta device: no memory, no
-    weights. A model type transformers cannot build is an error naming it."""
+    weights. A model type transformers cannot build is an error naming it (and ``where`` the config came from)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -200,8 +235,10 @@ def count_parameters(config) -> int:
             model = AutoModelForCausalLM.from_config(config)
     except Exception as exc:  # noqa: BLE001 (whatever a model class raises on a config it cannot build)
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise EditscopeError(f"transformers cannot build model_type {getattr(config, 'model_type', None)!r} from "
-                             f"this config: {first}") from None
+        prefix = f"{where}: " if where else ""
+        kind = getattr(config, "model_type", None)
+        raise EditscopeError(f"{prefix}transformers cannot build model_type {kind!r} from this config: "
+                             f"{first}") from None
     return sum(p.numel() for p in model.parameters())
 
 
@@ -215,22 +252,24 @@ def shape_of_config(config, name: str = "") -> ModelShape:
         family: str | None = arch_for_config(config).family
     except EditscopeError:
         family = None
-    n_layers = _first(config, ("num_hidden_layers", "n_layer", "num_layers"))
-    hidden = _first(config, ("hidden_size", "n_embd", "d_model"))
-    if n_layers is None or hidden is None:
-        raise EditscopeError(f"{name or config.model_type}: config has no layer count or hidden size")
-    mlp = _first(config, ("intermediate_size", "n_inner", "ffn_dim")) or 4 * hidden
-    n_heads = _first(config, ("num_attention_heads", "n_head")) or 1
-    n_kv = _first(config, ("num_key_value_heads",)) or n_heads
-    head_dim = _first(config, ("head_dim",)) or hidden // n_heads
+    where = name or str(config.model_type)
+    n_layers = _first(config, ("num_hidden_layers", "n_layer", "num_layers"), where)
+    hidden = _first(config, ("hidden_size", "n_embd", "d_model"), where)
+    vocab = _first(config, ("vocab_size",), where)
+    if n_layers is None or hidden is None or vocab is None:
+        raise EditscopeError(f"{where}: config has no layer count, hidden size or vocabulary size")
+    mlp = _first(config, ("intermediate_size", "n_inner", "ffn_dim"), where) or 4 * hidden
+    n_heads = _first(config, ("num_attention_heads", "n_head"), where) or 1
+    n_kv = _first(config, ("num_key_value_heads",), where) or n_heads
+    head_dim = _first(config, ("head_dim",), where) or hidden // n_heads
     act = str(getattr(config, "hidden_act", None) or getattr(config, "activation_function", "") or "")
     gated = config.model_type not in ("gpt2", "gptj", "gpt_neox", "opt", "gpt_neo", "bloom", "falcon") \
         and act not in ("gelu_new",)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     return ModelShape(name=name or str(getattr(config, "_name_or_path", "") or config.model_type),
                       model_type=str(config.model_type), family=family, n_layers=n_layers, hidden=hidden, mlp=mlp,
-                      n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=int(config.vocab_size),
-                      n_params=count_parameters(config), gated=gated, tied=tied)
+                      n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=vocab,
+                      n_params=count_parameters(config, where), gated=gated, tied=tied)
 
 
 def model_shape(name_or_path: str) -> ModelShape:

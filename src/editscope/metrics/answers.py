@@ -184,14 +184,19 @@ JUDGES.register(
 
 def judge_answer(judge: str | Judge, question: str, prediction: str, golds: Sequence[str]) -> float:
     """``judge(question, prediction, golds)`` for a judge given by name (:data:`JUDGES`) or as an object, checked:
-    the result must be a real number in [0, 1] (exactly 0 or 1 for a ``binary`` judge); anything else raises
-    :class:`~editscope.metrics.MetricInputError` naming the judge."""
+    the result must be a real number in [0, 1] (exactly 0 or 1 for a ``binary`` judge); anything else, and any
+    exception the judge raises, is a :class:`~editscope.metrics.MetricInputError` (one line) naming the judge."""
     resolved = JUDGES[judge] if isinstance(judge, str) else judge
     if not isinstance(resolved, Judge):
         raise fail("judge", f"expected a judge name or a Judge, got {type(judge).__name__}")
     golds_list = _golds(golds, "golds")
-    value = resolved(_text(question, "question"), _text(prediction, "prediction"), golds_list)
+    question, prediction = _text(question, "question"), _text(prediction, "prediction")
     label = f"judge {resolved.name!r}"
+    try:
+        value = resolved(question, prediction, golds_list)
+    except Exception as exc:  # noqa: BLE001 -- a registered judge is user code: whatever it raised, one line naming it
+        words = str(exc).strip().splitlines()
+        raise fail(label, f"raised {type(exc).__name__}" + (f": {words[0][:200]}" if words else "")) from exc
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise fail(label, f"returned {type(value).__name__}, not a number")
     value = float(value)

@@ -41,6 +41,7 @@ from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.finite import strict_dumps
 from editscope.jsonl import append_record, read_lines
+from editscope.rowdigest import damage, dumps_sealed, required_in, strip
 
 INSTALL = "pip install 'editscope[lmeval]'"
 LM_EVAL_FILE = "lm_eval.jsonl"
@@ -298,7 +299,23 @@ class LmEvalHook:
         self.chat_template = chat_template
         self.log = log
         self._manager = None
-        self._done = {self._key(check_row(self.path, line, row)) for line, row in read_lines(self.path, repair=True)}
+        self._done = self._read_done()
+
+    def _read_done(self) -> set[tuple]:
+        """The keys of the rows already written; a row its digest does not vouch for (:mod:`editscope.rowdigest`) is
+        not done: one warning line names it, and its task is evaluated again."""
+        required, done = required_in(self.out_dir), set()
+        for line, row in read_lines(self.path, repair=True):
+            why = damage(row, required) if isinstance(row, dict) else None
+            if why:
+                self.log(f"warning: {self.path}:line {line}: {why}; evaluating it again")
+                continue
+            done.add(self._key(check_row(self.path, line, strip(row))))
+        return done
+
+    def _dumps(self, row: dict[str, Any]) -> str:
+        """A row as one strict JSON line ending in its digest."""
+        return dumps_sealed(strict_dumps(row, str(self.path)))
 
     @staticmethod
     def _key(row: dict[str, Any]) -> tuple:
@@ -384,7 +401,7 @@ class LmEvalHook:
                    "limit": self.spec.limit, "num_fewshot": self.spec.num_fewshot,
                    "chat_template": self.chat_template, "seconds": time.perf_counter() - t0,
                    "lm_eval_version": lm_eval_version()}
-            append_record(self.path, row)
+            append_record(self.path, row, self._dumps)
             self._done.add(self._key(row))
 
 

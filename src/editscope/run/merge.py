@@ -3,10 +3,11 @@ ran the same config on the same model), ordered as an unsharded run writes them.
 
 The merged rows are counted against the config's plan (:mod:`editscope.run.planned`): the merged run is
 ``complete`` only when every shard of 0..n-1 is there, no shard's ``results.jsonl`` ends in a torn line (a killed
-write, which a reader drops) and no planned row is missing. Otherwise it is ``incomplete``, ``run.json`` holds
-``missing_rows`` and ``problems`` (one line each: the torn ``file:line N``, the missing rows), and ``log`` gets the
-same lines: resume the shard that lacks them and merge again into the same folder (a merge may overwrite an
-incomplete merge)."""
+write, which a reader drops) or holds a row its digest does not vouch for (:mod:`editscope.rowdigest`: left out
+like a torn line), and no planned row is missing. Otherwise it is ``incomplete``, ``run.json`` holds
+``missing_rows`` and ``problems`` (one line each: the torn or damaged ``file:line N``, the missing rows), and
+``log`` gets the same lines: resume the shard that lacks them and merge again into the same folder (a merge may
+overwrite an incomplete merge)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.finite import strict_dumps
 from editscope.jsonl import torn_line
+from editscope.rowdigest import FORMAT as ROW_FORMAT
+from editscope.rowdigest import RUN_FLAG as ROW_RUN_FLAG
 from editscope.run.config import RunConfig
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
     RUN_JSON,
     read_json,
-    read_results,
+    read_sound_results,
     row_key,
     run_lock,
     write_results,
@@ -56,6 +59,38 @@ def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path], *,
 def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
                   suite_factories: Mapping[str, SuiteFactory] | None,
                   log: Callable[[str], None]) -> tuple[int, list[SummaryRow]]:
+    metas = _shard_metas(out_dir, shard_dirs)
+    first = metas[0]
+    config = RunConfig.from_dict(first["config"])
+    rows, problems = _gather(shard_dirs)
+    merged = sorted(rows.values(), key=row_order(config))
+    write_results(out_dir / RESULTS, merged)
+    summary = write_summary(out_dir, merged, specs=declared_metrics(first),
+                            method_order=[m.label for m in config.methods],
+                            dataset_order=[b.label for b in config.blocks])
+    shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})
+    n = shards[0][1] if shards else 1
+    if len(shards) != n or any(s[1] != n for s in shards):
+        problems.append(f"merge: shards {', '.join(f'{i}/{k}' for i, k in shards)} of {n}: not every shard is here")
+    planned = _planned(config, first.get("limit"), suite_factories)
+    missing = _missing(planned, rows, problems)
+    for line in problems:
+        log(line)
+    complete = not problems and all(m.get("status") == "complete" for m in metas)
+    meta = {**first, "shard": [0, 1], "merged_from": [str(Path(d).resolve()) for d in shard_dirs],
+            "merged_shards": [list(s) for s in shards], "rows": len(merged),
+            "status": "complete" if complete else "incomplete", "problems": problems,
+            **({"planned_rows": len(planned), "missing_rows": missing} if planned is not None else {}),
+            "started": min(m.get("started") or "" for m in metas),
+            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+            ROW_RUN_FLAG: ROW_FORMAT}  # write_results gave every merged row its digest
+    meta.pop("error", None)
+    atomic_write_text(out_dir / RUN_JSON, strict_dumps(meta, str(out_dir / RUN_JSON), indent=2, default=str) + "\n")
+    return len(merged), summary
+
+
+def _shard_metas(out_dir: Path, shard_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Each shard's ``run.json``, after checking that the shards can be merged into ``out_dir``."""
     if not shard_dirs:
         raise EditscopeError("merge: no shard directories given")
     if (out_dir / RESULTS).exists() and not _incomplete_merge(out_dir):
@@ -72,45 +107,37 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
         fp, fp0 = meta.get("model", {}).get("fingerprint"), first.get("model", {}).get("fingerprint")
         if fp != fp0:
             raise EditscopeError(f"merge: {d} ran on a model with fingerprint {fp}, {shard_dirs[0]} on {fp0}")
-    config = RunConfig.from_dict(first["config"])
+    return metas
+
+
+def _gather(shard_dirs: Sequence[str | Path]) -> tuple[dict[tuple[str, str, str], dict[str, Any]], list[str]]:
+    """The shards' rows by key (the first of each), and one problem line per row lost: a torn last line (a killed
+    write) or a row its digest does not vouch for; neither is merged, the shard's resume computes it again."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     problems = []
     for d in shard_dirs:
-        for row in read_results(Path(d) / RESULTS):
+        sound, damaged = read_sound_results(Path(d) / RESULTS)
+        for row in sound:
             rows.setdefault(row_key(row), row)
+        problems += [f"{line}; not merged: resume that shard to compute its row" for line in damaged]
         torn = torn_line(Path(d) / RESULTS)
-        if torn:  # a killed write: the row is lost, not merged; the shard's resume computes it again
+        if torn:
             problems.append(f"{Path(d) / RESULTS}:line {torn}: a torn last line (a killed write), not merged; "
                             "resume that shard to compute its row")
-    merged = sorted(rows.values(), key=row_order(config))
-    write_results(out_dir / RESULTS, merged)
-    summary = write_summary(out_dir, merged, specs=declared_metrics(first),
-                            method_order=[m.label for m in config.methods],
-                            dataset_order=[b.label for b in config.blocks])
-    shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})
-    n = shards[0][1] if shards else 1
-    if len(shards) != n or any(s[1] != n for s in shards):
-        problems.append(f"merge: shards {', '.join(f'{i}/{k}' for i, k in shards)} of {n}: not every shard is here")
-    planned = _planned(config, first.get("limit"), suite_factories)
-    missing = None
-    if planned is not None:
-        missing = sum(1 for k in planned if k not in rows)
-        if missing:
-            first_missing = next(k for k in planned if k not in rows)
-            problems.append(f"merge: {len(planned) - missing} of {len(planned)} planned rows ({missing} missing, the "
-                            f"first: dataset {first_missing[0]}, case {first_missing[1]}, method {first_missing[2]})")
-    for line in problems:
-        log(line)
-    complete = not problems and all(m.get("status") == "complete" for m in metas)
-    meta = {**first, "shard": [0, 1], "merged_from": [str(Path(d).resolve()) for d in shard_dirs],
-            "merged_shards": [list(s) for s in shards], "rows": len(merged),
-            "status": "complete" if complete else "incomplete", "problems": problems,
-            **({"planned_rows": len(planned), "missing_rows": missing} if planned is not None else {}),
-            "started": min(m.get("started") or "" for m in metas),
-            "finished": datetime.now(UTC).isoformat(timespec="seconds")}
-    meta.pop("error", None)
-    atomic_write_text(out_dir / RUN_JSON, strict_dumps(meta, str(out_dir / RUN_JSON), indent=2, default=str) + "\n")
-    return len(merged), summary
+    return rows, problems
+
+
+def _missing(planned: list[tuple[str, str, str]] | None, rows: Mapping[tuple[str, str, str], Any],
+             problems: list[str]) -> int | None:
+    """How many planned rows the merge lacks (None: no plan to count against); a line in ``problems`` if any."""
+    if planned is None:
+        return None
+    missing = sum(1 for k in planned if k not in rows)
+    if missing:
+        first_missing = next(k for k in planned if k not in rows)
+        problems.append(f"merge: {len(planned) - missing} of {len(planned)} planned rows ({missing} missing, the "
+                        f"first: dataset {first_missing[0]}, case {first_missing[1]}, method {first_missing[2]})")
+    return missing
 
 
 def _planned(config: RunConfig, limit: int | None,

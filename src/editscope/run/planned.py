@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from editscope.jsonl import read_lines, torn_line
+from editscope.rowdigest import damage, required_in
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LM_EVAL_FILE, due_points
 from editscope.run.plan import Lifelong, Unit
-from editscope.run.store import RESULTS, read_results, row_key, unit_key
+from editscope.run.store import RESULTS, read_sound_results, row_key, unit_key
 from editscope.run.suites import SuiteFactory
 from editscope.run.trial import Trial
 
@@ -91,10 +92,12 @@ class RowCount:
     lm_eval_planned: int = 0
     lm_eval_missing: tuple[LmEvalKey, ...] = ()
     torn: str | None = None  # ``results.jsonl:line N`` when its last line is torn (a killed write)
+    #: one line per row its digest does not vouch for (counted as missing)
+    damaged: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
-        return not self.missing and not self.lm_eval_missing and self.torn is None
+        return not self.missing and not self.lm_eval_missing and self.torn is None and not self.damaged
 
     def line(self, where: str | Path) -> str:
         """One line saying what is missing (empty when nothing is)."""
@@ -112,19 +115,25 @@ class RowCount:
                          f"{LM_EVAL_FILE} rows ({len(self.lm_eval_missing)} missing, the first: task {task} at {at})")
         if self.torn:
             parts.append(f"{self.torn}: a torn last line (a killed write), not counted")
+        if self.damaged:
+            parts.append(f"{self.damaged[0]}, not counted" + (f" ({len(self.damaged)} such rows)"
+                                                              if len(self.damaged) > 1 else ""))
         return f"{where}: " + "; ".join(parts)
 
 
 def count_rows(run_dir: str | Path, plan: Plan) -> RowCount:
     """Count ``run_dir``'s ``results.jsonl`` (and ``lm_eval.jsonl``) against ``plan``; the files are only read."""
     run_dir = Path(run_dir)
-    have = {row_key(r) for r in read_results(run_dir / RESULTS)}
+    rows, damaged = read_sound_results(run_dir / RESULTS)
+    have = {row_key(r) for r in rows}
     missing = tuple(k for k in plan.rows if k not in have)
-    lm_have = {lm_eval_key(r) for _, r in read_lines(run_dir / LM_EVAL_FILE) if isinstance(r, dict)}
+    required = required_in(run_dir)
+    lm_have = {lm_eval_key(r) for _, r in read_lines(run_dir / LM_EVAL_FILE)
+               if isinstance(r, dict) and not damage(r, required)}
     lm_missing = tuple(k for k in plan.lm_eval if k not in lm_have)
     torn = torn_line(run_dir / RESULTS)
     return RowCount(len(plan.rows), len(plan.rows) - len(missing), missing, len(plan.lm_eval), lm_missing,
-                    f"{run_dir / RESULTS}:line {torn}" if torn else None)
+                    f"{run_dir / RESULTS}:line {torn}" if torn else None, tuple(damaged))
 
 
 def planned_count(meta: Mapping[str, Any], suite_factories: Mapping[str, SuiteFactory] | None = None) -> int | None:

@@ -53,6 +53,8 @@ from editscope.integrity import unverified
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.progress import listening
+from editscope.rowdigest import FORMAT as ROW_FORMAT
+from editscope.rowdigest import RUN_FLAG as ROW_RUN_FLAG
 from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
@@ -66,6 +68,7 @@ from editscope.run.store import (
     drop_duplicates,
     read_json,
     read_results,
+    read_sound_results,
     row_key,
     run_lock,
     unit_key,
@@ -243,6 +246,7 @@ class Runner:
         self._state_templates: dict[str, Any] = {}
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by prepare)
         self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
+        self._row_digests = True  # whether run.json says every row carries a digest (set by _check_existing)
         self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
         self.mode = config.mode
         #: where the tasks run: in this process (:class:`LocalExecutor`), or e.g. on Ray actors
@@ -301,18 +305,22 @@ class Runner:
             "metrics": declarations_to_json(self._declared),
         } | ({"prompt_format": self._prompt_format} if self._prompt_format else {}) | (
             {"unverified_files": unverified()} if unverified() else {}) | (
-            {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {})
+            {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {}) | (
+            {ROW_RUN_FLAG: ROW_FORMAT} if self._row_digests else {})
 
     def _check_existing(self) -> str | None:
         """The start time of the run already in the output directory (resume), after checking it is ours."""
         path = self.out_dir / RUN_JSON
         if (self.out_dir / MODELS_JSON).is_file():
             raise EditscopeError(f"{self.out_dir} holds a run of a 'models' list; use another output directory")
+        self._row_digests = True  # a new run's rows carry digests (editscope.rowdigest)
         if not path.is_file():
             if (self.out_dir / RESULTS).is_file():
                 raise EditscopeError(f"{self.out_dir}: holds {RESULTS} but no {RUN_JSON}; not resuming into it")
             return None
         meta = read_json(path)
+        # a run begun before rows carried digests keeps its run.json without the flag: its rows are read as before
+        self._row_digests = ROW_RUN_FLAG in meta
         assert self.bundle is not None
         self._check_runtime(meta.get("runtime") or {})
         if meta.get("config_digest") != self.config.digest(self.runtime.settings()):
@@ -327,6 +335,14 @@ class Runner:
         if list(meta.get("shard", [0, 1])) != list(self.shard):
             raise EditscopeError(f"{self.out_dir} holds shard {meta.get('shard')}, not {list(self.shard)}")
         return meta.get("started")
+
+    def _existing_rows(self) -> list[dict[str, Any]]:
+        """The rows a resume keeps: a row its digest does not vouch for is cut out of the file and computed again,
+        with one warning line naming it (never trusted silently)."""
+        rows, damaged = read_sound_results(self.out_dir / RESULTS, repair=True)
+        for line in damaged:
+            self.log(f"warning: {line}; computing it again")
+        return rows
 
     def _check_runtime(self, stored: dict[str, Any]) -> None:
         """A resume under other runtime settings than the stored rows' is refused, naming the setting (rows
@@ -345,8 +361,10 @@ class Runner:
         """Run (or resume) holding the output directory's lock: a second writer fails at once."""
         with run_lock(self.out_dir):
             if self.repair:
-                dropped = drop_duplicates(self.out_dir / RESULTS)
+                dropped, damaged = drop_duplicates(self.out_dir / RESULTS)
                 self.log(f"--repair: dropped {dropped} duplicate row(s) of {self.out_dir / RESULTS}")
+                for line in damaged:
+                    self.log(f"warning: {line}; computing it again")
             return self._run_locked()
 
     def _run_locked(self) -> RunResult:
@@ -355,7 +373,7 @@ class Runner:
         assert bundle is not None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         started = self._check_existing() or _now()
-        existing = read_results(self.out_dir / RESULTS, repair=True)
+        existing = self._existing_rows()
         done = {row_key(r) for r in existing}
         methods = [m.label for m in self.config.methods]
 

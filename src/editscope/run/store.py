@@ -15,6 +15,8 @@ from editscope.errors import EditscopeError
 from editscope.finite import with_reasons
 from editscope.integrity import verify_folder
 from editscope.jsonl import JsonlWriter, read_lines
+from editscope.rowdigest import KEY as ROW_DIGEST
+from editscope.rowdigest import RUN_FLAG, damage, dumps_sealed, required_in, strip
 
 RESULTS = "results.jsonl"
 ARCHIVE = "results.slim.jsonl.gz"  # a run's rows without raw probes, compressed (editscope.run.archive)
@@ -65,20 +67,31 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
 
 
 def dumps_row(row: dict[str, Any]) -> str:
-    """One strict JSON line (no newline inside). A non-finite float (a raw probe that underflowed, a metric over
-    nothing) is written as ``null`` with the reason in the row's ``non_finite`` field (:mod:`editscope.finite`)."""
-    return json.dumps(with_reasons(row), default=_default, separators=(",", ":"), allow_nan=False)
+    """One strict JSON line (no newline inside) ending in the row's digest (:mod:`editscope.rowdigest`). A non-finite
+    float (a raw probe that underflowed, a metric over nothing) is written as ``null`` with the reason in the row's
+    ``non_finite`` field (:mod:`editscope.finite`)."""
+    return dumps_sealed(json.dumps(with_reasons(row), default=_default, separators=(",", ":"), allow_nan=False))
 
 
 def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:
     """Rows of a results file, read with :func:`editscope.jsonl.read_lines`: a torn last line (no newline after
     it, or not valid JSON: a killed write) is ignored, and with ``repair`` cut off the file; a malformed line
-    before it, or a row without the fields every row has, is an error naming ``file:line N``.
+    before it, a row without the fields every row has, or a row its digest does not vouch for
+    (:mod:`editscope.rowdigest`) is an error naming ``file:line N``. Rows are returned without their digest.
 
     A (dataset, case, method) key that occurs twice means two writers or a hand edit; it would count a case
     twice in every summary, so it is an error naming both lines, unless ``dedupe`` keeps the first of each
     (with ``repair`` the file is then rewritten without the later copies)."""
     return _read_results(Path(path), repair=repair, dedupe=dedupe)[0]
+
+
+def read_sound_results(path: str | Path, *, repair: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a results file its digests vouch for, and one line per damaged row left out (``file:line N``
+    and why): what a resume recomputes and a merge reports as it does a torn line. With ``repair`` the file is
+    rewritten without them (so the recomputed row is not a duplicate). Other damage raises as in
+    :func:`read_results`."""
+    rows, _dropped, damaged = _read_results(Path(path), repair=repair, dedupe=False, raise_damaged=False)
+    return rows, damaged
 
 
 def run_rows(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -109,31 +122,29 @@ def has_rows(folder: str | Path) -> bool:
     return any(f.stat().st_size for name in (RESULTS, ARCHIVE) for f in folder.glob(f"**/{name}"))
 
 
-def drop_duplicates(path: str | Path) -> int:
-    """Keep the first row of each key in a results file (rewritten atomically); returns how many were dropped."""
-    return _read_results(Path(path), repair=True, dedupe=True)[1]
+def drop_duplicates(path: str | Path) -> tuple[int, list[str]]:
+    """Keep the first row of each key in a results file (rewritten atomically), and cut out the rows their digests do
+    not vouch for; returns how many duplicates were dropped and one line per damaged row cut out."""
+    _rows, dropped, damaged = _read_results(Path(path), repair=True, dedupe=True, raise_damaged=False)
+    return dropped, damaged
 
 
-def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[str, Any]], int]:
+def _read_results(path: Path, *, repair: bool, dedupe: bool, raise_damaged: bool = True,
+                  ) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """(rows, duplicates dropped, damaged rows left out); ``raise_damaged``: a damaged row raises instead."""
     rows: list[dict[str, Any]] = []
     seen: dict[tuple[str, str, str], int] = {}
-    dropped = 0
+    dropped, damaged = 0, []
+    required = required_in(path.parent)
     for line, row in read_lines(path, repair=repair):
-        if not isinstance(row, dict):
-            raise EditscopeError(f"{path}:line {line}: not a JSON object; the file is damaged")
-        for name, kind in ROW_FIELDS.items():  # what resume, summary, merge and report read from every row
-            if name not in row:
-                raise EditscopeError(f"{path}:line {line}: field {name!r} is missing; the file is damaged")
-            if not isinstance(row[name], kind):
-                raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {kind.__name__}, got "
-                                     f"{type(row[name]).__name__}; the file is damaged")
-        for name, kinds in OPTIONAL_FIELDS.items():
-            value = row.get(name)
-            if name in row and (not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool)):
-                expected = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
-                raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {expected}, got "
-                                     f"{type(value).__name__}; the file is damaged")
-        _check_metrics(path, line, row["metrics"])
+        why = _damage(path, line, row, required)
+        if why:
+            message = f"{path}:line {line}: {why}"
+            if raise_damaged:
+                raise EditscopeError(f"{message}; not using it: resume the run to compute the row again")
+            damaged.append(message)
+            continue
+        _check_row(path, line, row)
         key = row_key(row)
         if key in seen:
             if not dedupe:
@@ -142,10 +153,37 @@ def _read_results(path: Path, *, repair: bool, dedupe: bool) -> tuple[list[dict[
             dropped += 1
             continue
         seen[key] = line
-        rows.append(row)
-    if repair and dropped:
+        rows.append(strip(row))
+    if repair and (dropped or damaged):
         write_results(path, rows)
-    return rows, dropped
+    return rows, dropped, damaged
+
+
+def _damage(path: Path, line: int, row: Any, required: bool) -> str | None:
+    """Why the row's digest does not vouch for it, or None. A row with a digest is judged by it first (damaged: a
+    resume recomputes it whatever its shape); one without is checked field by field first (the clearer message)."""
+    if not (isinstance(row, dict) and ROW_DIGEST in row):
+        _check_row(path, line, row)
+    return damage(row, required)
+
+
+def _check_row(path: Path, line: int, row: Any) -> None:
+    """The fields every row has and those it may have, with their JSON types; damage names the line and field."""
+    if not isinstance(row, dict):
+        raise EditscopeError(f"{path}:line {line}: not a JSON object; the file is damaged")
+    for name, kind in ROW_FIELDS.items():  # what resume, summary, merge and report read from every row
+        if name not in row:
+            raise EditscopeError(f"{path}:line {line}: field {name!r} is missing; the file is damaged")
+        if not isinstance(row[name], kind):
+            raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {kind.__name__}, got "
+                                 f"{type(row[name]).__name__}; the file is damaged")
+    for name, kinds in OPTIONAL_FIELDS.items():
+        value = row.get(name)
+        if name in row and (not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool)):
+            expected = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+            raise EditscopeError(f"{path}:line {line}: field {name!r}: expected {expected}, got "
+                                 f"{type(value).__name__}; the file is damaged")
+    _check_metrics(path, line, row["metrics"])
 
 
 def _check_metrics(path: Path, line: int, metrics: dict[str, Any]) -> None:
@@ -186,7 +224,8 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "format": (str,), "config": (dict,), "config_digest": (str,), "runtime": (dict,), "model": (dict,),
     "shard": (list,), "limit": (int, type(None)), "versions": (dict,), "started": (str, type(None)),
     "finished": (str, type(None)), "status": (str,), "rows": (int,), "argv": (list,), "metrics": (list, dict),
-    "planned_rows": (int,), "prompt_format": (dict,), "unverified_files": (list,), "error": (str,)}
+    "planned_rows": (int,), "prompt_format": (dict,), "unverified_files": (list,), "error": (str,),
+    RUN_FLAG: (str,)}
 _MODEL_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "fingerprint": (str,), "n_layers": (int,),
                                               "device": (str,)}
 

@@ -48,6 +48,7 @@ from typing import Any, Literal
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
+from editscope.metrics._validate import MetricInputError
 from editscope.metrics.answers import JUDGES, exact_match, judge_answer, token_f1
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite, check_choice
@@ -160,6 +161,13 @@ class WildSuite(Suite):
         return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
                              for p, role, gold in qs]} for qs in questions]
 
+    def _judged(self, case: Case, p: dict[str, Any]) -> float:
+        """The judge's score of one answer; a judge that fails is one line naming it and the case."""
+        try:
+            return judge_answer(self.judge, p["prompt"], p["answer"], p["gold"])
+        except MetricInputError as exc:
+            raise EditscopeError(f"wild suite: case {case.case_id}, prompt {p['prompt'][:60]!r}: {exc}") from exc
+
     def _scores(self, probe: dict[str, Any], role: str, score) -> list[float]:
         return [score(p) for p in probe["prompts"] if p["role"] == role]
 
@@ -167,7 +175,7 @@ class WildSuite(Suite):
         row: dict[str, float] = {}
         for when, probe in (("pre", pre), ("post", post)):
             def judged(p: dict[str, Any]) -> float:
-                return judge_answer(self.judge, p["prompt"], p["answer"], p["gold"])
+                return self._judged(case, p)
 
             def f1(p: dict[str, Any]) -> float:
                 return token_f1(p["answer"], p["gold"])
