@@ -66,30 +66,38 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
     differences pair cases within one model. When several runs of one model hold rows of one method label on one
     dataset, that label becomes ``label [run dir name]`` in each of them; runs that split a config by dataset block
     (one run per dataset) keep their labels, so the pivot joins them as one run's."""
-    runs = []
-    for path in expand_run_dirs(run_dirs):
-        meta = read_json(path / RUN_JSON)
-        rows = run_rows(path)
-        if not rows:
-            raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
-        name = str(meta.get("model", {}).get("name"))
-        for r in rows:
-            r.setdefault("model", name)  # rows written before rows named their model
-        runs.append(Run(path, meta, rows))
+    runs = [_read_run(path) for path in expand_run_dirs(run_dirs)]
     if len({r["model"] for run in runs for r in run.rows}) > 1:
         for run in runs:
             _key_by_model(run)
     if len(runs) > 1:
-        seen: dict[tuple[str, str, str], int] = {}
-        for run in runs:
-            for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
-                seen[key] = seen.get(key, 0) + 1
-        for run in runs:
-            clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
-            for r in run.rows:
-                if (r["model"], r["method"]) in clash:
-                    r["method"] = f"{r['method']} [{run.path.name}]"
+        _label_shared_methods(runs)
     return runs
+
+
+def _read_run(path: Path) -> Run:
+    """One run folder's ``run.json`` and rows (each naming its model); a run without rows is an error."""
+    meta = read_json(path / RUN_JSON)
+    rows = run_rows(path)
+    if not rows:
+        raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
+    name = str(meta.get("model", {}).get("name"))
+    for r in rows:
+        r.setdefault("model", name)  # rows written before rows named their model
+    return Run(path, meta, rows)
+
+
+def _label_shared_methods(runs: list[Run]) -> None:
+    """Method labels ``label [run dir name]`` where several runs hold rows of one model, method and dataset."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
+            seen[key] = seen.get(key, 0) + 1
+    for run in runs:
+        clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
+        for r in run.rows:
+            if (r["model"], r["method"]) in clash:
+                r["method"] = f"{r['method']} [{run.path.name}]"
 
 
 def _key_by_model(run: Run) -> None:
