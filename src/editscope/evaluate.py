@@ -63,6 +63,56 @@ class EditResult:
         return out
 
 
+def _cases(prompts: list[Any], target_new: list[Any], subject: list[Any], ground_truth: str | Sequence[str] | None,
+           rephrase_prompts: str | Sequence[str | Sequence[str]] | None,
+           locality_inputs: Mapping[str, Mapping[str, Any]] | None,
+           portability_inputs: Mapping[str, Mapping[str, Any]] | None) -> list[Case]:
+    """One case per prompt; every other per-request argument must give one entry per prompt."""
+    n = len(prompts)
+    columns = {"target_new": target_new, "subject": subject}
+    if ground_truth is not None:
+        columns["ground_truth"] = _listed(ground_truth)
+    if rephrase_prompts is not None:
+        columns["rephrase_prompts"] = _listed(rephrase_prompts)
+    for name, values in columns.items():
+        if len(values) != n:
+            raise EditscopeError(f"{name}: {len(values)} entries for {n} prompts")
+    truths = columns.get("ground_truth", [None] * n)
+    rephrases = columns.get("rephrase_prompts", [None] * n)
+    return [_case(i, prompts[i], subject[i], target_new[i], truths[i], rephrases[i], locality_inputs,
+                  portability_inputs) for i in range(n)]
+
+
+def _bundle(model: str | Bundle) -> Bundle:
+    """``model`` itself when loaded, else loaded from the registry or a folder."""
+    if isinstance(model, Bundle):
+        return model
+    from editscope.lm import load
+
+    return load(model, progress=report)
+
+
+def _suites(paper: bool, wild: bool, wild_tokens: int) -> dict[str, Any]:
+    """The protocols measured: EasyEdit's always, the paper's with a ground truth, the wild one unless off."""
+    suites: dict[str, Any] = {"easyedit": PortabilitySuite()}
+    if paper:
+        suites["paper"] = CounterFactSuite()
+    if wild:
+        suites["wild"] = WildSuite(max_new_tokens=wild_tokens)
+    return suites
+
+
+def _edit_and_probe(trial: Trial, bundle: Bundle, kept: Edits, case: Case, state: Any, engine: Any, i: int,
+                    keep: bool) -> tuple[Patch, Any]:
+    """Edit request ``i`` and probe it after its edit; the edit stays on the model with ``keep`` only."""
+    if keep:
+        patch = trial.edit(kept, case.requests, state, engine=engine, group=i, n_cases=1, where=f"request {i}")
+        return patch, trial.probe(engine, [case], i).of(0)
+    with trial.edited(bundle, case.requests, engine=engine, group=i) as patch:
+        post = trial.probe(engine, [case], i).of(0)
+    return patch, post
+
+
 def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequence[str],
                       target_new: str | Sequence[str], subject: str | Sequence[str],
                       ground_truth: str | Sequence[str] | None = None,
@@ -80,35 +130,15 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
     whole, :mod:`editscope.suites.wild`), each request's answers before and after in ``row["wild_answers"]``."""
     prompts, target_new, subject = _listed(prompts), _listed(target_new), _listed(subject)
     n = len(prompts)
-    columns = {"target_new": target_new, "subject": subject}
-    if ground_truth is not None:
-        columns["ground_truth"] = _listed(ground_truth)
-    if rephrase_prompts is not None:
-        columns["rephrase_prompts"] = _listed(rephrase_prompts)
-    for name, values in columns.items():
-        if len(values) != n:
-            raise EditscopeError(f"{name}: {len(values)} entries for {n} prompts")
-    truths = columns.get("ground_truth", [None] * n)
-    rephrases = columns.get("rephrase_prompts", [None] * n)
-    cases = [_case(i, prompts[i], subject[i], target_new[i], truths[i], rephrases[i], locality_inputs,
-                   portability_inputs) for i in range(n)]
+    cases = _cases(prompts, target_new, subject, ground_truth, rephrase_prompts, locality_inputs, portability_inputs)
 
     status = StatusLine("edit_and_evaluate: ") if progress else None
     with listening(status):
-        if isinstance(model, Bundle):
-            bundle = model
-        else:
-            from editscope.lm import load
-
-            bundle = load(model, progress=report)
+        bundle = _bundle(model)
         editor = get_editor(method)
         hp = hparams if hparams is not None else editor.load_hparams(bundle)
         session = EditSession(bundle, runtime=runtime)
-        suites: dict[str, Any] = {"easyedit": PortabilitySuite()}
-        if ground_truth is not None:
-            suites["paper"] = CounterFactSuite()
-        if wild:
-            suites["wild"] = WildSuite(max_new_tokens=wild_tokens)
+        suites = _suites(ground_truth is not None, wild, wild_tokens)
         trial = Trial("edit_and_evaluate", suites, Method(method, editor, hp, tuple(plugins)), session.runtime)
         engine = session.engine
         pre = trial.probe(engine, cases, 0, "pre")
@@ -117,12 +147,7 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
         patches, metrics = [], []
         for i, case in enumerate(cases):
             report(f"request {i + 1}/{n}: editing")
-            if keep:
-                patch = trial.edit(kept, case.requests, state, engine=engine, group=i, n_cases=1, where=f"request {i}")
-                post = trial.probe(engine, [case], i).of(0)
-            else:
-                with trial.edited(bundle, case.requests, engine=engine, group=i) as patch:
-                    post = trial.probe(engine, [case], i).of(0)
+            patch, post = _edit_and_probe(trial, bundle, kept, case, state, engine, i, keep)
             patches.append(patch)
             metrics.append(_row(case, patch, trial.metrics(case, pre.of(i), post), pre.of(i), post, wild))
         if status is not None:

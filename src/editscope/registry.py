@@ -62,10 +62,7 @@ class Registry(MutableMapping[str, T], Generic[T]):
         """Add ``entry`` under ``name`` (default: ``name_of(entry)``) and ``aliases``; returns ``entry``, so
         ``X = REG.register(X)`` and ``@REG.register`` both work. A taken name or alias is an error unless
         ``replace`` (registering the very same entry again under the same name is a no-op)."""
-        if name is None:
-            if self._name_of is None:
-                raise EditscopeError(f"{self.kind}: register(entry, name=...) needs a name")
-            name = self._name_of(entry)
+        name = self._entry_name(entry, name)
         self._check_name(name)
         self._check_entry(name, entry)
         aliases = tuple(aliases)
@@ -74,21 +71,37 @@ class Registry(MutableMapping[str, T], Generic[T]):
         if not replace:
             if self._entries.get(name, _MISSING) is entry and set(aliases) <= set(self.aliases(name)):
                 return entry
-            for taken in (name, *aliases):
-                if taken in self._entries or taken in self._aliases:
-                    raise EditscopeError(f"{self.kind} {taken!r} is already registered")
+            self._check_free((name, *aliases))
         if len(set(aliases) | {name}) != len(aliases) + 1:
             raise EditscopeError(f"{self.kind} {name!r}: aliases repeat a name ({', '.join(aliases)})")
-        for taken in (name, *aliases):  # with replace: whatever held these names gives them up
-            if taken in self._aliases:
-                del self._aliases[taken]
-            elif taken in self._entries and taken != name:
-                del self[taken]
+        self._release(name, aliases)
         self._entries[name] = entry
         self._descriptions[name] = description if description is not None else \
             (self._describe(entry) if self._describe else "")
         self._aliases.update(dict.fromkeys(aliases, name))
         return entry
+
+    def _entry_name(self, entry: T, name: str | None) -> str:
+        """``name``, or the one ``name_of`` gives the entry."""
+        if name is not None:
+            return name
+        if self._name_of is None:
+            raise EditscopeError(f"{self.kind}: register(entry, name=...) needs a name")
+        return self._name_of(entry)
+
+    def _check_free(self, names: Iterable[str]) -> None:
+        """Refuse a name or alias an entry already holds."""
+        for taken in names:
+            if taken in self._entries or taken in self._aliases:
+                raise EditscopeError(f"{self.kind} {taken!r} is already registered")
+
+    def _release(self, name: str, aliases: tuple[str, ...]) -> None:
+        """With ``replace``: whatever held ``name`` as an alias, or an alias as a name, gives it up."""
+        for taken in (name, *aliases):
+            if taken in self._aliases:
+                del self._aliases[taken]
+            elif taken in self._entries and taken != name:
+                del self[taken]
 
     def _check_name(self, name: Any) -> None:
         if not isinstance(name, str) or not name.strip():

@@ -26,6 +26,35 @@ def _same(value: Any, choice: Any) -> bool:
     return value == choice
 
 
+def _typed_sequence(value: Any, origin: Any, args: tuple[Any, ...], strict: bool) -> bool:
+    """A list whose items fit the sequence's item type (``tuple[A, B]``: one item per position)."""
+    if not isinstance(value, list):
+        return False
+    if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[A, B]: one item per position
+        return len(value) == len(args) and all(typed(v, a, strict=strict) for v, a in zip(value, args, strict=True))
+    return not args or all(typed(v, args[0], strict=strict) for v in value)
+
+
+def _typed_mapping(value: Any, args: tuple[Any, ...], strict: bool) -> bool:
+    """A dict whose keys and values fit the mapping's key and value types."""
+    if not isinstance(value, dict):
+        return False
+    key_type, value_type = args or (Any, Any)
+    return all(typed(k, key_type, strict=strict) and typed(v, value_type, strict=strict) for k, v in value.items())
+
+
+def _typed_class(value: Any, annotation: Any, origin: Any, strict: bool) -> bool:
+    """A path, a scalar (no bool for int or float), or any other class by ``isinstance`` when ``strict``."""
+    if annotation is os.PathLike or origin is os.PathLike:
+        return isinstance(value, str)
+    if annotation in (bool, str):
+        return isinstance(value, annotation)
+    if annotation in (int, float):
+        return isinstance(value, int | float if annotation is float else int) and not isinstance(value, bool)
+    kind = origin or annotation
+    return not strict or not isinstance(kind, type) or isinstance(value, kind)
+
+
 def typed(value: Any, annotation: Any, *, strict: bool = True) -> bool:
     """Whether ``value`` fits ``annotation``. A class this check has no rule for must match by ``isinstance`` when
     ``strict``; otherwise it passes (suite constructors convert their own options, so a suite's unknown annotation
@@ -40,24 +69,10 @@ def typed(value: Any, annotation: Any, *, strict: bool = True) -> bool:
     if annotation is type(None):
         return value is None
     if origin in _SEQUENCES:
-        if not isinstance(value, list):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[A, B]: one item per position
-            return len(value) == len(args) and all(typed(v, a, strict=strict) for v, a in zip(value, args, strict=True))
-        return not args or all(typed(v, args[0], strict=strict) for v in value)
+        return _typed_sequence(value, origin, args, strict)
     if origin in _MAPPINGS:
-        if not isinstance(value, dict):
-            return False
-        key_type, value_type = args or (Any, Any)
-        return all(typed(k, key_type, strict=strict) and typed(v, value_type, strict=strict) for k, v in value.items())
-    if annotation is os.PathLike or origin is os.PathLike:
-        return isinstance(value, str)
-    if annotation in (bool, str):
-        return isinstance(value, annotation)
-    if annotation in (int, float):
-        return isinstance(value, int | float if annotation is float else int) and not isinstance(value, bool)
-    kind = origin or annotation
-    return not strict or not isinstance(kind, type) or isinstance(value, kind)
+        return _typed_mapping(value, args, strict)
+    return _typed_class(value, annotation, origin, strict)
 
 
 __all__ = ["typed"]

@@ -103,10 +103,69 @@ def run(args: argparse.Namespace) -> int:
         return _edit(args, editor, plugins, request, status)
 
 
+def _measure(engine, prompts: list[str], args: argparse.Namespace, request, answers: list[tuple[str, str]]):
+    """What is shown before and after the edit: the targets' scores on each prompt, the answers' scores on the
+    edit prompt and (``--generate N``) N greedy tokens after each prompt."""
+    from editscope.errors import EditscopeError
+
+    scores = [_scores(engine, p, args.target, args.target_true) for p in prompts]
+    answer_scores = engine.score([(request.text, a) for a, _ in answers])
+    if args.generate < 0:
+        raise EditscopeError(f"--generate must be >= 0, got {args.generate}")
+    texts = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
+    return scores, answer_scores, texts
+
+
+def _result(args: argparse.Namespace, label: str, runtime, plugins, bundle, engine, request, prompts: list[str],
+            answers: list[tuple[str, str]], pre, post, seconds: float) -> dict:
+    """The edit's JSON object; ``pre`` and ``post`` are :func:`_measure`'s results."""
+    (pre_scores, pre_answers, pre_text), (post_scores, post_answers, post_text) = pre, post
+    result = {
+        "method": args.method,
+        "label": label,
+        "runtime": runtime.settings(),
+        "plugins": [p.to_dict() for p in plugins],
+        "model": bundle.name,
+        "prompt": request.text,
+        "pre": pre_scores[0],
+        "post": post_scores[0],
+        "checks": [{"prompt": p, "pre": a, "post": b}
+                   for p, a, b in zip(prompts[1:], pre_scores[1:], post_scores[1:], strict=True)],
+        "answers": [{"text": a, "kind": kind, "n_tokens": x.n_tokens, "pre": x.sum, "post": y.sum}
+                    for (a, kind), x, y in zip(answers, pre_answers, post_answers, strict=True)],
+        "seconds": seconds,
+        "patch": args.save_patch,
+    }
+    if engine.prompt_format:  # prompts were wrapped in the chat template
+        result["prompt_format"] = engine.prompt_format
+    if args.generate:  # greedy continuations, before and after
+        result["generation"] = [{"prompt": p, "pre": a, "post": b}
+                                for p, a, b in zip(prompts, pre_text, post_text, strict=True)]
+    return result
+
+
+def _print_table(args: argparse.Namespace, result: dict, prompts: list[str], pre_scores: list[dict],
+                 post_scores: list[dict]) -> None:
+    """The result as a table of log-probs before and after, then the generations."""
+    print(f"{result['label']} on {result['model']}: {result['prompt']!r} -> {args.target!r} "
+          f"({result['seconds']:.1f} s)")
+    print(f"{'prompt':<50}  {'answer':<16}  {'pre':>9}  {'post':>9}")
+    for prompt, a, b in zip(prompts, pre_scores, post_scores, strict=True):
+        for key, answer in (("target", args.target), ("target_true", args.target_true)):
+            if key in a:
+                print(f"{prompt[:50]:<50}  {answer[:16]:<16}  {a[key]:>9.3f}  {b[key]:>9.3f}")
+    for row in result["answers"]:
+        label = f"{row['text']} ({row['kind']})"
+        print(f"{result['prompt'][:50]:<50}  {label[:16]:<16}  {row['pre']:>9.3f}  {row['post']:>9.3f}")
+    for row in result.get("generation", []):
+        print(f"\n{row['prompt']}\n  before: {row['pre']!r}\n  after:  {row['post']!r}")
+    if args.save_patch:
+        print(f"patch saved to {args.save_patch}")
+
+
 def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine | None) -> int:
     from editscope.edit import parse_overrides
     from editscope.edit.runtime import EditRuntime
-    from editscope.errors import EditscopeError
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
     from editscope.run.trial import Method, Trial
@@ -124,41 +183,17 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
     runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
     say(f"scoring {len(prompts)} prompt(s) before the edit")
-    pre = [_scores(engine, p, args.target, args.target_true) for p in prompts]
     answers = [(a, "correct") for a in args.correct] + [(a, "hard_false") for a in args.hard_false]
-    pre_answers = engine.score([(request.text, a) for a, _ in answers])
-    if args.generate < 0:
-        raise EditscopeError(f"--generate must be >= 0, got {args.generate}")
-    pre_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
+    pre = _measure(engine, prompts, args, request, answers)
     say(f"editing with {editor.display(plugins)}")
     trial = Trial("cli", {}, Method(args.method, editor, hp, tuple(plugins)), runtime)
     t0 = time.perf_counter()
     with trial.edited(bundle, [request], engine=engine) as patch:  # undone (and checked) at the end of the block
         seconds = time.perf_counter() - t0
         say(f"edited in {seconds:.1f} s; scoring after the edit")
-        post = [_scores(engine, p, args.target, args.target_true) for p in prompts]
-        post_answers = engine.score([(request.text, a) for a, _ in answers])
-        post_text = engine.generate(prompts, max_new_tokens=args.generate) if args.generate else []
-    result = {
-        "method": args.method,
-        "label": editor.display(plugins),
-        "runtime": runtime.settings(),
-        "plugins": [p.to_dict() for p in plugins],
-        "model": bundle.name,
-        "prompt": request.text,
-        "pre": pre[0],
-        "post": post[0],
-        "checks": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(prompts[1:], pre[1:], post[1:], strict=True)],
-        "answers": [{"text": a, "kind": kind, "n_tokens": x.n_tokens, "pre": x.sum, "post": y.sum}
-                    for (a, kind), x, y in zip(answers, pre_answers, post_answers, strict=True)],
-        "seconds": seconds,
-        "patch": args.save_patch,
-    }
-    if engine.prompt_format:  # prompts were wrapped in the chat template
-        result["prompt_format"] = engine.prompt_format
-    if args.generate:  # greedy continuations, before and after
-        result["generation"] = [{"prompt": p, "pre": a, "post": b}
-                                for p, a, b in zip(prompts, pre_text, post_text, strict=True)]
+        post = _measure(engine, prompts, args, request, answers)
+    result = _result(args, editor.display(plugins), runtime, plugins, bundle, engine, request, prompts, answers,
+                     pre, post, seconds)
     if status is not None:
         status.close()
     # fails (before saving anything) on NaN/inf, also when the result is printed as a table
@@ -167,18 +202,6 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
         patch.save(args.save_patch)
     if args.json:
         print(text)
-        return 0
-    print(f"{editor.display(plugins)} on {bundle.name}: {request.text!r} -> {args.target!r} ({seconds:.1f} s)")
-    print(f"{'prompt':<50}  {'answer':<16}  {'pre':>9}  {'post':>9}")
-    for prompt, a, b in zip(prompts, pre, post, strict=True):
-        for key, answer in (("target", args.target), ("target_true", args.target_true)):
-            if key in a:
-                print(f"{prompt[:50]:<50}  {answer[:16]:<16}  {a[key]:>9.3f}  {b[key]:>9.3f}")
-    for row in result["answers"]:
-        label = f"{row['text']} ({row['kind']})"
-        print(f"{request.text[:50]:<50}  {label[:16]:<16}  {row['pre']:>9.3f}  {row['post']:>9.3f}")
-    for row in result.get("generation", []):
-        print(f"\n{row['prompt']}\n  before: {row['pre']!r}\n  after:  {row['post']!r}")
-    if args.save_patch:
-        print(f"patch saved to {args.save_patch}")
+    else:
+        _print_table(args, result, prompts, pre[0], post[0])
     return 0

@@ -134,6 +134,72 @@ class Captured(dict):
         self.grads: dict[str, torch.Tensor] = {}
 
 
+def _head_shapes(model: nn.Module, arch: ArchMap, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """(heads, head size) of the points among ``names`` that are split per attention head."""
+    shapes = {}
+    for name in names:
+        _, decl = point(model, arch, name)
+        if decl.heads:
+            shapes[name] = (arch.n_heads(model.config), arch.head_dim(model.config))
+    return shapes
+
+
+class _Recording:
+    """The hook functions of one :func:`capture` and what they record: the states, their gradient hooks and, with
+    ``stop_after``, the points yet to fire (the recording itself is the :class:`StopForward` owner)."""
+
+    def __init__(self, names: Sequence[str], shapes: dict[str, tuple[int, int]], *, detach: bool, grad: bool,
+                 stop_after: bool) -> None:
+        self.store = Captured()
+        self.shapes = shapes
+        self.grad = grad
+        self.stop_after = stop_after
+        # the forward goes on from the stored state where its graph matters
+        self.keep_graph = grad or not detach
+        self.pending: set[str] = set(names)
+        self.tensor_handles: list[Any] = []
+
+    def recorder(self, name: str) -> HookFn:
+        shape = self.shapes.get(name)
+
+        def record(x: torch.Tensor) -> torch.Tensor | None:
+            state = x.unflatten(-1, shape) if shape else x
+            if self.grad:
+                state = self._track_grad(name, state)
+            self.store[name] = state if self.keep_graph else state.detach()
+            if self.stop_after:
+                self._fired(name)
+            return self._fed_on(x, state, split=shape is not None)
+
+        return record
+
+    def _track_grad(self, name: str, state: torch.Tensor) -> torch.Tensor:
+        """``state``, made a leaf that requires grad where no graph reaches it, with a hook storing its gradient."""
+        if not state.requires_grad:
+            state = state.detach().requires_grad_(True)
+        self.tensor_handles.append(state.register_hook(lambda g: self.store.grads.__setitem__(name, g)))
+        return state
+
+    def _fired(self, name: str) -> None:
+        """Stop the forward once every point has fired."""
+        self.pending.discard(name)
+        if not self.pending:
+            raise StopForward(self)
+
+    def _fed_on(self, x: torch.Tensor, state: torch.Tensor, *, split: bool) -> torch.Tensor | None:
+        """What the forward goes on from: the stored tensor itself when its graph matters (a head-split view is a
+        new tensor: feeding its flattening back puts it on the path to the loss), else the output unchanged."""
+        if not self.keep_graph:
+            return None
+        if split:
+            return state.flatten(-2)
+        return state if state is not x else None
+
+    def remove_tensor_hooks(self) -> None:
+        for handle in self.tensor_handles:
+            handle.remove()
+
+
 @contextmanager
 def capture(model: nn.Module, arch: ArchMap, names: Sequence[str], *, detach: bool = True,
             stop_after: bool = False, grad: bool = False) -> Iterator[Captured]:
@@ -150,46 +216,16 @@ def capture(model: nn.Module, arch: ArchMap, names: Sequence[str], *, detach: bo
 
     Module hooks and tensor hooks are all removed on exit, also on error.
     """
-    store = Captured()
-    owner = object()
-    pending: set[str] = set(names)
-    tensor_handles: list[Any] = []
-    shapes = {}
-    for name in names:
-        _, decl = point(model, arch, name)
-        if decl.heads:
-            shapes[name] = (arch.n_heads(model.config), arch.head_dim(model.config))
-
-    def recorder(name: str) -> HookFn:
-        def record(x: torch.Tensor) -> torch.Tensor | None:
-            state = x.unflatten(-1, shapes[name]) if name in shapes else x
-            if grad:
-                if not state.requires_grad:
-                    state = state.detach().requires_grad_(True)
-                tensor_handles.append(state.register_hook(lambda g: store.grads.__setitem__(name, g)))
-            store[name] = state.detach() if detach and not grad else state
-            if stop_after:
-                pending.discard(name)
-                if not pending:
-                    raise StopForward(owner)
-            # When the state's graph matters, the forward goes on from the stored tensor itself (a head-split
-            # view is a new tensor: feeding its flattening back puts it on the path to the loss).
-            keep_graph = grad or not detach
-            if keep_graph and name in shapes:
-                return state.flatten(-2)
-            return state if keep_graph and state is not x else None
-
-        return record
-
+    recording = _Recording(names, _head_shapes(model, arch, names), detach=detach, grad=grad,
+                           stop_after=stop_after)
     try:
-        with hooks(model, arch, {name: recorder(name) for name in names}):
-            yield store
+        with hooks(model, arch, {name: recording.recorder(name) for name in names}):
+            yield recording.store
     except StopForward as stop:
-        if stop.owner is not owner:
+        if stop.owner is not recording:
             raise
     finally:
-        for handle in tensor_handles:
-            handle.remove()
+        recording.remove_tensor_hooks()
 
 
 def run_until(model: nn.Module, arch: ArchMap, names: Sequence[str], fn: Callable[[], Any], *,

@@ -130,6 +130,55 @@ class CausalTracer:
         return out
 
 
+def _traced_tokens(tokens: str | Sequence[int], n_tokens: int, subject_last: int) -> list[int]:
+    """The token indices ``tokens`` names: "all", "subject_last", or explicit indices within the prompt."""
+    if tokens == "all":
+        return list(range(n_tokens))
+    if tokens == "subject_last":
+        return [subject_last]
+    token_list = [int(t) for t in tokens]
+    if any(not 0 <= t < n_tokens for t in token_list):
+        raise EditscopeError(f"token indices {token_list} outside the prompt's {n_tokens} tokens")
+    return token_list
+
+
+def _restorations(kinds: Sequence[str], token_list: list[int], window: int, n_layers: int,
+                  subject_last: int) -> tuple[list[Restore], list[tuple[str, int, int]]]:
+    """What each traced run restores, and where its result goes ((kind, layer, token)): per kind, layer and token
+    the window of states around that layer; then, unless already traced, the MLP at the subject's last token
+    (kind ``_mlp_last``), which the neuron scores always need."""
+    patterns, where = [], []
+    for kind in kinds:
+        width = 1 if kind == "residual" else window
+        for layer in range(n_layers):
+            names = [f"blocks.{lay}.{POINT_OF_KIND[kind]}" for lay in window_layers(layer, width, n_layers)]
+            for token in token_list:
+                patterns.append([(name, token) for name in names])
+                where.append((kind, layer, token))
+    if not ("mlp" in kinds and subject_last in token_list):
+        for layer in range(n_layers):
+            names = [f"blocks.{lay}.mlp_out" for lay in window_layers(layer, window, n_layers)]
+            patterns.append([(name, subject_last) for name in names])
+            where.append(("_mlp_last", layer, subject_last))
+    return patterns, where
+
+
+def _place(where: list[tuple[str, int, int]], probs: np.ndarray, kinds: Sequence[str], n_layers: int,
+           n_tokens: int, subject_last: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Each traced probability in its kind's [layers, tokens] map (untraced: NaN), and the MLP's at the subject's
+    last token per layer."""
+    states = {kind: np.full((n_layers, n_tokens), np.nan) for kind in kinds}
+    mlp_last = np.full(n_layers, np.nan)
+    for (kind, layer, token), p in zip(where, probs, strict=True):
+        if kind == "_mlp_last":
+            mlp_last[layer] = p
+            continue
+        states[kind][layer, token] = p
+        if kind == "mlp" and token == subject_last:
+            mlp_last[layer] = p
+    return states, mlp_last
+
+
 def trace(engine: ScoringEngine, prompt: LocatePrompt, *, kinds: Sequence[str] = STATE_KINDS,
           tokens: str | Sequence[int] = "all", window: int | None = None, samples: int = 10, noise: float = 3.0,
           noise_std: float | None = None, seed: int = 0, progress: bool = True) -> LocateResult:
@@ -146,39 +195,11 @@ def trace(engine: ScoringEngine, prompt: LocatePrompt, *, kinds: Sequence[str] =
     tracer = CausalTracer(engine, prompt, samples=samples, noise=noise, noise_std=noise_std, seed=seed)
     n_layers, n_tokens = tracer.n_layers, len(prompt.ids)
     subject_last = prompt.subject_span[1] - 1
-    if tokens == "all":
-        token_list = list(range(n_tokens))
-    elif tokens == "subject_last":
-        token_list = [subject_last]
-    else:
-        token_list = [int(t) for t in tokens]
-        if any(not 0 <= t < n_tokens for t in token_list):
-            raise EditscopeError(f"token indices {token_list} outside the prompt's {n_tokens} tokens")
+    token_list = _traced_tokens(tokens, n_tokens, subject_last)
     window = default_window(n_layers) if window is None else int(window)
-    patterns, where = [], []
-    for kind in kinds:
-        width = 1 if kind == "residual" else window
-        for layer in range(n_layers):
-            names = [f"blocks.{lay}.{POINT_OF_KIND[kind]}" for lay in window_layers(layer, width, n_layers)]
-            for token in token_list:
-                patterns.append([(name, token) for name in names])
-                where.append((kind, layer, token))
-    need_mlp_last = not ("mlp" in kinds and subject_last in token_list)
-    if need_mlp_last:  # the neuron scores always need the MLP effect at the subject's last token
-        for layer in range(n_layers):
-            names = [f"blocks.{lay}.mlp_out" for lay in window_layers(layer, window, n_layers)]
-            patterns.append([(name, subject_last) for name in names])
-            where.append(("_mlp_last", layer, subject_last))
+    patterns, where = _restorations(kinds, token_list, window, n_layers, subject_last)
     probs = tracer.restored_probs(patterns, progress=progress)
-    states = {kind: np.full((n_layers, n_tokens), np.nan) for kind in kinds}
-    mlp_last = np.full(n_layers, np.nan)
-    for (kind, layer, token), p in zip(where, probs, strict=True):
-        if kind == "_mlp_last":
-            mlp_last[layer] = p
-            continue
-        states[kind][layer, token] = p
-        if kind == "mlp" and token == subject_last:
-            mlp_last[layer] = p
+    states, mlp_last = _place(where, probs, kinds, n_layers, n_tokens, subject_last)
     effect = mlp_last - tracer.corrupted_prob
     neurons = np.repeat(effect[:, None], engine.arch.mlp_size(engine.model.config), axis=1)
     return LocateResult(

@@ -104,14 +104,9 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 RANGES = {"ks": "(0, 100]", "n": "[1, 1e7]", "shots": "[0, 64]"}
 
 
-def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
-              n: int = 50, seed: int = 0, recall: str = "any", recall_r: str = "all", shots: int = 0,
-              options: dict[str, dict[str, Any]] | None = None,
-              progress: bool = True, log: Callable[[str], None] = lambda _m: None) -> dict:
-    """Run (or resume) the benchmark in ``out_dir`` and return the metrics (also written there).
-
-    ``progress``: one tqdm bar on stderr over the (example, method) units, those done in an earlier run counted as
-    done (the methods' own bars stay off); it changes no number. ``log`` gets the example selection's lines."""
+def _check_arguments(methods: Sequence[str], ks: Sequence[float], n: int, shots: int,
+                     options: dict[str, dict[str, Any]] | None) -> None:
+    """Refuse an unknown method or a number outside its declared range, before any work."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise EditscopeError(f"unknown locating methods {unknown}; choose from {', '.join(METHODS)}")
@@ -125,71 +120,114 @@ def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[s
         for name, (text, kind) in OPTION_RANGES.items():
             if method_options.get(name) is not None:
                 check(f"run_bench: options[{method!r}][{name!r}]", method_options[name], text, kind)
+
+
+def _write_config(config_path: Path, config: dict[str, Any], opts: dict[str, dict[str, Any]],
+                  methods: Sequence[str]) -> None:
+    """Write ``config.json``: a resumed folder must hold a run with the same settings; the methods' options are
+    added to those already there."""
+    if config_path.exists():
+        old = json.loads(config_path.read_text())
+        # folders written before the option existed: KLoB-r needed both facts, unless --recall none (no filter)
+        old.setdefault("recall_r", "none" if old.get("recall") == "none" else "all")
+        for key, value in config.items():
+            if old.get(key) != value:
+                raise EditscopeError(f"{config_path}: field {key}: this folder holds a run with {old.get(key)!r}, "
+                                     f"not {value!r}; use another -o folder")
+        config = old
+    config.setdefault("options", {}).update({m: opts[m] for m in methods})
+    atomic_write_text(config_path, strict_dumps(config, str(config_path), indent=1))
+
+
+def _examples(engine: ScoringEngine, out: Path, config: dict[str, Any],
+              log: Callable[[str], None]) -> dict[str, list[KlobExample]]:
+    """The examples per subset: those fixed by an earlier run, else selected now (and written, with their
+    counts)."""
+    examples_path = out / "examples.jsonl"
+    if examples_path.exists():
+        rows = read_records(examples_path)
+        return {s: [_example_from_json(r) for r in rows if r["subset"] == s] for s in SUBSETS}
+    examples = select_examples(engine, config["n"], seed=config["seed"], recall=config["recall"],
+                               recall_r=config["recall_r"], shots=config["shots"], log=log)
+    atomic_write_text(examples_path, "".join(json.dumps(asdict(e)) + "\n" for s in SUBSETS for e in examples[s]))
+    atomic_write_text(out / "counts.md", counts_text(examples))
+    log(counts_text(examples))
+    return examples
+
+
+def _round_robin(examples: dict[str, list[KlobExample]]) -> list[tuple[str, int]]:
+    """(subset, index) of example i of c, r, u, then i + 1: a run stopped early covers all three subsets."""
+    longest = max(len(examples[s]) for s in SUBSETS)
+    return [(s, i) for i in range(longest) for s in SUBSETS if i < len(examples[s])]
+
+
+def _locate_example(engine: ScoringEngine, out: Path, method: str, subset: str, index: int, example: KlobExample,
+                    opts: dict[str, Any]) -> None:
+    """Locate every prompt of one example with one method: its scores file, then its result line."""
+    started = time.perf_counter()
+    results = [locate(engine, method, p.template, p.subject, p.answer, progress=False, **opts)
+               for p in example.prompts]
+    seconds = time.perf_counter() - started
+    scores = np.stack([r.neurons for r in results]).astype(np.float32)
+    rel = f"scores/{method}/{subset}/{index}.npy"
+    data = _npy_bytes(scores)
+    atomic_write_bytes(out / rel, data)
+    append_record(out / "results.jsonl", {
+        "subset": subset, "example_id": example.example_id, "method": method, "file": rel,
+        "seconds": round(seconds, 3),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "prompts": [{"text": r.prompt, "answer": r.answer, "answer_token": r.answer_token,
+                     "meta": {k: v for k, v in r.meta.items() if k != "tokens"}} for r in results]})
+
+
+def _locate_all(engine: ScoringEngine, out: Path, methods: Sequence[str], examples: dict[str, list[KlobExample]],
+                opts: dict[str, dict[str, Any]], progress: bool) -> None:
+    """Locate every (example, method) unit not done in an earlier run, with one progress bar over all units."""
+    done = {(r["example_id"], r["method"]) for r in read_records(out / "results.jsonl", repair=True)}
+    order = _round_robin(examples)
+    initial = sum((examples[s][i].example_id, m) in done for m in methods for s, i in order)
+    bar = tqdm(total=len(methods) * len(order), initial=initial, desc="KLoB bench", unit="unit",
+               disable=not progress, dynamic_ncols=True)
+    for method in methods:
+        for subset, index in order:
+            example = examples[subset][index]
+            if (example.example_id, method) in done:
+                continue
+            bar.set_postfix_str(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
+            _locate_example(engine, out, method, subset, index, example, opts[method])
+            bar.update(1)
+    bar.close()
+
+
+def _write_metrics(out: Path, ks: Sequence[float]) -> dict:
+    """Compute the metrics from the folder and write ``metrics.json``, ``table.md`` and ``figure.png``."""
+    metrics = compute_metrics(out, ks)
+    # an RSim/RSD that came out non-finite is null, with the reason under "non_finite" (editscope.finite)
+    metrics = with_reasons(metrics)
+    atomic_write_text(out / "metrics.json", strict_dumps(metrics, str(out / "metrics.json"), indent=1))
+    atomic_write_text(out / "table.md", format_table(metrics))
+    plot_metrics(metrics, out / "figure.png")
+    return metrics
+
+
+def run_bench(engine: ScoringEngine, out_dir: str | Path, *, methods: Sequence[str], ks: Sequence[float],
+              n: int = 50, seed: int = 0, recall: str = "any", recall_r: str = "all", shots: int = 0,
+              options: dict[str, dict[str, Any]] | None = None,
+              progress: bool = True, log: Callable[[str], None] = lambda _m: None) -> dict:
+    """Run (or resume) the benchmark in ``out_dir`` and return the metrics (also written there).
+
+    ``progress``: one tqdm bar on stderr over the (example, method) units, those done in an earlier run counted as
+    done (the methods' own bars stay off); it changes no number. ``log`` gets the example selection's lines."""
+    _check_arguments(methods, ks, n, shots, options)
     out = make_dirs(out_dir, "bench output folder")
     opts = {m: {**BENCH_OPTIONS.get(m, {}), **(options or {}).get(m, {})} for m in methods}
     with file_lock(out / ".lock", blocking=False, what="klob bench"):
-        config_path = out / "config.json"
         config = {"model": engine.bundle.name, "fingerprint": engine.bundle.fingerprint, "n": n, "seed": seed,
                   "recall": recall, "recall_r": recall_r, "shots": shots}
-        if config_path.exists():
-            old = json.loads(config_path.read_text())
-            # folders written before the option existed: KLoB-r needed both facts, unless --recall none (no filter)
-            old.setdefault("recall_r", "none" if old.get("recall") == "none" else "all")
-            for key, value in config.items():
-                if old.get(key) != value:
-                    raise EditscopeError(f"{config_path}: field {key}: this folder holds a run with {old.get(key)!r}, "
-                                         f"not {value!r}; use another -o folder")
-            config = old
-        config.setdefault("options", {}).update({m: opts[m] for m in methods})
-        atomic_write_text(config_path, strict_dumps(config, str(config_path), indent=1))
-        examples_path = out / "examples.jsonl"
-        if examples_path.exists():
-            rows = read_records(examples_path)
-            examples = {s: [_example_from_json(r) for r in rows if r["subset"] == s] for s in SUBSETS}
-        else:
-            examples = select_examples(engine, n, seed=seed, recall=recall, recall_r=recall_r, shots=shots,
-                                       log=log)
-            atomic_write_text(examples_path, "".join(json.dumps(asdict(e)) + "\n"
-                                                     for s in SUBSETS for e in examples[s]))
-            atomic_write_text(out / "counts.md", counts_text(examples))
-            log(counts_text(examples))
-        results_path = out / "results.jsonl"
-        done = {(r["example_id"], r["method"]) for r in read_records(results_path, repair=True)}
-        # round-robin over the subsets (example i of c, r, u, then i + 1): a run stopped early covers all three
-        longest = max(len(examples[s]) for s in SUBSETS)
-        order = [(s, i) for i in range(longest) for s in SUBSETS if i < len(examples[s])]
-        initial = sum((examples[s][i].example_id, m) in done for m in methods for s, i in order)
-        bar = tqdm(total=len(methods) * len(order), initial=initial, desc="KLoB bench", unit="unit",
-                   disable=not progress, dynamic_ncols=True)
-        for method in methods:
-            for subset, index in order:
-                example = examples[subset][index]
-                if (example.example_id, method) in done:
-                    continue
-                bar.set_postfix_str(f"{method} KLoB-{subset} {index + 1}/{len(examples[subset])}")
-                started = time.perf_counter()
-                results = [locate(engine, method, p.template, p.subject, p.answer, progress=False, **opts[method])
-                           for p in example.prompts]
-                seconds = time.perf_counter() - started
-                scores = np.stack([r.neurons for r in results]).astype(np.float32)
-                rel = f"scores/{method}/{subset}/{index}.npy"
-                data = _npy_bytes(scores)
-                atomic_write_bytes(out / rel, data)
-                append_record(results_path, {
-                    "subset": subset, "example_id": example.example_id, "method": method, "file": rel,
-                    "seconds": round(seconds, 3),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "prompts": [{"text": r.prompt, "answer": r.answer, "answer_token": r.answer_token,
-                                 "meta": {k: v for k, v in r.meta.items() if k != "tokens"}} for r in results]})
-                bar.update(1)
-        bar.close()
-        metrics = compute_metrics(out, ks)
-        # an RSim/RSD that came out non-finite is null, with the reason under "non_finite" (editscope.finite)
-        metrics = with_reasons(metrics)
-        atomic_write_text(out / "metrics.json", strict_dumps(metrics, str(out / "metrics.json"), indent=1))
-        atomic_write_text(out / "table.md", format_table(metrics))
-        plot_metrics(metrics, out / "figure.png")
-    return metrics
+        _write_config(out / "config.json", dict(config), opts, methods)
+        examples = _examples(engine, out, config, log)
+        _locate_all(engine, out, methods, examples, opts, progress)
+        return _write_metrics(out, ks)
 
 
 def load_scores(out_dir: str | Path) -> dict[str, dict[str, list[np.ndarray]]]:

@@ -66,30 +66,38 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
     differences pair cases within one model. When several runs of one model hold rows of one method label on one
     dataset, that label becomes ``label [run dir name]`` in each of them; runs that split a config by dataset block
     (one run per dataset) keep their labels, so the pivot joins them as one run's."""
-    runs = []
-    for path in expand_run_dirs(run_dirs):
-        meta = read_json(path / RUN_JSON)
-        rows = run_rows(path)
-        if not rows:
-            raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
-        name = str(meta.get("model", {}).get("name"))
-        for r in rows:
-            r.setdefault("model", name)  # rows written before rows named their model
-        runs.append(Run(path, meta, rows))
+    runs = [_read_run(path) for path in expand_run_dirs(run_dirs)]
     if len({r["model"] for run in runs for r in run.rows}) > 1:
         for run in runs:
             _key_by_model(run)
     if len(runs) > 1:
-        seen: dict[tuple[str, str, str], int] = {}
-        for run in runs:
-            for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
-                seen[key] = seen.get(key, 0) + 1
-        for run in runs:
-            clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
-            for r in run.rows:
-                if (r["model"], r["method"]) in clash:
-                    r["method"] = f"{r['method']} [{run.path.name}]"
+        _label_shared_methods(runs)
     return runs
+
+
+def _read_run(path: Path) -> Run:
+    """One run folder's ``run.json`` and rows (each naming its model); a run without rows is an error."""
+    meta = read_json(path / RUN_JSON)
+    rows = run_rows(path)
+    if not rows:
+        raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
+    name = str(meta.get("model", {}).get("name"))
+    for r in rows:
+        r.setdefault("model", name)  # rows written before rows named their model
+    return Run(path, meta, rows)
+
+
+def _label_shared_methods(runs: list[Run]) -> None:
+    """Method labels ``label [run dir name]`` where several runs hold rows of one model, method and dataset."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
+            seen[key] = seen.get(key, 0) + 1
+    for run in runs:
+        clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
+        for r in run.rows:
+            if (r["model"], r["method"]) in clash:
+                r["method"] = f"{r['method']} [{run.path.name}]"
 
 
 def _key_by_model(run: Run) -> None:
@@ -244,28 +252,25 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
     return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs)
 
 
-def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
-                 suite_factories: Mapping[str, SuiteFactory] | None = None,
-                 baseline: str | None = None,
-                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
-    compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
-    the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
-    unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
-    runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
-    path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
-    "Edit cards" section."""
-    a = analyse(run_dirs, seed=seed, suite_factories=suite_factories, baseline=baseline)
-    runs, methods, summary, pivot, notes, figs, curves, specs = (a.runs, a.methods, a.summary, a.pivot, a.notes,
-                                                                 a.figures, a.curves, a.specs)
-    out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
-    for f in figs:
-        atomic_write_bytes(out / "figures" / png_name(f.slug), f.png)
+@dataclass
+class _Document:
+    """The report's texts as they are built: Markdown lines, LaTeX lines and the HTML page's fields."""
+    md: list[str]
+    tex: list[str]
+    page: dict[str, Any]
 
-    tables: dict[tuple[str, str], list[SummaryRow]] = {}
-    for r in summary:
-        tables.setdefault((r.dataset, r.suite), []).append(r)
-    bars = {f.slug: f for f in figs}
+    def add_figure(self, f: Figure, into: list[dict[str, Any]]) -> None:
+        """``f`` in the Markdown (a link to its PNG) and in the page's list ``into`` (embedded, with its axes)."""
+        self.md.extend([f"![{f.title}](figures/{png_name(f.slug)})", "", f"*{f.caption}*", ""])
+        axes = png_axes(f.png) or []
+        alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
+                                for i, a in enumerate(axes) if not a["colorbar"])
+        into.append({"title": f.title, "alt": alt, "axes": json.dumps(axes), "src": png_src(f.png),
+                     "caption": f.caption})
+
+
+def _start_document(runs: list[Run]) -> _Document:
+    """The title, each run's facts and the note on the tables, in every text."""
     title = "editscope report"
     note = ("Per suite, first the paper's columns in the paper's units (×100 where the paper prints percentages; "
             "row 'unedited' = the pre-edit values), then every metric. " + TABLE_NOTE
@@ -279,60 +284,110 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
                             "sections": [], "case_studies": [], "cards": None,
                             "configs": [json.dumps(run.meta["config"], indent=2) for run in runs]}
     tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
-    if pivot is not None:
-        baseline_line = f"Baseline of the differences: {pivot.baseline}."
-        md += ["## All methods × headline metrics", "", baseline_line, ""] + pivot.markdown()
-        page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
+    return _Document(md, tex, page)
+
+
+def _add_pivot(doc: _Document, pivot: Pivot) -> None:
+    """Every method against every headline metric, with the baseline of the differences."""
+    baseline_line = f"Baseline of the differences: {pivot.baseline}."
+    doc.md += ["## All methods × headline metrics", "", baseline_line, ""] + pivot.markdown()
+    doc.page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
                          "tables": [pivot.table(chunk) for chunk in pivot.chunks()]}
-        tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
+    doc.tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
 
-    def add_figure(f: Figure, into: list[dict[str, Any]]) -> None:
-        md.extend([f"![{f.title}](figures/{png_name(f.slug)})", "", f"*{f.caption}*", ""])
-        axes = png_axes(f.png) or []
-        alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
-                                for i, a in enumerate(axes) if not a["colorbar"])
-        into.append({"title": f.title, "alt": alt, "axes": json.dumps(axes), "src": png_src(f.png),
-                     "caption": f.caption})
 
-    for (dataset, suite), rs in tables.items():
-        lines = notes.get((dataset, suite), [])
-        compact = compact_table(rs, methods, specs.get((dataset, suite), ()))
-        shown = None  # the HTML page's compact table: the best bold, and a note saying so
-        md += [f"## {suite} on {dataset}", ""]
-        if compact is not None:
-            md += compact.markdown().split("\n") + ["", "All metrics:", ""]  # as summary.md prints it: no bold
-            best = _with_best(compact, rs, methods, specs.get((dataset, suite), ()))
-            tex += [f"% {suite} on {dataset}", replace(best, caption=f"{suite} on {dataset}.").latex(), ""]
-            shown = replace(best, notes=[*best.notes, BOLD_NOTE]) if best.bold else best
-        everything = metrics_table(rs, methods, specs)
-        md += everything.markdown().split("\n") + [""]
-        section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": shown, "all": _transposed(everything),
-                                   "notes": lines, "figures": [], "curve": None}
-        page["sections"].append(section)
-        md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
-        add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
-        curve = curve_markdown(curves.get((dataset, suite), {}), methods, specs.get((dataset, suite)))
-        if curve:
-            md += ["After each number of edits (sequential batches):", ""] + curve + [""]
-            section["curve"] = {"title": f"{suite} on {dataset} vs number of edits", "figures": []}
-            add_figure(bars[f"curve-{dataset}-{suite}"], section["curve"]["figures"])
-            if f"retention-{dataset}-{suite}" in bars:
-                add_figure(bars[f"retention-{dataset}-{suite}"], section["curve"]["figures"])
+def _add_compact(doc: _Document, rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec],
+                 dataset: str, suite: str) -> Table | None:
+    """The paper's columns in Markdown and LaTeX; the page's version of them (the best bold), or None."""
+    compact = compact_table(rs, methods, specs)
+    if compact is None:
+        return None
+    doc.md += compact.markdown().split("\n") + ["", "All metrics:", ""]  # as summary.md prints it: no bold
+    best = _with_best(compact, rs, methods, specs)
+    doc.tex += [f"% {suite} on {dataset}", replace(best, caption=f"{suite} on {dataset}.").latex(), ""]
+    return replace(best, notes=[*best.notes, BOLD_NOTE]) if best.bold else best
+
+
+def _add_curve(doc: _Document, section: dict[str, Any], a: Analysis, bars: Mapping[str, Figure], dataset: str,
+               suite: str) -> None:
+    """A sequential run's table and figures of the metrics after each number of edits, where it has them."""
+    curve = curve_markdown(a.curves.get((dataset, suite), {}), a.methods, a.specs.get((dataset, suite)))
+    if not curve:
+        return
+    doc.md += ["After each number of edits (sequential batches):", ""] + curve + [""]
+    section["curve"] = {"title": f"{suite} on {dataset} vs number of edits", "figures": []}
+    doc.add_figure(bars[f"curve-{dataset}-{suite}"], section["curve"]["figures"])
+    if f"retention-{dataset}-{suite}" in bars:
+        doc.add_figure(bars[f"retention-{dataset}-{suite}"], section["curve"]["figures"])
+
+
+def _add_section(doc: _Document, a: Analysis, bars: Mapping[str, Figure], dataset: str, suite: str,
+                 rs: list[SummaryRow]) -> None:
+    """One suite on one dataset: the paper's columns, every metric, the protocol notes, the bars and curves."""
+    lines = a.notes.get((dataset, suite), [])
+    doc.md += [f"## {suite} on {dataset}", ""]
+    shown = _add_compact(doc, rs, a.methods, a.specs.get((dataset, suite), ()), dataset, suite)
+    everything = metrics_table(rs, a.methods, a.specs)
+    doc.md += everything.markdown().split("\n") + [""]
+    section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": shown, "all": _transposed(everything),
+                               "notes": lines, "figures": [], "curve": None}
+    doc.page["sections"].append(section)
+    doc.md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
+    doc.add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
+    _add_curve(doc, section, a, bars, dataset, suite)
+
+
+def _add_case_studies(doc: _Document, figs: list[Figure]) -> None:
+    """The suites' own figures (neither bars nor curves), under one heading."""
     extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-", "retention-"))]
-    if extra:
-        md += ["## Case studies", ""]
-        for f in extra:
-            md += [f"### {f.title}", ""]
-            add_figure(f, page["case_studies"])
+    if not extra:
+        return
+    doc.md += ["## Case studies", ""]
+    for f in extra:
+        doc.md += [f"### {f.title}", ""]
+        doc.add_figure(f, doc.page["case_studies"])
+
+
+def _add_cards(doc: _Document, cards: Mapping[tuple[str, str, str], str]) -> None:
+    """Links to the edit cards of chosen cases (editscope report --cards), a column per method."""
+    card_methods = list(dict.fromkeys(m for _, _, m in cards))
+    doc.page["cards"] = {"methods": card_methods, "rows": [
+        (d, c, [cards.get((d, c, m)) for m in card_methods])
+        for d, c in dict.fromkeys((d, c) for d, c, _ in cards)]}
+    doc.md += ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
+
+
+def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
+                 suite_factories: Mapping[str, SuiteFactory] | None = None,
+                 baseline: str | None = None,
+                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
+    """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
+    compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
+    the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
+    unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
+    runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
+    path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
+    "Edit cards" section."""
+    a = analyse(run_dirs, seed=seed, suite_factories=suite_factories, baseline=baseline)
+    out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
+    for f in a.figures:
+        atomic_write_bytes(out / "figures" / png_name(f.slug), f.png)
+
+    tables: dict[tuple[str, str], list[SummaryRow]] = {}
+    for r in a.summary:
+        tables.setdefault((r.dataset, r.suite), []).append(r)
+    bars = {f.slug: f for f in a.figures}
+    doc = _start_document(a.runs)
+    if a.pivot is not None:
+        _add_pivot(doc, a.pivot)
+    for (dataset, suite), rs in tables.items():
+        _add_section(doc, a, bars, dataset, suite, rs)
+    _add_case_studies(doc, a.figures)
     if cards:  # edit cards of chosen cases (editscope report --cards)
-        card_methods = list(dict.fromkeys(m for _, _, m in cards))
-        page["cards"] = {"methods": card_methods, "rows": [
-            (d, c, [cards.get((d, c, m)) for m in card_methods])
-            for d, c in dict.fromkeys((d, c) for d, c, _ in cards)]}
-        md += ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
-    html_path = atomic_write_text(out / "report.html", render("report.html", **page))
-    md_path = atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(out / TABLES_TEX, "\n".join(tex) + "\n")
+        _add_cards(doc, cards)
+    html_path = atomic_write_text(out / "report.html", render("report.html", **doc.page))
+    md_path = atomic_write_text(out / "report.md", "\n".join(doc.md) + "\n")
+    atomic_write_text(out / TABLES_TEX, "\n".join(doc.tex) + "\n")
     return html_path, md_path
 
 

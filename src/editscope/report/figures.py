@@ -42,6 +42,86 @@ def y_label(spec: MetricSpec | None, *, paper_units: bool = False, log: bool = F
     return text + (", log scale" if log else "")
 
 
+def _pre_partners(all_metrics: list[str], specs: Mapping[str, MetricSpec]) -> dict[str, str]:
+    """``_post`` column -> its ``_pre`` column, for the pre/post metrics whose both columns are present."""
+    partners: dict[str, str] = {}
+    for m in all_metrics:
+        spec = specs.get(m)
+        if spec is not None and spec.pre is not None and m == spec.post and spec.pre in all_metrics:
+            partners[m] = spec.pre
+    return partners
+
+
+def _draw_pre_line(ax, cell: Mapping[tuple[str, str], SummaryRow], methods: Sequence[str], pre: str) -> None:
+    """The methods' mean ``_pre`` value as a dashed line (none where no mean is finite)."""
+    pre_means = [cell[(m, pre)].mean for m in methods if (m, pre) in cell]
+    pre_means = [v for v in pre_means if math.isfinite(v)]
+    if pre_means:
+        ax.axhline(float(np.mean(pre_means)), color="#222222", linestyle="--", linewidth=1.0, zorder=3)
+
+
+def _scale_bars_axis(ax, spec: MetricSpec | None, bounds: tuple[float, float], finite: np.ndarray) -> bool:
+    """Fit the y axis to the metric: a log axis for perplexities and positive values spanning orders of magnitude,
+    else the declared range (its lower bound where only that is finite). Returns whether the axis is log."""
+    low, high = bounds
+    if spec is not None and spec.unit in LOG_UNITS and finite.size and np.all(finite > 0):
+        _plain_log_ticks(ax)  # perplexities: averaged on the log scale, drawn on one
+        return True
+    if math.isfinite(low) and math.isfinite(high):
+        pad = 0.05 * (high - low)
+        ax.set_ylim(low - (pad if low < 0 else 0), high + pad)
+    elif (low >= 0 and finite.size and np.all(finite > 0)
+          and finite.max() / max(finite.min(), 1e-300) > 1e3):
+        ax.set_yscale("log")
+        return True
+    elif math.isfinite(low):
+        ax.set_ylim(bottom=low)
+    return False
+
+
+def _bars_title(metric: str, spec: MetricSpec | None, paired: bool, ns: list[int]) -> str:
+    """The panel's title: the metric (its ``_post`` column when paired), its direction and the cases' count."""
+    name = (spec.post if paired and spec is not None else metric) + (f" {spec.arrow}" if spec and spec.arrow else "")
+    return f"{name}  (n={min(ns)})" if len(set(ns)) == 1 else f"{name}  (n={min(ns)}–{max(ns)})"
+
+
+def _bars_panel(ax, metric: str, spec: MetricSpec | None, methods: Sequence[str],
+                cell: Mapping[tuple[str, str], SummaryRow], colors: Mapping[str, str], pre: str | None) -> None:
+    """One metric's panel: a bar per method with its CI (cut to the declared range), the ``_pre`` line."""
+    x = np.arange(len(methods))
+    rs = [cell.get((m, metric)) for m in methods]
+    means = np.array([r.mean if r else np.nan for r in rs])
+    lo = np.array([r.ci95_low if r else np.nan for r in rs])
+    hi = np.array([r.ci95_high if r else np.nan for r in rs])
+    finite = means[np.isfinite(means)]
+    bounds = spec.range if spec is not None and spec.range is not None else (-math.inf, math.inf)
+    lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
+    err = np.vstack([np.where(np.isfinite(lo), means - lo, 0), np.where(np.isfinite(hi), hi - means, 0)])
+    err = np.nan_to_num(np.clip(err, 0, None))
+    ax.bar(x, np.nan_to_num(means), yerr=err if err.any() else None, color=[colors[m] for m in methods],
+           width=0.7, capsize=3, error_kw={"elinewidth": 0.9, "ecolor": "#333333"}, zorder=2)
+    if pre:
+        _draw_pre_line(ax, cell, methods, pre)
+    log = _scale_bars_axis(ax, spec, bounds, finite)
+    ax.set_ylabel(y_label(spec, log=log))
+    if bounds[0] < 0:
+        ax.axhline(0, color="#555555", linewidth=0.6)
+    ax.set_title(_bars_title(metric, spec, bool(pre), [r.n if r else 0 for r in rs]))
+    rot = len(methods) > 3
+    ax.set_xticks(x, methods, rotation=30 if rot else 0, ha="right" if rot else "center")
+    ax.set_xlim(-0.6, len(methods) - 0.4)
+
+
+def _finish(fig, title: str, handles: list, labels: list[str]) -> bytes:
+    """Lay the panels out below room for the title and a one-row legend; the PNG bytes."""
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
+    fig.suptitle(title, y=1 - 0.08 / height, va="top", fontsize=10)
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.32 / height))
+    return png(fig)
+
+
 def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
                 specs: Mapping[str, MetricSpec] | None = None, *, columns: int = 4) -> bytes:
     """One panel per metric, one bar per method (mean), error bars = 95% CI. ``specs`` maps a metric column to
@@ -52,11 +132,7 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
     Undeclared metrics get one panel each and a free axis."""
     specs = specs or {}
     all_metrics = list(dict.fromkeys(r.metric for r in rows))
-    partners: dict[str, str] = {}
-    for m in all_metrics:
-        spec = specs.get(m)
-        if spec is not None and spec.pre is not None and m == spec.post and spec.pre in all_metrics:
-            partners[m] = spec.pre
+    partners = _pre_partners(all_metrics, specs)
     paired_pre = set(partners.values())
     metrics = [m for m in all_metrics if m not in paired_pre]
     cell = {(r.method, r.metric): r for r in rows}
@@ -65,48 +141,7 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
     nrows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(2.4 * cols + 0.6, 2.2 * nrows + 0.8), squeeze=False)
     for ax, metric in zip(axes.flat, metrics, strict=False):
-        spec = specs.get(metric)
-        x = np.arange(len(methods))
-        rs = [cell.get((m, metric)) for m in methods]
-        means = np.array([r.mean if r else np.nan for r in rs])
-        lo = np.array([r.ci95_low if r else np.nan for r in rs])
-        hi = np.array([r.ci95_high if r else np.nan for r in rs])
-        finite = means[np.isfinite(means)]
-        bounds = spec.range if spec is not None and spec.range is not None else (-math.inf, math.inf)
-        lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
-        err = np.vstack([np.where(np.isfinite(lo), means - lo, 0), np.where(np.isfinite(hi), hi - means, 0)])
-        err = np.nan_to_num(np.clip(err, 0, None))
-        ax.bar(x, np.nan_to_num(means), yerr=err if err.any() else None, color=[colors[m] for m in methods],
-               width=0.7, capsize=3, error_kw={"elinewidth": 0.9, "ecolor": "#333333"}, zorder=2)
-        pre = partners.get(metric)
-        if pre:
-            pre_means = [cell[(m, pre)].mean for m in methods if (m, pre) in cell]
-            pre_means = [v for v in pre_means if math.isfinite(v)]
-            if pre_means:
-                ax.axhline(float(np.mean(pre_means)), color="#222222", linestyle="--", linewidth=1.0, zorder=3)
-        low, high = bounds
-        log = False
-        if spec is not None and spec.unit in LOG_UNITS and finite.size and np.all(finite > 0):
-            _plain_log_ticks(ax)  # perplexities: averaged on the log scale, drawn on one
-            log = True
-        elif math.isfinite(low) and math.isfinite(high):
-            pad = 0.05 * (high - low)
-            ax.set_ylim(low - (pad if low < 0 else 0), high + pad)
-        elif (low >= 0 and finite.size and np.all(finite > 0)
-              and finite.max() / max(finite.min(), 1e-300) > 1e3):
-            ax.set_yscale("log")
-            log = True
-        elif math.isfinite(low):
-            ax.set_ylim(bottom=low)
-        ax.set_ylabel(y_label(spec, log=log))
-        if low < 0:
-            ax.axhline(0, color="#555555", linewidth=0.6)
-        ns = [r.n if r else 0 for r in rs]
-        name = (spec.post if pre and spec is not None else metric) + (f" {spec.arrow}" if spec and spec.arrow else "")
-        ax.set_title(f"{name}  (n={min(ns)})" if len(set(ns)) == 1 else f"{name}  (n={min(ns)}–{max(ns)})")
-        rot = len(methods) > 3
-        ax.set_xticks(x, methods, rotation=30 if rot else 0, ha="right" if rot else "center")
-        ax.set_xlim(-0.6, len(methods) - 0.4)
+        _bars_panel(ax, metric, specs.get(metric), methods, cell, colors, partners.get(metric))
     for ax in axes.flat[len(metrics):]:
         ax.set_visible(False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[m]) for m in methods]
@@ -114,12 +149,7 @@ def metric_bars(rows: Sequence[SummaryRow], methods: Sequence[str], title: str,
     if paired_pre:
         handles.append(plt.Line2D([0], [0], color="#222222", linestyle="--", linewidth=1.0))
         labels.append("before edit (_pre)")
-    height = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
-    fig.suptitle(title + " — mean over cases, error bars: 95% CI", y=1 - 0.08 / height, va="top", fontsize=10)
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.32 / height))
-    return png(fig)
+    return _finish(fig, title + " — mean over cases, error bars: 95% CI", handles, labels)
 
 
 LOG_X_SPAN = 10.0
@@ -131,6 +161,63 @@ def log_edits_axis(edits: Sequence[int]) -> bool:
     """Whether curves over these numbers of edits are drawn on a log x-axis (:data:`LOG_X_SPAN`)."""
     positive = [e for e in edits if e > 0]
     return len(positive) > 1 and max(positive) / min(positive) > LOG_X_SPAN
+
+
+def _method_curve(ax, spec: MetricSpec, cells: list[dict[str, SummaryRow]], edits: list[int], color: str,
+                  label: str) -> None:
+    """One method's means through the checkpoints where it has the metric, its CI (cut to the range) as a band."""
+    low, high = spec.range if spec.range is not None else (-math.inf, math.inf)
+    xs = [e for e, c in zip(edits, cells, strict=True) if spec.post in c]
+    rs = [c[spec.post] for c in cells if spec.post in c]
+    mean = np.array([r.mean for r in rs]) * spec.paper_scale
+    lo = np.clip([r.ci95_low for r in rs], low, high) * spec.paper_scale
+    hi = np.clip([r.ci95_high for r in rs], low, high) * spec.paper_scale
+    ax.plot(xs, mean, marker="o", markersize=3, color=color, label=label, zorder=3)
+    if np.isfinite(lo).any():
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0, zorder=2)
+
+
+def _curve_lines(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]], edits: list[int],
+                 methods: Sequence[str], colors: Mapping[str, str]) -> None:
+    """Every method's curve, then the unedited model's mean as a dashed line where the metric has a pre value."""
+    pre_means: list[float] = []
+    for m in methods:
+        cells = [{r.metric: r for r in points[e] if r.method == m} for e in edits]
+        if not any(spec.post in c for c in cells):
+            continue
+        _method_curve(ax, spec, cells, edits, colors[m], m)
+        if spec.pre is not None and spec.pre in cells[-1]:  # the last point probed every case of the run
+            pre_means.append(cells[-1][spec.pre].mean)
+    if pre_means:
+        ax.axhline(float(np.nanmean(pre_means)) * spec.paper_scale, color="#222222", linestyle="--",
+                   linewidth=1.0, zorder=1)
+
+
+def _edits_axis(ax, edits: list[int], log_x: bool) -> None:
+    """The x axis of edits: log scale, the checkpoints themselves when few, else at most 5 integer ticks."""
+    if log_x:
+        ax.set_xscale("log")
+    elif len(edits) <= 6:  # the checkpoints themselves: 100, 200, 300 rather than 100, 125, ..., 300
+        ax.set_xticks(edits)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # 10 checkpoint labels collide
+
+
+def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]], edits: list[int],
+                 methods: Sequence[str], colors: Mapping[str, str], log_x: bool) -> None:
+    """One metric's panel: the methods' curves, the y axis fit to the declared range and unit, the edits axis."""
+    _curve_lines(ax, spec, points, edits, methods, colors)
+    low, high = spec.range if spec.range is not None else (-math.inf, math.inf)
+    if math.isfinite(low) and math.isfinite(high):
+        pad = 0.05 * (high - low) * spec.paper_scale
+        ax.set_ylim(low * spec.paper_scale - pad, high * spec.paper_scale + pad)
+    log = spec.unit in LOG_UNITS
+    if log:
+        _plain_log_ticks(ax)
+    ax.set_title(f"{spec.name} {spec.arrow}".strip())
+    ax.set_xlabel("edits on the model" + (", log scale" if log_x else ""))
+    ax.set_ylabel(y_label(spec, paper_units=True, log=log))
+    _edits_axis(ax, edits, log_x)
 
 
 def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str], title: str,
@@ -147,53 +234,14 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
     nrows = math.ceil(len(cols) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.3 * nrows + 0.8), squeeze=False)
     for ax, spec in zip(axes.flat, cols, strict=False):
-        low, high = spec.range if spec.range is not None else (-math.inf, math.inf)
-        pre_means: list[float] = []
-        for m in methods:
-            cells = [{r.metric: r for r in points[e] if r.method == m} for e in edits]
-            xs = [e for e, c in zip(edits, cells, strict=True) if spec.post in c]
-            if not xs:
-                continue
-            rs = [c[spec.post] for c in cells if spec.post in c]
-            mean = np.array([r.mean for r in rs]) * spec.paper_scale
-            lo = np.clip([r.ci95_low for r in rs], low, high) * spec.paper_scale
-            hi = np.clip([r.ci95_high for r in rs], low, high) * spec.paper_scale
-            ax.plot(xs, mean, marker="o", markersize=3, color=colors[m], label=m, zorder=3)
-            if np.isfinite(lo).any():
-                ax.fill_between(xs, lo, hi, color=colors[m], alpha=0.15, linewidth=0, zorder=2)
-            if spec.pre is not None and spec.pre in cells[-1]:  # the last point probed every case of the run
-                pre_means.append(cells[-1][spec.pre].mean)
-        if pre_means:
-            ax.axhline(float(np.nanmean(pre_means)) * spec.paper_scale, color="#222222", linestyle="--",
-                       linewidth=1.0, zorder=1)
-        if math.isfinite(low) and math.isfinite(high):
-            pad = 0.05 * (high - low) * spec.paper_scale
-            ax.set_ylim(low * spec.paper_scale - pad, high * spec.paper_scale + pad)
-        log = spec.unit in LOG_UNITS
-        if log:
-            _plain_log_ticks(ax)
-        ax.set_title(f"{spec.name} {spec.arrow}".strip())
-        ax.set_xlabel("edits on the model" + (", log scale" if log_x else ""))
-        ax.set_ylabel(y_label(spec, paper_units=True, log=log))
-        if log_x:
-            ax.set_xscale("log")
-        elif len(edits) <= 6:  # the checkpoints themselves: 100, 200, 300 rather than 100, 125, ..., 300
-            ax.set_xticks(edits)
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # 10 checkpoint labels collide
+        _curve_panel(ax, spec, points, edits, methods, colors, log_x)
     for ax in axes.flat[len(cols):]:
         ax.set_visible(False)
     handles = [plt.Line2D([0], [0], color=colors[m], marker="o", markersize=3) for m in methods]
     labels = list(methods)
     handles.append(plt.Line2D([0], [0], color="#222222", linestyle="--", linewidth=1.0))
     labels.append("before edit")
-    height = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
-    fig.suptitle(title + " — mean over the cases edited so far, band: 95% CI", y=1 - 0.08 / height, va="top",
-                 fontsize=10)
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.32 / height))
-    return png(fig)
+    return _finish(fig, title + " — mean over the cases edited so far, band: 95% CI", handles, labels)
 
 
 def retention_heatmap(matrices: Mapping[str, Mapping[tuple[int, int], float]], spec: MetricSpec, title: str) -> bytes:

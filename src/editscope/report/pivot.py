@@ -311,6 +311,56 @@ def baselines_by_method(rows: Iterable[dict[str, Any]], methods: Sequence[str],
             if m not in names and editor.get(m, m) in of_editor}
 
 
+CaseTable = dict[tuple[str, str, str], dict[str, dict[str, Any]]]
+"""(dataset, suite, method) -> {case id: that case's metrics} (:func:`_case_table`)."""
+
+
+def _column_diff(c: Column, m: str, cases: CaseTable, against: Mapping[str, str], unedited: bool,
+                 level: bool) -> Diff | None:
+    """Method ``m``'s paired difference in column ``c``: post minus pre against the unedited model, else its
+    cases minus its baseline's; None where there is nothing to pair."""
+    mine = cases.get((c.dataset, c.suite, m), {})
+    if unedited:
+        if c.spec.pre is None:
+            return None
+        ids = list(mine)
+        return paired_diff([mine[i] for i in ids], [mine[i] for i in ids], c.spec.post, c.spec.pre, c.spec,
+                           model_level=level)
+    if m not in against:  # a baseline itself, or an editor without one
+        return None
+    theirs = cases.get((c.dataset, c.suite, against[m]), {})
+    ids = [i for i in mine if i in theirs]
+    return paired_diff([mine[i] for i in ids], [theirs[i] for i in ids], c.spec.post, c.spec.post, c.spec,
+                       model_level=level)
+
+
+def _mark_best(pivot: Pivot, j: int, c: Column, with_values: list[str]) -> None:
+    """Bold column ``j``'s best: the methods' means as printed, in the declared direction; ties are all bold."""
+    shown = {m: float(paper_num(pivot.cells[(m, j)].mean, c.spec.paper_scale))
+             for m in with_values if math.isfinite(pivot.cells[(m, j)].mean)}
+    if len(shown) > 1:
+        top = (max if c.spec.higher_is_better else min)(shown.values())
+        pivot.best |= {(m, j) for m, v in shown.items() if v == top}
+
+
+def _fill_column(pivot: Pivot, j: int, c: Column, present: list[str],
+                 cell: Mapping[tuple[str, str, str, str], SummaryRow], cases: CaseTable, against: Mapping[str, str],
+                 unedited: bool) -> None:
+    """Column ``j``'s cells: the shared pre value, each method's post value and its difference, the best."""
+    with_values = [m for m in present if (c.dataset, c.suite, m, c.spec.post) in cell]
+    with_pre = [m for m in present if c.spec.pre is not None and (c.dataset, c.suite, m, c.spec.pre) in cell]
+    if with_pre:  # pre values are shared: the method with most cases
+        ref = max(with_pre, key=lambda m: cell[(c.dataset, c.suite, m, c.spec.pre)].n)
+        pivot.cells[(UNEDITED, j)] = cell[(c.dataset, c.suite, ref, c.spec.pre)]
+    level = (c.dataset, c.suite) in pivot.model_level
+    for m in with_values:
+        pivot.cells[(m, j)] = cell[(c.dataset, c.suite, m, c.spec.post)]
+        d = _column_diff(c, m, cases, against, unedited, level)
+        if d is not None:
+            pivot.diffs[(m, j)] = d
+    _mark_best(pivot, j, c, with_values)
+
+
 def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], specs: SpecMap,
                 methods: Sequence[str], *, baseline: str | None = None,
                 model_level: Iterable[tuple[str, str]] = ()) -> Pivot | None:
@@ -333,36 +383,7 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
     pivot.rows += [m for m in present if any((c.dataset, c.suite, m, c.spec.post) in cell for c in columns)]
     cases = _case_table(rows)
     for j, c in enumerate(columns):
-        with_values = [m for m in present if (c.dataset, c.suite, m, c.spec.post) in cell]
-        with_pre = [m for m in present if c.spec.pre is not None and (c.dataset, c.suite, m, c.spec.pre) in cell]
-        if with_pre:  # pre values are shared: the method with most cases
-            ref = max(with_pre, key=lambda m: cell[(c.dataset, c.suite, m, c.spec.pre)].n)
-            pivot.cells[(UNEDITED, j)] = cell[(c.dataset, c.suite, ref, c.spec.pre)]
-        for m in with_values:
-            pivot.cells[(m, j)] = cell[(c.dataset, c.suite, m, c.spec.post)]
-            level = (c.dataset, c.suite) in model_level
-            mine = cases.get((c.dataset, c.suite, m), {})
-            if baseline is None:
-                if c.spec.pre is None:
-                    continue
-                ids = list(mine)
-                d = paired_diff([mine[i] for i in ids], [mine[i] for i in ids], c.spec.post, c.spec.pre, c.spec,
-                                model_level=level)
-            else:
-                if m not in against:  # a baseline itself, or an editor without one
-                    continue
-                theirs = cases.get((c.dataset, c.suite, against[m]), {})
-                ids = [i for i in mine if i in theirs]
-                d = paired_diff([mine[i] for i in ids], [theirs[i] for i in ids], c.spec.post, c.spec.post, c.spec,
-                                model_level=level)
-            if d is not None:
-                pivot.diffs[(m, j)] = d
-        # best: the methods' means as printed, in the declared direction; ties are all bold
-        shown = {m: float(paper_num(pivot.cells[(m, j)].mean, c.spec.paper_scale))
-                 for m in with_values if math.isfinite(pivot.cells[(m, j)].mean)}
-        if len(shown) > 1:
-            top = (max if c.spec.higher_is_better else min)(shown.values())
-            pivot.best |= {(m, j) for m, v in shown.items() if v == top}
+        _fill_column(pivot, j, c, present, cell, cases, against, baseline is None)
     return pivot
 
 

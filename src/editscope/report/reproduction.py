@@ -80,6 +80,24 @@ class Outcome:
         return f"{where}: regenerated from {' and '.join(parts)}"
 
 
+def _block_arguments(args: str, where: str) -> tuple[list[str], dict[str, str]]:
+    """The run directory patterns and the KEY=VALUE options of a block's opening line (``where``: ``page:line``)."""
+    patterns, options = [], {}
+    for word in args.split():
+        key, eq, value = word.partition("=")
+        if not eq:
+            patterns.append(word)
+        elif key in OPTIONS and value:
+            options[key] = value
+        else:
+            raise EditscopeError(f"{where}: option {word!r}: expected one of {', '.join(sorted(OPTIONS))} as KEY=VALUE")
+    if not patterns:
+        raise EditscopeError(f"{where}: a measured block names no run directory")
+    if options.get("figures", "curves") not in ("curves", "none"):
+        raise EditscopeError(f"{where}: figures={options['figures']}: expected 'curves' or 'none'")
+    return patterns, options
+
+
 def parse_blocks(text: str, page: str | Path = "page") -> list[Block]:
     """The measured blocks of a page, with a ``page:line`` error for a block without its end, a nested block or
     an unknown option."""
@@ -91,20 +109,7 @@ def parse_blocks(text: str, page: str | Path = "page") -> list[Block]:
             if open_block is not None:
                 raise EditscopeError(f"{page}:{i + 1}: a measured block starts inside the one opened at line "
                                      f"{open_block.line} (close it with '{END}')")
-            patterns, options = [], {}
-            for word in m["args"].split():
-                key, eq, value = word.partition("=")
-                if not eq:
-                    patterns.append(word)
-                elif key in OPTIONS and value:
-                    options[key] = value
-                else:
-                    raise EditscopeError(f"{page}:{i + 1}: option {word!r}: expected one of "
-                                         f"{', '.join(sorted(OPTIONS))} as KEY=VALUE")
-            if not patterns:
-                raise EditscopeError(f"{page}:{i + 1}: a measured block names no run directory")
-            if options.get("figures", "curves") not in ("curves", "none"):
-                raise EditscopeError(f"{page}:{i + 1}: figures={options['figures']}: expected 'curves' or 'none'")
+            patterns, options = _block_arguments(m["args"], f"{page}:{i + 1}")
             open_block = Block(i + 1, i, -1, patterns, options)
         elif line.strip() == END:
             if open_block is None:

@@ -307,63 +307,59 @@ def _trace(engine: ScoringEngine, request: EditRequest, answer: str | None, samp
     return out
 
 
-def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False, trace_samples: int = 10,
-                 top: int = 25, progress: bool = True, log: Log | None = None) -> dict[str, Any]:
-    """Measure ``job``'s edit (see the module docstring); the card as a JSON-ready dict. The model is restored on
-    return, also on error."""
-    say = log or ((lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None))
-    bundle, case, request, trial, method = job.bundle, job.case, job.requests[0], job.trial, job.method
-    if bundle.applied:
-        raise EditscopeError(f"card: the model already holds {len(bundle.applied)} patch(es); a card starts from the "
-                             "unedited model")
-    engine = ScoringEngine(bundle, chat_template=job.chat_template)
+class _Steps:
+    """The card's progress lines (``card [k/n] ...``) and the seconds each stage took."""
+
+    def __init__(self, say: Log, steps: int) -> None:
+        self.say = say
+        self.steps = steps
+        self.timing: dict[str, float] = {}
+        self.clock = time.perf_counter()
+
+    def step(self, k: int, what: str) -> None:
+        self.say(f"card [{k}/{self.steps}] {what}")
+
+    def lap(self, key: str) -> None:
+        now = time.perf_counter()
+        self.timing[key] = now - self.clock
+        self.clock = now
+
+
+@dataclass
+class _Measured:
+    """One side of the edit: the suites' probes of the case, the collateral scan and the generations."""
+
+    probes: Any
+    scan: Any
+    text: list[str]
+
+
+def _measure(job: CardJob, engine: ScoringEngine, collateral: CollateralSuite | None, gen_prompts: list[str],
+             generate_tokens: int, *stage: str) -> _Measured:
+    """Probe the case (``stage``: "pre" before the edit), scan the known facts and generate, on the model as it is."""
+    probes = job.trial.probe(engine, [job.case], job.group, *stage).of(0)
+    scan = collateral.scan(engine) if collateral is not None else ([], [])
+    text = engine.generate(gen_prompts, max_new_tokens=generate_tokens) if generate_tokens else []
+    return _Measured(probes, scan, text)
+
+
+def _card_engine(job: CardJob) -> ScoringEngine:
+    """The engine of an unedited model that wraps prompts as the run did."""
+    if job.bundle.applied:
+        raise EditscopeError(f"card: the model already holds {len(job.bundle.applied)} patch(es); a card starts from "
+                             "the unedited model")
+    engine, trial = ScoringEngine(job.bundle, chat_template=job.chat_template), job.trial
     if engine.prompt_format != trial.prompt_format:  # the run's rows were measured on the prompts as it wrapped them
         raise EditscopeError(f"card: the run's prompt format {trial.prompt_format} is not what this model's "
                              f"tokenizer gives ({engine.prompt_format})")
-    suites = trial.suites
-    timing: dict[str, float] = {}
-    clock = time.perf_counter()
-    steps = 7 if trace else 5
+    return engine
 
-    def step(k: int, what: str) -> None:
-        say(f"card [{k}/{steps}] {what}")
 
-    def lap(key: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timing[key] = now - clock
-        clock = now
-
-    gen_prompts = list(dict.fromkeys([request.text, *case.paraphrase_prompts]))[:4] if generate_tokens else []
-    step(1, f"the collateral probe set and pre-edit probes of {', '.join(suites)}")
-    collateral = next((s for s in suites.values() if isinstance(s, CollateralSuite)), None)
-    if collateral is not None:
-        collateral.known(engine, progress=progress)  # chosen (once per model) before the timed probes
-    pre = trial.probe(engine, [case], job.group, "pre").of(0)
-    pre_scan = collateral.scan(engine) if collateral is not None else ([], [])
-    pre_text = engine.generate(gen_prompts, max_new_tokens=generate_tokens) if generate_tokens else []
-    lap("pre")
-    trace_pre = None
-    if trace:
-        step(2, "causal trace of the true answer before the edit")
-        trace_pre = _trace(engine, request, request.target_true, trace_samples, progress)
-        lap("trace_pre")
-    step(3 if trace else 2, f"edit with {method.label}")
-    with trial.edited(bundle, job.requests, engine=engine, group=job.group) as patch:
-        lap("edit")
-        step(4 if trace else 3, "post-edit probes, generations and the collateral scan")
-        post = trial.probe(engine, [case], job.group).of(0)
-        post_scan = collateral.scan(engine) if collateral is not None else ([], [])
-        post_text = engine.generate(gen_prompts, max_new_tokens=generate_tokens) if generate_tokens else []
-        lap("post")
-        trace_post = None
-        if trace:
-            step(5, "causal trace of the new target after the edit")
-            trace_post = _trace(engine, request, request.target_new, trace_samples, progress)
-            lap("trace_post")
-    step(steps, "ΔW and the page")
-    metrics = trial.metrics(case, pre, post)
-    card: dict[str, Any] = {
+def _card_body(job: CardJob, pre: _Measured, post: _Measured, metrics: dict[str, Any], gen_prompts: list[str],
+               patch: Any) -> dict[str, Any]:
+    """The card's sections every card has: model, case, method, suites, generations and ΔW."""
+    bundle, case, trial, method, suites = job.bundle, job.case, job.trial, job.method, job.trial.suites
+    return {
         "format": FORMAT,
         "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers},
         "case": {"dataset": trial.dataset, "case_id": case.case_id, "requests": request_dicts(job.requests),
@@ -374,29 +370,73 @@ def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False
         "source": job.source,
         "suites": {name: {"run_suite": name in job.run_suites, "protocol": protocol[name],
                           "declared": specs_to_json(s.declarations.specs), "metrics": metrics[name],
-                          "candidates": _candidates(pre[name], post[name]),
-                          "answers": _answers(pre[name], post[name])}
+                          "candidates": _candidates(pre.probes[name], post.probes[name]),
+                          "answers": _answers(pre.probes[name], post.probes[name])}
                    for protocol in [trial.protocol()] for name, s in suites.items()},
         "sections": sections_of(suites),
-        "generation": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(gen_prompts, pre_text, post_text,
+        "generation": [{"prompt": p, "pre": a, "post": b} for p, a, b in zip(gen_prompts, pre.text, post.text,
                                                                               strict=True)],
         "delta": delta_stats(patch, bundle),
         "edit_info": {k: v for k, v in patch.info.items() if isinstance(v, bool | int | float | str)},
     }
+
+
+def _evk_curves(suites: Mapping[str, Suite], label: str, metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The EVK suite's stability curves over σ of this edit, or None without an EVK suite."""
     evk = next((name for name, s in suites.items() if isinstance(s, EvkSuite)), None)
-    if evk is not None:
-        s = suites[evk]
-        curves = s.stability_by_sigma([{"method": method.label, "metrics": {evk: metrics[evk]}}], [method.label])
-        card["evk_curves"] = {"suite": evk, "sigma": s.sigma, "curves": {
-            panel: [[p[0], p[1]] for p in points] for panel, points in curves.get(method.label, {}).items()}}
+    if evk is None:
+        return None
+    s = suites[evk]
+    curves = s.stability_by_sigma([{"method": label, "metrics": {evk: metrics[evk]}}], [label])
+    return {"suite": evk, "sigma": s.sigma, "curves": {
+        panel: [[p[0], p[1]] for p in points] for panel, points in curves.get(label, {}).items()}}
+
+
+def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False, trace_samples: int = 10,
+                 top: int = 25, progress: bool = True, log: Log | None = None) -> dict[str, Any]:
+    """Measure ``job``'s edit (see the module docstring); the card as a JSON-ready dict. The model is restored on
+    return, also on error."""
+    say = log or ((lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None))
+    request, trial, method = job.requests[0], job.trial, job.method
+    engine = _card_engine(job)
+    suites = trial.suites
+    steps = _Steps(say, 7 if trace else 5)
+    gen_prompts = list(dict.fromkeys([request.text, *job.case.paraphrase_prompts]))[:4] if generate_tokens else []
+    steps.step(1, f"the collateral probe set and pre-edit probes of {', '.join(suites)}")
+    collateral = next((s for s in suites.values() if isinstance(s, CollateralSuite)), None)
     if collateral is not None:
-        card["collateral_scan"] = _collateral(collateral, engine, case, job.requests, pre_scan, post_scan, top)
+        collateral.known(engine, progress=progress)  # chosen (once per model) before the timed probes
+    pre = _measure(job, engine, collateral, gen_prompts, generate_tokens, "pre")
+    steps.lap("pre")
+    traces: dict[str, Any] = {"pre": None, "post": None}
     if trace:
-        card["trace"] = {"pre": trace_pre, "post": trace_post}
+        steps.step(2, "causal trace of the true answer before the edit")
+        traces["pre"] = _trace(engine, request, request.target_true, trace_samples, progress)
+        steps.lap("trace_pre")
+    steps.step(3 if trace else 2, f"edit with {method.label}")
+    with trial.edited(job.bundle, job.requests, engine=engine, group=job.group) as patch:
+        steps.lap("edit")
+        steps.step(4 if trace else 3, "post-edit probes, generations and the collateral scan")
+        post = _measure(job, engine, collateral, gen_prompts, generate_tokens)
+        steps.lap("post")
+        if trace:
+            steps.step(5, "causal trace of the new target after the edit")
+            traces["post"] = _trace(engine, request, request.target_new, trace_samples, progress)
+            steps.lap("trace_post")
+    steps.step(steps.steps, "ΔW and the page")
+    metrics = trial.metrics(job.case, pre.probes, post.probes)
+    card = _card_body(job, pre, post, metrics, gen_prompts, patch)
+    evk_curves = _evk_curves(suites, method.label, metrics)
+    if evk_curves is not None:
+        card["evk_curves"] = evk_curves
+    if collateral is not None:
+        card["collateral_scan"] = _collateral(collateral, engine, job.case, job.requests, pre.scan, post.scan, top)
+    if trace:
+        card["trace"] = traces
     if job.row is not None:
         card["run_row"] = {"metrics": job.row.get("metrics", {}), "edit_seconds": job.row.get("edit_seconds")}
-    lap("page")
-    card["timing"] = timing
+    steps.lap("page")
+    card["timing"] = steps.timing
     return card
 
 

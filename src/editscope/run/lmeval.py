@@ -163,10 +163,8 @@ class LmEvalSpec:
         return cls(**{**data, "tasks": tuple(data["tasks"]), "checkpoints": None if cp is None else tuple(cp)})
 
 
-def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: Path | None,
-               mode: str) -> LmEvalSpec:
-    """Validate the ``lm_eval`` key: {tasks: [...], include_path: DIR, checkpoints: [edits...], limit: N,
-    num_fewshot: N, batch_size: N}. lm-eval must be installed and every task known (errors name the key)."""
+def _check_shape(raw: Any, fail: Callable[[str, str], EditscopeError], mode: str) -> None:
+    """Refuse a non-mapping, an unknown key, or a mode without lifelong checkpoints."""
     if not isinstance(raw, dict):
         raise fail("lm_eval", f"expected a mapping {{tasks: [...], include_path: DIR, ...}}, got {raw!r}")
     for key in raw:
@@ -174,49 +172,87 @@ def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: P
             raise fail(f"lm_eval.{key}", f"unknown key (known: {', '.join(sorted(SPEC_KEYS))})")
     if mode != "sequential_batches":
         raise fail("lm_eval", "runs at the checkpoints of a lifelong chain: needs mode {sequential_batches: ...}")
+
+
+def _parse_tasks(raw: dict[str, Any], fail: Callable[[str, str], EditscopeError]) -> list[str]:
+    """The non-empty list of task names, each listed once."""
     tasks = raw.get("tasks")
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
         raise fail("lm_eval.tasks", f"expected a non-empty list of task names, got {tasks!r}")
     for j, task in enumerate(tasks):
         if task in tasks[:j]:
             raise fail(f"lm_eval.tasks[{j}]", f"task {task!r} is listed twice (also tasks[{tasks.index(task)}])")
+    return tasks
+
+
+def _parse_include_path(raw: dict[str, Any], fail: Callable[[str, str], EditscopeError],
+                        base_dir: Path | None) -> str | None:
+    """The absolute folder of task YAMLs (relative paths are read from ``base_dir``), or None."""
     include = raw.get("include_path")
-    if include is not None:
-        if not isinstance(include, str) or not include.strip():
-            raise fail("lm_eval.include_path", f"expected a folder of task YAMLs, got {include!r}")
-        path = Path(include).expanduser()
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        if not path.is_dir():
-            raise fail("lm_eval.include_path", f"folder not found: {include}")
-        include = str(path.resolve())
+    if include is None:
+        return None
+    if not isinstance(include, str) or not include.strip():
+        raise fail("lm_eval.include_path", f"expected a folder of task YAMLs, got {include!r}")
+    path = Path(include).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_dir():
+        raise fail("lm_eval.include_path", f"folder not found: {include}")
+    return str(path.resolve())
+
+
+def _parse_checkpoints(raw: dict[str, Any], fail: Callable[[str, str], EditscopeError]) -> tuple[int, ...] | None:
+    """The sorted, distinct edit counts to evaluate at, or None (the mode's schedule)."""
     checkpoints = raw.get("checkpoints")
-    if checkpoints is not None:
-        if not isinstance(checkpoints, list) or not checkpoints or any(
-                isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in checkpoints):
-            raise fail("lm_eval.checkpoints", f"expected a list of edit counts >= 0, got {checkpoints!r}")
-        checkpoints = tuple(sorted(set(checkpoints)))
-    numbers = {}
+    if checkpoints is None:
+        return None
+    if not isinstance(checkpoints, list) or not checkpoints or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in checkpoints):
+        raise fail("lm_eval.checkpoints", f"expected a list of edit counts >= 0, got {checkpoints!r}")
+    return tuple(sorted(set(checkpoints)))
+
+
+def _parse_numbers(raw: dict[str, Any], fail: Callable[[str, str], EditscopeError]) -> dict[str, int | None]:
+    """``limit``, ``num_fewshot`` and ``batch_size``: each an integer at or above its minimum, or None."""
+    numbers: dict[str, int | None] = {}
     for key, minimum in (("limit", 1), ("num_fewshot", 0), ("batch_size", 1)):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise fail(f"lm_eval.{key}", f"expected an integer >= {minimum}, got {value!r}")
         numbers[key] = value
+    return numbers
+
+
+def _check_tasks_known(tasks: list[str], include: str | None, fail: Callable[[str, str], EditscopeError]) -> None:
+    """Refuse the first task lm-eval does not know, naming its broken YAML where one is the cause."""
     from editscope.run.lmeval_tasks import broken_task_files, names_in
 
     try:
         missing = unknown_tasks(tasks, include)
     except EditscopeError as exc:  # lm-eval not installed
         raise fail("lm_eval", str(exc).removeprefix("lm_eval: ")) from None
-    if missing:
-        i = tasks.index(missing[0])
-        broken = broken_task_files(include) if include else []
-        for path, reason in broken:  # lm-eval skips a YAML it cannot read: the task is there, but broken
-            if names_in(path) == missing[0] or path.stem == missing[0]:
-                raise fail(f"lm_eval.tasks[{i}]", f"task {missing[0]!r}: its task YAML {path} is broken: {reason}")
-        where = f" (built in, or a task YAML under {include})" if include else " (built in; add include_path for yours)"
-        also = f"; broken task YAML under include_path: {broken[0][0]}: {broken[0][1]}" if broken else ""
-        raise fail(f"lm_eval.tasks[{i}]", f"unknown lm-eval task {missing[0]!r}{where}{also}")
+    if not missing:
+        return
+    i = tasks.index(missing[0])
+    broken = broken_task_files(include) if include else []
+    for path, reason in broken:  # lm-eval skips a YAML it cannot read: the task is there, but broken
+        if names_in(path) == missing[0] or path.stem == missing[0]:
+            raise fail(f"lm_eval.tasks[{i}]", f"task {missing[0]!r}: its task YAML {path} is broken: {reason}")
+    where = f" (built in, or a task YAML under {include})" if include else " (built in; add include_path for yours)"
+    also = f"; broken task YAML under include_path: {broken[0][0]}: {broken[0][1]}" if broken else ""
+    raise fail(f"lm_eval.tasks[{i}]", f"unknown lm-eval task {missing[0]!r}{where}{also}")
+
+
+def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: Path | None,
+               mode: str) -> LmEvalSpec:
+    """Validate the ``lm_eval`` key: {tasks: [...], include_path: DIR, checkpoints: [edits...], limit: N,
+    num_fewshot: N, batch_size: N}. lm-eval must be installed and every task known (errors name the key)."""
+    _check_shape(raw, fail, mode)
+    tasks = _parse_tasks(raw, fail)
+    include = _parse_include_path(raw, fail, base_dir)
+    checkpoints = _parse_checkpoints(raw, fail)
+    numbers = _parse_numbers(raw, fail)
+    _check_tasks_known(tasks, include, fail)
     return LmEvalSpec(tuple(tasks), include, checkpoints, numbers["limit"], numbers["num_fewshot"],
                       numbers["batch_size"] or 8)
 

@@ -82,13 +82,15 @@ def _declarations(specs: SpecMap | None, dataset: str, suite: str) -> Declaratio
     return Declarations(tuple(found)) if found is not None else None
 
 
-def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, method_order: Sequence[str] = (),
-              dataset_order: Sequence[str] = ()) -> list[SummaryRow]:
-    """Aggregate results rows (order: datasets and methods as given, else first seen; metrics in declaration
-    order, undeclared ones after them as stored; checkpoint rows left out). Aggregate metrics of ``specs`` are
-    computed from the dataset-level means of their components (:func:`bootstrap_aggregate`)."""
-    cases: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    strata_of: dict[tuple[str, str, str], list[tuple[Hashable, int] | None]] = {}
+Groups = dict[tuple[str, str, str], list[Any]]
+"""(dataset, suite, method) -> one entry per case."""
+
+
+def _group_cases(rows: Iterable[dict[str, Any]]) -> tuple[Groups, Groups, dict[tuple[str, str], list[str]]]:
+    """Per (dataset, suite, method): each case's metrics and its stratum; per (dataset, suite): the metric names in
+    the order first stored. Checkpoint rows are left out."""
+    cases: Groups = {}
+    strata_of: Groups = {}
     stored: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         if row.get("checkpoint"):  # sequential_batches rows probed before the last round: curves, not tables
@@ -98,55 +100,87 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             strata_of.setdefault((row["dataset"], suite, row["method"]), []).append(_row_stratum(row))
             order = stored.setdefault((row["dataset"], suite), [])
             order.extend(k for k in metrics if k not in order)
+    return cases, strata_of, stored
+
+
+def _ordered_groups(cases: Groups, method_order: Sequence[str],
+                    dataset_order: Sequence[str]) -> list[tuple[str, str, str]]:
+    """The groups by dataset, suite and method: those given first, the rest as first seen."""
     seen_d = list(dict.fromkeys(list(dataset_order) + [k[0] for k in cases]))
     seen_m = list(dict.fromkeys(list(method_order) + [k[2] for k in cases]))
     seen_s = list(dict.fromkeys(k[1] for k in cases))
+    return sorted(cases, key=lambda k: (seen_d.index(k[0]), seen_s.index(k[1]), seen_m.index(k[2])))
+
+
+def _columns(decl: Declarations | None, stored: list[str]) -> list[tuple[str, MetricSpec | None]]:
+    """The declared columns with their specs, then the undeclared ones as stored (no spec)."""
+    columns: list[tuple[str, MetricSpec | None]] = []
+    if decl is not None:
+        columns = [(c, s) for s in decl.specs for c in s.columns]
+    declared = {c for c, _ in columns}
+    return columns + [(c, None) for c in stored if c not in declared]
+
+
+def _aggregate_row(key: tuple[str, str, str], column: str, spec: MetricSpec, per_case: list[dict[str, Any]],
+                   case_strata: list[tuple[Hashable, int] | None]) -> SummaryRow | None:
+    """An aggregate metric from the dataset-level means of its components, with its bootstrap CI; None where no
+    case has every component."""
+    suffix = column[len(spec.name):]
+    parts = [f"{p}{suffix}" for p in spec.aggregate.of]
+    matrix = np.array([[_value(m.get(p)) for p in parts] for m in per_case], dtype=np.float64)
+    n = int(np.isfinite(matrix).sum(axis=0).min()) if matrix.size else 0
+    if n == 0:
+        return None
+    value, lo, hi = bootstrap_aggregate(matrix, spec, strata=_strata(case_strata))
+    lo, hi = clip_interval(lo, hi, spec.range)
+    return SummaryRow(*key, column, n, value, lo, hi, math.nan, "bootstrap")
+
+
+def _mean_and_interval(vals: list[float], spec: MetricSpec | None, strata: Strata | None,
+                       whole_model: bool) -> tuple[float, float, float, float, str]:
+    """(mean, lo, hi, sd, the interval's kind) of one metric's values."""
+    if whole_model and len({v for v in vals if math.isfinite(v)}) <= 1:
+        # one measurement of the whole model carried by every case (a lifelong checkpoint): no interval
+        # over cases; in single mode each case has its own edit, and the t interval below applies
+        return float(np.nanmean(vals)), math.nan, math.nan, math.nan, "model"
+    if spec is not None and spec.unit in LOG_UNITS:
+        return (*geometric_mean_ci(vals, strata=strata), "t-log")
+    if strata is not None:
+        return (*stratified_mean_ci(vals, strata), "t-strata")
+    return (*mean_ci(vals), "t")
+
+
+def _metric_row(key: tuple[str, str, str], column: str, spec: MetricSpec | None, per_case: list[dict[str, Any]],
+                case_strata: list[tuple[Hashable, int] | None]) -> SummaryRow | None:
+    """One stored metric's mean and CI over the cases that hold it (cut to the declared range); None where none
+    does."""
+    vals = [_value(m[column]) for m in per_case if column in m]
+    if not vals:
+        return None
+    strata = _strata([h for m, h in zip(per_case, case_strata, strict=True) if column in m])
+    mean, lo, hi, sd, kind = _mean_and_interval(vals, spec, strata, measures_whole_model(key[1]))
+    if spec is not None:
+        lo, hi = clip_interval(lo, hi, spec.range)
+    n = sum(1 for v in vals if math.isfinite(v))
+    return SummaryRow(*key, column, n, mean, lo, hi, sd, kind)
+
+
+def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, method_order: Sequence[str] = (),
+              dataset_order: Sequence[str] = ()) -> list[SummaryRow]:
+    """Aggregate results rows (order: datasets and methods as given, else first seen; metrics in declaration
+    order, undeclared ones after them as stored; checkpoint rows left out). Aggregate metrics of ``specs`` are
+    computed from the dataset-level means of their components (:func:`bootstrap_aggregate`)."""
+    cases, strata_of, stored = _group_cases(rows)
     out = []
-    for key in sorted(cases, key=lambda k: (seen_d.index(k[0]), seen_s.index(k[1]), seen_m.index(k[2]))):
-        dataset, suite, method = key
-        per_case = cases[key]
-        case_strata = strata_of[key]
-        decl = _declarations(specs, dataset, suite)
-        whole_model = measures_whole_model(suite)
-        columns: list[tuple[str, MetricSpec | None]] = []
-        if decl is not None:
-            columns = [(c, s) for s in decl.specs for c in s.columns]
-        declared = {c for c, _ in columns}
-        columns += [(c, None) for c in stored[(dataset, suite)] if c not in declared]
-        for column, spec in columns:
+    for key in _ordered_groups(cases, method_order, dataset_order):
+        dataset, suite, _method = key
+        for column, spec in _columns(_declarations(specs, dataset, suite), stored[(dataset, suite)]):
             if spec is not None and spec.aggregate is not None:
-                suffix = column[len(spec.name):]
-                parts = [f"{p}{suffix}" for p in spec.aggregate.of]
-                matrix = np.array([[_value(m.get(p)) for p in parts] for m in per_case], dtype=np.float64)
-                n = int(np.isfinite(matrix).sum(axis=0).min()) if matrix.size else 0
-                if n == 0:
-                    continue
-                value, lo, hi = bootstrap_aggregate(matrix, spec, strata=_strata(case_strata))
-                lo, hi = clip_interval(lo, hi, spec.range)
-                out.append(SummaryRow(dataset, suite, method, column, n, value, lo, hi, math.nan, "bootstrap"))
-                continue
-            vals = [_value(m[column]) for m in per_case if column in m]
-            if not vals:
-                continue
-            strata = _strata([h for m, h in zip(per_case, case_strata, strict=True) if column in m])
-            if whole_model and len({v for v in vals if math.isfinite(v)}) <= 1:
-                # one measurement of the whole model carried by every case (a lifelong checkpoint): no interval
-                # over cases; in single mode each case has its own edit, and the t interval below applies
-                mean, lo, hi, sd = float(np.nanmean(vals)), math.nan, math.nan, math.nan
-                kind = "model"
-            elif spec is not None and spec.unit in LOG_UNITS:
-                mean, lo, hi, sd = geometric_mean_ci(vals, strata=strata)
-                kind = "t-log"
-            elif strata is not None:
-                mean, lo, hi, sd = stratified_mean_ci(vals, strata)
-                kind = "t-strata"
+                row = _aggregate_row(key, column, spec, cases[key], strata_of[key])
             else:
-                mean, lo, hi, sd = mean_ci(vals)
-                kind = "t"
-            if spec is not None:
-                lo, hi = clip_interval(lo, hi, spec.range)
-            n = sum(1 for v in vals if math.isfinite(v))
-            out.append(SummaryRow(dataset, suite, method, column, n, mean, lo, hi, sd, kind))
+                row = _metric_row(key, column, spec, cases[key], strata_of[key])
+            if row is not None:
+                out.append(row)
     return out
 
 
