@@ -31,6 +31,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -317,16 +318,7 @@ class Patch:
         anything is read from it; a file without one is refused unless ``trust_unverified`` (None: the command's
         ``--trust-unverified``, :func:`editscope.integrity.trusting`)."""
         path = Path(path)
-        if path.is_dir():
-            raise EditscopeError(f"{path}: is a folder, not a patch file")
-        if not path.is_file():
-            raise EditscopeError(f"patch file not found: {path}")
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                meta = fh.metadata() or {}
-                tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open API)
-        except Exception as exc:  # safetensors raises its own error types
-            raise EditscopeError(f"{path}: not a safetensors patch ({exc})") from None
+        meta, tensors = _read_patch_file(path)
         if meta.get("format") != FORMAT and "delta_checksums" not in meta and "checksums" not in meta:
             raise EditscopeError(f"{path}: not an editscope patch (metadata format={meta.get('format')!r})")
         verify(path, meta, tensors, what="patch", hint="save the patch again from its edit", trust=trust_unverified)
@@ -334,39 +326,11 @@ class Patch:
             raise EditscopeError(f"{path}: not an editscope patch (metadata format={meta.get('format')!r})")
         deltas = {k: v for k, v in tensors.items() if not k.startswith(BASE_PREFIX)}
         bases = {k[len(BASE_PREFIX):]: v for k, v in tensors.items() if k.startswith(BASE_PREFIX)} or None
-
-        def field(key: str, default: str | None = None, kind: type = str):
-            if key not in meta and default is None:
-                raise EditscopeError(f"{path}: patch metadata: key {key!r} is missing")
-            text = meta.get(key, default)
-            try:
-                value = json.loads(text) if kind is not str else text
-            except ValueError as exc:
-                raise EditscopeError(f"{path}: patch metadata: key {key!r}: not valid JSON ({exc})") from None
-            if not isinstance(value, kind):
-                raise EditscopeError(f"{path}: patch metadata: key {key!r}: expected {kind.__name__}, "
-                                     f"got {type(value).__name__}")
-            return value
-
+        field = _MetaReader(path, meta)
         checksums = field("checksums", kind=dict)
         requests = field("requests", "[]", list)
-        for i, request in enumerate(requests):  # patch info prints these three of every request
-            if not isinstance(request, dict):
-                raise EditscopeError(f"{path}: patch metadata: key 'requests': record {i}: expected an object, got "
-                                     f"{type(request).__name__}")
-            for name in ("prompt", "subject", "target_new"):
-                if not isinstance(request.get(name), str):
-                    got = "is missing" if name not in request else f"expected str, got {type(request[name]).__name__}"
-                    raise EditscopeError(f"{path}: patch metadata: key 'requests': record {i}: field {name!r} {got}")
-        if set(checksums) != set(deltas):
-            raise EditscopeError(f"{path}: patch metadata: key 'checksums' names {sorted(checksums)}, the file holds "
-                                 f"deltas for {sorted(deltas)}")
-        if bases is not None:
-            for name, delta in deltas.items():
-                if name not in bases or bases[name].shape != delta.shape:
-                    got = "missing" if name not in bases else f"shape {tuple(bases[name].shape)}"
-                    raise EditscopeError(f"{path}: base tensor {BASE_PREFIX}{name}: {got}, expected shape "
-                                         f"{tuple(delta.shape)} as its delta")
+        _check_requests(path, requests)
+        _check_tensor_names(path, deltas, bases, checksums)
         patch = cls(
             deltas=deltas,
             bases=bases,
@@ -382,6 +346,67 @@ class Patch:
         delta_checksums = field("delta_checksums", kind=dict) if "delta_checksums" in meta else None
         _verify_tensors(path, deltas, bases, checksums, delta_checksums)
         return patch
+
+
+def _read_patch_file(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A patch file's metadata and tensors, or one line saying why the file cannot be one."""
+    if path.is_dir():
+        raise EditscopeError(f"{path}: is a folder, not a patch file")
+    if not path.is_file():
+        raise EditscopeError(f"patch file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open API)
+    except Exception as exc:  # safetensors raises its own error types
+        raise EditscopeError(f"{path}: not a safetensors patch ({exc})") from None
+    return meta, tensors
+
+
+class _MetaReader:
+    """Typed reads of a patch's metadata keys (JSON text unless ``kind`` is str), each failure one line naming the
+    file and the key."""
+
+    def __init__(self, path: Path, meta: dict[str, str]) -> None:
+        self.path, self.meta = path, meta
+
+    def __call__(self, key: str, default: str | None = None, kind: type = str) -> Any:
+        if key not in self.meta and default is None:
+            raise EditscopeError(f"{self.path}: patch metadata: key {key!r} is missing")
+        text = self.meta.get(key, default)
+        try:
+            value = json.loads(text) if kind is not str else text
+        except ValueError as exc:
+            raise EditscopeError(f"{self.path}: patch metadata: key {key!r}: not valid JSON ({exc})") from None
+        if not isinstance(value, kind):
+            raise EditscopeError(f"{self.path}: patch metadata: key {key!r}: expected {kind.__name__}, "
+                                 f"got {type(value).__name__}")
+        return value
+
+
+def _check_requests(path: Path, requests: list[Any]) -> None:
+    """``patch info`` prints the prompt, subject and target of every request: each must be a string."""
+    for i, request in enumerate(requests):
+        if not isinstance(request, dict):
+            raise EditscopeError(f"{path}: patch metadata: key 'requests': record {i}: expected an object, got "
+                                 f"{type(request).__name__}")
+        for name in ("prompt", "subject", "target_new"):
+            if not isinstance(request.get(name), str):
+                got = "is missing" if name not in request else f"expected str, got {type(request[name]).__name__}"
+                raise EditscopeError(f"{path}: patch metadata: key 'requests': record {i}: field {name!r} {got}")
+
+
+def _check_tensor_names(path: Path, deltas: dict[str, torch.Tensor], bases: dict[str, torch.Tensor] | None,
+                        checksums: dict[str, str]) -> None:
+    """The checksums name exactly the deltas held, and every delta has a base tensor of its shape (if any)."""
+    if set(checksums) != set(deltas):
+        raise EditscopeError(f"{path}: patch metadata: key 'checksums' names {sorted(checksums)}, the file holds "
+                             f"deltas for {sorted(deltas)}")
+    for name, delta in (deltas.items() if bases is not None else ()):
+        if name not in bases or bases[name].shape != delta.shape:
+            got = "missing" if name not in bases else f"shape {tuple(bases[name].shape)}"
+            raise EditscopeError(f"{path}: base tensor {BASE_PREFIX}{name}: {got}, expected shape "
+                                 f"{tuple(delta.shape)} as its delta")
 
 
 def _verify_tensors(path: Path, deltas: dict[str, torch.Tensor], bases: dict[str, torch.Tensor] | None,
