@@ -111,11 +111,7 @@ def _row_deltas(deltas: Sequence[torch.Tensor], active: Sequence[int], sizes: Se
 
 def _optimise_group(ctxs: Sequence[VContext], terms: Sequence[Sequence[ObjectiveTerm]],
                     settings: AdamSettings) -> list[torch.Tensor]:
-    engine, hook_point = ctxs[0].engine, ctxs[0].hook_point
-    if hook_point is None or any(c.v_init is None or c.hook_point != hook_point or c.engine is not engine
-                                 or c.forward != ctxs[0].forward for c in ctxs):
-        raise ValueError("the optimiser needs contexts of one engine, one hook point and one forward strategy, "
-                         "with v₀")
+    _check_group(ctxs)
     sizes = [c.batch.input_ids.shape[0] for c in ctxs]
     starts = [sum(sizes[:c]) for c in range(len(ctxs) + 1)]
     forward = group_forward = _group_forward(ctxs)
@@ -134,16 +130,7 @@ def _optimise_group(ctxs: Sequence[VContext], terms: Sequence[Sequence[Objective
         report(f"v* optimisation of {len(active)} request(s), step", i + 1, settings.steps)
         with torch.enable_grad():  # also when the caller runs under no_grad
             hidden = forward.hidden(_row_deltas(deltas, active, sizes))
-            losses, offset = {}, 0
-            for c in active:
-                h = hidden[offset:offset + sizes[c], : ctxs[c].batch.input_ids.shape[1]]
-                offset += sizes[c]
-                full = None
-                if ctxs[c].forward.full_logprobs:
-                    full = engine.logits_from_hidden(h).float().log_softmax(-1)
-                parts = {term.name: term(VStep(ctxs[c], deltas[c], h, full_logprobs=full)) for term in terms[c]}
-                histories[c].append({k: float(v.detach()) for k, v in parts.items()})
-                losses[c] = sum(parts.values())
+            losses = _losses(ctxs, terms, deltas, hidden, active, sizes, histories)
             last = i == settings.steps - 1
             still = [c for c in active if not (float(losses[c].detach()) < settings.stop_loss or last)]
             total = sum(losses[c] for c in still)  # inside enable_grad: the sum must keep its graph
@@ -153,14 +140,45 @@ def _optimise_group(ctxs: Sequence[VContext], terms: Sequence[Sequence[Objective
             opts[c].zero_grad()
         total.backward()
         for c in still:
-            opts[c].step()
-            with torch.no_grad():
-                norm = deltas[c].norm()
-                if norm > max_norms[c]:
-                    deltas[c].mul_(max_norms[c] / norm)
+            _clamped_step(opts[c], deltas[c], max_norms[c])
         if still != active:  # some requests stopped: the others' rows only from now on
             forward = group_forward.select([r for c in still for r in range(starts[c], starts[c + 1])])
         active = still
     for ctx, history in zip(ctxs, histories, strict=True):
         ctx.store["losses"] = history
     return [d.detach().double() for d in deltas]
+
+
+def _check_group(ctxs: Sequence[VContext]) -> None:
+    """One group shares one engine, hook point and forward strategy, and every context has its v₀."""
+    engine, hook_point = ctxs[0].engine, ctxs[0].hook_point
+    if hook_point is None or any(c.v_init is None or c.hook_point != hook_point or c.engine is not engine
+                                 or c.forward != ctxs[0].forward for c in ctxs):
+        raise ValueError("the optimiser needs contexts of one engine, one hook point and one forward strategy, "
+                         "with v₀")
+
+
+def _losses(ctxs: Sequence[VContext], terms: Sequence[Sequence[ObjectiveTerm]], deltas: list[torch.Tensor],
+            hidden: torch.Tensor, active: list[int], sizes: list[int], histories: list[list[dict[str, float]]]
+            ) -> dict[int, torch.Tensor]:
+    """Each active context's loss, the sum of its terms on its rows of ``hidden`` (each term's value logged)."""
+    losses, offset = {}, 0
+    for c in active:
+        h = hidden[offset:offset + sizes[c], : ctxs[c].batch.input_ids.shape[1]]
+        offset += sizes[c]
+        full = None
+        if ctxs[c].forward.full_logprobs:
+            full = ctxs[c].engine.logits_from_hidden(h).float().log_softmax(-1)
+        parts = {term.name: term(VStep(ctxs[c], deltas[c], h, full_logprobs=full)) for term in terms[c]}
+        histories[c].append({k: float(v.detach()) for k, v in parts.items()})
+        losses[c] = sum(parts.values())
+    return losses
+
+
+def _clamped_step(opt: torch.optim.Optimizer, delta: torch.Tensor, max_norm: float) -> None:
+    """One Adam step, then δ scaled back onto the ball ‖δ‖ ≤ ``max_norm`` (ROME's clamp_norm_factor·‖v₀‖)."""
+    opt.step()
+    with torch.no_grad():
+        norm = delta.norm()
+        if norm > max_norm:
+            delta.mul_(max_norm / norm)
