@@ -176,3 +176,37 @@ def test_accumulation_memory_does_not_grow_with_the_budget(tiny_bundles, stats_d
     batch_tokens = 2 * SEQ
     activations = 32 * batch_tokens * max(d, hidden) * 4  # 32 live [tokens, width] float32 tensors: generous
     assert sums_bytes < peaks[0] <= sums_bytes + d * d * 4 + activations
+
+
+def test_float32_export_import_round_trip(tiny_bundles, stats_home, monkeypatch, tmp_path):
+    """Both precisions cached: export names the option that picks each; the float32 file imports elsewhere as the
+    same matrix under the float32 key; a file whose recorded precision is not its matrix's is refused in one line."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from editscope.integrity import seal
+    from editscope.stats.artefact import export_stats, import_stats, list_cached
+
+    bundle = tiny_bundles["llama"]
+    c32 = second_moments(bundle, [1], token_budget=BUDGET, seq_len=SEQ, progress=False, stats_dtype="float32")[1]
+    second_moments(bundle, [1], token_budget=BUDGET, seq_len=SEQ, progress=False)
+    out = tmp_path / "s32.safetensors"
+    with pytest.raises(EditscopeError, match=r"2 statistics settings.*--stats-dtype float32 \(rows of 32 tokens"):
+        export_stats(bundle.fingerprint, out)
+    export_stats(bundle.fingerprint, out, stats_dtype="float32")
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "other"))
+    import_stats(bundle, out)
+    assert [(s.layer, s.stats_dtype) for s in list_cached()] == [(1, "float32")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read from the imported file, not recomputed
+        back = second_moments(bundle, [1], token_budget=BUDGET, seq_len=SEQ, progress=False, stats_dtype="float32")
+    assert torch.equal(back[1], c32)
+    with safe_open(str(out), framework="pt") as fh:
+        meta = fh.metadata()
+    tensors = load_file(str(out))
+    as64 = {**tensors, "layer1.mom2": tensors["layer1.mom2"].double()}
+    wrong = tmp_path / "wrong.safetensors"
+    save_file(as64, str(wrong), metadata=seal(meta, as64))
+    with pytest.raises(EditscopeError, match=r"wrong.safetensors: layer 1: a torch.float64 matrix, but its field "
+                                             r"'stats_dtype' says float32"):
+        import_stats(bundle, wrong)

@@ -107,7 +107,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: AlphaEditHParams, state
     state = state if state is not None else AlphaEditState()
     missing = [layer for layer in hp.layers if layer not in state.projections]
     if missing:
-        covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base")
+        covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base", stats_dtype=hp.mom2_dtype)
         for layer in missing:
             state.projections[layer], state.null_dims[layer] = null_space(covs[layer].to(bundle.device),
                                                                           hp.nullspace_threshold)

@@ -112,7 +112,7 @@ def spread_over_layers(bundle, engine: ScoringEngine, runtime: EditRuntime, requ
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MemitHParams, state=None, *, engine: ScoringEngine,
             runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
+    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base", stats_dtype=hp.mom2_dtype)
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)

@@ -73,7 +73,7 @@ def compute(bundle, requests: Sequence[EditRequest], hp: PruneHParams, state: Pr
             ) -> tuple[dict[str, torch.Tensor], dict]:
     state = state if state is not None else PruneState()
     params = dict(bundle.model.named_parameters())
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
+    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base", stats_dtype=hp.mom2_dtype)
 
     def solver(_i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, covs[layer], hp.mom2_update_weight)

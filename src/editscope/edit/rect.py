@@ -41,7 +41,7 @@ def keep_top_relative(delta: torch.Tensor, weight: torch.Tensor, share: float) -
 def compute(bundle, requests: Sequence[EditRequest], hp: RectHParams, state=None, *, engine: ScoringEngine,
             runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
-    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base")
+    covs = second_moments(bundle, hp.layers, token_budget=hp.mom2_tokens, weights="base", stats_dtype=hp.mom2_dtype)
     weights = {bundle.arch.weight_name(layer): params[bundle.arch.weight_name(layer)].detach().clone()
                for layer in hp.layers}
 

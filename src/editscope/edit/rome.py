@@ -65,7 +65,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: RomeHParams, state=None
     """ΔW of the edit layer (stored orientation) and diagnostics; the model is unchanged on return."""
     layer = hp.layers[0]
     name = bundle.arch.weight_name(layer)
-    cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base") if hp.mom2_adjustment else None
+    cov = (second_moment(bundle, layer, token_budget=hp.mom2_tokens, weights="base", stats_dtype=hp.mom2_dtype)
+           if hp.mom2_adjustment else None)
     templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start,
                                   runtime.templates)
     weight = dict(bundle.model.named_parameters())[name]
