@@ -210,3 +210,42 @@ def test_float32_export_import_round_trip(tiny_bundles, stats_home, monkeypatch,
     with pytest.raises(EditscopeError, match=r"wrong.safetensors: layer 1: a torch.float64 matrix, but its field "
                                              r"'stats_dtype' says float32"):
         import_stats(bundle, wrong)
+
+
+def test_hparams_key_mom2_dtype(tmp_path):
+    from editscope.edit import parse_overrides
+    from editscope.edit.hparams import load_yaml
+    from editscope.edit.memit import MemitHParams
+
+    path = tmp_path / "h.yaml"
+    path.write_text("layers: [1, 2]\nmom2_dtype: float16\n")
+    with pytest.raises(EditscopeError, match=r"h\.yaml: key 'mom2_dtype': must be one of float64, float32, got "
+                                             r"'float16'"):
+        load_yaml(path, MemitHParams)
+    path.write_text("layers: [1, 2]\n")
+    hp = load_yaml(path, MemitHParams, parse_overrides(["mom2_dtype=float32"]))
+    assert hp.stats_dtype() == "float32" and hp.to_dict()["mom2_dtype"] == "float32"  # what every row records
+    assert load_yaml(path, MemitHParams).mom2_dtype == "float64"
+
+
+@pytest.mark.parametrize("method", ["memit", "rome"])
+def test_editors_solve_with_the_precision_they_are_given(tiny_bundles, stats_home, method):
+    """The same edit with mom2_dtype float64 and float32: the float32 statistics are computed (and cached under
+    their own key) and the update, solved in float64 either way, moves by no more than C's rounding allows."""
+    from editscope.data.records import EditRequest
+    from editscope.edit import get_editor
+
+    bundle = tiny_bundles["llama"]
+    editor = get_editor(method)
+    hp = editor.load_hparams(bundle).replace(mom2_tokens=BUDGET, v_steps=3)
+    req = EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France")
+    deltas = {}
+    for dtype in ("float64", "float32"):
+        patch = editor.apply(bundle, req, hp.replace(mom2_dtype=dtype), editor.new_state())
+        deltas[dtype] = {name: d.double().clone() for name, d in patch.deltas.items()}
+        patch.revert(bundle)
+    for layer in hp.layers:
+        assert cache_file(bundle.fingerprint, layer, Corpus.default().digest, BUDGET, 256, "float32").is_file()
+    num = sum(float((deltas["float32"][n] - deltas["float64"][n]).norm() ** 2) for n in deltas["float64"]) ** 0.5
+    den = sum(float(d.norm() ** 2) for d in deltas["float64"].values()) ** 0.5
+    assert den > 0 and num / den < 1e-3
