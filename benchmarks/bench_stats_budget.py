@@ -8,8 +8,8 @@ baseline), over the shipped corpus (wikitext-2 test then valid):
    ``time ratio`` = seconds / seconds of the baseline budget, measured in the same process;
 2. ``editscope run`` of MEMIT (shipped hparams, ``mom2_tokens`` overridden per budget) on CounterFact records
    ``--offset``..``--offset + --cases - 1`` in one batch edit (``mode: {batch: N}``), suite ``counterfact``; the
-   table prints ES/PS/NS/Score (post-edit, CounterFact probability-comparison convention) with their 95 %
-   intervals from the run's ``summary.csv``.
+   table prints ES/PS/NS/Score (post-edit, CounterFact probability-comparison convention, ×100) with their 95 %
+   intervals (t over cases; Score: bootstrap), summarised from the run's rows as ``editscope report`` does.
 
 ``--runs DIR...`` reads finished run directories instead of running step 2 (e.g. the runs of docs/scale.md);
 ``--no-timing`` skips step 1. Usage:
@@ -21,7 +21,6 @@ baseline), over the shipped corpus (wikitext-2 test then valid):
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import tempfile
 import time
@@ -68,14 +67,20 @@ def run_config(model: str, budgets: list[int], cases: int, offset: int, out: Pat
 
 
 def read_summaries(runs: list[Path]) -> dict[str, dict[str, tuple[float, float, float, int]]]:
-    """method label -> metric -> (mean, ci low, ci high, n) from each run's summary.csv."""
+    """method label -> metric -> (mean, ci low, ci high, n) of the post-edit CounterFact metrics, summarised from
+    each run's results.jsonl with its declared metrics (so an interrupted run's finished methods count too)."""
+    from editscope.report.build import load_runs
+    from editscope.run.suites import declared_metrics
+    from editscope.run.summary import summarize
+
     out: dict[str, dict[str, tuple[float, float, float, int]]] = {}
-    for run in runs:
-        with open(run / "summary.csv", newline="") as fh:
-            for row in csv.DictReader(fh):
-                if row["suite"] == "counterfact" and row["metric"] in METRICS:
-                    out.setdefault(row["method"], {})[row["metric"]] = (
-                        float(row["mean"]), float(row["ci95_low"]), float(row["ci95_high"]), int(row["n"]))
+    for run in load_runs([str(r) for r in runs]):
+        for row in summarize(run.rows, specs=declared_metrics(run.meta, None)):
+            metric, _, when = row.metric.rpartition("_")
+            if row.suite != "counterfact" or metric not in METRICS:
+                continue
+            method = row.method if when == "post" else "unedited"  # every method's pre-edit values are the same
+            out.setdefault(method, {})[metric] = (row.mean, row.ci95_low, row.ci95_high, row.n)
     return out
 
 
@@ -97,8 +102,8 @@ def main() -> None:
     print(f"\nMEMIT on {args.model}, CounterFact {args.offset}-{args.offset + args.cases - 1}, one batch edit; "
           f"statistics of layers {layers or 'of the shipped hparams'} over wikitext-2")
     print(f"{'budget':>8} {'stats s':>8} {'time ratio':>10} " + " ".join(f"{m:>16}" for m in METRICS) + "   n")
-    for budget in args.budgets:
-        cells = summary.get(label(budget), {})
+    for budget in ["unedited", *args.budgets]:
+        cells = summary.get(label(budget) if budget != "unedited" else budget, {})
         ratio = f"{seconds[budget] / base:.2f}" if base and budget in seconds else "-"
         sec = f"{seconds[budget]:.1f}" if budget in seconds else "-"
         values = " ".join(f"{100 * c[0]:6.1f} [{100 * c[1]:4.1f},{100 * c[2]:5.1f}]" if (c := cells.get(m)) else
