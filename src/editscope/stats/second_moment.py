@@ -7,14 +7,16 @@ the *mean* ``mom2`` and multiplies it by ``mom2_update_weight``) both need C; Al
 §3.2) projects onto its null space.
 
 Here C is the mean over every token of a text corpus (default: wikitext-2 test then valid split from the
-shared data) up to a token budget, accumulated in float64 (float32 products of ≤ 1024 tokens, :func:`add_outer`)::
+shared data) up to a token budget, accumulated in float64 (float32 products of ≤ 1024 tokens, :func:`add_outer`),
+or with ``stats_dtype="float32"`` in a Kahan-compensated float32 sum (:class:`CompensatedSum`)::
 
     C = (1/N) Σ_t k_t k_tᵀ
 
 The text is tokenized paragraph by paragraph (headings and blank lines skipped), concatenated and cut into
 rows of ``seq_len`` tokens, so no token is padding. The forward stops after the last requested layer's MLP
 key (a private exception raised from a hook), several layers share one pass, and the result is cached on disk
-as safetensors under ``home()/"stats"`` keyed by model fingerprint, layer, corpus hash, budget and row length.
+as safetensors under ``home()/"stats"`` keyed by model fingerprint, layer, corpus hash, budget, row length and
+precision.
 
 The fingerprint is :attr:`Bundle.fingerprint`, which names the weights as they are now (applied patches
 included), so statistics of an edited model are never cached under the unedited model's key. Editors that
