@@ -71,6 +71,23 @@ def test_alphaedit_llama3_terms_equal_their_closed_forms(shapes):
     assert 48 * GiB < plan.peak < 80 * GiB  # over a 48 GB card (AlphaEdit's own tracker ran out there), under 80
 
 
+def test_float32_statistics_halve_c_and_the_pass_not_the_solve(shapes):
+    """mom2_dtype float32 (Llama-3-8B MEMIT, 5 layers of d_ff 14,336): C 4 B an entry, the pass a float32 sum and
+    its compensation per layer, the solve's matrices still float64."""
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, _ = B.plan_hparams("memit", shape, shape.name)
+    n, ff, d = len(hp.layers), 14336, 4096
+    plan = B.plan_edit(shape, "memit", hp.replace(mom2_dtype="float32"), dtype="bfloat16")
+    assert _term(plan, "C") == n * ff * ff * 4  # 0.77 GiB a layer instead of 1.53
+    assert _term(plan, "solve") == 3 * ff * ff * 8
+    act = 8 * 256 * (4 * d + 3 * ff) * 2 + 8 * 32 * 256 ** 2 * 4
+    assert _term(plan, "statistics") == 2 * n * ff * ff * 4 + ff * ff * 4 + act
+    f64 = B.plan_edit(shape, "memit", hp, dtype="bfloat16")
+    assert _term(f64, "C") - _term(plan, "C") == n * ff * ff * 4
+    assert _term(f64, "statistics") - _term(plan, "statistics") == 2 * n * ff * ff * 4
+    assert "(float32)" in next(t.how for t in plan.terms if t.name == "C")
+
+
 FIVE_PREFIXES = {"context_templates": [[10, 5]]}  # the shipped GPT-2 XL files use ROME's 20 prefixes
 
 
@@ -171,7 +188,11 @@ def test_advice_when_it_does_not_fit(shapes):
     over = B.plan_edit(shape, "alphaedit", hp, dtype="float32", available=40 * GiB, stats_cached=True)
     assert over.fits is False
     assert over.advice[0].startswith("--dtype bfloat16")
-    assert any("float32 instead of float64" in a for a in over.advice)
+    assert any(a.startswith("statistics in float32 (--set mom2_dtype=float32)") and "(-3.8 GiB;" in a
+               for a in over.advice)  # 5 layers x d_ff^2 x 4 B saved of the float64 C
+    f32 = B.plan_edit(shape, "alphaedit", hp.replace(mom2_dtype="float32"), dtype="float32", available=40 * GiB,
+                      stats_cached=True)
+    assert not any("mom2_dtype" in a for a in f32.advice)
     assert any("fewer edited layers" in a for a in over.advice)
     assert B.plan_edit(shape, "alphaedit", hp, available=None).fits is None
 

@@ -125,7 +125,8 @@ def presolve(bundle, hp: AlphaEditHParams, state: AlphaEditState | None = None
     computed once per chain), else from C (eq. 10)."""
     have = state.projections if state is not None else {}
     missing = [layer for layer in hp.layers if layer not in have]
-    covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base") if missing else {}
+    covs = second_moments(bundle, missing, token_budget=hp.mom2_tokens, weights="base",
+                          stats_dtype=hp.mom2_dtype) if missing else {}
     return {layer: (have[layer], state.null_dims[layer]) if layer in have
             else null_space(covs[layer].to(bundle.device), hp.nullspace_threshold) for layer in hp.layers}
 

@@ -12,10 +12,13 @@ model built on PyTorch's meta device) and an editor's hyperparameters. Memory is
     host whatever the dtype (term ``load``).
 ``statistics``
     computing the key second moment C of the edited layers (:mod:`editscope.stats.second_moment`) in one pass: per
-    layer a float64 sum d_ff² × 8 and its mean (another d_ff² × 8 while the sums are alive), one float32 k kᵀ
-    chunk (d_ff² × 4) and one no-grad forward batch (``batch_rows × seq_len`` tokens). Skipped when C is cached.
+    layer a float64 sum d_ff² × 8 and its mean (another d_ff² × 8 while the sums are alive), or with the statistics
+    precision ``mom2_dtype: float32`` a float32 sum and its compensation (2 × d_ff² × 4, the mean taken in place),
+    one float32 k kᵀ chunk (d_ff² × 4) and one no-grad forward batch (``batch_rows × seq_len`` tokens). Skipped
+    when C is cached.
 ``C``
-    the float64 C of every edited layer the editor holds while it solves (d_ff² × 8 per layer).
+    the C of every edited layer the editor holds while it solves (d_ff² × 8 per layer; × 4 in float32). The solves
+    convert it to float64 one layer at a time (term ``solve``).
 ``projector``
     AlphaEdit / EVK-Edit: the null-space projector P and the accumulated K_p K_pᵀ per layer (2 × d_ff² × 8).
 ``solve``
@@ -73,6 +76,8 @@ RUNTIME_HOST = 440 * MiB
 RUNTIME_CUDA = 600 * MiB
 #: bytes per element of the dtypes editscope runs models in
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+#: bytes per entry of C by statistics precision (the hparams key ``mom2_dtype``)
+STATS_BYTES = {"float64": 8, "float32": 4}
 
 #: the engine's token budget per forward (ScoringEngine's default; the v*/z groups use it: rows × widest row)
 ENGINE_TOKEN_BUDGET = 2048
@@ -326,14 +331,18 @@ def stats_cached(model: str, hp, dtype: str | None) -> bool:
 
     if not hp.stats_layers() or dtype not in (None, "float32"):
         return False
+    suffix = "-f32" if hp.stats_dtype() == "float32" else ""
     folder = GGUF_MODELS[model].folder(model) if model in GGUF_MODELS else Path(model).expanduser()
     stamp = folder / FINGERPRINT_FILE
     if not stamp.is_file():
         return False
     root = home() / "stats" / stamp.read_text().strip()
     budget = f"-b{hp.stats_tokens()}-"
-    return any(budget in d.name and all((d / f"layer{la}.safetensors").is_file() for la in hp.stats_layers())
-               for d in root.glob("*") if d.is_dir()) if root.is_dir() else False
+    if not root.is_dir():
+        return False
+    return any(budget in d.name and d.name.endswith(suffix) and (suffix or not d.name.endswith("-f32"))
+               and all((d / f"layer{la}.safetensors").is_file() for la in hp.stats_layers())
+               for d in root.glob("*") if d.is_dir())
 
 
 # -- the prediction ----------------------------------------------------------------------------------------------
@@ -484,6 +493,32 @@ def vstar_tokens(hp, requests: int, vstar_batch: int | None) -> tuple[int, int, 
     return max(1, group), per_request, suffix, width
 
 
+@dataclass(frozen=True)
+class _Edit:
+    """What every editor's terms are computed from (see :func:`plan_edit`)."""
+
+    shape: ModelShape
+    method: str
+    hp: Any
+    b: int  # bytes per parameter / activation in the model's dtype
+    requests: int
+    layers: list[int]
+    stats_dtype: str
+    group: int
+    per_request: int
+    suffix: int
+    width: int
+
+    @property
+    def n_edit(self) -> int:
+        return len(self.layers)
+
+    @property
+    def after(self) -> int:
+        """Blocks the optimisation runs through (and back)."""
+        return self.shape.n_layers - self.layers[0]
+
+
 def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", device: str = "cpu", requests: int = 1,
               vstar_batch: int | None = None, stats_cached: bool = False, hparams_note: str = "",
               rates: Rates | None = None, available: int | None = None,
@@ -499,135 +534,178 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     editor = get_editor(method)
     kind = METHOD_KIND.get(method, "memit" if getattr(hp, "mom2_tokens", None) else "ft")
     b = DTYPE_BYTES[dtype]
-    d, ff, n_layers = shape.hidden, shape.mlp, shape.n_layers
-    cuda = str(device).startswith("cuda")
-    dev = "device"
-    layers = sorted(hp.layers)
-    n_edit = len(layers)
-    c_bytes = ff * ff * 8
-    after = n_layers - layers[0]  # blocks the optimisation runs through (and back)
+    group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
+    edit = _Edit(shape, method, hp, b, requests, sorted(hp.layers), editor.stats_dtype(hp), group, per_request,
+                 suffix, width)
     terms: list[Term] = [
         Term("runtime", RUNTIME_HOST, "all", "host", "Python, libraries, tokenizer, kernels (measured)"),
-        Term("weights", shape.n_params * b, "statistics,edit", dev, f"{shape.n_params:,} parameters x {b} B"),
+        Term("weights", shape.n_params * b, "statistics,edit", "device", f"{shape.n_params:,} parameters x {b} B"),
         Term("load", shape.n_params * 4, "load", "host", "editscope loads float32 on the host, then converts"),
     ]
-    if cuda:
+    if str(device).startswith("cuda"):
         terms.append(Term("runtime", RUNTIME_CUDA, "all", "device", "CUDA context, cuBLAS workspace, allocator slack"))
-    notes: list[str] = []
-    editable = shape.family is not None and editor.supports(shape.family)
-    if shape.family is None:
-        notes.append(f"editscope has no architecture map for model_type {shape.model_type!r}: it cannot edit this "
-                     "model yet (the numbers are predicted from the config)")
-    elif not editable:
-        notes.append(f"{method} does not support the {shape.family!r} family (its MLP output is not added linearly "
-                     "to the residual stream)")
+    editable, notes = _family_notes(shape, method, editor)
     flops: dict[str, float] = {}
     stats_layers = editor.stats_layers(hp)
     if stats_layers and not stats_cached:
-        n_s = len(stats_layers)
-        batch_tokens = STATS_BATCH_ROWS * STATS_SEQ_LEN
-        act = batch_tokens * (4 * d + 3 * ff) * b + STATS_BATCH_ROWS * shape.n_heads * STATS_SEQ_LEN ** 2 * 4
-        terms.append(Term("statistics", 2 * n_s * c_bytes + ff * ff * 4 + act, "statistics", dev,
-                          f"{n_s} layer(s) x (sum + mean) x d_ff^2 x 8 B + one float32 kk^T chunk + one "
-                          f"{STATS_BATCH_ROWS}x{STATS_SEQ_LEN}-token no-grad batch"))
-        budget = editor.stats_tokens(hp)
-        upto = max(stats_layers) + 1
-        flops["once: statistics"] = budget * (2.0 * shape.block_params * upto)
-        flops["once: statistics"] += budget * 2.0 * ff * ff * n_s  # kk^T products (float32)
-    group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
-    uses_c = kind != "rome" or bool(getattr(hp, "mom2_adjustment", True))  # ROME without C⁻¹ reads no statistics
-    if kind in ("rome", "memit", "alphaedit"):
-        held = (1 if kind == "rome" else n_edit) if uses_c else 0
-        terms.append(Term("C", held * c_bytes, "edit", dev, f"{held} layer(s) x d_ff^2 x 8 B (float64)"))
-        if kind == "alphaedit":
-            terms.append(Term("projector", 2 * n_edit * c_bytes, "edit", dev,
-                              f"{n_edit} layer(s) x (P + K_p K_p^T) x d_ff^2 x 8 B"))
-        solve = {"rome": 1 if uses_c else 0, "memit": 3, "alphaedit": 8}[kind]
-        what = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU",
-                "alphaedit": "SVD of C: A's copy, U, V^T, gesdd's 4 n^2 workspace, the kept columns"}[kind]
-        terms.append(Term("solve", solve * c_bytes, "edit", dev, f"{solve} x d_ff^2 x 8 B ({what})"))
-        tokens = group * suffix
-        act = tokens * after * _act_per_token_layer(shape, width) * b
-        logits = tokens * shape.vocab * 4 * 3
-        terms.append(Term("vstar", act + logits, "edit", dev,
-                          f"{group} request(s) per forward x {suffix} suffix tokens through {after} blocks + "
-                          f"float32 logits x 3"))
-        steps = int(getattr(hp, "v_steps", 20))
-        batches = math.ceil(requests / group)
-        per_token = 4.0 * shape.block_params * after + 4.0 * d * shape.vocab
-        flops["v*/z optimisation"] = batches * steps * tokens * per_token
-        flops["keys and initial forwards"] = 3.0 * requests * per_request * 2.0 * shape.block_params * n_layers
-        n3 = float(ff) ** 3
-        if kind == "rome":
-            flops["solve fp64"] = requests * (2.0 / 3.0) * n3 if uses_c else 0.0
-        elif kind == "memit":
-            flops["solve fp64"] = n_edit * ((2.0 / 3.0) * n3 + 2.0 * ff * ff * requests)
-        else:
-            flops["solve fp64"] = n_edit * ((2.0 / 3.0) * n3 + 2.0 * n3)
-            flops["once: projector fp64"] = n_edit * SVD_FLOPS_PER_N3 * n3
-    elif kind == "ultraedit":
-        terms.append(Term("solve", 3 * c_bytes, "edit", dev, "3 x d_ff^2 x 8 B (K^T K + I and its LU, float64)"))
-        tokens = requests * (PROMPT_TOKENS + TARGET_TOKENS)
-        terms.append(Term("vstar", tokens * after * _act_per_token_layer(shape, width) * b + tokens * shape.vocab * 12,
-                          "edit", dev, "one forward/backward of the edit prompts"))
-        flops["forward/backward"] = tokens * (6.0 * shape.block_params * after)
-        flops["solve fp64"] = n_edit * (2.0 / 3.0) * float(ff) ** 3
-    elif kind == "ft":
-        weight = d * ff
-        terms.append(Term("optimizer", 4 * n_edit * weight * b, "edit", dev,
-                          f"{n_edit} weight(s) x (grad + Adam m, v + pre-edit copy) x {b} B"))
-        tokens = requests * (PROMPT_TOKENS + TARGET_TOKENS)
-        act = tokens * after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * b
-        terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", dev,
-                          f"{tokens} row tokens through {after} blocks + float32 logits x 3"))
-        steps = int(getattr(hp, "steps", 25))
-        flops["training steps"] = steps * tokens * (4.0 * shape.block_params * after + 4.0 * d * shape.vocab
-                                                    + 2.0 * weight * n_edit)
-    elif kind == "kn":
-        steps = int(getattr(hp, "steps", 20))
-        per_forward = min(n_edit, max(1, KN_TOKEN_BUDGET // steps))
-        rows = per_forward * steps
-        prompt = PROMPT_TOKENS
-        # per row and block: its activations, and the prompt's keys/values copied per row (the cache's concat, kept
-        # for backward by the attention; SDPA takes grouped keys/values as they are)
-        kv = prompt * 2 * shape.n_kv_heads * shape.head_dim * b
-        act = rows * (n_layers - layers[0]) * (_act_per_token_layer(shape, prompt) * b + kv)
-        terms.append(Term("ig", act + rows * shape.vocab * 4 * 3, "edit", dev,
-                          f"{rows} one-token rows ({per_forward} layer(s) x {steps} steps) through "
-                          f"{n_layers - layers[0]} blocks, keys/values of a {prompt}-token prompt per row, logits"))
-        n_prompts = len(getattr(hp, "prefixes", [""]))
-        chunks = math.ceil(n_edit / per_forward)
-        flops["integrated gradients"] = n_prompts * chunks * rows * (4.0 * shape.block_params * n_layers
-                                                                     + 4.0 * d * shape.vocab)
-    elif kind == "mend":
-        rank = int(getattr(hp, "rank", 64))
-        dim = d + ff
-        nets = (1 if getattr(hp, "shared", True) else n_edit) * (4 * rank * dim + dim) * 4 \
-            + n_edit * (4 * dim + 1) * 4 + n_edit * 3 * dim * 8
-        grads = n_edit * d * ff * (b + 4)
-        tokens = requests * (PROMPT_TOKENS + TARGET_TOKENS)
-        act = tokens * after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * b
-        terms.append(Term("mend", nets + grads, "edit", dev,
-                          f"editor networks (rank {rank}, dim {dim}) + {n_edit} weight gradient(s) and float32 ΔW"))
-        terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", dev,
-                          "one forward/backward of the edit prompt"))
-        flops["forward/backward"] = tokens * (6.0 * shape.block_params * after + 4.0 * d * shape.vocab)
+        _statistics(edit, stats_layers, editor.stats_tokens(hp), terms, flops)
+    _KIND_TERMS[kind](edit, terms, flops)
     if kind != "kn":
-        terms.append(Term("patch", n_edit * d * ff * (4 + b + 8), "edit", dev,
-                          f"{n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
+        terms.append(Term("patch", edit.n_edit * shape.hidden * shape.mlp * (4 + b + 8), "edit", "device",
+                          f"{edit.n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
                           "float64 solve result)"))
-    if kind in ("rome", "memit", "alphaedit"):
-        # the optimisation and the solve do not overlap: keep the larger as the edit phase's transient
-        vstar = next(t for t in terms if t.name == "vstar")
-        solve = next(t for t in terms if t.name == "solve")
-        smaller = vstar if vstar.bytes < solve.bytes else solve
-        terms[terms.index(smaller)] = replace(smaller, phase="edit (not at peak)")
     plan = Plan(model=shape, method=method, dtype=dtype, device=str(device), requests=requests,
-                vstar_batch=vstar_batch, stats_cached=stats_cached, hparams_note=hparams_note, layers=layers,
+                vstar_batch=vstar_batch, stats_cached=stats_cached, hparams_note=hparams_note, layers=edit.layers,
                 terms=terms, editable=editable, notes=notes, available=available, host_available=host_available,
                 flops=flops, rates=rates, batch_tokens=group * suffix)
     plan.advice = advice(plan, hp)
     return plan
+
+
+def _family_notes(shape: ModelShape, method: str, editor) -> tuple[bool, list[str]]:
+    """Whether ``editor`` can edit the model's family, and the notes that say why not."""
+    if shape.family is None:
+        return False, [f"editscope has no architecture map for model_type {shape.model_type!r}: it cannot edit this "
+                       "model yet (the numbers are predicted from the config)"]
+    if not editor.supports(shape.family):
+        return False, [f"{method} does not support the {shape.family!r} family (its MLP output is not added linearly "
+                       "to the residual stream)"]
+    return True, []
+
+
+def _statistics(edit: _Edit, stats_layers: list[int], budget: int, terms: list[Term], flops: dict) -> None:
+    """The statistics pass: per layer a float64 sum and mean, or a float32 sum and compensation; one chunk; a batch."""
+    shape, ff, n_s = edit.shape, edit.shape.mlp, len(stats_layers)
+    batch_tokens = STATS_BATCH_ROWS * STATS_SEQ_LEN
+    act = (batch_tokens * (4 * shape.hidden + 3 * ff) * edit.b
+           + STATS_BATCH_ROWS * shape.n_heads * STATS_SEQ_LEN ** 2 * 4)
+    per = STATS_BYTES[edit.stats_dtype]
+    pair = "(sum + mean)" if edit.stats_dtype == "float64" else "(sum + compensation)"
+    terms.append(Term("statistics", 2 * n_s * ff * ff * per + ff * ff * 4 + act, "statistics", "device",
+                      f"{n_s} layer(s) x {pair} x d_ff^2 x {per} B + one float32 kk^T chunk + one "
+                      f"{STATS_BATCH_ROWS}x{STATS_SEQ_LEN}-token no-grad batch"))
+    upto = max(stats_layers) + 1
+    flops["once: statistics"] = budget * (2.0 * shape.block_params * upto)
+    flops["once: statistics"] += budget * 2.0 * ff * ff * n_s  # kk^T products (float32)
+
+
+_SOLVES = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU",
+           "alphaedit": "SVD of C: A's copy, U, V^T, gesdd's 4 n^2 workspace, the kept columns"}
+
+
+def _vstar_editor(kind: str):
+    """ROME, MEMIT (and PRUNE, RECT), AlphaEdit (and EVK-Edit): C, projector, solve, the v*/z optimisation."""
+
+    def terms_of(edit: _Edit, terms: list[Term], flops: dict) -> None:
+        shape, ff, n_edit = edit.shape, edit.shape.mlp, edit.n_edit
+        uses_c = kind != "rome" or bool(getattr(edit.hp, "mom2_adjustment", True))  # ROME without C⁻¹: no C
+        held = (1 if kind == "rome" else n_edit) if uses_c else 0
+        per = STATS_BYTES[edit.stats_dtype]
+        terms.append(Term("C", held * ff * ff * per, "edit", "device",
+                          f"{held} layer(s) x d_ff^2 x {per} B ({edit.stats_dtype})"))
+        if kind == "alphaedit":
+            terms.append(Term("projector", 2 * n_edit * ff * ff * 8, "edit", "device",
+                              f"{n_edit} layer(s) x (P + K_p K_p^T) x d_ff^2 x 8 B"))
+        solve = {"rome": 1 if uses_c else 0, "memit": 3, "alphaedit": 8}[kind]
+        solve_term = Term("solve", solve * ff * ff * 8, "edit", "device", f"{solve} x d_ff^2 x 8 B ({_SOLVES[kind]})")
+        tokens = edit.group * edit.suffix
+        act = tokens * edit.after * _act_per_token_layer(shape, edit.width) * edit.b
+        vstar = Term("vstar", act + tokens * shape.vocab * 4 * 3, "edit", "device",
+                     f"{edit.group} request(s) per forward x {edit.suffix} suffix tokens through {edit.after} blocks "
+                     "+ float32 logits x 3")
+        # the optimisation and the solve do not overlap: keep the larger as the edit phase's transient
+        smaller = vstar if vstar.bytes < solve_term.bytes else solve_term
+        terms.extend(replace(t, phase="edit (not at peak)") if t is smaller else t for t in (solve_term, vstar))
+        steps = int(getattr(edit.hp, "v_steps", 20))
+        per_token = 4.0 * shape.block_params * edit.after + 4.0 * shape.hidden * shape.vocab
+        flops["v*/z optimisation"] = math.ceil(edit.requests / edit.group) * steps * tokens * per_token
+        flops["keys and initial forwards"] = (3.0 * edit.requests * edit.per_request * 2.0 * shape.block_params
+                                              * shape.n_layers)
+        n3 = float(ff) ** 3
+        flops["solve fp64"] = {"rome": edit.requests * (2.0 / 3.0) * n3 if uses_c else 0.0,
+                               "memit": n_edit * ((2.0 / 3.0) * n3 + 2.0 * ff * ff * edit.requests),
+                               "alphaedit": n_edit * ((2.0 / 3.0) * n3 + 2.0 * n3)}[kind]
+        if kind == "alphaedit":
+            flops["once: projector fp64"] = n_edit * SVD_FLOPS_PER_N3 * n3
+
+    return terms_of
+
+
+def _ultraedit(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    shape, ff = edit.shape, edit.shape.mlp
+    terms.append(Term("solve", 3 * ff * ff * 8, "edit", "device", "3 x d_ff^2 x 8 B (K^T K + I and its LU, float64)"))
+    tokens = edit.requests * (PROMPT_TOKENS + TARGET_TOKENS)
+    terms.append(Term("vstar", tokens * edit.after * _act_per_token_layer(shape, edit.width) * edit.b
+                      + tokens * shape.vocab * 12, "edit", "device", "one forward/backward of the edit prompts"))
+    flops["forward/backward"] = tokens * (6.0 * shape.block_params * edit.after)
+    flops["solve fp64"] = edit.n_edit * (2.0 / 3.0) * float(ff) ** 3
+
+
+def _ft(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    shape, b, n_edit = edit.shape, edit.b, edit.n_edit
+    weight = shape.hidden * shape.mlp
+    terms.append(Term("optimizer", 4 * n_edit * weight * b, "edit", "device",
+                      f"{n_edit} weight(s) x (grad + Adam m, v + pre-edit copy) x {b} B"))
+    tokens = edit.requests * (PROMPT_TOKENS + TARGET_TOKENS)
+    act = tokens * edit.after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * b
+    terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", "device",
+                      f"{tokens} row tokens through {edit.after} blocks + float32 logits x 3"))
+    steps = int(getattr(edit.hp, "steps", 25))
+    flops["training steps"] = steps * tokens * (4.0 * shape.block_params * edit.after
+                                                + 4.0 * shape.hidden * shape.vocab + 2.0 * weight * n_edit)
+
+
+def _kn(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    shape, b, n_edit = edit.shape, edit.b, edit.n_edit
+    steps = int(getattr(edit.hp, "steps", 20))
+    per_forward = min(n_edit, max(1, KN_TOKEN_BUDGET // steps))
+    rows = per_forward * steps
+    prompt = PROMPT_TOKENS
+    # per row and block: its activations, and the prompt's keys/values copied per row (the cache's concat, kept
+    # for backward by the attention; SDPA takes grouped keys/values as they are)
+    kv = prompt * 2 * shape.n_kv_heads * shape.head_dim * b
+    act = rows * edit.after * (_act_per_token_layer(shape, prompt) * b + kv)
+    terms.append(Term("ig", act + rows * shape.vocab * 4 * 3, "edit", "device",
+                      f"{rows} one-token rows ({per_forward} layer(s) x {steps} steps) through "
+                      f"{edit.after} blocks, keys/values of a {prompt}-token prompt per row, logits"))
+    n_prompts = len(getattr(edit.hp, "prefixes", [""]))
+    chunks = math.ceil(n_edit / per_forward)
+    flops["integrated gradients"] = n_prompts * chunks * rows * (4.0 * shape.block_params * shape.n_layers
+                                                                 + 4.0 * shape.hidden * shape.vocab)
+
+
+def _mend(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    shape, b, n_edit, hp = edit.shape, edit.b, edit.n_edit, edit.hp
+    d, ff = shape.hidden, shape.mlp
+    rank = int(getattr(hp, "rank", 64))
+    dim = d + ff
+    nets = (1 if getattr(hp, "shared", True) else n_edit) * (4 * rank * dim + dim) * 4 \
+        + n_edit * (4 * dim + 1) * 4 + n_edit * 3 * dim * 8
+    grads = n_edit * d * ff * (b + 4)
+    tokens = edit.requests * (PROMPT_TOKENS + TARGET_TOKENS)
+    act = tokens * edit.after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * b
+    terms.append(Term("mend", nets + grads, "edit", "device",
+                      f"editor networks (rank {rank}, dim {dim}) + {n_edit} weight gradient(s) and float32 ΔW"))
+    terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", "device",
+                      "one forward/backward of the edit prompt"))
+    flops["forward/backward"] = tokens * (6.0 * shape.block_params * edit.after + 4.0 * d * shape.vocab)
+
+
+#: the editor-specific terms of each method kind (:data:`METHOD_KIND`)
+_KIND_TERMS = {"rome": _vstar_editor("rome"), "memit": _vstar_editor("memit"), "alphaedit": _vstar_editor("alphaedit"),
+               "ultraedit": _ultraedit, "ft": _ft, "kn": _kn, "mend": _mend}
+
+
+def _float32_stats_saving(plan: Plan, hp) -> int:
+    """Bytes of the peak phase that ``mom2_dtype: float32`` saves (0 when the statistics are float32 already): half
+    of C in the edit phase, half of the float64 sum and mean per layer in the statistics pass."""
+    if hp.stats_dtype() != "float64":
+        return 0
+    per_layer = plan.model.mlp ** 2 * 4
+    if plan.peak_phase == "statistics":
+        return 2 * len(hp.stats_layers()) * per_layer
+    held = next((t.bytes for t in plan.terms if t.name == "C"), 0)
+    return held // 2 if plan.peak_phase == "edit" else 0
 
 
 def advice(plan: Plan, hp) -> list[str]:
@@ -657,11 +735,10 @@ def advice(plan: Plan, hp) -> list[str]:
         out.append(f"the load is the peak: editscope reads every model in float32 on the host before converting "
                    f"it to {plan.dtype} ({gb(plan.model.n_params * 4)}), whatever its folder stores; this needs a "
                    "machine with more host memory")
-    c_terms = sum(t.bytes for t in plan.terms if t.name in ("C", "projector", "solve", "statistics")
-                  and t.during(plan.peak_phase))
-    if c_terms:
-        out.append(f"statistics and solves in float32 instead of float64 would halve C, the projector and the "
-                   f"solve (-{gb(c_terms // 2)}; not offered yet: editscope accumulates and solves in float64)")
+    if saved := _float32_stats_saving(plan, hp):
+        out.append(f"statistics in float32 (--set mom2_dtype=float32): halves C and the statistics pass's sums "
+                   f"(-{gb(saved)}; C within ~1e-7 relative of float64's, docs/scale.md; the solves and the projector "
+                   "stay float64)")
     out.append(f"the plan is {gb(over)} over the {gb(plan.available or 0)} available")
     return out
 

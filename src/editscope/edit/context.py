@@ -22,7 +22,8 @@ def key_statistics(bundle: Bundle, hp, state=None) -> dict[int, torch.Tensor]:
     layers = hp.stats_layers()
     if not layers:
         return {}
-    return second_moments(bundle, layers, token_budget=hp.stats_tokens(), weights="base")
+    return second_moments(bundle, layers, token_budget=hp.stats_tokens(), weights="base",
+                          stats_dtype=hp.stats_dtype())
 
 
 def context_templates(engine: ScoringEngine, spec: Sequence[Sequence[int]], seed: int = 0,

@@ -124,6 +124,10 @@ class Editor:
         """Token budget of those statistics."""
         return hp.stats_tokens()
 
+    def stats_dtype(self, hp: HParams) -> str:
+        """Precision of those statistics (``float64`` or ``float32``)."""
+        return hp.stats_dtype()
+
     def supports(self, family: str) -> bool:
         """Whether the editor supports the architecture family (a key of :data:`editscope.lm.archs.ARCHS`)."""
         return self.unsupported_because(family) is None

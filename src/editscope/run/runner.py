@@ -529,18 +529,21 @@ class Runner:
         return template.without_edits() if template is not None else editor.new_state()
 
     def _warm_stats(self, methods: Iterable[Method]) -> None:
-        """Compute the layer statistics every method will need in one pass per token budget (instead of one
-        pass per method and layer set); they are cached on disk, so a later run reads them."""
+        """Compute the layer statistics every method will need in one pass per token budget and precision (instead
+        of one pass per method and layer set); they are cached on disk, so a later run reads them."""
         from editscope.stats import second_moments
 
-        by_budget: dict[int, set[int]] = {}
+        by_setting: dict[tuple[int, str], set[int]] = {}
         for method in methods:
             layers = method.editor.stats_layers(method.hp)
             if layers:
-                by_budget.setdefault(method.editor.stats_tokens(method.hp), set()).update(layers)
-        for budget, layers in sorted(by_budget.items()):
-            self.log(f"layer statistics for layers {sorted(layers)} ({budget} tokens; cached after the first run)")
-            second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress)
+                key = (method.editor.stats_tokens(method.hp), method.editor.stats_dtype(method.hp))
+                by_setting.setdefault(key, set()).update(layers)
+        for (budget, dtype), layers in sorted(by_setting.items()):
+            self.log(f"layer statistics for layers {sorted(layers)} ({budget} tokens, {dtype}; cached after the "
+                     "first run)")
+            second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress,
+                           stats_dtype=dtype)
 
 def bar_status(bar, every: float = 0.5) -> Callable[[str], None]:
     """A progress listener that shows the latest news after a tqdm bar, redrawn at most every ``every`` seconds:

@@ -3,7 +3,9 @@
 from editscope.data.corpus import Corpus
 from editscope.stats.second_moment import (
     DEFAULT_SEQ_LEN,
+    DEFAULT_STATS_DTYPE,
     DEFAULT_TOKEN_BUDGET,
+    STATS_DTYPES,
     accumulate,
     cache_file,
     corpus_rows,
@@ -13,7 +15,9 @@ from editscope.stats.second_moment import (
 
 __all__ = [
     "DEFAULT_SEQ_LEN",
+    "DEFAULT_STATS_DTYPE",
     "DEFAULT_TOKEN_BUDGET",
+    "STATS_DTYPES",
     "Corpus",
     "accumulate",
     "cache_file",

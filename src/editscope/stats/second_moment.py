@@ -7,14 +7,16 @@ the *mean* ``mom2`` and multiplies it by ``mom2_update_weight``) both need C; Al
 §3.2) projects onto its null space.
 
 Here C is the mean over every token of a text corpus (default: wikitext-2 test then valid split from the
-shared data) up to a token budget, accumulated in float64 (float32 products of ≤ 1024 tokens, :func:`add_outer`)::
+shared data) up to a token budget, accumulated in float64 (float32 products of ≤ 1024 tokens, :func:`add_outer`),
+or with ``stats_dtype="float32"`` in a Kahan-compensated float32 sum (:class:`CompensatedSum`)::
 
     C = (1/N) Σ_t k_t k_tᵀ
 
 The text is tokenized paragraph by paragraph (headings and blank lines skipped), concatenated and cut into
 rows of ``seq_len`` tokens, so no token is padding. The forward stops after the last requested layer's MLP
 key (a private exception raised from a hook), several layers share one pass, and the result is cached on disk
-as safetensors under ``home()/"stats"`` keyed by model fingerprint, layer, corpus hash, budget and row length.
+as safetensors under ``home()/"stats"`` keyed by model fingerprint, layer, corpus hash, budget, row length and
+precision.
 
 The fingerprint is :attr:`Bundle.fingerprint`, which names the weights as they are now (applied patches
 included), so statistics of an edited model are never cached under the unedited model's key. Editors that
@@ -41,6 +43,7 @@ import warnings
 import weakref
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +67,12 @@ from editscope.paths import home
 DEFAULT_TOKEN_BUDGET = 100_000
 DEFAULT_SEQ_LEN = 256
 DEFAULT_BATCH_ROWS = 8
+#: Statistics precision (hparams ``mom2_dtype``, ``editscope stats compute --stats-dtype``): the dtype C is summed,
+#: returned and cached in. ``float32`` halves C on disk, in the editors and in the pass (sum + compensation instead
+#: of float64 sum + mean); the solves convert C to float64 either way. It changes C (docs/scale.md gives the error),
+#: so it is part of the cache key and recorded with the hparams of every row.
+STATS_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
+DEFAULT_STATS_DTYPE = "float64"
 
 
 class _StopForward(Exception):
@@ -90,9 +99,21 @@ def corpus_rows(engine: ScoringEngine, corpus: Corpus, token_budget: int, seq_le
     return torch.frombuffer(stream, dtype=torch.long)[: n_rows * seq_len].clone().view(n_rows, seq_len)
 
 
-def cache_file(fingerprint: str, layer: int, corpus_digest: str, token_budget: int, seq_len: int) -> Path:
-    """Where the statistics of one layer are cached."""
-    return home() / "stats" / fingerprint / f"{corpus_digest}-b{token_budget}-s{seq_len}" / f"layer{layer}.safetensors"
+def stats_dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of a statistics precision name; an unknown name is a one-line error naming the choices."""
+    if name not in STATS_DTYPES:
+        raise EditscopeError(f"statistics dtype must be one of {', '.join(STATS_DTYPES)}, got {name!r}")
+    return STATS_DTYPES[name]
+
+
+def cache_file(fingerprint: str, layer: int, corpus_digest: str, token_budget: int, seq_len: int,
+               stats_dtype: str = DEFAULT_STATS_DTYPE) -> Path:
+    """Where the statistics of one layer are cached. float64 keeps the folder name it had before the precision
+    became a setting (so existing caches stay valid); float32 gets a ``-f32`` suffix."""
+    stats_dtype_of(stats_dtype)
+    suffix = "" if stats_dtype == "float64" else "-f32"
+    folder = f"{corpus_digest}-b{token_budget}-s{seq_len}{suffix}"
+    return home() / "stats" / fingerprint / folder / f"layer{layer}.safetensors"
 
 
 #: per model object, per parameter name: (storage address, version counter, digest of its bytes)
@@ -152,44 +173,67 @@ def _content_checksum(mom2: torch.Tensor) -> str:
     return hashlib.blake2b(mom2.contiguous().cpu().view(torch.uint8).numpy().data, digest_size=16).hexdigest()
 
 
-def _read_cached(path: Path, checksum: str, dim: int,
-                 legacy: Callable[[], str] | None = None) -> tuple[torch.Tensor | None, str]:
-    """The cached C of ``path`` if it is sound, else ``(None, why)``: unreadable or truncated file, another
-    weights checksum, content not matching its own checksum, wrong shape, or non-finite values. A file stamped
-    with the older whole-model checksum is compared with ``legacy()`` and, if sound, re-stamped in place."""
+def _open_sealed(path: Path) -> tuple[dict, dict] | str:
+    """The metadata and tensors of a cache file whose content digest holds, else why it cannot be used."""
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except Exception as exc:  # safetensors raises its own types on a damaged file
-        return None, f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+        return f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
     if DIGEST_KEY not in meta:
-        return None, "has no content digest (written by an earlier editscope)"
+        return "has no content digest (written by an earlier editscope)"
     try:
         verify(path, meta, tensors, what="layer statistics", hint="", trust=False)
     except IntegrityError as exc:
         detail = str(exc).removeprefix(f"{path}: layer statistics: ").removesuffix("; not using it")
-        return None, f"is damaged: {detail}"
+        return f"is damaged: {detail}"
+    return meta, tensors
+
+
+def _fields(meta: dict, tensors: dict) -> tuple[torch.Tensor, int, object, object] | str:
+    """(C, token count, weights checksum, content checksum) of a sealed file, else why it is unreadable."""
     try:
-        mom2 = tensors["mom2"]
-        count = int(tensors["count"][0])
-        weights = json.loads(meta["weights"]) if "weights" in meta else None
-        content = json.loads(meta["content"]) if "content" in meta else None
+        return (tensors["mom2"], int(tensors["count"][0]),
+                json.loads(meta["weights"]) if "weights" in meta else None,
+                json.loads(meta["content"]) if "content" in meta else None)
     except Exception as exc:  # noqa: BLE001 (a sealed file of another shape: recomputed)
-        return None, f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+        return f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+def _matrix_problem(mom2: torch.Tensor, content: object, dim: int, dtype: torch.dtype) -> str:
+    """Why a cached C cannot be used (its content checksum, shape, precision, finiteness), or "" when it can."""
+    if content != _content_checksum(mom2):
+        return "does not match its content checksum (damaged or written by an older version)"
+    if tuple(mom2.shape) != (dim, dim):
+        return f"holds a {tuple(mom2.shape)} matrix, expected {(dim, dim)}"
+    if mom2.dtype != dtype:
+        return f"holds a {mom2.dtype} matrix, expected {dtype} (statistics dtype)"
+    if not torch.isfinite(mom2).all():
+        return "holds non-finite values"
+    return ""
+
+
+def _read_cached(path: Path, checksum: str, dim: int, legacy: Callable[[], str] | None = None,
+                 dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor | None, str]:
+    """The cached C of ``path`` if it is sound, else ``(None, why)``: unreadable or truncated file, another
+    weights checksum, content not matching its own checksum, wrong shape or dtype, or non-finite values. A file
+    stamped with the older whole-model checksum is compared with ``legacy()`` and, if sound, re-stamped in place."""
+    opened = _open_sealed(path)
+    if isinstance(opened, str):
+        return None, opened
+    meta, tensors = opened
+    fields = _fields(meta, tensors)
+    if isinstance(fields, str):
+        return None, fields
+    mom2, count, weights, content = fields
     if weights is None:
         return None, "has no weights checksum (older cache)"
     restamp = not str(weights).startswith(CHECKSUM_FORMAT) and legacy is not None and weights == legacy()
-    if restamp:
-        weights = checksum
-    if weights != checksum:
+    if weights != checksum and not restamp:
         return None, "was cached for other weights than the model's now (changed outside a Patch?)"
-    if content != _content_checksum(mom2):
-        return None, "does not match its content checksum (damaged or written by an older version)"
-    if tuple(mom2.shape) != (dim, dim):
-        return None, f"holds a {tuple(mom2.shape)} matrix, expected {(dim, dim)}"
-    if not torch.isfinite(mom2).all():
-        return None, "holds non-finite values"
+    if why := _matrix_problem(mom2, content, dim, dtype):
+        return None, why
     if restamp:
         _save(path, mom2, count, {**{k: json.loads(v) for k, v in meta.items() if k != "content"}, "weights": checksum})
     return mom2, ""
@@ -203,27 +247,62 @@ def _save(path: Path, mom2: torch.Tensor, count: int, meta: dict) -> None:
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-#: tokens per float32 k kᵀ product before it is added to the float64 sum (see :func:`add_outer`)
+#: tokens per float32 k kᵀ product before it is added to the running sum (see :func:`add_outer`)
 OUTER_CHUNK = 1024
 
 
-def add_outer(total: torch.Tensor, k: torch.Tensor, chunk: int = OUTER_CHUNK) -> None:
+class CompensatedSum:
+    """A float32 running sum of [d, d] matrices with Kahan compensation: ``total`` + ``comp`` carry what plain
+    float32 additions would round away, so the sum's rounding error stays ~2 eps₃₂ relative whatever the number of
+    terms (a plain float32 running sum of n similar terms drifts ~eps₃₂·√n typically, n·eps₃₂ at worst). Two
+    float32 buffers: the memory of one float64 sum."""
+
+    def __init__(self, dim: int, device: torch.device | str) -> None:
+        self.total = torch.zeros(dim, dim, dtype=torch.float32, device=device)
+        self.comp = torch.zeros(dim, dim, dtype=torch.float32, device=device)
+
+    def add_(self, term: torch.Tensor) -> None:
+        """total += term, compensated; ``term`` (float32, [d, d]) is used as scratch and overwritten."""
+        # Kahan: y = x − c; t = s + y; c = (t − s) − y; s = t, in place on three buffers (no temporary):
+        # comp takes t, total takes −c, then the two swap roles.
+        y = term.sub_(self.comp)
+        t = self.comp.copy_(self.total).add_(y)
+        neg_c = self.total.sub_(t).add_(y)  # s − t is exact (Sterbenz), so this is −((t − s) − y)
+        self.total, self.comp = t, neg_c.neg_()
+
+    def mean_(self, count: int) -> torch.Tensor:
+        """The sum divided by ``count``, in place; the compensation (below the sum's last bit) is dropped."""
+        self.comp = torch.empty(0, dtype=torch.float32, device=self.total.device)
+        return self.total.div_(count)
+
+
+def add_outer(total: torch.Tensor | CompensatedSum, k: torch.Tensor, chunk: int = OUTER_CHUNK) -> None:
     """total += Σ_t k_t k_tᵀ over the tokens of ``k`` [..., d]: float32 products of ``chunk`` tokens at a time,
-    summed into the float64 ``total``. A float64 product of all tokens (as before) cost ~25 % of the statistics'
-    time on 2 cores (float64 GEMM at half the float32 rate, plus the conversion); a float32 product over ≤ 1024
-    tokens rounds each entry at ~1e-7 of ‖C‖ (Frobenius, measured), below the float32 forward's own rounding of
-    k, and the float64 sum across chunks keeps the error from growing with the token budget."""
+    summed into ``total`` (a float64 tensor, or a float32 :class:`CompensatedSum`). A float64 product of all tokens
+    (as before) cost ~25 % of the statistics' time on 2 cores (float64 GEMM at half the float32 rate, plus the
+    conversion); a float32 product over ≤ 1024 tokens rounds each entry at ~1e-7 of ‖C‖ (Frobenius, measured),
+    below the float32 forward's own rounding of k, and the float64 (or compensated float32) sum across chunks keeps
+    the error from growing with the token budget."""
     flat = k.detach().reshape(-1, k.shape[-1]).float()
     for start in range(0, flat.shape[0], chunk):
         part = flat[start:start + chunk]
         total.add_(part.T @ part)
 
 
+def _new_sum(dim: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor | CompensatedSum:
+    if dtype == torch.float32:
+        return CompensatedSum(dim, device)
+    return torch.zeros(dim, dim, dtype=torch.float64, device=device)
+
+
 def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, batch_rows: int = DEFAULT_BATCH_ROWS,
-               progress: bool = True) -> tuple[dict[int, torch.Tensor], int]:
-    """Sums Σ_t k_t k_tᵀ (float64, on the model's device) of the MLP keys at ``layers`` over all tokens of ``rows``,
-    and the token count. One forward per batch of ``batch_rows`` rows, stopped after the deepest layer; memory is
-    one [mlp, mlp] float64 sum per layer plus one batch's activations, whatever the token budget."""
+               progress: bool = True, stats_dtype: str = DEFAULT_STATS_DTYPE,
+               ) -> tuple[dict[int, torch.Tensor | CompensatedSum], int]:
+    """Sums Σ_t k_t k_tᵀ of the MLP keys at ``layers`` over all tokens of ``rows`` (on the model's device: a float64
+    tensor, or a float32 :class:`CompensatedSum` for ``stats_dtype="float32"``), and the token count. One forward
+    per batch of ``batch_rows`` rows, stopped after the deepest layer; memory is one sum per layer plus one batch's
+    activations and one ``OUTER_CHUNK``-token k kᵀ product, whatever the token budget."""
+    dtype = stats_dtype_of(stats_dtype)
     n_layers = bundle.n_layers
     for layer in layers:
         if not 0 <= layer < n_layers:
@@ -231,8 +310,7 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
     layers = sorted(set(layers))
     last = layers[-1]
     dim = bundle.arch.mlp_size(bundle.config)
-    device = bundle.device
-    sums = {layer: torch.zeros(dim, dim, dtype=torch.float64, device=device) for layer in layers}
+    sums = {layer: _new_sum(dim, dtype, bundle.device) for layer in layers}
     count = 0
 
     def adder(layer: int):
@@ -249,7 +327,7 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
                disable=not progress, leave=False)
     with torch.no_grad(), hooks(bundle.model, bundle.arch, {f"blocks.{lay}.mlp_key": adder(lay) for lay in layers}):
         for start in range(0, rows.shape[0], batch_rows):
-            batch = rows[start:start + batch_rows].to(device)
+            batch = rows[start:start + batch_rows].to(bundle.device)
             with contextlib.suppress(_StopForward):
                 base(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False)
             count += int(batch.numel())
@@ -258,18 +336,29 @@ def accumulate(bundle: Bundle, rows: torch.Tensor, layers: Sequence[int], *, bat
     return sums, count
 
 
+def mean_of(total: torch.Tensor | CompensatedSum, count: int) -> torch.Tensor:
+    """C = sum / count on the host: a new float64 tensor, or the float32 sum divided in place (no second copy)."""
+    if isinstance(total, CompensatedSum):
+        return total.mean_(count).cpu()
+    return (total / count).cpu()
+
+
 def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | None = None,
                    token_budget: int = DEFAULT_TOKEN_BUDGET, seq_len: int = DEFAULT_SEQ_LEN,
                    batch_rows: int = DEFAULT_BATCH_ROWS, progress: bool = True, use_cache: bool = True,
-                   weights: Literal["current", "base"] = "current") -> dict[int, torch.Tensor]:
-    """C = E[k kᵀ] (float64, [mlp, mlp]) per layer; cached layers are read, the others computed in one pass.
+                   weights: Literal["current", "base"] = "current",
+                   stats_dtype: str = DEFAULT_STATS_DTYPE) -> dict[int, torch.Tensor]:
+    """C = E[k kᵀ] ([mlp, mlp], in ``stats_dtype``: float64 by default) per layer; cached layers are read, the
+    others computed in one pass.
 
     See the module docstring for the definition (ROME eq. 2's C; MEMIT eq. 14's C₀ up to the sample count).
     ``weights="current"``: C of the weights as they are now (patches applied to the bundle included);
     ``"base"``: C of the loaded weights, the convention of ROME/MEMIT/AlphaEdit for sequential editing.
+    ``stats_dtype``: :data:`STATS_DTYPES` (float32: compensated float32 sums, docs/scale.md gives the error).
     """
+    stats_dtype_of(stats_dtype)
     kwargs = dict(corpus=corpus, token_budget=token_budget, seq_len=seq_len, batch_rows=batch_rows,
-                  progress=progress, use_cache=use_cache)
+                  progress=progress, use_cache=use_cache, stats_dtype=stats_dtype)
     if weights == "base":
         if not bundle.applied:
             return second_moments(bundle, layers, **kwargs)
@@ -277,36 +366,50 @@ def second_moments(bundle: Bundle, layers: Sequence[int], *, corpus: Corpus | No
             return second_moments(bundle, layers, **kwargs)
     if weights != "current":
         raise EditscopeError(f"weights must be 'current' or 'base', not {weights!r}")
-    corpus = corpus or Corpus.default()
+    setting = _Setting(corpus or Corpus.default(), token_budget, seq_len, stats_dtype)
     layers = sorted(set(int(layer) for layer in layers))
-    checksums = {layer: weights_checksum(bundle, layer) for layer in layers} if use_cache else {}
     if not use_cache:
-        return _compute(bundle, layers, corpus, token_budget, seq_len, batch_rows, progress, None)
-    out, missing = _read_layers(bundle, layers, corpus, token_budget, seq_len, checksums)
+        return _compute(bundle, layers, setting, batch_rows, progress, None)
+    checksums = {layer: weights_checksum(bundle, layer) for layer in layers}
+    out, missing = _read_layers(bundle, layers, setting, checksums)
     if missing:
         # One builder per cache folder: a second process waits here, then reads what the first one wrote.
-        lock = cache_file(bundle.fingerprint, 0, corpus.digest, token_budget, seq_len).parent / ".build.lock"
+        lock = setting.path(bundle, 0).parent / ".build.lock"
         what = (f"layer statistics of {bundle.name}, layers {','.join(map(str, missing))}, "
-                f"{token_budget} tokens of corpus {corpus.digest[:12]}")
+                f"{token_budget} tokens of corpus {setting.corpus.digest[:12]} ({stats_dtype})")
         with file_lock(lock, what=what):
-            found, missing = _read_layers(bundle, missing, corpus, token_budget, seq_len, checksums, warn=False)
+            found, missing = _read_layers(bundle, missing, setting, checksums, warn=False)
             out.update(found)
             if missing:
-                out.update(_compute(bundle, missing, corpus, token_budget, seq_len, batch_rows, progress,
-                                    checksums))
+                out.update(_compute(bundle, missing, setting, batch_rows, progress, checksums))
     return dict(sorted(out.items()))
 
 
-def _read_layers(bundle: Bundle, layers: Sequence[int], corpus: Corpus, token_budget: int, seq_len: int,
-                 checksums: dict[int, str], *, warn: bool = True) -> tuple[dict[int, torch.Tensor], list[int]]:
+@dataclass(frozen=True)
+class _Setting:
+    """What a cached C is keyed by besides the model and layer."""
+
+    corpus: Corpus
+    token_budget: int
+    seq_len: int
+    stats_dtype: str
+
+    def path(self, bundle: Bundle, layer: int) -> Path:
+        return cache_file(bundle.fingerprint, layer, self.corpus.digest, self.token_budget, self.seq_len,
+                          self.stats_dtype)
+
+
+def _read_layers(bundle: Bundle, layers: Sequence[int], setting: _Setting, checksums: dict[int, str], *,
+                 warn: bool = True) -> tuple[dict[int, torch.Tensor], list[int]]:
     """The layers whose cache files are valid for the weights now, and the layers still to compute."""
     out: dict[int, torch.Tensor] = {}
     missing = []
+    dtype = stats_dtype_of(setting.stats_dtype)
     for layer in layers:
-        path = cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len)
+        path = setting.path(bundle, layer)
         if path.is_file():
             cached, why = _read_cached(path, checksums[layer], bundle.arch.mlp_size(bundle.config),
-                                       legacy=lambda layer=layer: _legacy_checksum(bundle, layer))
+                                       legacy=lambda layer=layer: _legacy_checksum(bundle, layer), dtype=dtype)
             if cached is not None:
                 out[layer] = cached
                 continue
@@ -316,23 +419,24 @@ def _read_layers(bundle: Bundle, layers: Sequence[int], corpus: Corpus, token_bu
     return out, missing
 
 
-def _compute(bundle: Bundle, layers: list[int], corpus: Corpus, token_budget: int, seq_len: int, batch_rows: int,
-             progress: bool, checksums: dict[int, str] | None) -> dict[int, torch.Tensor]:
+def _compute(bundle: Bundle, layers: list[int], setting: _Setting, batch_rows: int, progress: bool,
+             checksums: dict[int, str] | None) -> dict[int, torch.Tensor]:
     """C for ``layers`` in one early-stopped pass over the corpus; cached when ``checksums`` is given."""
     t0 = time.perf_counter()
-    rows = corpus_rows(ScoringEngine(bundle), corpus, token_budget, seq_len)
-    sums, count = accumulate(bundle, rows, layers, batch_rows=batch_rows, progress=progress)
+    corpus = setting.corpus
+    rows = corpus_rows(ScoringEngine(bundle), corpus, setting.token_budget, setting.seq_len)
+    sums, count = accumulate(bundle, rows, layers, batch_rows=batch_rows, progress=progress,
+                             stats_dtype=setting.stats_dtype)
     seconds = time.perf_counter() - t0
     out = {}
     for layer in layers:
-        out[layer] = (sums[layer] / count).cpu()  # as a cache read returns it
+        out[layer] = mean_of(sums.pop(layer), count)  # as a cache read returns it; the sum is freed layer by layer
         if checksums is not None:
             meta = dict(fingerprint=bundle.fingerprint, model=bundle.name, layer=layer, corpus=corpus.digest,
-                        corpus_files=[p.name for p in corpus.files], token_budget=token_budget,
-                        seq_len=seq_len, tokens=count, seconds=seconds, layers_in_pass=layers,
-                        weights=checksums[layer])
-            _save(cache_file(bundle.fingerprint, layer, corpus.digest, token_budget, seq_len), out[layer], count,
-                  meta)
+                        corpus_files=[p.name for p in corpus.files], token_budget=setting.token_budget,
+                        seq_len=setting.seq_len, stats_dtype=setting.stats_dtype, tokens=count, seconds=seconds,
+                        layers_in_pass=layers, weights=checksums[layer])
+            _save(setting.path(bundle, layer), out[layer], count, meta)
     return out
 
 
