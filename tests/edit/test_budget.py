@@ -246,3 +246,36 @@ def test_run_config_modes_set_the_requests_per_edit(tmp_path):
     cfg.write_text(base + "runtime: {vstar_batch: 8}\n")  # single mode: a window of 8 cases' v* optimised together
     (plan,) = plans_for_config(load_config(cfg), dtype="bfloat16", available=100 * GiB)
     assert (plan.requests, plan.dtype) == (8, "bfloat16")
+
+
+_PEAK_CHILD = """
+import json, sys
+import numpy as np
+from editscope.edit.budget import peak_rss
+block = np.ones(int(sys.argv[1]) // 8)  # touched: resident
+print(json.dumps({"peak": peak_rss(), "block": block.nbytes}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc (Linux)")
+def test_peak_rss_of_a_child_is_its_own_not_its_parents():
+    """A parent that has held 1 GiB starts a child (subprocess: vfork + exec) that holds 128 MiB: the child's peak
+    is its 128 MiB plus the interpreter, far below the parent's 1 GiB (``ru_maxrss`` would report the parent's)."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    big = np.ones(GiB // 8)
+    parent_peak = B.peak_rss()
+    assert parent_peak >= GiB
+    del big
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    block = 128 * 2 ** 20
+    out = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(block)], capture_output=True, text=True, env=env,
+                         check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["block"] == block
+    assert block <= got["peak"] < block + 400 * 2 ** 20 < parent_peak
