@@ -294,3 +294,36 @@ def test_plan_refuses_an_odd_config_json_in_one_line(tmp_path, capsys, change, n
     code = cli.main(["plan", "--model", str(tmp_path), "--no-time", "--available-gib", "80"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and str(tmp_path) in err[0] and needle in err[0], err
+
+
+_PEAK_CHILD = """
+import json, sys
+import numpy as np
+from editscope.edit.budget import peak_rss
+block = np.ones(int(sys.argv[1]) // 8)  # touched: resident
+print(json.dumps({"peak": peak_rss(), "block": block.nbytes}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc (Linux)")
+def test_peak_rss_of_a_child_is_its_own_not_its_parents():
+    """A parent that has held 1 GiB starts a child (subprocess: vfork + exec) that holds 128 MiB: the child's peak
+    is its 128 MiB plus the interpreter, far below the parent's 1 GiB (``ru_maxrss`` would report the parent's)."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    big = np.ones(GiB // 8)
+    parent_peak = B.peak_rss()
+    assert parent_peak >= GiB
+    del big
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    block = 128 * 2 ** 20
+    out = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(block)], capture_output=True, text=True, env=env,
+                         check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["block"] == block
+    assert block <= got["peak"] < block + 400 * 2 ** 20 < parent_peak

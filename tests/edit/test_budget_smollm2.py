@@ -1,5 +1,9 @@
 """``editscope plan`` against a measured edit: the predicted peak RSS of one ROME edit of SmolLM2-135M (float32, CPU)
-within 15 % of the peak RSS a fresh process reaches loading the model and making that edit."""
+within 15 % of the peak RSS a fresh process reaches loading the model and making that edit.
+
+The peak is the child's own (VmHWM, :func:`editscope.edit.budget.peak_rss`), not ``ru_maxrss``: a child started by
+vfork + exec inherits its parent's peak there, and on a fresh clone this test's process has just converted the GGUF
+(and, under ``make test``, run other tests), which read as a 1.9 GiB "edit" against 1.04 GiB planned."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ CHILD = """
 import json, resource, sys
 from editscope.data.records import EditRequest
 from editscope.edit import edited
+from editscope.edit.budget import peak_rss
 from editscope.edit.registry import get_editor
 from editscope.lm import load
 r = json.loads(open(sys.argv[1]).read())[0]["requested_rewrite"]
@@ -25,16 +30,13 @@ request = EditRequest(r["prompt"], r["subject"], r["target_new"]["str"], r["targ
 bundle = load("smollm2-135m", device="cpu")
 with edited(bundle, "rome", [request], hparams=get_editor("rome").load_hparams(bundle)):
     pass
-print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+print(json.dumps({"maxrss": peak_rss(), "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 
 @pytest.mark.slow
-# Known gap: on a fresh clone under `make test` (two xdist workers, cold caches) the child peaked at 1.93 GiB against
-# 1.04 GiB planned, while a warm checkout measures 1.04 GiB; until the extra term is found the check may fail there.
-@pytest.mark.xfail(strict=False, reason="peak RSS on a fresh clone under make test is 1.9x the plan (under study)")
 def test_rome_smollm2_peak_rss_within_tolerance_of_the_plan():
-    from editscope.edit.budget import model_shape, plan_edit, plan_hparams, stats_cached
+    from editscope.edit.budget import model_shape, peak_rss, plan_edit, plan_hparams, stats_cached
     from editscope.lm.loading import check_available, is_prepared
 
     try:
@@ -48,8 +50,8 @@ def test_rome_smollm2_peak_rss_within_tolerance_of_the_plan():
     shape = model_shape("smollm2-135m")
     hp, note = plan_hparams("rome", shape, "smollm2-135m")
     assert note == "shipped hparams" and hp.layers == [4]
-    # the layer statistics are computed here first: the child measures the edit with them cached (the path the
-    # plan's terms were checked on; a cold statistics pass peaks higher than the plan says: a known gap)
+    # cold caches (a fresh clone): the GGUF is converted and the layer statistics computed here, in this process; the
+    # child then measures the edit with them cached, the plan it is compared with
     from editscope.edit.registry import get_editor
     from editscope.lm import load
     from editscope.stats import second_moments
@@ -66,8 +68,10 @@ def test_rome_smollm2_peak_rss_within_tolerance_of_the_plan():
     out = subprocess.run([sys.executable, "-c", CHILD, str(records)], capture_output=True, text=True, env=env,
                          check=False, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    measured = json.loads(out.stdout.strip().splitlines()[-1])["maxrss"]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    measured = got["maxrss"]
     ratio = plan.peak / measured
     print(f"ROME SmolLM2: predicted {plan.peak / 2**20:.0f} MiB ({plan.peak_phase}, statistics "
-          f"{'cached' if cached else 'computed'}), measured {measured / 2**20:.0f} MiB, ratio {ratio:.3f}")
+          f"{'cached' if cached else 'computed'}), measured {measured / 2**20:.0f} MiB, ratio {ratio:.3f} "
+          f"(ru_maxrss {got['ru_maxrss'] / 2**20:.0f} MiB, the parent's peak {peak_rss() / 2**20:.0f} MiB)")
     assert abs(ratio - 1) <= TOLERANCE

@@ -769,6 +769,25 @@ def available_memory(device: str) -> tuple[int | None, int | None]:
     return host, host
 
 
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes, counted from its ``exec``: ``VmHWM`` of /proc/self/status.
+
+    Not ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries the peak of the memory image an ``exec`` replaces into
+    it, and Python's ``subprocess`` starts children by vfork + exec, so a child's ``ru_maxrss`` is at least its
+    parent's peak so far (a test worker that has just converted a GGUF). Where there is no /proc, ``ru_maxrss``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
 def _time_matmul(a, b_, min_seconds: float, sync) -> float:
     """FLOP/s of ``a @ b_`` repeated for at least ``min_seconds`` (after one warm-up)."""
     a @ b_
