@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +59,16 @@ class Run:
 Figure = SuiteFigure  # slug, title, caption, png
 
 
-def load_runs(run_dirs: list[str | Path]) -> list[Run]:
+def load_runs(run_dirs: list[str | Path], missing: list[str] | None = None) -> list[Run]:
     """Read each run (the folder of a ``models`` list: each model's run, :func:`~editscope.run.models.
     expand_run_dirs`). Runs of more than one model are keyed by model: every dataset label becomes
     ``label [model]``, so each model gets its own tables, its own unedited row and its own pivot columns, and
     differences pair cases within one model. When several runs of one model hold rows of one method label on one
     dataset, that label becomes ``label [run dir name]`` in each of them; runs that split a config by dataset block
-    (one run per dataset) keep their labels, so the pivot joins them as one run's."""
+    (one run per dataset) keep their labels, so the pivot joins them as one run's. ``missing`` gets one line per
+    model of a models list that has no rows (:func:`~editscope.run.models.expand_run_dirs`)."""
     runs = []
-    for path in expand_run_dirs(run_dirs):
+    for path in expand_run_dirs(run_dirs, missing):
         meta = read_json(path / RUN_JSON)
         rows = run_rows(path)
         if not rows:
@@ -80,16 +81,21 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
         for run in runs:
             _key_by_model(run)
     if len(runs) > 1:
-        seen: dict[tuple[str, str, str], int] = {}
-        for run in runs:
-            for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
-                seen[key] = seen.get(key, 0) + 1
-        for run in runs:
-            clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
-            for r in run.rows:
-                if (r["model"], r["method"]) in clash:
-                    r["method"] = f"{r['method']} [{run.path.name}]"
+        _label_clashes(runs)
     return runs
+
+
+def _label_clashes(runs: list[Run]) -> None:
+    """A method label that several runs of one model hold on one dataset becomes ``label [run dir name]``."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        for key in {(r["model"], r["method"], r["dataset"]) for r in run.rows}:
+            seen[key] = seen.get(key, 0) + 1
+    for run in runs:
+        clash = {(r["model"], r["method"]) for r in run.rows if seen[(r["model"], r["method"], r["dataset"])] > 1}
+        for r in run.rows:
+            if (r["model"], r["method"]) in clash:
+                r["method"] = f"{r['method']} [{run.path.name}]"
 
 
 def _key_by_model(run: Run) -> None:
@@ -214,6 +220,8 @@ class Analysis:
     notes: dict[tuple[str, str], list[str]]
     curves: CurveMap
     figures: list[Figure]
+    #: one line per listed model (a models list) left out: no folder, or no rows yet
+    missing: list[str] = field(default_factory=list)
 
 
 def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mapping[str, SuiteFactory] | None = None,
@@ -222,7 +230,8 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
     both render this)."""
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
-    runs = load_runs(run_dirs)
+    missing: list[str] = []
+    runs = load_runs(run_dirs, missing)
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
@@ -241,50 +250,40 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
-    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs)
+    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing)
 
 
 def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
                  suite_factories: Mapping[str, SuiteFactory] | None = None,
                  baseline: str | None = None,
-                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
+                 cards: Mapping[tuple[str, str, str], str] | None = None,
+                 log: Callable[[str], None] = lambda _m: None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
     compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
     the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
     unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
     runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
     path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
-    "Edit cards" section."""
+    "Edit cards" section. ``log`` gets one line per listed model the report lacks (also said on the page)."""
     a = analyse(run_dirs, seed=seed, suite_factories=suite_factories, baseline=baseline)
     runs, methods, summary, pivot, notes, figs, curves, specs = (a.runs, a.methods, a.summary, a.pivot, a.notes,
                                                                  a.figures, a.curves, a.specs)
     out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
-    for f in figs:
-        atomic_write_bytes(out / "figures" / png_name(f.slug), f.png)
-
-    tables: dict[tuple[str, str], list[SummaryRow]] = {}
-    for r in summary:
-        tables.setdefault((r.dataset, r.suite), []).append(r)
+    _write_figures(out, figs)
+    tables = _by_table(summary)
     bars = {f.slug: f for f in figs}
     title = "editscope report"
     note = ("Per suite, first the paper's columns in the paper's units (×100 where the paper prints percentages; "
             "row 'unedited' = the pre-edit values), then every metric. " + TABLE_NOTE
             + " Metrics are recomputable from the raw probes in each run's results.jsonl.")
 
-    md = [f"# {title}", ""]
-    for run in runs:
-        md += [f"- **{k}**: {v}" for k, v in _run_meta(run)] + [""]
-    md += [note, ""]
+    md = [f"# {title}", "", *_header_markdown(a, log), note, ""]
     page: dict[str, Any] = {"title": title, "runs": [_run_meta(run) for run in runs], "note": note, "pivot": None,
                             "sections": [], "case_studies": [], "cards": None,
                             "configs": [json.dumps(run.meta["config"], indent=2) for run in runs]}
     tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
     if pivot is not None:
-        baseline_line = f"Baseline of the differences: {pivot.baseline}."
-        md += ["## All methods × headline metrics", "", baseline_line, ""] + pivot.markdown()
-        page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
-                         "tables": [pivot.table(chunk) for chunk in pivot.chunks()]}
-        tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
+        md += _pivot_section(pivot, page, tex)
 
     def add_figure(f: Figure, into: list[dict[str, Any]]) -> None:
         md.extend([f"![{f.title}](figures/{png_name(f.slug)})", "", f"*{f.caption}*", ""])
@@ -325,11 +324,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
             md += [f"### {f.title}", ""]
             add_figure(f, page["case_studies"])
     if cards:  # edit cards of chosen cases (editscope report --cards)
-        card_methods = list(dict.fromkeys(m for _, _, m in cards))
-        page["cards"] = {"methods": card_methods, "rows": [
-            (d, c, [cards.get((d, c, m)) for m in card_methods])
-            for d, c in dict.fromkeys((d, c) for d, c, _ in cards)]}
-        md += ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
+        md += _cards_section(cards, page)
     html_path = atomic_write_text(out / "report.html", render("report.html", **page))
     md_path = atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / TABLES_TEX, "\n".join(tex) + "\n")
@@ -337,6 +332,49 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
 
 
 TABLES_TEX = "tables.tex"
+
+
+def _header_markdown(a: Analysis, log: Callable[[str], None]) -> list[str]:
+    """The report's first lines: each run's facts, then each listed model it lacks (also logged: the user sees
+    at once that a model is missing, not only when reading the page)."""
+    md: list[str] = []
+    for run in a.runs:
+        md += [f"- **{k}**: {v}" for k, v in _run_meta(run)] + [""]
+    for line in a.missing:
+        log(f"report: {line}; reported without it")
+        md += [f"*Not in this report: {line}.*", ""]
+    return md
+
+
+def _write_figures(out: Path, figs: list[Figure]) -> None:
+    for f in figs:
+        atomic_write_bytes(out / "figures" / png_name(f.slug), f.png)
+
+
+def _by_table(summary: list[SummaryRow]) -> dict[tuple[str, str], list[SummaryRow]]:
+    """The summary rows of each (dataset, suite), in order."""
+    tables: dict[tuple[str, str], list[SummaryRow]] = {}
+    for r in summary:
+        tables.setdefault((r.dataset, r.suite), []).append(r)
+    return tables
+
+
+def _pivot_section(pivot: Pivot, page: dict[str, Any], tex: list[str]) -> list[str]:
+    """The pivot's Markdown; its tables on the HTML ``page`` and its LaTeX appended to ``tex``."""
+    baseline_line = f"Baseline of the differences: {pivot.baseline}."
+    page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
+                     "tables": [pivot.table(chunk) for chunk in pivot.chunks()]}
+    tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
+    return ["## All methods × headline metrics", "", baseline_line, ""] + pivot.markdown()
+
+
+def _cards_section(cards: Mapping[tuple[str, str, str], str], page: dict[str, Any]) -> list[str]:
+    """The "Edit cards" section: its Markdown, and its table on the HTML ``page``."""
+    card_methods = list(dict.fromkeys(m for _, _, m in cards))
+    page["cards"] = {"methods": card_methods, "rows": [
+        (d, c, [cards.get((d, c, m)) for m in card_methods])
+        for d, c in dict.fromkeys((d, c) for d, c, _ in cards)]}
+    return ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
 
 
 def png_name(slug: str) -> str:
