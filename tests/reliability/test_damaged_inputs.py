@@ -52,6 +52,26 @@ def test_inspect_a_run_whose_config_has_a_wrong_type(run_dir, tmp_path, capsys, 
     one_error(capsys, rc, str(run / RUN_JSON), needle)
 
 
+@pytest.mark.parametrize("change,needle", [
+    (lambda m: m["config"].update(methods="rome"), "field 'config.methods': expected list, got str"),
+    (lambda m: m["config"].update(blocks=[{"dataset": "counterfact"}]), "field 'config.blocks': expected a list of "
+     "objects with a 'label'"),
+], ids=["methods-str", "block-without-label"])
+def test_report_a_run_whose_config_has_a_wrong_type(run_dir, tmp_path, capsys, change, needle):
+    run = _copy(run_dir, tmp_path / "run")
+    meta = json.loads((run / RUN_JSON).read_text())
+    change(meta)
+    (run / RUN_JSON).write_text(json.dumps(meta))
+    one_error(capsys, main(["report", str(run), "--out", str(tmp_path / "rep")]), str(run / RUN_JSON), needle)
+
+
+def test_inspect_a_run_whose_run_json_is_not_utf8(run_dir, tmp_path, capsys):
+    run = _copy(run_dir, tmp_path / "run")
+    (run / RUN_JSON).write_bytes(b'{"config": "\xff"}')
+    rc = main(["inspect", str(run), "--case", "0", "--out", str(tmp_path / "cards"), "--no-progress"])
+    one_error(capsys, rc, str(run / RUN_JSON), "not valid JSON", "UnicodeDecodeError")
+
+
 # -- report --reproduction on a damaged archive or page -------------------------------------------------------------
 PAGE = "# Reproduction\n\nProse.\n\n<!-- editscope:measured live/* -->\n<!-- editscope:end -->\n"
 

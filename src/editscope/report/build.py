@@ -27,6 +27,7 @@ from editscope.plotting import png_axes
 from editscope.report import figures
 from editscope.report.pages import png_src, render
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
+from editscope.run.config import check_stored_config
 from editscope.run.models import expand_run_dirs
 from editscope.run.planned import planned_count, rows_text
 from editscope.run.store import RESULTS, RUN_JSON, read_json, run_rows
@@ -70,6 +71,7 @@ def load_runs(run_dirs: list[str | Path], missing: list[str] | None = None) -> l
     runs = []
     for path in expand_run_dirs(run_dirs, missing):
         meta = read_json(path / RUN_JSON)
+        check_stored_config(meta.get("config", {}), path / RUN_JSON)  # the report reads its labels and blocks
         rows = run_rows(path)
         if not rows:
             raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")

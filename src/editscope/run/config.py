@@ -199,17 +199,7 @@ class RunConfig:
     def from_run_json(cls, data: Any, path: str | Path) -> RunConfig:
         """:meth:`from_dict` of the ``config`` a run.json at ``path`` holds, after checking the types of its keys: a
         damaged file (an edit by hand, a torn copy) is one line naming the file and the key, not a traceback."""
-        if not isinstance(data, dict):
-            raise EditscopeError(f"{path}: field 'config': expected an object, got {type(data).__name__}; the file "
-                                 "is damaged")
-        for key, kinds in _STORED_TYPES.items():
-            value = data.get(key)
-            if key in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
-                raise EditscopeError(f"{path}: field 'config.{key}': expected {' or '.join(k.__name__ for k in kinds)}"
-                                     f", got {type(value).__name__}; the file is damaged")
-        for key in ("methods", "blocks"):
-            if not all(isinstance(x, dict) for x in data.get(key, [])):
-                raise EditscopeError(f"{path}: field 'config.{key}': expected a list of objects; the file is damaged")
+        check_stored_config(data, path)
         try:
             return cls.from_dict(data)
         except KeyError as exc:
@@ -381,6 +371,24 @@ def _model_entry(c: _Checker, raw: Any, key: str, base_dir: Path | None) -> str:
     if model not in registry_names() and not model.startswith("tiny-"):
         model = _resolve(model, base_dir)
     return model
+
+
+
+def check_stored_config(data: Any, path: str | Path) -> None:
+    """The ``config`` of a run.json at ``path`` has the types its readers (resume, inspect, report) rely on: one line
+    naming the file and the key otherwise (the file was damaged or edited by hand)."""
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{path}: field 'config': expected an object, got {type(data).__name__}; the file "
+                             "is damaged")
+    for key, kinds in _STORED_TYPES.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise EditscopeError(f"{path}: field 'config.{key}': expected {' or '.join(k.__name__ for k in kinds)}"
+                                 f", got {type(value).__name__}; the file is damaged")
+    for key in ("methods", "blocks"):  # each an object with its label (what results rows name it by)
+        if not all(isinstance(x, dict) and isinstance(x.get("label"), str) for x in data.get(key, [])):
+            raise EditscopeError(f"{path}: field 'config.{key}': expected a list of objects with a 'label'; the file "
+                                 "is damaged")
 
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
