@@ -68,6 +68,20 @@ def unverified() -> list[str]:
     return list(_UNVERIFIED.get() or [])
 
 
+def trusted() -> bool:
+    """Whether files without a digest are accepted here (the innermost :func:`trusting` block's ``trust``): what a
+    process that reads such files for this one (a Ray actor) must be told, as it does not share the context."""
+    return _TRUST.get()
+
+
+def note_unverified(paths: list[str]) -> None:
+    """Add files another process accepted unverified for this one (a Ray actor) to the innermost :func:`trusting`
+    block's list, so the output records them as if they had been read here."""
+    files = _UNVERIFIED.get()
+    if files is not None:
+        files += [p for p in paths if p not in files]
+
+
 def _missing(path: str | Path, what: str, hint: str, trust: bool | None) -> bool:
     """A file without a digest: accepted (recorded; False: not verified) when trusted, else refused."""
     if trust if trust is not None else _TRUST.get():
@@ -246,6 +260,6 @@ def verify_folder(folder: str | Path, names: list[str], *, what: str, hint: str,
     return True
 
 
-__all__ = ["DIGEST_KEY", "FOLDER_MANIFEST", "TRUST_FLAG", "IntegrityError", "dumps_sealed", "read_json", "seal",
-           "seal_folder", "seal_json", "tensor_digest", "trusting", "unverified", "value_digest", "verify",
-           "verify_folder", "verify_json"]
+__all__ = ["DIGEST_KEY", "FOLDER_MANIFEST", "TRUST_FLAG", "IntegrityError", "dumps_sealed", "note_unverified",
+           "read_json", "seal", "seal_folder", "seal_json", "tensor_digest", "trusted", "trusting", "unverified",
+           "value_digest", "verify", "verify_folder", "verify_json"]

@@ -122,3 +122,64 @@ def test_no_worker_left_stops_in_one_line_and_the_rerun_resumes(tmp_path, cluste
     assert main(rerun[1:]) == 0
     assert _rows(out) == local
     assert "2 rows written, 2 already done" in capsys.readouterr().out
+
+
+def _strip_digest(path) -> None:
+    """The checkpoint as an earlier editscope wrote it: the same content without its content digest."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from editscope.integrity import DIGEST_KEY
+
+    with safe_open(str(path), framework="pt") as fh:
+        meta = {k: v for k, v in fh.metadata().items() if k != DIGEST_KEY}
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+    save_file(tensors, str(path), metadata=meta)
+
+
+class _Kill(Exception):
+    pass
+
+
+def test_trust_unverified_reaches_the_workers(tmp_path, cluster, tiny_llama, capsys):
+    """A memit chain (3 rounds of 2) killed after its round-2 checkpoint, which then loses its digest (an earlier
+    editscope's file). Resumed with --executor ray, the worker that continues the chain refuses it in one line
+    without --trust-unverified, and uses it with the flag: run.json records the file as an in-process run does,
+    and the rows equal an uninterrupted in-process run's."""
+    from editscope.run.chain import chain_path
+
+    data = {"model": "tiny-llama", "seed": 0, "mode": {"sequential_batches": {"batch": 2, "rounds": 3,
+                                                                             "checkpoints": 1}},
+            "methods": [{"name": "memit", "overrides": {"v_steps": 2}}], "dataset": "counterfact",
+            "slice": {"limit": 6}, "suites": ["counterfact"]}
+    config = parse_config(data)
+
+    def kill(row):  # round 3 edited, the round-2 checkpoint on disk
+        if not row["checkpoint"]:
+            raise _Kill
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the worker runs: the same rounding
+    try:
+        Runner(config, out_dir=tmp_path / "whole", bundle=tiny_llama, progress=False).run()
+        with pytest.raises(_Kill):
+            Runner(config, out_dir=tmp_path / "out", bundle=tiny_llama, progress=False, on_row=kill).run()
+    finally:
+        torch.set_num_threads(threads)
+    path = chain_path(tmp_path / "out", "counterfact", 0, "memit")
+    _strip_digest(path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(data | {"output": str(tmp_path / "out")}))
+    args = ["run", str(cfg), "--executor", "ray", "--workers", "1", "--no-progress"]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"editscope: error: {path}: chain checkpoint has no content "
+                                                   "digest"), err[-2000:]
+    assert main([*args, "--trust-unverified"]) == 0, capsys.readouterr().err[-2000:]
+    meta = read_json(tmp_path / "out" / "run.json")
+    assert meta["status"] == "complete" and meta["unverified_files"] == [str(path)]
+    key = ("case_id", "edits_applied")
+    assert sorted(_rows(tmp_path / "out"), key=lambda r: [r[k] for k in key]) == \
+        sorted(_rows(tmp_path / "whole"), key=lambda r: [r[k] for k in key])

@@ -100,7 +100,8 @@ def _report(args: argparse.Namespace) -> int:
         cards = make_cards(first, Path(args.out or args.runs[0]), n=args.cards, ids=args.cards_for, seed=args.seed,
                            log=lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
-        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline, cards=cards)
+        html_path, md_path = build_report(args.runs, args.out, seed=args.seed, baseline=args.baseline, cards=cards,
+                                          log=lambda msg: print(msg, file=sys.stderr, flush=True))
     except BaselineError as exc:  # a bad argument, as argparse's own errors: status 2
         print(f"editscope report: error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch
 
 from editscope.atomic import atomic_write, build_dir, file_lock
 from editscope.errors import EditscopeError
+from editscope.integrity import FOLDER_MANIFEST, IntegrityError, seal_folder, verify_folder
 from editscope.lm.archs import arch_for_config
 from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
 from editscope.lm.device import place
@@ -154,10 +157,13 @@ GGUF_MODELS: dict[str, GGUFModel] = {
 
 
 def is_prepared(name: str) -> bool:
+    """Whether a registry model is converted (a folder an earlier editscope left without its content digest is
+    not: it is converted again on load)."""
     entry = GGUF_MODELS.get(name)
     if entry is None:
         return name.startswith("tiny-")
-    return (entry.folder(name) / FINGERPRINT_FILE).is_file()
+    folder = entry.folder(name)
+    return (folder / FINGERPRINT_FILE).is_file() and (folder / FOLDER_MANIFEST).is_file()
 
 
 def registry_name_of(fingerprint: str) -> str | None:
@@ -176,16 +182,48 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
     if entry is None:
         raise EditscopeError(f"unknown model {name!r}; registry models: {', '.join(registry_names())}")
     folder = entry.folder(name)
+    _drop_damaged(folder, f"model {name} (converted from GGUF)")
     if not is_prepared(name):
 
         def build(tmp: Path) -> None:
             gguf_dir, gguf_file = entry.source()
             _convert_gguf(gguf_dir, gguf_file, tmp, progress)
+            seal_folder(tmp, _cached_files(tmp))
 
-        # One conversion under a lock; the fingerprint file, written last, marks the folder complete.
-        build_dir(folder, build, ready=FINGERPRINT_FILE, what=f"model {name} (converted from GGUF)")
+        # One conversion under a lock; the content digest, written last, marks the folder complete.
+        build_dir(folder, build, ready=FOLDER_MANIFEST, what=f"model {name} (converted from GGUF)")
         progress(f"saved {folder}")
     return folder
+
+
+def _cached_files(folder: Path) -> list[str]:
+    """The files of a converted model's folder that its content digest covers (all of them: it is flat)."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != FOLDER_MANIFEST)
+
+
+def _converted_problem(folder: Path) -> IntegrityError | None:
+    """What is wrong with a converted model's folder against its content digest (None: sound, or no folder)."""
+    if not folder.is_dir():
+        return None
+    try:
+        verify_folder(folder, _cached_files(folder), what="converted model cache", hint="", trust=False)
+    except IntegrityError as exc:
+        return exc
+    return None
+
+
+def _drop_damaged(folder: Path, what: str) -> None:
+    """Remove a converted model's folder that does not match its content digest, or has none (an earlier
+    editscope's), with one warning: it is a cache the wheel's GGUF rebuilds, so it is converted again rather than
+    used (a missing wheel is then the usual one-line ``pip install`` error). Checked again under the build lock, so
+    a folder another process has just rebuilt is kept."""
+    if _converted_problem(folder) is None:
+        return
+    with file_lock(folder.parent / f".{folder.name}.lock", what=what):
+        problem = _converted_problem(folder)
+        if problem is not None:
+            warnings.warn(f"{problem}; converting it again", stacklevel=4)
+            shutil.rmtree(folder)
 
 
 # -- registry ---------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from editscope.plotting import png_axes
 from editscope.report import figures
 from editscope.report.pages import png_src, render
 from editscope.report.pivot import Pivot, best_in_compact, build_pivot
+from editscope.run.config import check_stored_config
 from editscope.run.models import expand_run_dirs
 from editscope.run.planned import planned_count, rows_text
 from editscope.run.store import RESULTS, RUN_JSON, read_json, run_rows
@@ -59,14 +60,15 @@ class Run:
 Figure = SuiteFigure  # slug, title, caption, png
 
 
-def load_runs(run_dirs: list[str | Path]) -> list[Run]:
+def load_runs(run_dirs: list[str | Path], missing: list[str] | None = None) -> list[Run]:
     """Read each run (the folder of a ``models`` list: each model's run, :func:`~editscope.run.models.
     expand_run_dirs`). Runs of more than one model are keyed by model: every dataset label becomes
     ``label [model]``, so each model gets its own tables, its own unedited row and its own pivot columns, and
     differences pair cases within one model. When several runs of one model hold rows of one method label on one
     dataset, that label becomes ``label [run dir name]`` in each of them; runs that split a config by dataset block
-    (one run per dataset) keep their labels, so the pivot joins them as one run's."""
-    runs = [_read_run(path) for path in expand_run_dirs(run_dirs)]
+    (one run per dataset) keep their labels, so the pivot joins them as one run's. ``missing`` gets one line per
+    model of a models list that has no rows (:func:`~editscope.run.models.expand_run_dirs`)."""
+    runs = [_read_run(path) for path in expand_run_dirs(run_dirs, missing)]
     if len({r["model"] for run in runs for r in run.rows}) > 1:
         for run in runs:
             _key_by_model(run)
@@ -78,6 +80,7 @@ def load_runs(run_dirs: list[str | Path]) -> list[Run]:
 def _read_run(path: Path) -> Run:
     """One run folder's ``run.json`` and rows (each naming its model); a run without rows is an error."""
     meta = read_json(path / RUN_JSON)
+    check_stored_config(meta.get("config", {}), path / RUN_JSON)  # the report reads its labels and blocks
     rows = run_rows(path)
     if not rows:
         raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
@@ -222,6 +225,8 @@ class Analysis:
     notes: dict[tuple[str, str], list[str]]
     curves: CurveMap
     figures: list[Figure]
+    #: one line per listed model (a models list) left out: no folder, or no rows yet
+    missing: list[str] = field(default_factory=list)
 
 
 def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mapping[str, SuiteFactory] | None = None,
@@ -230,7 +235,8 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
     both render this)."""
     if not run_dirs:
         raise EditscopeError("report: no run directories given")
-    runs = load_runs(run_dirs)
+    missing: list[str] = []
+    runs = load_runs(run_dirs, missing)
     methods = _ordered(runs, "method", "methods")
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
@@ -249,7 +255,7 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
-    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs)
+    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing)
 
 
 @dataclass
@@ -269,8 +275,9 @@ class _Document:
                      "caption": f.caption})
 
 
-def _start_document(runs: list[Run]) -> _Document:
-    """The title, each run's facts and the note on the tables, in every text."""
+def _start_document(runs: list[Run], missing: Sequence[str] = ()) -> _Document:
+    """The title, each run's facts, each listed model the report lacks and the note on the tables, in every
+    text."""
     title = "editscope report"
     note = ("Per suite, first the paper's columns in the paper's units (×100 where the paper prints percentages; "
             "row 'unedited' = the pre-edit values), then every metric. " + TABLE_NOTE
@@ -279,6 +286,7 @@ def _start_document(runs: list[Run]) -> _Document:
     md = [f"# {title}", ""]
     for run in runs:
         md += [f"- **{k}**: {v}" for k, v in _run_meta(run)] + [""]
+    md += [line for m in missing for line in (f"*Not in this report: {m}.*", "")]
     md += [note, ""]
     page: dict[str, Any] = {"title": title, "runs": [_run_meta(run) for run in runs], "note": note, "pivot": None,
                             "sections": [], "case_studies": [], "cards": None,
@@ -360,14 +368,15 @@ def _add_cards(doc: _Document, cards: Mapping[tuple[str, str, str], str]) -> Non
 def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
                  suite_factories: Mapping[str, SuiteFactory] | None = None,
                  baseline: str | None = None,
-                 cards: Mapping[tuple[str, str, str], str] | None = None) -> tuple[Path, Path]:
+                 cards: Mapping[tuple[str, str, str], str] | None = None,
+                 log: Callable[[str], None] = lambda _m: None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
     compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
     the first two. ``baseline``: the method the pivot's paired differences are taken against (default: the
     unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
     runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
     path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
-    "Edit cards" section."""
+    "Edit cards" section. ``log`` gets one line per listed model the report lacks (also said on the page)."""
     a = analyse(run_dirs, seed=seed, suite_factories=suite_factories, baseline=baseline)
     out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
     for f in a.figures:
@@ -377,7 +386,9 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     for r in a.summary:
         tables.setdefault((r.dataset, r.suite), []).append(r)
     bars = {f.slug: f for f in a.figures}
-    doc = _start_document(a.runs)
+    for line in a.missing:  # the user sees at once that a model is missing, not only when reading the page
+        log(f"report: {line}; reported without it")
+    doc = _start_document(a.runs, a.missing)
     if a.pivot is not None:
         _add_pivot(doc, a.pivot)
     for (dataset, suite), rs in tables.items():

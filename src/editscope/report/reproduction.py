@@ -177,6 +177,18 @@ def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) 
     return lines
 
 
+def _page_text(page: Path) -> str:
+    """The page as text; bytes that are not UTF-8 are one line naming the page, the line and the byte (the page is
+    rewritten in place, so it is not read with replacement characters that would then be written back)."""
+    data = page.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise EditscopeError(f"{page}: line {line}: not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                             f"{exc.start}); save the page as UTF-8") from None
+
+
 def regenerate(page: str | Path, root: str | Path = ".", *,
                log: Callable[[str], None] = lambda _m: None) -> list[Outcome]:
     """Rewrite the measured blocks of ``page`` from the runs under ``root``; return what each block did. The page
@@ -184,7 +196,7 @@ def regenerate(page: str | Path, root: str | Path = ".", *,
     page, root = Path(page), Path(root)
     if not page.is_file():
         raise EditscopeError(f"{page}: no such page")
-    text = page.read_text(encoding="utf-8")
+    text = _page_text(page)
     blocks = parse_blocks(text, page)
     if not blocks:
         raise EditscopeError(f"{page}: no measured blocks (mark one with '<!-- editscope:measured RUN_DIR -->' "
@@ -204,6 +216,8 @@ def regenerate(page: str | Path, root: str | Path = ".", *,
                 a = analyse([str(p) for p in runs], baseline=block.options.get("baseline"))
             except EditscopeError as exc:
                 raise EditscopeError(f"{page}:{block.line}: {exc}") from exc
+            for missing in a.missing:
+                log(f"{page}:{block.line}: {missing}; regenerated without it")
             out += render_block(a, block, folder, f"{FIGURE_DIR}/{block.name}")
             for run in live:
                 archive_run(run, folder / ARCHIVE_DIR / run.name)

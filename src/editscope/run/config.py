@@ -78,6 +78,12 @@ NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
 #: fields of a config left out of its canonical form while at their default (they came after the first digests;
 #: an unset one keeps an older config's digest)
 SINCE = {"since": "omitted at default"}
+#: the types of a stored config's keys (run.json's ``config``: :meth:`RunConfig.from_run_json`)
+_STORED_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (str,), "models": (list,), "methods": (list,), "blocks": (list,), "mode": (str,), "seed": (int,),
+    "output": (str,), "save_patches": (bool,), "plugin_modules": (list,), "device": (str, type(None)),
+    "dtype": (str, type(None)), "runtime": (dict,), "chat_template": (bool,), "lm_eval": (dict, type(None)),
+    "group_size": (int,), "batch": (int,), "rounds": (int,), "checkpoints": (int,), "reprobe": (int,)}
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,18 @@ class RunConfig:
             lm_eval=LmEvalSpec.from_dict(data["lm_eval"]) if data.get("lm_eval") else None,
             models=tuple(data.get("models", ())),
         )
+
+    @classmethod
+    def from_run_json(cls, data: Any, path: str | Path) -> RunConfig:
+        """:meth:`from_dict` of the ``config`` a run.json at ``path`` holds, after checking the types of its keys: a
+        damaged file (an edit by hand, a torn copy) is one line naming the file and the key, not a traceback."""
+        check_stored_config(data, path)
+        try:
+            return cls.from_dict(data)
+        except KeyError as exc:
+            raise EditscopeError(f"{path}: field 'config': key {exc} is missing; the file is damaged") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise EditscopeError(f"{path}: field 'config': {str(exc)[:120]}; the file is damaged") from None
 
     def digest(self, runtime: dict[str, Any] | None = None) -> str:
         """Identity of what is computed: everything but the output directory and the device, with ``runtime`` (the
@@ -355,6 +373,24 @@ def _model_entry(c: _Checker, raw: Any, key: str, base_dir: Path | None) -> str:
     if model not in registry_names() and not model.startswith("tiny-"):
         model = _resolve(model, base_dir)
     return model
+
+
+
+def check_stored_config(data: Any, path: str | Path) -> None:
+    """The ``config`` of a run.json at ``path`` has the types its readers (resume, inspect, report) rely on: one line
+    naming the file and the key otherwise (the file was damaged or edited by hand)."""
+    if not isinstance(data, dict):
+        raise EditscopeError(f"{path}: field 'config': expected an object, got {type(data).__name__}; the file "
+                             "is damaged")
+    for key, kinds in _STORED_TYPES.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise EditscopeError(f"{path}: field 'config.{key}': expected {' or '.join(k.__name__ for k in kinds)}"
+                                 f", got {type(value).__name__}; the file is damaged")
+    for key in ("methods", "blocks"):  # each an object with its label (what results rows name it by)
+        if not all(isinstance(x, dict) and isinstance(x.get("label"), str) for x in data.get(key, [])):
+            raise EditscopeError(f"{path}: field 'config.{key}': expected a list of objects with a 'label'; the file "
+                                 "is damaged")
 
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

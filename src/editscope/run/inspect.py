@@ -117,7 +117,7 @@ def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None
     meta = read_json(run_dir / RUN_JSON) if (run_dir / RUN_JSON).is_file() else None
     if meta is None:
         raise EditscopeError(f"{run_dir}: no {RUN_JSON} (not a run directory)")
-    config = RunConfig.from_dict(meta["config"])
+    config = RunConfig.from_run_json(meta.get("config"), run_dir / RUN_JSON)
     if type(config.mode) is not Single:
         raise EditscopeError(f"{run_dir}: mode {config.mode.label}: a card replays one case's edit alone, which is "
                              "what the run did only in mode single")

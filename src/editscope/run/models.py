@@ -138,21 +138,41 @@ def write_models_summary(out: Path, run_dirs: Sequence[Path]) -> None:
     atomic_write_text(out / SUMMARY_MD, "\n".join(md) + "\n")
 
 
-def expand_run_dirs(run_dirs: Sequence[str | Path]) -> list[Path]:
-    """Run directories, with a models run (``models.json``, no ``run.json``) replaced by its models' runs in
-    config order (those that have started: hold a ``run.json``)."""
+def expand_run_dirs(run_dirs: Sequence[str | Path], missing: list[str] | None = None) -> list[Path]:
+    """Run directories, with a models run (``models.json``, no ``run.json``) replaced by its models' runs that hold
+    rows, in config order; ``missing`` (when given) gets one line per listed model left out (no folder, or no rows
+    yet), so a report can say which model it lacks and still report the others."""
     out: list[Path] = []
     for d in map(Path, run_dirs):
         if (d / RUN_JSON).is_file() or not (d / MODELS_JSON).is_file():
             out.append(d)
             continue
-        subs = [d / entry["dir"] for entry in read_json(d / MODELS_JSON).get("models", [])]
-        started = [s for s in subs if (s / RUN_JSON).is_file()]
-        if not started:
-            raise EditscopeError(f"{d}: a run of a models list none of whose models has started "
-                                 f"({', '.join(s.name for s in subs)})")
-        out += started
+        runs, lacking = listed_runs(d)
+        if not runs:
+            raise EditscopeError(f"{d}: a run of a models list none of whose models has rows yet ("
+                                 f"{'; '.join(lacking)})")
+        out += runs
+        if missing is not None:
+            missing += lacking
     return out
 
 
-__all__ = ["ModelRun", "check_models", "expand_run_dirs", "run_models", "write_models_summary"]
+def listed_runs(folder: Path) -> tuple[list[Path], list[str]]:
+    """The runs of a models list's ``folder`` that hold rows, in config order, and one line for each listed model
+    whose run has no folder (never started, or removed) or no rows yet."""
+    from editscope.run.store import has_rows
+
+    runs, lacking = [], []
+    for entry in read_json(folder / MODELS_JSON).get("models", []):
+        sub = folder / entry["dir"]
+        if not (sub / RUN_JSON).is_file():
+            lacking.append(f"model {entry['model']!r} of {folder / MODELS_JSON}: no run folder {sub} (not started, "
+                           "or removed)")
+        elif not has_rows(sub):
+            lacking.append(f"model {entry['model']!r} of {folder / MODELS_JSON}: its run {sub} has no rows yet")
+        else:
+            runs.append(sub)
+    return runs, lacking
+
+
+__all__ = ["ModelRun", "check_models", "expand_run_dirs", "listed_runs", "run_models", "write_models_summary"]

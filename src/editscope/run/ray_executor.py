@@ -24,9 +24,11 @@ import dataclasses
 import shlex
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from editscope.errors import EditscopeError
+from editscope.integrity import note_unverified, trusted, trusting
 from editscope.run.config import RunConfig
 from editscope.run.runner import Block, Runner, Task, Work
 from editscope.run.store import RESULTS
@@ -56,23 +58,59 @@ def _ray():
 
 
 class _GroupWorker:
-    """One actor: a Runner on its own copy of the model, executing whole groups."""
+    """One actor: a Runner on its own copy of the model, executing whole groups.
 
-    def __init__(self, config, out_dir: str, limit: int | None, threads: int, suite_factories) -> None:
+    ``trust`` is the driver's ``--trust-unverified`` (:func:`editscope.integrity.trusted`): the actor is another
+    process, which the driver's trust context does not reach, and it reads the files a group continues from (chain
+    checkpoints). What it accepts unverified goes back with the rows, for the driver's run.json."""
+
+    def __init__(self, config, out_dir: str, limit: int | None, threads: int, suite_factories,
+                 trust: bool = False) -> None:
         import torch
 
         torch.set_num_threads(threads)
+        self.trust = trust
         # The driver's output directory: the actor writes only the patches of ``save_patches`` there (the driver
         # holds the lock and appends the rows); on a cluster it must be a path every node shares.
         self.runner = Runner(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
                              suite_factories=suite_factories)
-        self.work = self.runner.prepare()
+        with trusting(trust) as used:
+            self.work = self.runner.prepare()
+        self.pending = list(used)  # accepted unverified while preparing: reported with the first group's rows
 
     def fingerprint(self) -> str:
         return self.runner.bundle.fingerprint
 
-    def run_group(self, b: int, g: int, members: list[int], todo: dict[str, set]) -> list[dict[str, Any]]:
-        return list(self.runner.group_rows(self.work, b, g, members, todo))
+    def run_group(self, b: int, g: int, members: list[int], todo: dict[str, set]) -> dict[str, Any]:
+        """The group's rows, and the files accepted unverified since the last call."""
+        with trusting(self.trust) as used:
+            rows = list(self.runner.group_rows(self.work, b, g, members, todo))
+        unverified, self.pending = [*self.pending, *used], []
+        return {"rows": rows, "unverified": unverified}
+
+
+@dataclass
+class _Progress:
+    """The scheduler's book-keeping: tasks queued, started, finished out of order, and written in order."""
+
+    queue: deque
+    attempts: list[int]
+    running: dict[Any, tuple[int, int]] = field(default_factory=dict)  # object ref -> (task, worker)
+    finished: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    next_out: int = 0  # rows are yielded in task order: tasks before next_out are written
+    fatal: str | None = None  # why the run cannot go on
+
+    def done(self, t: int, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Record task ``t``'s rows; yield those of every task now next in order."""
+        self.finished[t] = rows
+        while self.next_out in self.finished:
+            yield from self.finished.pop(self.next_out)
+            self.next_out += 1
+
+    def flush(self) -> Iterator[dict[str, Any]]:
+        """The rows of the tasks finished out of order (written when the run stops: nothing finished is lost)."""
+        for f in sorted(self.finished):
+            yield from self.finished[f]
 
 
 class RayExecutor:
@@ -114,7 +152,7 @@ class RayExecutor:
         config = dataclasses.replace(runner.config, device=device)
         remote = ray.remote(num_cpus=self.threads, num_gpus=1 if device == "cuda" else 0)(_GroupWorker)
         started = [remote.remote(config, str(runner.out_dir.resolve()), runner.limit, self.threads,
-                                 runner.suite_factories)
+                                 runner.suite_factories, trusted())
                    for _ in range(min(self.workers, len(tasks)))]
         try:
             yield from self._schedule(runner, ray, work.blocks, tasks, started)
@@ -128,8 +166,41 @@ class RayExecutor:
         surviving actor (at most :data:`MAX_ATTEMPTS` tries per group). Rows come out in task order, as the
         in-process run writes them; when the run cannot go on, the groups finished out of order are written too
         (nothing finished is lost), then :class:`WorkersLostError` says how to resume."""
+        idle = self._ready(runner, ray, started)
+        p = _Progress(deque(range(len(tasks))), [0] * len(tasks))
+        while p.next_out < len(tasks):
+            self._dispatch(p, idle, started, tasks)
+            if not p.running:
+                p.fatal = p.fatal or "no Ray worker is left"
+                break
+            (ref,), _ = ray.wait(list(p.running), num_returns=1)
+            t, k = p.running.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self._lost(runner, ray, p, _group_name(blocks, tasks[t]), t, (k, started[k]),
+                           len(idle) + len(p.running))
+                continue
+            except ray.exceptions.RayTaskError as exc:  # the group itself failed: as in-process, one line if ours
+                yield from p.flush()  # groups that finished after the failing one are kept all the same
+                if isinstance(exc.cause, EditscopeError):
+                    raise exc.cause from None
+                raise
+            note_unverified(result["unverified"])  # run.json records them as for an in-process run
+            idle.append(k)
+            yield from p.done(t, result["rows"])
+        if p.fatal is None:
+            return
+        yield from p.flush()  # finished out of order: written now, so a rerun does not redo them
+        done = p.next_out + len(p.finished)
+        raise WorkersLostError(f"{p.fatal} ({len(started) - len(idle)} of {len(started)} died); {done} of "
+                               f"{len(tasks)} groups finished, their rows are in {runner.out_dir / RESULTS}; "
+                               f"rerun to resume: {self.rerun or self._default_rerun(runner)}")
+
+    def _ready(self, runner: Runner, ray, started: list) -> list[int]:
+        """The actors that started, each checked to hold the driver's weights (or rows would mix models)."""
         idle = []
-        for k, actor in enumerate(started):  # the same weights as the driver's, or rows would mix models
+        for k, actor in enumerate(started):
             try:
                 fingerprint = ray.get(actor.fingerprint.remote())
             except ray.exceptions.RayActorError as exc:
@@ -141,56 +212,29 @@ class RayExecutor:
                 raise EditscopeError(f"a Ray worker loaded {runner.config.model} with fingerprint {fingerprint}, "
                                      f"the driver {runner.bundle.fingerprint}")
             idle.append(k)
-        queue = deque(range(len(tasks)))
-        attempts = [0] * len(tasks)
-        running: dict[Any, tuple[int, int]] = {}  # object ref -> (task, worker)
-        finished: dict[int, list[dict[str, Any]]] = {}
-        next_out = 0  # rows are yielded in task order: tasks before next_out are written
-        fatal = None
-        while next_out < len(tasks):
-            while fatal is None and idle and queue:
-                t, k = queue.popleft(), idle.pop(0)
-                attempts[t] += 1
-                running[started[k].run_group.remote(*tasks[t])] = (t, k)
-                if self.on_dispatch is not None:
-                    self.on_dispatch(started[k], t)
-            if not running:
-                fatal = fatal or "no Ray worker is left"
-                break
-            (ref,), _ = ray.wait(list(running), num_returns=1)
-            t, k = running.pop(ref)
-            try:
-                rows = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                ray.kill(started[k])  # an unavailable actor may come back: make sure it does not
-                where = _group_name(blocks, tasks[t])
-                left = len(idle) + len(running)
-                if attempts[t] >= MAX_ATTEMPTS:
-                    fatal = fatal or f"{where} lost its Ray worker {attempts[t]} times"
-                else:
-                    runner.log(f"Ray worker {k} died running {where}; the group goes to another worker "
-                             f"({left} left)")
-                    queue.appendleft(t)
-                continue
-            except ray.exceptions.RayTaskError as exc:  # the group itself failed: as in-process, one line if ours
-                for f in sorted(finished):  # groups that finished after the failing one are kept all the same
-                    yield from finished[f]
-                if isinstance(exc.cause, EditscopeError):
-                    raise exc.cause from None
-                raise
-            idle.append(k)
-            finished[t] = rows
-            while next_out in finished:
-                yield from finished.pop(next_out)
-                next_out += 1
-        if fatal is None:
+        return idle
+
+    def _dispatch(self, p: _Progress, idle: list[int], started: list, tasks: list[Task]) -> None:
+        """Hand queued tasks to idle actors (none once the run cannot go on)."""
+        while p.fatal is None and idle and p.queue:
+            t, k = p.queue.popleft(), idle.pop(0)
+            p.attempts[t] += 1
+            p.running[started[k].run_group.remote(*tasks[t])] = (t, k)
+            if self.on_dispatch is not None:
+                self.on_dispatch(started[k], t)
+
+    def _lost(self, runner: Runner, ray, p: _Progress, where: str, t: int, worker: tuple[int, Any],
+              left: int) -> None:
+        """Task ``t``'s actor died: the task goes back to the front of the queue, unless it lost its worker
+        :data:`MAX_ATTEMPTS` times."""
+        k, actor = worker
+        ray.kill(actor)  # an unavailable actor may come back: make sure it does not
+        if p.attempts[t] >= MAX_ATTEMPTS:
+            p.fatal = p.fatal or f"{where} lost its Ray worker {p.attempts[t]} times"
             return
-        for f in sorted(finished):  # finished out of order: written now, so a rerun does not redo them
-            yield from finished[f]
-        done = next_out + len(finished)
-        raise WorkersLostError(f"{fatal} ({len(started) - len(idle)} of {len(started)} died); {done} of "
-                               f"{len(tasks)} groups finished, their rows are in {runner.out_dir / RESULTS}; "
-                               f"rerun to resume: {self.rerun or self._default_rerun(runner)}")
+        runner.log(f"Ray worker {k} died running {where}; the group goes to another worker "
+                   f"({left} left)")
+        p.queue.appendleft(t)
 
     def _default_rerun(self, runner: Runner) -> str:
         return shlex.join(["editscope", "run", "CONFIG", "--executor", "ray", "--workers", str(self.workers),

@@ -583,7 +583,7 @@ def recompute_metrics(run_dir: str | Path, *, suite_factories: Mapping[str, Suit
     whose raw probes in a row were non-finite (stored as null, listed in the row's ``non_finite``) is skipped."""
     run_dir = Path(run_dir)
     meta = read_json(run_dir / RUN_JSON)
-    config = RunConfig.from_dict(meta["config"])
+    config = RunConfig.from_run_json(meta.get("config"), run_dir / RUN_JSON)
     blocks = {b.label: b for b in load_blocks(config, suite_factories=suite_factories)}
     by_id = {label: {c.case_id: c for c in b.cases} for label, b in blocks.items()}
     bad = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from editscope.edit.mend.nets import MendNets
 from editscope.edit.objective import ObjectiveTerm, TargetNLL, VStep, setup_terms, weights_context
 from editscope.edit.runtime import EditRuntime
 from editscope.errors import EditscopeError
+from editscope.integrity import IntegrityError, seal, verify
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import capture, hooks
 from editscope.paths import home
@@ -208,17 +210,31 @@ def save_checkpoint(path: Path, nets: MendNets, optimizer: torch.optim.Optimizer
         for i, state in optimizer.state_dict()["state"].items():
             for key, value in state.items():
                 tensors[f"opt.{i}.{key}"] = torch.as_tensor(value).detach().contiguous()
-    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)}))
+    metadata = seal({"meta": json.dumps(meta)}, tensors)  # checked before use: load_checkpoint
+    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def _read_sealed(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The meta and tensors of a checkpoint or snapshot, checked against its content digest first. It is a cache
+    (training rebuilds it from the same seeded sequence), so an unreadable, damaged or unsealed file (an earlier
+    editscope's) is an :class:`IntegrityError` its readers answer by training it again, never by using it."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            raw = dict(fh.metadata() or {})
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (not a mapping)
+        verify(path, raw, tensors, what="MEND editor cache", hint="it is trained again when deleted", trust=False)
+        meta = json.loads(raw.get("meta", "{}"))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise IntegrityError(f"{path}: not a MEND checkpoint ({exc})") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError(f"{path}: not a MEND checkpoint (its meta is not an object)")
+    return meta, tensors
 
 
 def load_checkpoint(path: Path, nets: MendNets, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """Fill ``nets`` (and ``optimizer``) from a checkpoint; returns its meta."""
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            meta = json.loads((fh.metadata() or {}).get("meta", "{}"))
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (not a mapping)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
-        raise EditscopeError(f"{path}: not a MEND checkpoint ({exc})") from None
+    """Fill ``nets`` (and ``optimizer``) from a checkpoint, after checking its content digest (an
+    :class:`IntegrityError` when it does not match or is missing: see :func:`_read_sealed`); returns its meta."""
+    meta, tensors = _read_sealed(path)
     net = {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
     missing = set(nets.state_dict()) - set(net)
     if missing:
@@ -242,14 +258,15 @@ def snapshot_path(folder: Path, step: int) -> Path:
 
 
 def checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint or snapshot holds, from its header alone (None: no such file)."""
+    """The step a checkpoint or snapshot holds, from its header alone (None: no such file, or one whose header
+    cannot be read: a damaged cache, trained again by whoever loads it)."""
     if not path.is_file():
         return None
     try:
         with safe_open(str(path), framework="pt") as fh:
             return int(json.loads((fh.metadata() or {}).get("meta", "{}"))["step"])
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-        raise EditscopeError(f"{path}: not a MEND checkpoint ({exc})") from None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError):
+        return None
 
 
 def saved_steps(folder: Path) -> list[int]:
@@ -292,11 +309,26 @@ def load_editor(bundle, hp: MendHParams) -> tuple[MendNets, dict]:
     path = editor_path(bundle, hp)
     if path is None:
         return nets, {"trained_steps": 0, "checkpoint": None}
-    meta = load_checkpoint(path, nets)
+    try:
+        meta = load_checkpoint(path, nets)
+    except IntegrityError as exc:  # a cache: trained again (same seeded sequence, same editor), never used damaged
+        path, meta = _train_again(bundle, hp, path, nets, exc)
     if int(meta.get("step", -1)) != hp.steps:
         raise EditscopeError(f"{path}: holds the editor after step {meta.get('step')}, not {hp.steps} (a file "
                              "renamed or copied by hand?)")
     return nets, {"trained_steps": hp.steps, "checkpoint": str(path)}
+
+
+def _train_again(bundle, hp: MendHParams, path: Path, nets: MendNets, why: IntegrityError) -> tuple[Path, dict]:
+    """Replace the damaged (or unsealed) editor file ``path`` by training it again, saying so in one warning."""
+    from editscope.edit.mend.train import train  # train imports this module
+
+    warnings.warn(f"{why}; training the MEND editor again ({hp.steps} steps)", stacklevel=4)
+    path.unlink(missing_ok=True)
+    train(bundle, hp, steps=hp.steps, progress=False)
+    path = editor_path(bundle, hp)
+    assert path is not None  # training left the snapshot of hp.steps
+    return path, load_checkpoint(path, nets)
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MendHParams, state=None, *, engine: ScoringEngine,

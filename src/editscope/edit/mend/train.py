@@ -15,15 +15,22 @@ of those steps an immutable snapshot of what an edit needs (networks and normali
 (``snapshots/step-<N>.safetensors``): an edit with ``steps: N`` uses it. Asked for a step count the checkpoint has
 passed without a snapshot of it (a cache from before snapshots), training runs again from step 0 to it, writing
 snapshots only (the same seeded sequence gives the same editor; the checkpoint stays where it was).
+
+Checkpoint and snapshots carry a content digest (:mod:`editscope.integrity`), checked before they are used. They are
+a cache that training rebuilds, so a damaged one, or one without a digest (an earlier editscope's), is trained again
+with one warning, never used: no ``--trust-unverified`` for them, since the same seeded training gives the same
+editor again (at the cost of the training time).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +56,7 @@ from editscope.edit.mend.core import (
     weight_updates,
 )
 from editscope.errors import EditscopeError
+from editscope.integrity import IntegrityError
 from editscope.lm.engine import ScoringEngine
 
 
@@ -144,78 +152,104 @@ def train(bundle, hp: MendHParams, *, steps: int | None = None, progress: bool =
         return _train(bundle, hp, folder, total, progress=progress, resume=resume, log=log)
 
 
+@dataclass
+class _Progress:
+    """Where training stands: the step reached, the loss history and the seconds spent (a checkpoint's meta)."""
+
+    start: int = 0
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    snapshots_only: bool = False  # training again to a step the checkpoint has passed: leave the checkpoint alone
+
+
+def _resume_point(path: Path, folder: Path, total: int, nets, opt, *, resume: bool,
+                  log: Callable[[str], None]) -> _Progress:
+    """Where to start: the checkpoint's step (``nets`` and ``opt`` filled from it), or step 0 when there is none,
+    when it is past ``total`` without a snapshot of it, or when it is damaged or unsealed (trained again: a cache)."""
+    if not (resume and path.is_file()):
+        return _Progress()
+    if (checkpoint_step(path) or 0) > total and not snapshot_path(folder, total).is_file():
+        log(f"the checkpoint ({path}) is past step {total} and holds no snapshot of it: training again from step "
+            f"0 to {total} for the snapshots (the checkpoint stays as it is)")
+        return _Progress(snapshots_only=True)
+    try:
+        meta = load_checkpoint(path, nets, opt)  # checked before anything is loaded: nets and opt stay fresh
+    except IntegrityError as exc:
+        warnings.warn(f"{exc}; training the MEND editor again from step 0", stacklevel=4)
+        path.unlink(missing_ok=True)
+        return _Progress()
+    log(f"resuming from step {int(meta['step'])} ({path})")
+    return _Progress(int(meta["step"]), list(meta["history"]), float(meta["seconds"]))
+
+
+@dataclass
+class _Saver:
+    """Writes the checkpoint and the immutable snapshots of one training run."""
+
+    bundle: Any
+    hp: MendHParams
+    folder: Path
+    nets: Any
+    opt: torch.optim.Optimizer
+
+    def snapshot(self, step: int, seconds: float) -> None:
+        target = snapshot_path(self.folder, step)
+        if not target.is_file():  # immutable: the same training digest and step give the same editor
+            save_checkpoint(target, self.nets, None, {"step": step, "seconds": seconds, "hparams": self.hp.replace(
+                steps=step).to_dict(), "model": self.bundle.name, "fingerprint": self.bundle.base_fingerprint})
+
+    def save(self, step: int, p: _Progress) -> None:
+        self.snapshot(step, p.seconds)
+        if p.snapshots_only:
+            return
+        meta = {"step": step, "history": p.history, "seconds": p.seconds, "hparams": self.hp.to_dict(),
+                "model": self.bundle.name, "fingerprint": self.bundle.base_fingerprint}
+        save_checkpoint(self.folder / CHECKPOINT, self.nets, self.opt, meta)
+        atomic_write_text(self.folder / "hparams.json", json.dumps(self.hp.to_dict(), indent=1))
+
+
 def _train(bundle, hp: MendHParams, folder: Path, total: int, *, progress: bool, resume: bool,
            log: Callable[[str], None]) -> TrainResult:
     """:func:`train` with its folder's lock held."""
     path = folder / CHECKPOINT
+    torch.manual_seed(hp.seed)
+    nets = new_nets(bundle, hp)
+    opt = optimizer_for(nets, hp)
+    p = _resume_point(path, folder, total, nets, opt, resume=resume, log=log)
+    saver = _Saver(bundle, hp, folder, nets, opt)
+    _steps(bundle, hp, nets, opt, p, total, saver, progress)
+    if p.start == total:  # resumed exactly at the asked step: its snapshot (a cache from before snapshots lacks it)
+        saver.snapshot(p.start, p.seconds)
+    png = folder / "loss_curve.png"
+    if p.history and not p.snapshots_only:  # a run again for snapshots leaves the longer run's curve as it is
+        plot_curve(png, p.history)
+    curve = png if png.is_file() else None
+    return TrainResult(path, snapshot_path(folder, total), max(p.start, total), p.seconds, p.history, curve)
 
-    def fresh():
-        torch.manual_seed(hp.seed)
-        nets = new_nets(bundle, hp)
-        return nets, optimizer_for(nets, hp)
 
-    nets, opt = fresh()
-    start, history, seconds = 0, [], 0.0
-    snapshots_only = False  # training again to a step the checkpoint has passed: leave the checkpoint alone
-    if resume and path.is_file():
-        if (checkpoint_step(path) or 0) > total and not snapshot_path(folder, total).is_file():
-            log(f"the checkpoint ({path}) is past step {total} and holds no snapshot of it: training again from step "
-                f"0 to {total} for the snapshots (the checkpoint stays as it is)")
-            snapshots_only = True
-        else:
-            meta = load_checkpoint(path, nets, opt)
-            start, history, seconds = int(meta["step"]), list(meta["history"]), float(meta["seconds"])
-            log(f"resuming from step {start} ({path})")
+def _steps(bundle, hp: MendHParams, nets, opt, p: _Progress, total: int, saver: _Saver, progress: bool) -> None:
+    """Training steps ``p.start`` .. ``total`` in the seeded case order, saving at every checkpointed step."""
     cases = training_cases(hp)
     order = case_order(len(cases), total, hp.seed)
     engine = ScoringEngine(bundle)
     nets.train()
+    from tqdm import tqdm
 
-    def snapshot(step: int) -> None:
-        target = snapshot_path(folder, step)
-        if not target.is_file():  # immutable: the same training digest and step give the same editor
-            save_checkpoint(target, nets, None, {"step": step, "seconds": seconds, "hparams": hp.replace(
-                steps=step).to_dict(), "model": bundle.name, "fingerprint": bundle.base_fingerprint})
-
-    def save(step: int) -> None:
-        snapshot(step)
-        if snapshots_only:
-            return
-        meta = {"step": step, "history": history, "seconds": seconds, "hparams": hp.to_dict(),
-                "model": bundle.name, "fingerprint": bundle.base_fingerprint}
-        save_checkpoint(path, nets, opt, meta)
-        atomic_write_text(folder / "hparams.json", json.dumps(hp.to_dict(), indent=1))
-
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, initial=start, desc="mend train", unit="step")
-    try:
-        for step in range(start, total):
+    with tqdm(total=total, initial=p.start, desc="mend train", unit="step", disable=not progress) as bar:
+        for step in range(p.start, total):
             t0 = time.perf_counter()
             losses = mend_losses(bundle, engine, nets, hp, cases[order[step]], update_stats=True)
             opt.zero_grad()
             losses["loss"].backward()
             torch.nn.utils.clip_grad_norm_(list(nets.parameters()), hp.grad_clip)
             opt.step()
-            seconds += time.perf_counter() - t0
-            history.append({"step": step + 1, **{k: float(v.detach()) for k, v in losses.items()}})
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(edit=f"{history[-1]['edit']:.3f}", loc=f"{history[-1]['loc']:.4f}")
+            p.seconds += time.perf_counter() - t0
+            p.history.append({"step": step + 1, **{k: float(v.detach()) for k, v in losses.items()}})
+            bar.update(1)
+            if progress:
+                bar.set_postfix(edit=f"{p.history[-1]['edit']:.3f}", loc=f"{p.history[-1]['loc']:.4f}")
             if (step + 1) % hp.checkpoint_every == 0 or step + 1 == total:
-                save(step + 1)
-    finally:
-        if bar is not None:
-            bar.close()
-    if start == total:  # resumed exactly at the asked step: its snapshot (a cache from before snapshots lacks it)
-        snapshot(start)
-    png = folder / "loss_curve.png"
-    if history and not snapshots_only:  # a run again for snapshots leaves the longer run's curve as it is
-        plot_curve(png, history)
-    curve = png if png.is_file() else None
-    return TrainResult(path, snapshot_path(folder, total), max(start, total), seconds, history, curve)
+                saver.save(step + 1, p)
 
 
 def prepare(bundle, hparams: Sequence[MendHParams], log: Callable[[str], None] = lambda _m: None, *,
