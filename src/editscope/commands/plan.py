@@ -47,60 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from editscope.edit.budget import (
-        GiB,
-        Rates,
-        available_memory,
-        measure_rates,
-        model_shape,
-        plan_edit,
-        plan_hparams,
-        render,
-        stats_cached,
-    )
-    from editscope.edit.hparams import parse_overrides
-    from editscope.edit.runtime import EditRuntime
-    from editscope.errors import EditscopeError
-    from editscope.lm.device import resolve_device
+    from editscope.edit.budget import GiB, render
 
     available = None if args.available_gib is None else int(args.available_gib * GiB)
-    if args.config:
-        from editscope.run import load_config
-        from editscope.run.budget import plans_for_config
-
-        config = load_config(args.config)
-        if config.models:
-            raise EditscopeError(f"{args.config}: plan one model at a time (its 'models' list has "
-                                 f"{len(config.models)}); pass --model with the methods instead")
-        plans = plans_for_config(config, device=args.device, dtype=args.dtype, available=available)
-    else:
-        if not args.model:
-            raise EditscopeError("--model or --config is required")
-        device = str(resolve_device(args.device))
-        dtype = args.dtype or "float32"
-        runtime = EditRuntime.from_settings({"vstar_batch": args.vstar_batch}, where="--vstar-batch")
-        shape = model_shape(args.model)
-        if available is None:
-            available, host = available_memory(device)
-        else:
-            host = available
-        overrides = parse_overrides(args.set)
-        plans = []
-        for method in args.method or ["rome"]:
-            hp, note = plan_hparams(method, shape, args.model, args.hparams, overrides)
-            plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
-                                   vstar_batch=runtime.vstar_batch,
-                                   stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
-                                   hparams_note=note, available=available, host_available=host))
+    plans = _config_plans(args, available) if args.config else _model_plans(args, available)
     if not args.no_time and plans:
-        first = plans[0]
-        if args.tflops is not None:
-            fp64 = args.fp64_tflops if args.fp64_tflops is not None else args.tflops / 2
-            rates = Rates(args.tflops * 1e12, fp64 * 1e12, "given")
-        else:
-            rates = measure_rates(first.device, first.dtype, first.model, rows=max(16, first.batch_tokens))
-            if args.fp64_tflops is not None:
-                rates = Rates(rates.matmul, args.fp64_tflops * 1e12, rates.how + " (float64 given)")
+        rates = _rates(args, plans[0])
         for p in plans:
             p.rates = rates
     if args.json:
@@ -108,3 +60,59 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(render(p) for p in plans))
     return 0
+
+
+def _config_plans(args: argparse.Namespace, available: int | None) -> list:
+    """One plan per method of a run config (one model)."""
+    from editscope.errors import EditscopeError
+    from editscope.run import load_config
+    from editscope.run.budget import plans_for_config
+
+    config = load_config(args.config)
+    if config.models:
+        raise EditscopeError(f"{args.config}: plan one model at a time (its 'models' list has "
+                             f"{len(config.models)}); pass --model with the methods instead")
+    return plans_for_config(config, device=args.device, dtype=args.dtype, available=available)
+
+
+def _model_plans(args: argparse.Namespace, available: int | None) -> list:
+    """One plan per ``--method`` for ``--model`` (ROME when none is named)."""
+    from editscope.edit.budget import available_memory, model_shape, plan_edit, plan_hparams, stats_cached
+    from editscope.edit.hparams import parse_overrides
+    from editscope.edit.runtime import EditRuntime
+    from editscope.errors import EditscopeError
+    from editscope.lm.device import resolve_device
+
+    if not args.model:
+        raise EditscopeError("--model or --config is required")
+    device = str(resolve_device(args.device))
+    dtype = args.dtype or "float32"
+    runtime = EditRuntime.from_settings({"vstar_batch": args.vstar_batch}, where="--vstar-batch")
+    shape = model_shape(args.model)
+    if available is None:
+        available, host = available_memory(device)
+    else:
+        host = available
+    overrides = parse_overrides(args.set)
+    plans = []
+    for method in args.method or ["rome"]:
+        hp, note = plan_hparams(method, shape, args.model, args.hparams, overrides)
+        plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
+                               vstar_batch=runtime.vstar_batch,
+                               stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
+                               hparams_note=note, available=available, host_available=host))
+    return plans
+
+
+def _rates(args: argparse.Namespace, first):
+    """The matmul rates of the time estimate: given (--tflops, --fp64-tflops) or measured on the first plan's
+    device and dtype."""
+    from editscope.edit.budget import Rates, measure_rates
+
+    if args.tflops is not None:
+        fp64 = args.fp64_tflops if args.fp64_tflops is not None else args.tflops / 2
+        return Rates(args.tflops * 1e12, fp64 * 1e12, "given")
+    rates = measure_rates(first.device, first.dtype, first.model, rows=max(16, first.batch_tokens))
+    if args.fp64_tflops is not None:
+        rates = Rates(rates.matmul, args.fp64_tflops * 1e12, rates.how + " (float64 given)")
+    return rates
