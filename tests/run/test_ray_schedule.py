@@ -51,8 +51,8 @@ class FakeRay:
         def run_group(b, g, members, todo):
             fake.tries[g] += 1
             dies = k in fake.killed or (g, fake.tries[g]) in fake.deaths
-            return Ref(fake.clock + fake.seconds[g], [{"group": g, "case": i} for i in members], dies,
-                       fake.raises.get(g))
+            rows = {"rows": [{"group": g, "case": i} for i in members], "unverified": []}  # as _GroupActor's
+            return Ref(fake.clock + fake.seconds[g], rows, dies, fake.raises.get(g))
 
         return types.SimpleNamespace(k=k, fingerprint=Method(lambda: Ref(0.0, fake.fingerprint)),
                                      run_group=Method(run_group))
