@@ -86,3 +86,25 @@ def test_bench_device_runs_every_asked_editor_and_precision():
     assert set(rows) == {"rome", "ft"} and all(r[-1] == "bit-exact" for r in rows.values())
     assert float(rows["rome"][1]) > 0 and rows["rome"][2] == "nan"  # s/edit measured; no CUDA peak on a CPU
     assert out.splitlines()[-1].startswith("bfloat16") and out.rstrip().endswith("revert bit-exact")
+
+
+def test_bench_stats_reads_prints_both_ways_and_reads_equal_values():
+    out = _run("bench_stats_reads.py", "--d-ff", "256", "--layers", "1,2", "--tokens", "128", "--rounds", "1")
+    lines = out.splitlines()
+    assert lines[-1].startswith("speedup ") and float(lines[-1].split()[1]) > 0  # values checked bit-equal inside
+    assert any(line.startswith("every read verified") for line in lines)
+
+
+@pytest.mark.slow
+def test_gpu_check_big_part_runs_dry_and_records_the_plan_beside_the_edit(tmp_path):
+    import json
+
+    _run("gpu_check.py", "--part", "big", "--dry", "--device", "cpu", "--out", str(tmp_path), "--seconds", "1",
+         "--stats-tokens", "128", "--v-steps", "1")
+    rows = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in rows]
+    assert kinds[:3] == ["device", "big_model", "rates"] and kinds.count("big_edit") == 1  # then out of time
+    edit = next(r for r in rows if r["kind"] == "big_edit")
+    assert edit["method"] == "memit" and edit["layers"] == [4, 5, 6, 7, 8] and edit["revert_bit_equal"]
+    assert edit["predicted_peak_mib"] > 0 and edit["warm_s"] > 0 and edit["plain_vstar1_s"] > 0
+    assert [r["method"] for r in rows if r["kind"] == "skipped"] == ["rome", "ultraedit", "alphaedit"]

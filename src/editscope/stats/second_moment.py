@@ -31,6 +31,10 @@ fingerprint may hold values of the changed weights (never served for other weigh
 A file that is unreadable (truncated), fails its content digest (every tensor and metadata entry:
 :mod:`editscope.integrity`), has none (written by an earlier editscope), has the wrong shape or holds non-finite values
 is recomputed the same way, with a warning line that says so. Files are written atomically (temp file + rename).
+Both digests are computed once per file and process (:class:`_VerifiedFiles`): a later read of the same
+file, unchanged since (inode, size, modification time) and not modified just before it was verified, skips
+them. Every edit of ROME and the MEMIT family reads C again; on an 8B model that was ~8 GB hashed twice per
+edit (a MEMIT edit of 4 requests took 50 s on an H100, docs/scale.md).
 """
 
 from __future__ import annotations
@@ -173,8 +177,53 @@ def _content_checksum(mom2: torch.Tensor) -> str:
     return hashlib.blake2b(mom2.contiguous().cpu().view(torch.uint8).numpy().data, digest_size=16).hexdigest()
 
 
-def _open_sealed(path: Path) -> tuple[dict, dict] | str:
-    """The metadata and tensors of a cache file whose content digest holds, else why it cannot be used."""
+class _VerifiedFiles:
+    """Cache files whose seal and content checksum held when this process last read them, by path, with the
+    (inode, size, modification time in ns) they had then: a write since (a recomputation, a byte flipped by hand,
+    a replacement by rename) changes that stamp and the file is verified again. A file modified less than
+    :attr:`racy_ns` before it was verified is not remembered (as git's "racily clean" index entries): a file
+    system keeps modification times at a clock tick's resolution, so a second write within the same tick could
+    leave the stamp as it was. At most ``limit`` paths (the oldest forgotten first). The limit of the check: a
+    write that sets the stamp back to what it was (same inode, size and modification time) is not seen."""
+
+    racy_ns = 2_000_000_000
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._stamps: dict[str, tuple[int, int, int]] = {}
+
+    @staticmethod
+    def stamp(path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def holds(self, path: Path) -> bool:
+        stamp = self.stamp(path)
+        return stamp is not None and self._stamps.get(str(path)) == stamp
+
+    def add(self, path: Path) -> None:
+        if (stamp := self.stamp(path)) is None or time.time_ns() - stamp[2] < self.racy_ns:
+            return
+        self._stamps.pop(str(path), None)
+        self._stamps[str(path)] = stamp
+        while len(self._stamps) > self.limit:
+            self._stamps.pop(next(iter(self._stamps)))
+
+    def forget(self, path: Path) -> None:
+        self._stamps.pop(str(path), None)
+
+
+#: the statistics files verified in this process (see :class:`_VerifiedFiles`)
+_VERIFIED = _VerifiedFiles()
+
+
+def _open_sealed(path: Path) -> tuple[dict, dict, bool] | str:
+    """The metadata and tensors of a cache file whose content digest holds, and whether it was verified before in
+    this process (so its content checksum needs no recomputation either); else why it cannot be used."""
+    before = _VERIFIED.holds(path)
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
@@ -183,12 +232,15 @@ def _open_sealed(path: Path) -> tuple[dict, dict] | str:
         return f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
     if DIGEST_KEY not in meta:
         return "has no content digest (written by an earlier editscope)"
+    if before and _VERIFIED.holds(path):  # the same stamp before and after the read: the bytes verified earlier
+        return meta, tensors, True
+    _VERIFIED.forget(path)
     try:
         verify(path, meta, tensors, what="layer statistics", hint="", trust=False)
     except IntegrityError as exc:
         detail = str(exc).removeprefix(f"{path}: layer statistics: ").removesuffix("; not using it")
         return f"is damaged: {detail}"
-    return meta, tensors
+    return meta, tensors, False
 
 
 def _fields(meta: dict, tensors: dict) -> tuple[torch.Tensor, int, object, object] | str:
@@ -201,15 +253,16 @@ def _fields(meta: dict, tensors: dict) -> tuple[torch.Tensor, int, object, objec
         return f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})"
 
 
-def _matrix_problem(mom2: torch.Tensor, content: object, dim: int, dtype: torch.dtype) -> str:
-    """Why a cached C cannot be used (its content checksum, shape, precision, finiteness), or "" when it can."""
-    if content != _content_checksum(mom2):
+def _matrix_problem(mom2: torch.Tensor, content: object, dim: int, dtype: torch.dtype, trusted: bool = False) -> str:
+    """Why a cached C cannot be used (its content checksum and finiteness unless ``trusted``, shape, precision), or
+    "" when it can."""
+    if not trusted and content != _content_checksum(mom2):
         return "does not match its content checksum (damaged or written by an older version)"
     if tuple(mom2.shape) != (dim, dim):
         return f"holds a {tuple(mom2.shape)} matrix, expected {(dim, dim)}"
     if mom2.dtype != dtype:
         return f"holds a {mom2.dtype} matrix, expected {dtype} (statistics dtype)"
-    if not torch.isfinite(mom2).all():
+    if not trusted and not torch.isfinite(mom2).all():  # trusted: these very bytes passed this check before
         return "holds non-finite values"
     return ""
 
@@ -222,7 +275,7 @@ def _read_cached(path: Path, checksum: str, dim: int, legacy: Callable[[], str] 
     opened = _open_sealed(path)
     if isinstance(opened, str):
         return None, opened
-    meta, tensors = opened
+    meta, tensors, trusted = opened
     fields = _fields(meta, tensors)
     if isinstance(fields, str):
         return None, fields
@@ -232,10 +285,11 @@ def _read_cached(path: Path, checksum: str, dim: int, legacy: Callable[[], str] 
     restamp = not str(weights).startswith(CHECKSUM_FORMAT) and legacy is not None and weights == legacy()
     if weights != checksum and not restamp:
         return None, "was cached for other weights than the model's now (changed outside a Patch?)"
-    if why := _matrix_problem(mom2, content, dim, dtype):
+    if why := _matrix_problem(mom2, content, dim, dtype, trusted=trusted):
         return None, why
     if restamp:
         _save(path, mom2, count, {**{k: json.loads(v) for k, v in meta.items() if k != "content"}, "weights": checksum})
+    _VERIFIED.add(path)
     return mom2, ""
 
 
