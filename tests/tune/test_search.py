@@ -190,3 +190,17 @@ def test_reported_intervals_stay_inside_a_share():
     m, lo, hi = score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS).metrics["PS"]
     assert m == pytest.approx(.875) and lo == pytest.approx(.875 - 2.3646243 * math.sqrt(1 / 8) / math.sqrt(8))
     assert hi == 1.0
+
+
+def test_counterfact_and_zsre_objectives_are_the_suites_declared_scores():
+    """The paper Scores (paper 002's S for CounterFact; the harmonic mean of eqs 21-23 for zsRE) come from the
+    suites' own declarations, so the tune objective and the summary's Score cannot drift apart."""
+    from editscope.suites import get_suite
+
+    hand = {"counterfact": (("ES", "PS", "NS"), "NS"), "zsre": (("Efficacy", "Paraphrase", "Specificity"),
+                                                                 "Specificity")}
+    for suite, (components, guard) in hand.items():
+        objective = OBJECTIVES[suite]
+        assert tuple(c.label for c in objective.components) == components and objective.guard == guard
+        declared = next(m for m in get_suite(suite).metrics_declared if m.name == "Score")
+        assert declared.aggregate.of == components and not any(c.complement for c in objective.components)
