@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version(),
                         help="print editscope's version and those of the libraries that shape its numbers")
+    parser.add_argument("--plugin-module", dest="global_plugin_modules", action="append", default=[],
+                        metavar="MODULE", help="import a Python module before the command (repeatable): what it "
+                        "registers (a model family, an editor, a plug-in, a suite, a metric) is known to every "
+                        "command (edit, inspect, plan, tune, locate, report); a run config names its own in "
+                        "plugin_modules")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS.values():
         importlib.import_module(module).register(sub)
@@ -107,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.global_plugin_modules:
+            from editscope.edit.plugins import import_plugin_modules
+
+            import_plugin_modules(args.global_plugin_modules)
         return int(args.func(args) or 0)
     except EditscopeError as exc:
         print(f"editscope: error: {_one_line(str(exc))}", file=sys.stderr)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -210,3 +212,28 @@ def test_a_model_family_added_by_one_arch_map_runs_a_rome_edit(olmo_run):
         assert row["metrics"]["p_new"]["p_new_pre"] == pytest.approx(math.exp(pre.sum), rel=1e-4)
         assert row["metrics"]["p_new"]["p_new_post"] == pytest.approx(math.exp(post.sum), rel=1e-4)
         assert post.sum > pre.sum  # the edit raised the new target
+
+
+def test_a_family_module_reaches_every_command_through_the_global_option(olmo_run):
+    """``editscope --plugin-module MODULE COMMAND``: the family the module registers is known to commands that take
+    no run config (here ``score``, which loads the folder); without it, one line naming the model type. The
+    log-probs are the engine's on the same model."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo)])}
+    score = ["score", "--model", str(olmo_run["folder"]), "--prompt", "The capital of France is",
+             "--candidates", "Paris", "--json"]
+    without = subprocess.run([sys.executable, "-m", "editscope", *score], capture_output=True, text=True, env=env,
+                             cwd=repo)
+    assert without.returncode == 2 and "model_type='olmo'" in without.stderr
+    assert len(without.stderr.strip().splitlines()) == 1
+    with_module = subprocess.run([sys.executable, "-m", "editscope", "--plugin-module", MODULE, *score],
+                                 capture_output=True, text=True, env=env, cwd=repo)
+    assert with_module.returncode == 0, with_module.stderr[-1500:]
+    (got,) = json.loads(with_module.stdout)
+    (want,) = ScoringEngine(load(str(olmo_run["folder"]))).score([("The capital of France is", " Paris")])
+    assert got["logprob_sum"] == pytest.approx(want.sum, rel=1e-5, abs=1e-6)
+    bad = subprocess.run([sys.executable, "-m", "editscope", "--plugin-module", "no_such_module_x", "models"],
+                         capture_output=True, text=True, env=env, cwd=repo)
+    assert bad.returncode == 2 and "plug-in module 'no_such_module_x' cannot be imported" in bad.stderr
