@@ -220,9 +220,12 @@ def part_lifelong(args, figures: Figures) -> None:
     cfg.write_text(json.dumps(lifelong_config(args.method, args.dry, out), indent=1))  # JSON is YAML
     figures.write("device", part="lifelong", method=args.method, dry=args.dry,
                   **device_info(torch.device(args.device)))
-    cmd = [sys.executable, "-m", "editscope", "run", str(cfg), "-o", str(out), "--no-progress", "--device", args.device]
+    cmd = [sys.executable, "-m", "editscope", "run", str(cfg), "-o", str(out), "--device", args.device]
     start = time.perf_counter()
-    child = subprocess.Popen(cmd, env={**os.environ, "EDITSCOPE_DEVICE": args.device})
+    # the progress bar (the runner's latest news: template sampling, z steps, probes) goes to its own file, so a
+    # chain that reaches no checkpoint in time still shows where its time went
+    progress = (Path(args.out) / f"lifelong-{args.method}.progress").open("w")
+    child = subprocess.Popen(cmd, env={**os.environ, "EDITSCOPE_DEVICE": args.device}, stderr=progress)
     seen: dict[int, float] = {}  # edits applied -> seconds since the start when its checkpoint rows appeared
     while child.poll() is None and time.perf_counter() - start < args.seconds:
         time.sleep(2.0)
@@ -232,6 +235,7 @@ def part_lifelong(args, figures: Figures) -> None:
     if child.poll() is None:
         child.kill()
         child.wait()
+    progress.close()
     figures.write("lifelong", method=args.method, how=how, checkpoint_seconds=seen, curve=curve(out))
     if (out / "results.jsonl").is_file():  # the rows themselves, compressed (the GPU machine's files come back small)
         with (out / "results.jsonl").open("rb") as src, gzip.open(Path(args.out) / f"{out.name}.jsonl.gz", "wb") as dst:
@@ -262,15 +266,19 @@ def curve(out: Path) -> list[dict]:
 
     path = out / "results.jsonl"
     groups: dict[int, list] = defaultdict(list)
+    round_seconds: dict[int, float] = {}
     for row in read_results(path) if path.is_file() else []:
         if row.get("checkpoint") and row.get("group") == 0:  # the first chain (a group is 100 rounds)
             groups[int(row["edits_applied"])].append(row["metrics"])
+            if row.get("stratum", [False])[0]:  # the batch just written: its row holds that round's edit seconds
+                round_seconds[int(row["edits_applied"])] = float(row["edit_seconds"])
     points = []
     for applied, metrics in sorted(groups.items()):
         def mean(suite: str, key: str, metrics=metrics) -> float | None:
             values = [m[suite][key] for m in metrics if key in m.get(suite, {})]
             return round(sum(values) / len(values), 4) if values else None
-        points.append({"edits": applied, "rows": len(metrics), "ES": mean("counterfact", "ES_post"),
+        points.append({"edits": applied, "rows": len(metrics), "edit_s_last_round": round_seconds.get(applied),
+                       "ES": mean("counterfact", "ES_post"),
                        "PS": mean("counterfact", "PS_post"), "NS": mean("counterfact", "NS_post"),
                        "NormGrowth": mean("weights", "NormGrowth"), "DeltaSigma": mean("weights", "DeltaSigma")})
     return points
