@@ -237,3 +237,22 @@ def test_a_family_module_reaches_every_command_through_the_global_option(olmo_ru
     bad = subprocess.run([sys.executable, "-m", "editscope", "--plugin-module", "no_such_module_x", "models"],
                          capture_output=True, text=True, env=env, cwd=repo)
     assert bad.returncode == 2 and "plug-in module 'no_such_module_x' cannot be imported" in bad.stderr
+
+
+def test_a_stored_run_config_imports_its_own_plugin_modules(olmo_run):
+    """Reading a run back (inspect, resume) imports the modules its config names: the run records them, so no
+    reader has to repeat them (before, ``inspect RUN_DIR`` said "unknown suite 'p_new'")."""
+    from editscope.run import RunConfig
+    from editscope.run.store import RUN_JSON, read_json
+
+    meta = read_json(olmo_run["out"] / RUN_JSON)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(sys.modules, MODULE)
+        for registry, name in REGISTERED:
+            mp.delitem(registry, name)
+        config = RunConfig.from_run_json(meta["config"], olmo_run["out"] / RUN_JSON)
+        assert MODULE in sys.modules and "olmo" in ARCHS and config.plugin_modules == (MODULE,)
+        broken = {**meta["config"], "plugin_modules": ["no_such_module_x"]}
+        with pytest.raises(EditscopeError, match=r"run\.json: field 'config\.plugin_modules': plug-in module "
+                                                 r"'no_such_module_x' cannot be imported"):
+            RunConfig.from_run_json(broken, olmo_run["out"] / RUN_JSON)

@@ -200,8 +200,17 @@ class RunConfig:
     @classmethod
     def from_run_json(cls, data: Any, path: str | Path) -> RunConfig:
         """:meth:`from_dict` of the ``config`` a run.json at ``path`` holds, after checking the types of its keys: a
-        damaged file (an edit by hand, a torn copy) is one line naming the file and the key, not a traceback."""
+        damaged file (an edit by hand, a torn copy) is one line naming the file and the key, not a traceback. The
+        run's ``plugin_modules`` are imported first: what they registered (a model family, an editor, a suite) is
+        needed to read the run again, and the run records them so that no reader has to be told."""
         check_stored_config(data, path)
+        if modules := data.get("plugin_modules"):
+            from editscope.edit.plugins import import_plugin_modules
+
+            try:
+                import_plugin_modules([str(m) for m in modules])
+            except EditscopeError as exc:
+                raise EditscopeError(f"{path}: field 'config.plugin_modules': {exc}") from None
         try:
             return cls.from_dict(data)
         except KeyError as exc:
