@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # Not in CI: the same suite on the newest versions pyproject.toml allows. When it passes, refresh constraints.txt
 # from that venv (pip freeze --exclude-editable, torch left out) in a commit of its own.
