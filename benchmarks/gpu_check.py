@@ -15,7 +15,7 @@ re-probe at every checkpoint) through the runner, one method per call, until ``-
 runner's own (``results.jsonl``), and edits per minute come from the rows' edit and evaluation seconds.
 
 Every figure is appended to ``--out``/gpu_check.jsonl as soon as it is measured, so a killed run keeps what it has.
-``--dry``: the same code on the CPU with a small model of the same layer count (hidden 64) and tiny budgets, to
+``--dry``: the same code on the CPU with a small model (10 layers, hidden 64) and tiny budgets, to
 check the script before GPU minutes are spent on it. Usage:
 
     python benchmarks/gpu_check.py --part big --out OUT [--device cuda] [--dry] [--seconds 240]
@@ -37,9 +37,9 @@ LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers
              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
              "rms_norm_eps": 1e-5, "bos_token_id": 128000, "eos_token_id": 128001,
              "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
-#: --dry: the same layer count (so Llama-3-8B's hparams layers exist), every width small
-DRY = {**LLAMA3_8B, "hidden_size": 64, "intermediate_size": 224, "num_attention_heads": 4, "num_key_value_heads": 2,
-       "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2}
+#: --dry: 10 layers (Llama-3-8B's hparams edit layers 4-8), every width small
+DRY = {**LLAMA3_8B, "num_hidden_layers": 10, "hidden_size": 64, "intermediate_size": 224, "num_attention_heads": 4,
+       "num_key_value_heads": 2, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2}
 #: the order of the big part (see the module docstring) and each editor's requests per edit
 BIG_METHODS = {"memit": 4, "rome": 1, "ultraedit": 4, "alphaedit": 4}
 
