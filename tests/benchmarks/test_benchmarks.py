@@ -35,6 +35,7 @@ def test_bench_wild_runs_and_agrees_with_the_naive_loop():
     out = _run("bench_wild.py", "--model", "tiny-llama", "--cases", "2", "--max-new-tokens", "6", "--threads", "1")
     assert "answers equal on all" in out  # the script exits non-zero when the batched answers differ
     assert "wild vs naive speedup " in out and "wild / teacher-forced cost " in out
+    assert "wild vs batched generate speedup " in out
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@ import pytest
 from editscope.report import figures
 from editscope.report.build import analyse
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.summary import curve_columns, curve_table
+from editscope.run.summary import SummaryRow, curve_columns, curve_table, edit_info_curves
 from editscope.suites import get_suite
+from editscope.suites.weights import SOLVE_COND
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,8 @@ def test_a_stream_of_checkpoints_spanning_more_than_a_decade_is_drawn_on_a_log_x
     figures.edit_curves({e * 1000: rs for e, rs in points.items()} | {9 * 10**4: points[9]}, ["ultraedit"], "t", specs)
     linear, log = drawn
     visible = [ax for ax in linear.axes if ax.get_visible() and ax.get_title()]
-    assert [ax.get_title() for ax in visible] == ["DeltaNorm ↓", "DeltaNormMax ↓", "NormGrowth", "DeltaSigma ↓"]
+    assert [ax.get_title() for ax in visible] == ["DeltaNorm ↓", "DeltaNormMax ↓", "NormGrowth", "DeltaSigma ↓",
+                                                  "SolveCond ↓"]
     assert {ax.get_xscale() for ax in visible} == {"linear"}
     assert {ax.get_xscale() for ax in log.axes if ax.get_visible() and ax.get_title()} == {"log"}
     # the plotted line is the checkpoints' means
@@ -71,3 +73,38 @@ def test_a_stream_of_checkpoints_spanning_more_than_a_decade_is_drawn_on_a_log_x
     assert list(line.get_xdata()) == [3, 6, 9]
     assert list(line.get_ydata()) == pytest.approx([{r.metric: r.mean for r in points[e]}["DeltaNorm"]
                                                     for e in (3, 6, 9)])
+
+
+def _row(case: int, edits: int, cond: float | None, method: str = "ultraedit") -> dict:
+    return {"dataset": "d", "method": method, "group": 0, "case_id": str(case), "edits_applied": edits,
+            "edit_info": {} if cond is None else {"solve_cond_max": cond}}
+
+
+def test_edit_info_curve_takes_the_worst_round_written_since_the_previous_checkpoint():
+    # checkpoint at 4 edits: cases 0-3 (rounds of 2: conds 2 and 5); at 8: cases 4-7 (conds 7, 3) and a re-probe
+    # of case 0 (first probed at 4: its old round does not count at 8); a method without the key is left out
+    rows = [_row(0, 4, 2.0), _row(1, 4, 2.0), _row(2, 4, 5.0), _row(3, 4, 5.0),
+            _row(0, 8, 2.0), _row(4, 8, 7.0), _row(5, 8, 7.0), _row(6, 8, 3.0), _row(7, 8, 3.0),
+            _row(0, 4, None, "memit"), _row(1, 8, None, "memit")]
+    curves = edit_info_curves(rows, "weights", {"solve_cond_max": SOLVE_COND}, ["memit", "ultraedit"])
+    assert list(curves) == ["d"] and sorted(curves["d"]) == [4, 8]
+    assert curves["d"][4] == [SummaryRow("d", "weights", "ultraedit", "SolveCond", 4, 5.0, 5.0, 5.0, 0.0, "model")]
+    assert [(r.n, r.mean) for r in curves["d"][8]] == [(4, 7.0)]
+    assert edit_info_curves(rows[:4], "weights", {"solve_cond_max": SOLVE_COND}) == {}  # one point: no curve
+
+
+def test_the_weights_curve_carries_the_solves_condition_number(run_dir):
+    rows = read_results(run_dir / "results.jsonl")
+    analysis = analyse([run_dir])
+    specs = analysis.specs[("counterfact-sample", "weights")]
+    assert specs[-1] is SOLVE_COND
+    points = analysis.curves[("counterfact-sample", "weights")]
+    table = curve_table(points, ["ultraedit"], specs)
+    assert table.headers[-1] == "SolveCond ↓ (ratio)"
+    for edits in (3, 6, 9):  # a checkpoint every round: the batch just written is the only one first probed there
+        written = [r["edit_info"]["solve_cond_max"] for r in rows if r["edits_applied"] == edits
+                   and not any(o["case_id"] == r["case_id"] and o["edits_applied"] < edits for o in rows)]
+        assert len(written) == 3 and len(set(written)) == 1
+        cond = next(r for r in points[edits] if r.metric == "SolveCond")
+        assert cond.mean == written[0] and cond.mean > 1.0
+    assert len({next(r.mean for r in points[e] if r.metric == "SolveCond") for e in (3, 6, 9)}) == 3

@@ -43,6 +43,7 @@ import torch
 
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
+from editscope.lm.decode import greedy_rows, stop_check
 from editscope.lm.hooks import capture
 from editscope.lm.kv_cache import cache_kwargs
 from editscope.lm.loading import Bundle
@@ -633,7 +634,7 @@ class ScoringEngine(Scorer):
                stop: Sequence[str] = (".", "\n")) -> list[str]:
         """Greedy answers as evaluation in the wild reads them (Yang et al., ACL 2025, "The Mirage of Model
         Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
-        new text (rows stop one by one: transformers' stop-string criterion), the text before that stop string
+        new text (each row leaves the batch when it ends: :mod:`editscope.lm.decode`), the text before that stop string
         kept whole, surrounding whitespace stripped. Rows go left-padded with a KV cache, as many at a time as
         the token budget holds with room for the new tokens."""
         if max_new_tokens < 1:
@@ -642,18 +643,20 @@ class ScoringEngine(Scorer):
             raise EditscopeError("answer: an empty stop string would end every answer before it starts")
         rows = self._context_forward(prompts, None)
         per_call = max(1, self.token_budget // (max(len(r[0]) for r in rows) + max_new_tokens))
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, do_sample=False)
-        if stop:
-            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop)
         answers = []
         for start in range(0, len(rows), per_call):
             ids, mask, _, _ = self._inputs(rows[start:start + per_call], "left")
-            out = self.model.generate(ids, attention_mask=mask, **kwargs)
-            for row in out[:, ids.shape[1]:].tolist():
-                # a row that ended is padded after its EOS: the answer is what came before it
-                end = next((k for k, t in enumerate(row) if t in self._eos_ids), len(row))
-                answers.append(cut_at_stop(self.tokenizer.decode(row[:end], skip_special_tokens=True), stop))
+            for new in greedy_rows(self._last_logits, ids, mask, max_new_tokens=max_new_tokens, ended=ended,
+                                   eos_ids=self._eos_ids):
+                answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop))
         return answers
+
+    def _last_logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """One decoding step (:data:`editscope.lm.decode.Step`): logits of each row's last position only."""
+        hidden = self._base(input_ids=ids, attention_mask=mask, position_ids=positions,
+                            **cache_kwargs(self._base, cache)).last_hidden_state
+        return self.logits_from_hidden(hidden[:, -1])
 
     @cached_property
     def _eos_ids(self) -> frozenset[int]:

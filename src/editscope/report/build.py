@@ -38,6 +38,7 @@ from editscope.run.summary import (
     SummaryRow,
     compact_table,
     curve_markdown,
+    edit_info_curves,
     metrics_table,
     protocol_notes,
     retention,
@@ -45,6 +46,7 @@ from editscope.run.summary import (
     summarize,
     summarize_by_edits,
 )
+from editscope.suites import edit_info_curves as declared_info_curves
 from editscope.suites import measures_whole_model
 from editscope.suites.base import Suite, SuiteFigure
 from editscope.tables import Table
@@ -246,6 +248,7 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
                         model_level=_model_level({(r.dataset, r.suite) for r in summary}))
     figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
     curves = summarize_by_edits(rows, specs=specs, method_order=methods, dataset_order=datasets)
+    _add_edit_info_curves(curves, specs, rows, methods)
     figs += [Figure(f"curve-{dataset}-{suite}", f"{suite} on {dataset} vs number of edits",
                     "Sequential batches: each point is the mean over the cases edited so far when the model held "
                     "that many edits (checkpoint rows; the last point is the final evaluation); band: 95% CI; "
@@ -256,6 +259,22 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
     return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing)
+
+
+def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[dict[str, Any]],
+                          methods: list[str]) -> None:
+    """The per-round quantities of the editors that a suite's curves show beside its own metrics (the condition
+    number of the solve beside the weight drift: why an editor collapses, read off one figure)."""
+    for dataset, suite in list(curves):
+        declared = declared_info_curves(suite)
+        points = edit_info_curves(rows, suite, declared, methods).get(dataset) if declared else None
+        if not points:
+            continue
+        merged = curves[(dataset, suite)]
+        for edits, rs in points.items():
+            merged.setdefault(edits, []).extend(rs)
+        curves[(dataset, suite)] = dict(sorted(merged.items()))
+        specs[(dataset, suite)] = (*specs.get((dataset, suite), ()), *declared.values())
 
 
 @dataclass

@@ -252,6 +252,38 @@ def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None 
     return {key: points for key, points in out.items() if len(points) >= 2}
 
 
+def edit_info_curves(rows: Iterable[dict[str, Any]], suite: str, declared: Mapping[str, MetricSpec],
+                     method_order: Sequence[str] = ()) -> dict[str, dict[int, list[SummaryRow]]]:
+    """Per dataset, {edits on the model: summary rows} of the per-round quantities ``declared`` (``edit_info`` key ->
+    spec) that ``suite``'s curves show (:attr:`~editscope.suites.base.Suite.edit_info_curves`): for each method, the
+    largest value over the rows whose case was first probed at that checkpoint, i.e. over the rounds written since
+    the previous one (a row carries the info of the round that edited its case). A value per round, not per case:
+    no interval. Only methods whose editor reports the key; datasets with two or more points."""
+    first: dict[tuple, int] = {}
+    infos: dict[tuple, dict[str, Any]] = {}  # (dataset, method, group, case) -> its round's edit_info
+    for row in rows:
+        info = row.get("edit_info") or {}
+        if row.get("edits_applied") is None or not any(key in info for key in declared):
+            continue
+        case = (row["dataset"], row["method"], row.get("group"), str(row["case_id"]))
+        first[case] = min(first.get(case, int(row["edits_applied"])), int(row["edits_applied"]))
+        infos[case] = info
+    written: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for case, edits in first.items():
+        written.setdefault((case[0], case[1], edits), []).append(infos[case])
+    order = {m: i for i, m in enumerate(method_order)}
+    out: dict[str, dict[int, list[SummaryRow]]] = {}
+    for (dataset, method, edits), group in sorted(written.items(), key=lambda kv: (order.get(kv[0][1], len(order)),
+                                                                                   kv[0])):
+        for key, spec in declared.items():
+            values = [float(info[key]) for info in group if key in info]
+            if values:
+                top = max(values)
+                out.setdefault(dataset, {}).setdefault(edits, []).append(
+                    SummaryRow(dataset, suite, method, spec.post, len(values), top, top, top, 0.0, ci="model"))
+    return {d: dict(sorted(points.items())) for d, points in out.items() if len(points) >= 2}
+
+
 RetentionMap = dict[tuple[str, str, str], dict[tuple[int, int], float]]
 """(dataset, suite, method) -> {(edits when the cases were first probed, edits at the probe): mean of the metric}."""
 

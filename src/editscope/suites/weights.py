@@ -11,6 +11,10 @@ update of a whole chain):
   pre-edit matrix's. PRUNE (Ma et al., ICLR 2025; a baseline of paper 004) restrains exactly the singular values of
   the accumulated ΔW that exceed σ₁(W₀): above 1, the update dominates the matrix's largest direction.
 
+The curves of this suite also show ``SolveCond``, the condition number an editor reports of its own solve
+(``edit_info["solve_cond_max"]``, UltraEdit's ridge solve) for the rounds written since the previous checkpoint
+(:attr:`~editscope.suites.base.Suite.edit_info_curves`), so conditioning and norm growth share one x-axis.
+
 Every value is also kept per matrix in the probe (``probe["matrices"][name]``: ``delta``, ``norm``, ``sigma``), so a
 report can plot one line per layer. Norms are computed in float64; σ₁ is ``torch.linalg.matrix_norm(ord=2)``.
 
@@ -52,6 +56,12 @@ METRICS: tuple[MetricSpec, ...] = (
                description="top singular value of the accumulated update against the pre-edit matrix's"),
 )
 
+SOLVE_COND = MetricSpec(
+    "SolveCond", "the editor's own solve (UltraEdit, Gu et al. TMLR 2026 §3: KᵀK + λI)",
+    "max over the edited layers and the rounds since the previous checkpoint of κ₂ of the solve's matrix", False,
+    (1.0, float("inf")), "ratio", pairing="post_only", headline=False,
+    description="2-norm condition number of the editor's linear solve: how ill-posed its update is getting")
+
 
 def matrix_drift(current: torch.Tensor, original: torch.Tensor) -> dict[str, float]:
     """``delta`` ‖W − W₀‖_F/‖W₀‖_F, ``norm`` ‖W‖_F/‖W₀‖_F and ``sigma`` σ₁(W − W₀)/σ₁(W₀) of one matrix (float64)."""
@@ -70,6 +80,7 @@ class WeightDriftSuite(Suite):
 
     name = "weights"
     chooses_edits = False  # the model as a whole: any block's edits
+    edit_info_curves = {"solve_cond_max": SOLVE_COND}
 
     def __init__(self) -> None:
         self._measured: dict[str, dict[str, Any]] = {}  # weights fingerprint -> probe (the last few models)
@@ -118,4 +129,4 @@ def summarize(matrices: dict[str, dict[str, float]]) -> dict[str, float]:
             "DeltaSigma": max(v["sigma"] for v in values)}
 
 
-__all__ = ["METRICS", "WeightDriftSuite", "matrix_drift", "measure", "summarize"]
+__all__ = ["METRICS", "SOLVE_COND", "WeightDriftSuite", "matrix_drift", "measure", "summarize"]
