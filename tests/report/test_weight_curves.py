@@ -3,12 +3,15 @@ metrics shows its per-case ones), from a real lifelong run on tiny-llama; long s
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from editscope.report import figures
 from editscope.report.build import analyse
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.summary import SummaryRow, curve_columns, curve_table, edit_info_curves
+from editscope.run.summary import curve_columns, curve_table, edit_info_curves
 from editscope.suites import get_suite
 from editscope.suites.weights import SOLVE_COND
 
@@ -67,12 +70,22 @@ def test_a_stream_of_checkpoints_spanning_more_than_a_decade_is_drawn_on_a_log_x
     assert [ax.get_title() for ax in visible] == ["DeltaNorm ↓", "DeltaNormMax ↓", "NormGrowth", "DeltaSigma ↓",
                                                   "SolveCond ↓"]
     assert {ax.get_xscale() for ax in visible} == {"linear"}
+    assert [ax.get_yscale() for ax in visible] == ["linear"] * 4 + [
+        "log" if figures.spans_decades([r.mean for rs in points.values() for r in rs if r.metric == "SolveCond"])
+        else "linear"]
     assert {ax.get_xscale() for ax in log.axes if ax.get_visible() and ax.get_title()} == {"log"}
     # the plotted line is the checkpoints' means
     line = visible[0].get_lines()[0]
     assert list(line.get_xdata()) == [3, 6, 9]
     assert list(line.get_ydata()) == pytest.approx([{r.metric: r.mean for r in points[e]}["DeltaNorm"]
                                                     for e in (3, 6, 9)])
+
+
+def test_a_panel_whose_values_span_more_than_two_decades_is_drawn_on_a_log_y_axis():
+    assert figures.spans_decades([1.0e6, 1.4e6, 1.2e10])
+    assert not figures.spans_decades([1.0e6, 9.9e7])  # just under two decades
+    assert not figures.spans_decades([0.0, 1.0e6])  # zero: no log axis
+    assert not figures.spans_decades([])
 
 
 def _row(case: int, edits: int, cond: float | None, method: str = "ultraedit") -> dict:
@@ -88,7 +101,10 @@ def test_edit_info_curve_takes_the_worst_round_written_since_the_previous_checkp
             _row(0, 4, None, "memit"), _row(1, 8, None, "memit")]
     curves = edit_info_curves(rows, "weights", {"solve_cond_max": SOLVE_COND}, ["memit", "ultraedit"])
     assert list(curves) == ["d"] and sorted(curves["d"]) == [4, 8]
-    assert curves["d"][4] == [SummaryRow("d", "weights", "ultraedit", "SolveCond", 4, 5.0, 5.0, 5.0, 0.0, "model")]
+    (row,) = curves["d"][4]
+    assert (row.dataset, row.suite, row.method, row.metric, row.n, row.mean, row.ci) == (
+        "d", "weights", "ultraedit", "SolveCond", 4, 5.0, "model")
+    assert math.isnan(row.ci95_low) and math.isnan(row.ci95_high)  # one value per round: no interval
     assert [(r.n, r.mean) for r in curves["d"][8]] == [(4, 7.0)]
     assert edit_info_curves(rows[:4], "weights", {"solve_cond_max": SOLVE_COND}) == {}  # one point: no curve
 
@@ -108,3 +124,25 @@ def test_the_weights_curve_carries_the_solves_condition_number(run_dir):
         cond = next(r for r in points[edits] if r.metric == "SolveCond")
         assert cond.mean == written[0] and cond.mean > 1.0
     assert len({next(r.mean for r in points[e] if r.metric == "SolveCond") for e in (3, 6, 9)}) == 3
+
+
+def test_a_run_still_in_progress_reports_its_checkpoints_curves(run_dir, tmp_path):
+    """Only checkpoint rows (the final rows not written yet): every suite still gets its section, with the curves
+    of the checkpoints so far and a note saying the run goes on; no bars (they need final rows)."""
+    from editscope.report.build import IN_PROGRESS_NOTE, build_report
+
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "run.json").write_text((run_dir / "run.json").read_text())
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["checkpoint"]]  # each line as written, its digest with it
+    assert kept and len(kept) < len(lines)
+    (partial / "results.jsonl").write_text("\n".join(kept) + "\n")
+    _html, md = build_report([partial], tmp_path / "report")
+    text = md.read_text()
+    for suite in ("counterfact", "weights"):
+        section = text.split(f"## {suite} on counterfact-sample")[1].split("\n## ")[0]
+        assert IN_PROGRESS_NOTE in section and "After each number of edits" in section
+        assert f"curve-counterfact-sample-{suite}.png" in section and "bars-" not in section
+    weights = text.split("## weights on counterfact-sample")[1]
+    assert "| ultraedit | 3 |" in weights and "| ultraedit | 6 |" in weights and "| ultraedit | 9 |" not in weights

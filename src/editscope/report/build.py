@@ -348,19 +348,29 @@ def _add_curve(doc: _Document, section: dict[str, Any], a: Analysis, bars: Mappi
         doc.add_figure(bars[f"retention-{dataset}-{suite}"], section["curve"]["figures"])
 
 
+IN_PROGRESS_NOTE = ("No final rows yet (the sequential run is still going: `editscope run` resumes it); the "
+                    "checkpoints written so far:")
+
+
 def _add_section(doc: _Document, a: Analysis, bars: Mapping[str, Figure], dataset: str, suite: str,
                  rs: list[SummaryRow]) -> None:
-    """One suite on one dataset: the paper's columns, every metric, the protocol notes, the bars and curves."""
+    """One suite on one dataset: the paper's columns, every metric, the protocol notes, the bars and curves. A
+    sequential run still in progress has no final rows (``rs`` empty) yet: its checkpoints' curves alone."""
     lines = a.notes.get((dataset, suite), [])
     doc.md += [f"## {suite} on {dataset}", ""]
-    shown = _add_compact(doc, rs, a.methods, a.specs.get((dataset, suite), ()), dataset, suite)
-    everything = metrics_table(rs, a.methods, a.specs)
-    doc.md += everything.markdown().split("\n") + [""]
-    section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": shown, "all": _transposed(everything),
-                               "notes": lines, "figures": [], "curve": None}
+    section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": None, "all": [], "notes": lines,
+                               "figures": [], "curve": None}
+    if rs:
+        section["compact"] = _add_compact(doc, rs, a.methods, a.specs.get((dataset, suite), ()), dataset, suite)
+        everything = metrics_table(rs, a.methods, a.specs)
+        doc.md += everything.markdown().split("\n") + [""]
+        section["all"] = _transposed(everything)
+    else:
+        lines = section["notes"] = [IN_PROGRESS_NOTE, *lines]
     doc.page["sections"].append(section)
     doc.md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
-    doc.add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
+    if rs:
+        doc.add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
     _add_curve(doc, section, a, bars, dataset, suite)
 
 
@@ -410,8 +420,8 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     doc = _start_document(a.runs, a.missing)
     if a.pivot is not None:
         _add_pivot(doc, a.pivot)
-    for (dataset, suite), rs in tables.items():
-        _add_section(doc, a, bars, dataset, suite, rs)
+    for dataset, suite in [*tables, *(key for key in a.curves if key not in tables)]:
+        _add_section(doc, a, bars, dataset, suite, tables.get((dataset, suite), []))
     _add_case_studies(doc, a.figures)
     if cards:  # edit cards of chosen cases (editscope report --cards)
         _add_cards(doc, cards)

@@ -203,6 +203,13 @@ def _edits_axis(ax, edits: list[int], log_x: bool) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # 10 checkpoint labels collide
 
 
+def spans_decades(values: Sequence[float], decades: float = 2.0) -> bool:
+    """Whether positive ``values`` span more than ``decades`` orders of magnitude (a condition number that goes from
+    1e6 to 1e10 across a stream): a linear axis would flatten all but the largest to zero."""
+    finite = [v for v in values if math.isfinite(v)]
+    return bool(finite) and min(finite) > 0 and math.log10(max(finite) / min(finite)) > decades
+
+
 def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]], edits: list[int],
                  methods: Sequence[str], colors: Mapping[str, str], log_x: bool) -> None:
     """One metric's panel: the methods' curves, the y axis fit to the declared range and unit, the edits axis."""
@@ -211,7 +218,8 @@ def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]
     if math.isfinite(low) and math.isfinite(high):
         pad = 0.05 * (high - low) * spec.paper_scale
         ax.set_ylim(low * spec.paper_scale - pad, high * spec.paper_scale + pad)
-    log = spec.unit in LOG_UNITS
+    values = [r.mean for e in edits for r in points[e] if r.metric == spec.post]
+    log = spec.unit in LOG_UNITS or spans_decades(values)
     if log:
         _plain_log_ticks(ax)
     ax.set_title(f"{spec.name} {spec.arrow}".strip())

@@ -280,7 +280,8 @@ def edit_info_curves(rows: Iterable[dict[str, Any]], suite: str, declared: Mappi
             if values:
                 top = max(values)
                 out.setdefault(dataset, {}).setdefault(edits, []).append(
-                    SummaryRow(dataset, suite, method, spec.post, len(values), top, top, top, 0.0, ci="model"))
+                    SummaryRow(dataset, suite, method, spec.post, len(values), top, math.nan, math.nan, math.nan,
+                               ci="model"))
     return {d: dict(sorted(points.items())) for d, points in out.items() if len(points) >= 2}
 
 
