@@ -219,8 +219,11 @@ def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]
         pad = 0.05 * (high - low) * spec.paper_scale
         ax.set_ylim(low * spec.paper_scale - pad, high * spec.paper_scale + pad)
     values = [r.mean for e in edits for r in points[e] if r.metric == spec.post]
-    log = spec.unit in LOG_UNITS or spans_decades(values)
-    if log:
+    wide = spans_decades(values)
+    log = spec.unit in LOG_UNITS or wide
+    if wide:
+        ax.set_yscale("log")  # matplotlib's 10ⁿ labels on the decades: plain minor labels would pile up
+    elif log:
         _plain_log_ticks(ax)
     ax.set_title(f"{spec.name} {spec.arrow}".strip())
     ax.set_xlabel("edits on the model" + (", log scale" if log_x else ""))
