@@ -15,25 +15,22 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import time
 
 import torch
 
+from editscope.data import load_cases
 from editscope.data.records import EditRequest
 from editscope.edit import edited
 from editscope.lm import load
 from editscope.lm.engine import ScoringEngine
-from editscope.paths import data_file
 
 METHODS = "rome,memit,alphaedit,prune,rect,ft,evk_edit,kn"
 
 
 def requests(n: int) -> list[EditRequest]:
-    records = json.loads(data_file("counterfact/counterfact-edit.json").read_text())[:n]
-    return [EditRequest(r["prompt"].replace(r["subject"], "{}"), r["subject"], r["target_new"], r["ground_truth"])
-            for r in records]
+    return [case.request for case in load_cases("counterfact", limit=n)]
 
 
 def weights_digest(model: torch.nn.Module) -> str:

@@ -61,7 +61,6 @@ def build_real_size(name: str, folder: Path) -> Path:
 def child(args: argparse.Namespace) -> None:
     import time
 
-    from editscope.data.records import EditRequest
     from editscope.edit import edited
     from editscope.edit.budget import peak_rss
     from editscope.edit.hparams import parse_overrides
@@ -69,9 +68,7 @@ def child(args: argparse.Namespace) -> None:
     from editscope.edit.runtime import EditRuntime
     from editscope.lm import load
 
-    records = json.loads(_records_file().read_text())[:args.requests]
-    requests = [EditRequest(r["prompt"].replace(r["subject"], "{}"), r["subject"], r["target_new"],
-                            r["ground_truth"]) for r in records]
+    requests = _requests(args.requests)
     bundle = load(args.model, device="cpu", dtype=args.dtype)
     hp = get_editor(args.method).load_hparams(bundle, None, parse_overrides(args.set) or None)
     t0 = time.perf_counter()
@@ -88,15 +85,16 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(row))
 
 
-def _records_file() -> Path:
-    from editscope.paths import data_file
+def _requests(n: int) -> list:
+    """The first ``n`` CounterFact edits (the packaged sample where the shared data is missing)."""
+    from editscope.data import load_cases
+    from editscope.errors import EditscopeError
 
     try:
-        return data_file("counterfact/counterfact-edit.json")
-    except Exception:  # noqa: BLE001 (no shared data: the packaged sample)
-        import editscope
-
-        return Path(editscope.__file__).parent / "sample" / "counterfact-edit-sample.json"
+        cases = load_cases("counterfact", limit=n)
+    except EditscopeError:
+        cases = load_cases("counterfact-sample", limit=n)
+    return [case.request for case in cases]
 
 
 def measure(model: str, method: str, requests: int, dtype: str, overrides: list[str], baseline: bool = False) -> dict:

@@ -74,12 +74,9 @@ def device_info(device: torch.device) -> dict:
 
 
 def requests(n: int, offset: int = 0) -> list:
-    from editscope.data.records import EditRequest
-    from editscope.paths import data_file
+    from editscope.data import load_cases
 
-    records = json.loads(data_file("counterfact/counterfact-edit.json").read_text())[offset:offset + n]
-    return [EditRequest(r["prompt"].replace(r["subject"], "{}"), r["subject"], r["target_new"], r["ground_truth"])
-            for r in records]
+    return [case.request for case in load_cases("counterfact", limit=n, offset=offset)]
 
 
 # -- the 8B-shaped model --------------------------------------------------------------------------------------------

@@ -5,15 +5,14 @@ and revert exactly, one at a time and sequentially (slow; benchmarks/check_edito
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 
+from editscope.data import load_cases
 from editscope.data.records import EditRequest
 from editscope.edit import edited, get_editor
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
-from editscope.paths import data_file
 
 
 def weights_hash(model) -> str:
@@ -24,19 +23,14 @@ def weights_hash(model) -> str:
 
 
 def counterfact_requests(n: int) -> list[EditRequest]:
-    records = json.loads(data_file("counterfact/counterfact-edit.json").read_text())[:n]
-    return [EditRequest(r["prompt"].replace(r["subject"], "{}"), r["subject"], r["target_new"], r["ground_truth"])
-            for r in records]
+    return [case.request for case in load_cases("counterfact", limit=n)]
 
 
 @pytest.mark.slow
 def test_rome_counterfact_efficacy_and_exact_revert(smollm2):
-    records = json.loads(data_file("counterfact/counterfact-edit.json").read_text())[:2]
     engine = ScoringEngine(smollm2)
     before = weights_hash(smollm2.model)
-    for rec in records:
-        req = EditRequest(rec["prompt"].replace(rec["subject"], "{}"), rec["subject"], rec["target_new"],
-                          rec["ground_truth"])
+    for req in counterfact_requests(2):
         pairs = [(req.text, req.target_new), (req.text, req.target_true)]
         pre = [s.mean for s in engine.score(pairs)]
         with edited(smollm2, "rome", req, engine=engine):

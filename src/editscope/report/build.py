@@ -265,9 +265,14 @@ def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[d
                           methods: list[str]) -> None:
     """The per-round quantities of the editors that a suite's curves show beside its own metrics (the condition
     number of the solve beside the weight drift: why an editor collapses, read off one figure)."""
+    by_suite: dict[str, dict[str, dict[int, list[SummaryRow]]]] = {}  # one pass over the rows per suite
     for dataset, suite in list(curves):
         declared = declared_info_curves(suite)
-        points = edit_info_curves(rows, suite, declared, methods).get(dataset) if declared else None
+        if not declared:
+            continue
+        if suite not in by_suite:
+            by_suite[suite] = edit_info_curves(rows, suite, declared, methods)
+        points = by_suite[suite].get(dataset)
         if not points:
             continue
         merged = curves[(dataset, suite)]
