@@ -13,6 +13,7 @@ from editscope.edit.hparams import TUNE_LAYERS, Params
 from editscope.errors import EditscopeError
 from editscope.metrics.intervals import mean_ci, wilson_interval
 from editscope.suites.counterfact import METRICS as CF_METRICS
+from editscope.suites.general import METRICS as GENERAL_METRICS
 from editscope.tune.search import (
     OBJECTIVES,
     CandidateScore,
@@ -21,6 +22,7 @@ from editscope.tune.search import (
     rung_sizes,
     score_rows,
     select,
+    sequential_objective,
     successive_halving,
     survivors,
 )
@@ -103,6 +105,22 @@ def test_score_rows_against_hand_computation():
     assert (s.guard_ref, s.guard_ref_lo, s.guard_ref_hi) == pytest.approx((m, lo, hi))
     assert math.isclose(s.guard_floor, m - (hi - lo) / 2)
     assert s.local  # NS .75 = the unedited .75
+
+
+def test_sequential_objective_adds_known_facts_to_the_harmonic_mean():
+    # ES .75, PS .5, NS .75 over four cases; KnownFacts .25 on the model after the chain (the same on every row)
+    es, ps, ns = [1, 1, 0, 1], [.5, 1, 0, .5], [1, 0, 1, 1]
+    rows = [{"ES_post": a, "PS_post": b, "NS_post": c, "NS_pre": 1.0, "KnownFacts_post": 0.25, "KnownFacts_pre": 1.0}
+            for a, b, c in zip(es, ps, ns, strict=True)]
+    objective = sequential_objective(OBJECTIVES["counterfact"])
+    assert objective.suites == ("counterfact", "general")
+    s = score_rows(rows, objective, CF_METRICS + GENERAL_METRICS)
+    assert math.isclose(s.score, 4 / (1 / .75 + 1 / .5 + 1 / .75 + 1 / .25))  # 0.4615...
+    assert s.metrics["KnownFacts"][0] == .25
+    # the same rows without the term: the single-edit objective's Score
+    assert math.isclose(score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS).score, 3 / (1 / .75 + 1 / .5 + 1 / .75))
+    with pytest.raises(ValueError, match="editor alone"):
+        sequential_objective(OBJECTIVES["peak"])
 
 
 def test_layer_candidates_skip_layer_0_and_add_the_published_depth():

@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Efficacy, Paraphrase, Specificity; peak-cf (PEAK suite, for APP): harmonic mean of ES, 1-AFF_hard and "
         "1-ANF_hard, refusing a candidate whose ES falls below the editor alone's (base hparams, no plug-ins; run "
         "once as OUT/reference) by more than that mean's 95% CI half-width; counterfact-evk (CounterFact and "
-        "EVK-Bench suites, for EVK-Align): harmonic mean of ES, EVK_ES and EVK_TS, with the same ES guard. Writes "
+        "EVK-Bench suites, for EVK-Align): harmonic mean of ES, EVK_ES and EVK_TS, with the same ES guard. With "
+        "--sequential, each candidate edits a rung's cases as one chain and KnownFacts joins the mean. Writes "
         "OUT/tuned.yaml (loads with --hparams) with a provenance block, and OUT/report.md. Rerunning the same "
         "command resumes.",
     )
@@ -57,6 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--first", type=option(int, "[2, 10000]"), default=8, help="cases of the first rung")
     parser.add_argument("--eta", type=option(int, "[2, 100]"), default=3, help="keep 1/ETA per rung, ETA× the cases")
     parser.add_argument("--max-cases", type=option(int, "[2, 100000]"), default=24, help="cases of the last rung")
+    parser.add_argument("--sequential", type=option(int, "[1, 100000]"), default=0, metavar="BATCH",
+                        help="tune for sequential editing: on a rung of N cases each candidate edits the N cases as "
+                        "one chain in batches of BATCH (the editor's state carried through; --first/--max-cases "
+                        "count the chain's edits), scored after the last batch on every edited case; the objective's "
+                        "harmonic mean gains the general suite's KnownFacts (facts the unedited model answers that "
+                        "the edited model still answers). counterfact and zsre only")
     parser.add_argument("--trace-facts", type=option(int, "[1, 10000]"), default=16,
                         help="known facts traced for the layer curve")
     parser.add_argument("--trace-samples", type=option(int, "[1, 1000]"), default=10, help="noise samples per fact")
@@ -82,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         overrides=parse_overrides(args.set), knobs=[k.strip() for k in args.knobs.split(",")] if args.knobs else None,
         grid=parse_grid(args.grid), dataset=args.dataset, first=args.first, eta=args.eta, max_cases=args.max_cases,
         trace_facts=args.trace_facts, trace_samples=args.trace_samples, neighbourhood=args.neighbourhood,
-        seed=args.seed, runtime={k: v for k, v in runtime_settings(args).items() if v is not None})
+        seed=args.seed, runtime={k: v for k, v in runtime_settings(args).items() if v is not None},
+        sequential=args.sequential)
     result = Tuner(settings, progress=not args.no_progress, trust_unverified=args.trust_unverified).run()
     print(f"wall time {result.wall_seconds / 60:.1f} min; {result.evaluated} candidate evaluation(s) computed now")
     if result.chosen is None:

@@ -7,7 +7,8 @@ Layout of the output directory (everything resumable: a rerun skips what is done
     OUT/state.json             wall seconds spent so far, rung results (rewritten atomically)
                                (both sealed with a content digest, checked on a rerun: :mod:`editscope.integrity`)
     OUT/layer_curve.jsonl      traced facts of the layer curve (one line per fact; resumed)
-    OUT/candidates/<id>/       one ordinary run directory per candidate (run.json, results.jsonl, summary.*)
+    OUT/candidates/<id>/       one ordinary run directory per candidate (run.json, results.jsonl, summary.*);
+                               with ``sequential``, one per candidate and rung: <id>/chain-<N> (a chain of N edits)
     OUT/reference/             the editor alone (base hparams, no plug-ins) on the same cases, when the objective's
                                guard compares with it (PEAK: efficacy); an ordinary run directory too
     OUT/tuned.yaml             the chosen hparams + provenance
@@ -40,6 +41,7 @@ from editscope.tune.search import (
     rung_sizes,
     score_rows,
     select,
+    sequential_objective,
     successive_halving,
 )
 from editscope.tune.space import Candidate, candidates, knob_grids, layer_candidates
@@ -77,6 +79,10 @@ class TuneSettings:
     neighbourhood: int = 1
     seed: int = 0
     runtime: dict[str, Any] = field(default_factory=dict)
+    #: 0: single edits (each case edited alone, from the unedited model). N > 0: sequential editing -- on a rung of
+    #: n cases each candidate edits the n cases as one chain in batches of N (the editor's state carried through),
+    #: scored after the last batch on every edited case, with KnownFacts in the objective (sequential_objective)
+    sequential: int = 0
 
     def digest(self) -> str:
         data = asdict(self)
@@ -117,6 +123,11 @@ class Tuner:
         self.clock = clock
         self.data_name, objective = TARGETS[settings.dataset]
         self.objective = OBJECTIVES[objective]
+        if settings.sequential:
+            try:
+                self.objective = sequential_objective(self.objective)
+            except ValueError as exc:
+                raise EditscopeError(f"--sequential with --dataset {settings.dataset}: {exc}") from None
         self.evaluated = 0
         self.reference: dict[int, CandidateScore] = {}
         #: accept tune.json / state.json written without a content digest (recorded in the provenance)
@@ -220,9 +231,10 @@ class Tuner:
         return seconds
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def _config(self, cand: Candidate | None, slice_: dict) -> Any:
+    def _config(self, cand: Candidate | None, slice_: dict, n: int) -> Any:
         """The run config of a candidate, or (``cand`` None) of the reference: the editor alone, base hparams and
-        fixed overrides, no plug-ins."""
+        fixed overrides, no plug-ins. Single edits: one config for every rung (a rung runs its first ``n`` cases);
+        sequential: a chain over the first ``n`` cases, probed once after its last batch."""
         from editscope.run.config import parse_config
 
         plugins = []
@@ -237,23 +249,31 @@ class Tuner:
             method["hparams"] = str(Path(self.s.hparams).resolve())
         if plugins:
             method["plugins"] = plugins
-        data = {"model": self.s.model, "seed": self.s.seed, "output": str(self._dir(cand)),
-                "mode": "single", "methods": [method],
-                "dataset": slice_["dataset"], "slice": {"offset": slice_["offset"], "limit": slice_["limit"]},
+        mode: Any = "single"
+        limit = slice_["limit"]
+        if self.s.sequential:
+            rounds = -(-n // self.s.sequential)
+            mode = {"sequential_batches": {"batch": self.s.sequential, "rounds": rounds, "checkpoints": rounds}}
+            limit = n
+        data = {"model": self.s.model, "seed": self.s.seed, "output": str(self._dir(cand, n)),
+                "mode": mode, "methods": [method],
+                "dataset": slice_["dataset"], "slice": {"offset": slice_["offset"], "limit": limit},
                 "suites": list(self.objective.suites)}
         if self.s.runtime:
             data["runtime"] = dict(self.s.runtime)
         return parse_config(data, where=f"<tune {'candidate ' + cand.id if cand is not None else 'reference'}>")
 
-    def _dir(self, cand: Candidate | None) -> Path:
-        return self.out / "candidates" / cand.id if cand is not None else self.out / REFERENCE_DIR
+    def _dir(self, cand: Candidate | None, n: int) -> Path:
+        base = self.out / "candidates" / cand.id if cand is not None else self.out / REFERENCE_DIR
+        return base / f"chain-{n}" if self.s.sequential else base
 
     def _rows(self, cand: Candidate | None, n: int) -> list[dict[str, Any]]:
+        """The rows of the first ``n`` cases (sequential: the chain's final probe, after its last batch)."""
         from editscope.run.store import RESULTS, read_results
 
-        path = self._dir(cand) / RESULTS
+        path = self._dir(cand, n) / RESULTS
         rows = read_results(path) if path.is_file() else []
-        return sorted((r for r in rows if r["index"] < n), key=lambda r: r["index"])
+        return sorted((r for r in rows if r["index"] < n and not r.get("checkpoint")), key=lambda r: r["index"])
 
     def _metrics(self, cand: Candidate | None, n: int, slice_: dict,
                  spent: Callable[[], float]) -> list[dict[str, Any]]:
@@ -267,12 +287,16 @@ class Tuner:
                 raise StopSearch
             from editscope.run.runner import Runner
 
-            Runner(self._config(cand, slice_), limit=n, bundle=self.bundle, progress=self.progress,
-                   log=lambda _m: None).run()
+            Runner(self._config(cand, slice_, n), limit=None if self.s.sequential else n, bundle=self.bundle,
+                   progress=self.progress, log=lambda _m: None).run()
             if cand is not None:
                 self.evaluated += 1
             rows = self._rows(cand, n)
-        return [{k: v for suite in self.objective.suites for k, v in r["metrics"][suite].items()} for r in rows]
+        metrics = [{k: v for suite in self.objective.suites for k, v in r["metrics"][suite].items()} for r in rows]
+        if self.s.sequential and any(m.get("KnownFacts_post") is None for m in metrics):
+            raise EditscopeError(f"{self.bundle.name} answers none of the general suite's known-fact pool, so "
+                                 "KnownFacts, a term of the sequential objective, is not measured; tune single edits")
+        return metrics
 
     def _reference(self, n: int, slice_: dict, spent: Callable[[], float]) -> list[dict[str, Any]] | None:
         """The reference run's metrics on the first ``n`` cases when the guard compares with the editor alone
@@ -331,6 +355,9 @@ class Tuner:
         t0 += self._prepare(cands)  # cached training the candidates need: not the search's budget
         by_id = {c.id: c for c in cands}
         sizes = rung_sizes(self.s.first, self.s.eta, len(cands), self.s.max_cases)
+        if self.s.sequential:
+            self.log(f"sequential: each candidate edits a rung's cases as one chain in batches of "
+                     f"{self.s.sequential}, probed after the last batch")
         self.log(f"tune {self.editor.display(self.plugins)} on {self.bundle.name}: {len(cands)} candidates over "
                  f"{', '.join(f'{k} {list(v)}' for k, v in grids.items())}")
         self.log(f"validation: {slice_['dataset']} records {slice_['offset']}..{slice_['offset'] + slice_['limit'] - 1}"
@@ -401,7 +428,9 @@ class Tuner:
             "objective": self.objective.to_dict(),
             "reference": self._reference_provenance(),
             "search": {"grids": {k: list(v) for k, v in grids.items()}, "rungs": sizes, "eta": self.s.eta,
-                       "complete": result.complete, "seed": self.s.seed, "runtime": self.s.runtime},
+                       "complete": result.complete, "seed": self.s.seed, "runtime": self.s.runtime,
+                       "editing": (f"sequential: each rung's cases as one chain in batches of {self.s.sequential}"
+                                   if self.s.sequential else "single edits")},
             "layers": layer_why or None,
             "chosen": {"id": chosen.id, "label": chosen.label(), **chosen.to_dict()},
             "candidates": [{"id": cid, "label": by_id[cid].label(), "scores": rows} for cid, rows in scores.items()],
