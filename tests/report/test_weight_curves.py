@@ -88,6 +88,25 @@ def test_a_panel_whose_values_span_more_than_two_decades_is_drawn_on_a_log_y_axi
     assert not figures.spans_decades([])
 
 
+@pytest.mark.parametrize(("values", "ylim", "labelled"), [
+    ([44.0, 1230.0], (40, 1300), ["50", "200", "500"]),  # a perplexity over ~1.5 decades: 2x and 5x only
+    ([44.0, 89.0], (40, 95), ["40", "50", "60", "70", "80", "90"]),  # under a decade: every minor tick
+])
+def test_log_perplexity_axis_labels_few_minor_ticks_over_a_decade(values, ylim, labelled):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        figures._plain_log_ticks(ax, values)
+        ax.set_ylim(*ylim)
+        fig.canvas.draw()
+        shown = [(loc, t.get_text()) for loc, t in zip(ax.yaxis.get_minorticklocs(), ax.yaxis.get_minorticklabels(),
+                                                         strict=True)]
+        assert [text for loc, text in shown if ylim[0] <= loc <= ylim[1] and text] == labelled
+    finally:
+        plt.close(fig)
+
+
 def _row(case: int, edits: int, cond: float | None, method: str = "ultraedit") -> dict:
     return {"dataset": "d", "method": method, "group": 0, "case_id": str(case), "edits_applied": edits,
             "edit_info": {} if cond is None else {"solve_cond_max": cond}}

@@ -19,13 +19,22 @@ UNIT_TEXT = {"share": "share (0–1)", "prob": "probability (0–1)", "ppl": "pe
 """The y-axis label of a metric's raw values, by declared unit (others print the unit itself)."""
 
 
-def _plain_log_ticks(ax) -> None:
+def _plain_log_ticks(ax, values: Sequence[float] = ()) -> None:
     """Log y axis with plain numbers (``45``, ``50``), not ``4.5×10¹``: perplexities of an edited model often
-    span less than a decade, where matplotlib labels the minor ticks in scientific notation."""
+    span less than a decade, where matplotlib labels the minor ticks in scientific notation. Over more than a
+    decade of ``values`` only the minor ticks at 2× and 5× a power of ten keep a label (40, 50, ..., 900 would
+    pile up)."""
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _pos: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    positive = [v for v in values if math.isfinite(v) and v > 0]
+    if positive and math.log10(max(positive) / min(positive)) > 1:
+        def sparse(v: float, _pos: int) -> str:
+            return f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6) in (2.0, 5.0) else ""
+
+        ax.yaxis.set_minor_formatter(FuncFormatter(sparse))
+    else:
+        ax.yaxis.set_minor_formatter(plain)
 
 
 def y_label(spec: MetricSpec | None, *, paper_units: bool = False, log: bool = False) -> str:
@@ -65,7 +74,7 @@ def _scale_bars_axis(ax, spec: MetricSpec | None, bounds: tuple[float, float], f
     else the declared range (its lower bound where only that is finite). Returns whether the axis is log."""
     low, high = bounds
     if spec is not None and spec.unit in LOG_UNITS and finite.size and np.all(finite > 0):
-        _plain_log_ticks(ax)  # perplexities: averaged on the log scale, drawn on one
+        _plain_log_ticks(ax, finite.tolist())  # perplexities: averaged on the log scale, drawn on one
         return True
     if math.isfinite(low) and math.isfinite(high):
         pad = 0.05 * (high - low)
@@ -224,7 +233,7 @@ def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]
     if wide:
         ax.set_yscale("log")  # matplotlib's 10ⁿ labels on the decades: plain minor labels would pile up
     elif log:
-        _plain_log_ticks(ax)
+        _plain_log_ticks(ax, values)
     ax.set_title(f"{spec.name} {spec.arrow}".strip())
     ax.set_xlabel("edits on the model" + (", log scale" if log_x else ""))
     ax.set_ylabel(y_label(spec, paper_units=True, log=log))
