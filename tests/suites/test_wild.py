@@ -132,6 +132,17 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
     summary = (tmp_path / "summary.md").read_text()
     assert "## wild on counterfact" in summary and "## counterfact on counterfact" in summary
     assert "## Wild minus teacher-forced (paired by case)" in summary
+    # the report shows the same paired table (Markdown, HTML, LaTeX) right after the pivot
+    from editscope.report import build_report
+
+    html_path, md_path = build_report([tmp_path], tmp_path / "report")
+    report = md_path.read_text()
+    gap_rows = [line for line in summary.splitlines() if line.startswith("| counterfact | rome |")]
+    assert len(gap_rows) == 3 and all(line in report for line in gap_rows)  # ES, PS and NS against the wild columns
+    assert report.index("## All methods × headline metrics") < report.index("## Wild minus teacher-forced") \
+        < report.index("## counterfact on counterfact")
+    assert "<h2>Wild minus teacher-forced (paired by case)</h2>" in html_path.read_text()
+    assert "Wild minus teacher-forced (paired by case)" in (tmp_path / "report" / "tables.tex").read_text()
     # the edit card replays the case and shows the answers the row stored, before and after
     from editscope.report.card import write_card
     from editscope.run.inspect import compute_card, job_from_run

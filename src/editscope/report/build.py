@@ -40,6 +40,7 @@ from editscope.run.summary import (
     curve_markdown,
     edit_info_curves,
     metrics_table,
+    protocol_gap_table,
     protocol_notes,
     retention,
     spec_of,
@@ -229,6 +230,8 @@ class Analysis:
     figures: list[Figure]
     #: one line per listed model (a models list) left out: no folder, or no rows yet
     missing: list[str] = field(default_factory=list)
+    #: wild minus teacher-forced per case, where a block measured both protocols (None: no such block)
+    gaps: Table | None = None
 
 
 def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mapping[str, SuiteFactory] | None = None,
@@ -258,7 +261,8 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
-    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing)
+    return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing,
+                    protocol_gap_table(rows, methods))
 
 
 def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[dict[str, Any]],
@@ -313,7 +317,7 @@ def _start_document(runs: list[Run], missing: Sequence[str] = ()) -> _Document:
     md += [line for m in missing for line in (f"*Not in this report: {m}.*", "")]
     md += [note, ""]
     page: dict[str, Any] = {"title": title, "runs": [_run_meta(run) for run in runs], "note": note, "pivot": None,
-                            "sections": [], "case_studies": [], "cards": None,
+                            "gaps": None, "sections": [], "case_studies": [], "cards": None,
                             "configs": [json.dumps(run.meta["config"], indent=2) for run in runs]}
     tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
     return _Document(md, tex, page)
@@ -326,6 +330,14 @@ def _add_pivot(doc: _Document, pivot: Pivot) -> None:
     doc.page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
                          "tables": [pivot.table(chunk) for chunk in pivot.chunks()]}
     doc.tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
+
+
+def _add_gaps(doc: _Document, gaps: Table) -> None:
+    """Both protocols of the same edits side by side, with the paired gap (evaluation in the wild beside the
+    teacher-forced suite of the same block)."""
+    doc.md += [f"## {gaps.caption}", "", *gaps.markdown().split("\n"), ""]
+    doc.page["gaps"] = gaps
+    doc.tex += [f"% {gaps.caption}", gaps.latex(), ""]
 
 
 def _add_compact(doc: _Document, rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec],
@@ -425,6 +437,8 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     doc = _start_document(a.runs, a.missing)
     if a.pivot is not None:
         _add_pivot(doc, a.pivot)
+    if a.gaps is not None:
+        _add_gaps(doc, a.gaps)
     for dataset, suite in [*tables, *(key for key in a.curves if key not in tables)]:
         _add_section(doc, a, bars, dataset, suite, tables.get((dataset, suite), []))
     _add_case_studies(doc, a.figures)

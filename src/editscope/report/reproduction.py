@@ -158,6 +158,8 @@ def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) 
     lines.append("")
     if a.pivot is not None:
         lines += a.pivot.markdown()
+    if a.gaps is not None:
+        lines += [f"{a.gaps.caption}:", "", *a.gaps.markdown().split("\n"), ""]
     for (dataset, suite), points in a.curves.items():
         curve = curve_markdown(points, a.methods, a.specs.get((dataset, suite)))
         if curve:

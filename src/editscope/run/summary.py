@@ -518,13 +518,18 @@ def metrics_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: SpecM
     return Table(["method", "n", *labels], body, notes=notes)
 
 
-def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
-    """Markdown lines of the protocol-minus-teacher-forced table of every dataset whose rows hold a suite of
-    another protocol (``wild``, or any registered suite declaring ``counterparts``) and a teacher-forced suite it
-    declares a counterpart for (:attr:`editscope.suites.base.Suite.counterparts`): per
-    method and column pair, the mean over cases of (wild - teacher-forced) with its paired t interval (clipped to
-    [-1, 1]), in points
-    (× 100); † where the interval excludes 0. Checkpoint rows are left out. Empty without such a dataset."""
+GAPS_TITLE = "Wild minus teacher-forced (paired by case)"
+GAPS_NOTE = ("Mean over cases of (wild − teacher-forced) in points (× 100), 95% paired t interval; † the interval "
+             "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
+             "probabilities under the gold prefix (each table above names its protocol).")
+
+
+def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> Table | None:
+    """The protocol-minus-teacher-forced table of every dataset whose rows hold a suite of another protocol
+    (``wild``, or any registered suite declaring ``counterparts``) and a teacher-forced suite it declares a
+    counterpart for (:attr:`editscope.suites.base.Suite.counterparts`): per method and column pair, the mean over
+    cases of (wild - teacher-forced) with its paired t interval (clipped to [-1, 1]), in points (× 100); † where the
+    interval excludes 0. Checkpoint rows are left out. None without such a dataset."""
     pairs: dict[tuple[str, str, str, str, str], tuple[list[float], list[float]]] = {}
     for row in rows:
         metrics = row["metrics"]
@@ -539,7 +544,7 @@ def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = 
                         a.append(float(metrics[name][own]))
                         b.append(float(metrics[suite][tf]))
     if not pairs:
-        return []
+        return None
     methods = list(dict.fromkeys([*method_order, *(k[4] for k in pairs)]))
     body: list[list[Cell]] = []
     for key in sorted(pairs, key=lambda k: (k[0], k[1], methods.index(k[4]))):
@@ -551,13 +556,16 @@ def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = 
         mark = "†" if not math.isnan(lo) and (lo > 0 or hi < 0) else ""
         body.append([dataset, method, f"{suite} {tf}", wild, n, f"{100 * float(np.mean(b)):.1f}",
                      f"{100 * float(np.mean(a)):.1f}", f"{100 * mean:+.1f}{interval}{mark}"])
-    table = Table(["dataset", "method", "teacher-forced", "wild", "n", "TF", "wild", "gap [95% CI]"], body,
-                  align="llllrrrl")
-    return ["## Wild minus teacher-forced (paired by case)", "",
-            "Mean over cases of (wild − teacher-forced) in points (× 100), 95% paired t interval; † the interval "
-            "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
-            "probabilities under the gold prefix (each table above names its protocol).", "",
-            *table.markdown().split("\n")]
+    return Table(["dataset", "method", "teacher-forced", "wild", "n", "TF", "wild", "gap [95% CI]"], body,
+                 align="llllrrrl", caption=GAPS_TITLE, notes=[GAPS_NOTE])
+
+
+def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
+    """Markdown lines of :func:`protocol_gap_table` under its heading; empty without such a dataset."""
+    table = protocol_gap_table(rows, method_order)
+    if table is None:
+        return []
+    return [f"## {GAPS_TITLE}", "", GAPS_NOTE, "", *replace(table, caption="", notes=[]).markdown().split("\n")]
 
 
 def _counterparts(suite: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
