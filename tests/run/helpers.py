@@ -59,6 +59,17 @@ class RewriteSuite(Suite):
 SUITES = {"rewrite_es": RewriteSuite}
 
 
+def close(a: Any, b: Any) -> bool:
+    """Equal JSON trees, floats to 1e-6 (the same computation, possibly batched differently)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        return bool(np.isclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=True))
+    return a == b
+
+
 def base_config(**changes: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "model": "tiny-llama",

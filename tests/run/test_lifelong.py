@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -20,6 +19,7 @@ from editscope.run import Runner, parse_config, read_results
 from editscope.run.chain import CHAINS_DIR, ChainCheckpoint, chain_path
 from editscope.run.runner import timing_free
 from editscope.run.summary import retention
+from tests.run.helpers import close
 
 BATCH, ROUNDS = 4, 3
 
@@ -86,17 +86,6 @@ def test_lifelong_counterfact_config_runs_three_batches_of_four(tiny_bundles, tm
 
 class Kill(Exception):
     pass
-
-
-def close(a, b) -> bool:
-    """Equal JSON trees, floats to 1e-6."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return bool(np.isclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=True))
-    return a == b
 
 
 RESUMED = ["memit", "alphaedit", "prune"]  # AlphaEdit carries K_p K_pᵀ, PRUNE the accumulated ΔW

@@ -19,6 +19,7 @@ from editscope.run.plan import ProbeOnly
 from editscope.run.runner import timing_free
 from editscope.run.trial import derived_seed
 from editscope.suites.counterfact import CounterFactSuite
+from tests.run.helpers import close
 
 SEQ = {"sequential_batches": {"batch": 2, "rounds": 2, "checkpoints": 1}}
 
@@ -47,15 +48,6 @@ def seq_run(tmp_path_factory, tiny_llama):
     return out
 
 
-def close(a, b) -> bool:
-    """Equal JSON trees, floats to 1e-6 (the same computation, possibly batched differently)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return bool(np.isclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=True))
-    return a == b
 
 
 def test_sequential_batches_equal_batches_by_hand(seq_run, tiny_llama):

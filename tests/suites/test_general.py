@@ -106,6 +106,16 @@ def test_probe_set_is_chosen_on_the_unedited_model_only(tiny_bundles, fact_file)
             suite.known_facts(ScoringEngine(bundle))
     finally:
         patch.revert(bundle)
+    chosen = suite.known_facts(ScoringEngine(bundle))
+    assert chosen  # the fixture's facts are the tiny model's own answers
+    # once chosen on the unedited model, another suite asking after an edit (its run took its pre-edit probes from
+    # another run) reads that set back: the unedited model's, not one chosen on the edited weights
+    patch.apply(bundle)
+    try:
+        again = GeneralAbilitySuite(fact_dataset=str(fact_file), fact_pool=6).known_facts(ScoringEngine(bundle))
+    finally:
+        patch.revert(bundle)
+    assert again == chosen
     with pytest.raises(EditscopeError, match="text_tokens must be an integer >= 1"):
         GeneralAbilitySuite(text_tokens=0)
 

@@ -47,8 +47,10 @@ def test_peak_objective_has_no_sequential_form(tmp_path):
 @pytest.mark.slow
 def test_sequential_tune_on_smollm2_scores_the_whole_chain(tmp_path, smollm2):
     out = tmp_path / "tune"
-    result = Tuner(settings("smollm2-135m", out), bundle=smollm2, progress=False, log=lambda m: None).run()
+    tuner = Tuner(settings("smollm2-135m", out), bundle=smollm2, progress=False, log=lambda m: None)
+    result = tuner.run()
     assert result.chosen is not None and result.evaluated == 2
+    assert (tuner.pre_probes.misses, tuner.pre_probes.hits) == (1, 1)  # the unedited model probed once per rung
     state = json.loads((out / "state.json").read_text())
     (rung,) = state["rungs"]
     for cid, rows in chain_rows(out, 4).items():

@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "count the chain's edits), scored after the last batch on every edited case; the objective's "
                         "harmonic mean gains the general suite's KnownFacts (facts the unedited model answers that "
                         "the edited model still answers). counterfact and zsre only")
+    parser.add_argument("--validation-offset", type=option(int, "[0, 10000000]"), default=None, metavar="N",
+                        help="start the validation slice at record N of the dataset instead of the first run of "
+                        "--max-cases records no shipped experiment config reports on (there may be none that long); "
+                        "the records of it that a shipped config reports on are counted in the log and the "
+                        "provenance")
     parser.add_argument("--trace-facts", type=option(int, "[1, 10000]"), default=16,
                         help="known facts traced for the layer curve")
     parser.add_argument("--trace-samples", type=option(int, "[1, 1000]"), default=10, help="noise samples per fact")
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         grid=parse_grid(args.grid), dataset=args.dataset, first=args.first, eta=args.eta, max_cases=args.max_cases,
         trace_facts=args.trace_facts, trace_samples=args.trace_samples, neighbourhood=args.neighbourhood,
         seed=args.seed, runtime={k: v for k, v in runtime_settings(args).items() if v is not None},
-        sequential=args.sequential)
+        sequential=args.sequential, validation_offset=args.validation_offset)
     result = Tuner(settings, progress=not args.no_progress, trust_unverified=args.trust_unverified).run()
     print(f"wall time {result.wall_seconds / 60:.1f} min; {result.evaluated} candidate evaluation(s) computed now")
     if result.chosen is None:

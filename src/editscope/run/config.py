@@ -218,15 +218,15 @@ class RunConfig:
         except (TypeError, ValueError, AttributeError) as exc:
             raise EditscopeError(f"{path}: field 'config': {str(exc)[:120]}; the file is damaged") from None
 
-    def digest(self, runtime: dict[str, Any] | None = None) -> str:
+    def digest(self, runtime: dict[str, Any] | None = None, *, without: tuple[str, ...] = ()) -> str:
         """Identity of what is computed: everything but the output directory and the device, with ``runtime`` (the
-        runtime settings in force) where they differ from the defaults (so older runs keep their digest)."""
+        runtime settings in force) where they differ from the defaults (so older runs keep their digest).
+        ``without``: fields left out too (``("methods",)``: what the unedited model's probes depend on)."""
         from editscope.edit.runtime import DEFAULT_SETTINGS
 
         data = self.to_dict()
-        data.pop("output")
-        data.pop("device", None)
-        data.pop("runtime", None)
+        for name in ("output", "device", "runtime", *without):
+            data.pop(name, None)
         changed = {k: v for k, v in (runtime or dict(self.runtime)).items() if DEFAULT_SETTINGS.get(k) != v}
         if changed:
             data["runtime"] = changed

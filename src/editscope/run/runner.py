@@ -75,7 +75,7 @@ from editscope.run.store import (
 )
 from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite
 from editscope.run.summary import SummaryRow, results_text, write_summary
-from editscope.run.trial import Edits, Method, Probes, Trial
+from editscope.run.trial import Edits, Method, PreProbeCache, Probes, Trial
 from editscope.suites.base import Suite
 
 FORMAT = "editscope-run-1"
@@ -227,7 +227,8 @@ class Runner:
                  shard: tuple[int, int] = (0, 1), progress: bool = True, repair: bool = False,
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  suite_factories: Mapping[str, SuiteFactory] | None = None, bundle: Bundle | None = None,
-                 log: Callable[[str], None] | None = None, executor: Executor | None = None) -> None:
+                 log: Callable[[str], None] | None = None, executor: Executor | None = None,
+                 pre_probes: PreProbeCache | None = None) -> None:
         if config.models:  # a models list is one run per model (editscope.run.models.run_models)
             raise EditscopeError(f"{config.where}: a config with 'models' runs one model at a time: "
                                  "editscope.run.models.run_models, or Runner(config.for_model(entry))")
@@ -252,6 +253,8 @@ class Runner:
         #: where the tasks run: in this process (:class:`LocalExecutor`), or e.g. on Ray actors
         self.executor = executor or LocalExecutor()
         self.executor.check(config)
+        #: the unedited model's probes shared with other runs of the same cases (a tune's candidates), or None
+        self.pre_probes = pre_probes
 
     # -- set-up -------------------------------------------------------------------------------------------
     def prepare(self) -> Work:
@@ -438,7 +441,13 @@ class Runner:
         block, engine = work.blocks[b], work.engine
         trial = self._trial(block)
         positions = self.mode.pre_positions(len(members), trial.reprobe_seed(g))
-        pre = trial.probe(engine, [block.cases[members[k]] for k in positions], g, "pre").at(positions, len(members))
+        cases = [block.cases[members[k]] for k in positions]
+
+        def probe() -> Probes:
+            return trial.probe(engine, cases, g, "pre").at(positions, len(members))
+
+        pre = probe() if self.pre_probes is None else self.pre_probes.get(
+            self.pre_key(engine, block, g, cases, positions, len(members)), probe)
         for label in [m.label for m in self.config.methods]:
             if not todo[label]:
                 continue
@@ -448,6 +457,13 @@ class Runner:
             else:
                 yield from self._edit_group(self._trial(block, work.methods[label]), block, g, members, pre, engine,
                                             todo[label])
+
+    def pre_key(self, engine: ScoringEngine, block: Block, g: int, cases: Sequence[Case], positions: Sequence[int],
+                size: int) -> tuple:
+        """Everything a group's pre probe depends on: the config but its methods (model, seed, datasets, suites,
+        mode), the runtime settings, the weights, the group and the cases probed at their positions."""
+        return (self.config.digest(self.runtime.settings(), without=("methods",)), engine.fingerprint, block.label, g,
+                tuple(c.case_id for c in cases), tuple(positions), size)
 
     def _trial(self, block: Block, method: Method | None = None) -> Trial:
         """The trial of ``method`` (None: the unedited model) on ``block``."""

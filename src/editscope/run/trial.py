@@ -21,10 +21,11 @@ sharded or replayed trial edits and probes exactly as the uninterrupted run did.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,30 @@ class Probes:
             for j, k in enumerate(positions):
                 spread[name][k] = probes[j]
         return Probes(spread, self.seconds)
+
+
+class PreProbeCache:
+    """The unedited model's probes, shared by runs that probe the same cases the same way (a tune's candidates edit
+    the same validation cases with other hparams). A pre probe depends on the model, the cases and the config but
+    not on the method (its seed names the group alone), so runs that differ only in their methods compute it once.
+    The caller owns the cache and keys it (:meth:`editscope.run.runner.Runner.pre_key`); every run gets its own
+    copy of an entry, so no row aliases another run's probe. ``hits`` / ``misses`` count the lookups."""
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[tuple, Probes] = {}
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple, compute: Callable[[], Probes]) -> Probes:
+        """The probes stored under ``key``, computed by ``compute`` on a miss (the oldest entry makes room)."""
+        if key in self._entries:
+            self.hits += 1
+        else:
+            self.misses += 1
+            if len(self._entries) >= self.max_entries:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = compute()
+        return copy.deepcopy(self._entries[key])
 
 
 @dataclass
@@ -352,5 +377,5 @@ class Trial:
             lifelong=dict(lifelong) if lifelong else None)
 
 
-__all__ = ["Edits", "Method", "Probes", "Row", "Trial", "check_restored", "derived_seed", "info_scalars", "naming",
-           "request_dicts"]
+__all__ = ["Edits", "Method", "PreProbeCache", "Probes", "Row", "Trial", "check_restored", "derived_seed",
+           "info_scalars", "naming", "request_dicts"]

@@ -55,13 +55,15 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
                  who: str, progress: Callable[[int, int, int], None] | None = None) -> KnownSet:
     """The first ``n`` facts of ``pool`` the model answers top-1 (cached; see the module docstring). ``pool`` may be a
     callable, called only when the cache misses; ``who`` names the caller in errors; ``progress(scanned, pool,
-    found)`` is called after each chunk."""
-    if engine.fingerprint != engine.base_fingerprint:
-        raise EditscopeError(f"{who}: the known-fact probe set must be chosen on the unedited model, but "
-                             "patches are applied")
-    key = hashlib.blake2b(f"{engine.fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
+    found)`` is called after each chunk. The set belongs to the unedited model: cached under its fingerprint, it is
+    read back while patches are applied (a run that took its pre-edit probes from elsewhere first asks after an
+    edit), but a set not chosen yet is refused then."""
+    key = hashlib.blake2b(f"{engine.base_fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
     path = home() / "known_facts" / f"{key}.json"
     cached = read_json(path)
+    if cached is None and engine.fingerprint != engine.base_fingerprint:
+        raise EditscopeError(f"{who}: the known-fact probe set must be chosen on the unedited model, but "
+                             "patches are applied")
     if cached is None:
         facts = list(pool() if callable(pool) else pool)
         known: list[tuple[Fact, float]] = []
@@ -81,7 +83,7 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
     meta = cached.get("meta") or [["", "", "", float("nan")] for _ in cached["facts"]]
     return KnownSet([Fact(p, a, *m[:3]) for (p, a), m in zip(cached["facts"], meta, strict=True)],
                     [float(m[3]) for m in meta], int(cached.get("scanned", cached.get("pool", 0))),
-                    int(cached.get("pool", 0)), engine.fingerprint)
+                    int(cached.get("pool", 0)), engine.base_fingerprint)
 
 
 @dataclass(frozen=True)

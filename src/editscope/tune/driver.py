@@ -83,11 +83,16 @@ class TuneSettings:
     #: n cases each candidate edits the n cases as one chain in batches of N (the editor's state carried through),
     #: scored after the last batch on every edited case, with KnownFacts in the objective (sequential_objective)
     sequential: int = 0
+    #: None: the validation slice starts at the first run of records no shipped config reports on; N: at record N
+    #: (the provenance counts the records of it that shipped configs report on)
+    validation_offset: int | None = None
 
     def digest(self) -> str:
         data = asdict(self)
         for key in ("out", "budget_minutes"):  # where and how long: a rerun may raise the budget
             data.pop(key)
+        if data["validation_offset"] is None:  # the default: tunes begun before the option keep their digest
+            data.pop("validation_offset")
         return hashlib.blake2b(json.dumps(data, sort_keys=True, default=list).encode(), digest_size=10).hexdigest()
 
 
@@ -132,6 +137,10 @@ class Tuner:
         self.reference: dict[int, CandidateScore] = {}
         #: accept tune.json / state.json written without a content digest (recorded in the provenance)
         self.trust_unverified = trust_unverified
+        from editscope.run.trial import PreProbeCache
+
+        #: the unedited model's probes of a rung's cases, computed once for every candidate (and the reference)
+        self.pre_probes = PreProbeCache()
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -288,7 +297,7 @@ class Tuner:
             from editscope.run.runner import Runner
 
             Runner(self._config(cand, slice_, n), limit=None if self.s.sequential else n, bundle=self.bundle,
-                   progress=self.progress, log=lambda _m: None).run()
+                   progress=self.progress, log=lambda _m: None, pre_probes=self.pre_probes).run()
             if cand is not None:
                 self.evaluated += 1
             rows = self._rows(cand, n)
@@ -349,7 +358,7 @@ class Tuner:
         def spent() -> float:
             return before + self.clock() - t0
 
-        slice_ = validation_slice(self.data_name, self.s.max_cases)
+        slice_ = validation_slice(self.data_name, self.s.max_cases, offset=self.s.validation_offset)
         grids, cands, layer_why = self._space()
         self._check_settings(grids, cands, slice_)
         t0 += self._prepare(cands)  # cached training the candidates need: not the search's budget
@@ -361,7 +370,7 @@ class Tuner:
         self.log(f"tune {self.editor.display(self.plugins)} on {self.bundle.name}: {len(cands)} candidates over "
                  f"{', '.join(f'{k} {list(v)}' for k, v in grids.items())}")
         self.log(f"validation: {slice_['dataset']} records {slice_['offset']}..{slice_['offset'] + slice_['limit'] - 1}"
-                 f" (no shipped config reports on them); rungs of {sizes} cases, keep 1/{self.s.eta}")
+                 f" ({self._validation_note(slice_)}); rungs of {sizes} cases, keep 1/{self.s.eta}")
         self.log(f"objective: {self.objective.describe()}")
         rung_no = {n: i for i, n in enumerate(sizes)}
 
@@ -387,6 +396,13 @@ class Tuner:
 
         write_page(self.out, result, by_id, chosen_id, self.objective, sizes, wall, self.s, self.reference)
         return TuneResult(self.out, chosen, yaml_path, result, wall, self.evaluated, dict(self.reference))
+
+    @staticmethod
+    def _validation_note(slice_: dict) -> str:
+        if not slice_["overlap"]:
+            return f"{slice_['chosen']}: no shipped config reports on them"
+        shared = ", ".join(f"{e['records']} by {e['by']}" for e in slice_["overlap"])
+        return f"{slice_['chosen']}; reported on by shipped configs: {shared}"
 
     def _save_state(self, path: Path, wall: float, result: HalvingResult | None) -> None:
         data: dict[str, Any] = {"wall_seconds": wall, "updated": datetime.now(UTC).isoformat(timespec="seconds")}
@@ -423,8 +439,9 @@ class Tuner:
             "base_hparams": self.s.hparams or "shipped (or derived) hparams of the model",
             "overrides": self.s.overrides,
             "plugins": plugins,
-            "validation": {k: slice_[k] for k in ("dataset", "offset", "limit", "records")} | {
-                "reserved_by_shipped_configs": slice_["reserved"]},
+            "validation": {k: slice_[k] for k in ("dataset", "offset", "limit", "records", "chosen")} | {
+                "reserved_by_shipped_configs": slice_["reserved"],
+                "reported_on_by_shipped_configs": slice_["overlap"]},
             "objective": self.objective.to_dict(),
             "reference": self._reference_provenance(),
             "search": {"grids": {k: list(v) for k, v in grids.items()}, "rungs": sizes, "eta": self.s.eta,
