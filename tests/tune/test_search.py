@@ -18,6 +18,7 @@ from editscope.tune.search import (
     OBJECTIVES,
     CandidateScore,
     StopSearch,
+    Unmeasured,
     reference_ci,
     rung_sizes,
     score_rows,
@@ -121,6 +122,12 @@ def test_sequential_objective_adds_known_facts_to_the_harmonic_mean():
     assert math.isclose(score_rows(rows, OBJECTIVES["counterfact"], CF_METRICS).score, 3 / (1 / .75 + 1 / .5 + 1 / .75))
     with pytest.raises(ValueError, match="editor alone"):
         sequential_objective(OBJECTIVES["peak"])
+    # a model that answers none of the known facts has no KnownFacts on any row: no score, one reason
+    unknown = [{k: v for k, v in r.items() if not k.startswith("KnownFacts")} for r in rows]
+    with pytest.raises(Unmeasured, match="KnownFacts, a term of the objective Score\\+KnownFacts, is not measured"):
+        score_rows(unknown, objective, CF_METRICS + GENERAL_METRICS)
+    partly = [dict(r, KnownFacts_post=None) if i else r for i, r in enumerate(rows)]  # measured on some rows
+    assert math.isclose(score_rows(partly, objective, CF_METRICS + GENERAL_METRICS).metrics["KnownFacts"][0], .25)
 
 
 def test_layer_candidates_skip_layer_0_and_add_the_published_depth():

@@ -29,7 +29,8 @@ def chain_rows(out: Path, n: int) -> dict[str, list[dict]]:
 
 def test_a_model_without_known_facts_is_refused_after_its_chain_ran(tmp_path, tiny_llama):
     out = tmp_path / "tune"
-    with pytest.raises(EditscopeError, match="KnownFacts, a term of the sequential objective, is not measured"):
+    with pytest.raises(EditscopeError, match=r"KnownFacts, a term of the objective Score\+KnownFacts, is not measured: "
+                       "the model answers none"):
         Tuner(settings("tiny-llama", out), bundle=tiny_llama, progress=False, log=lambda m: None).run()
     (rows,) = chain_rows(out, 4).values()  # the first candidate's chain ran before the refusal
     final = [r for r in rows if not r.get("checkpoint")]

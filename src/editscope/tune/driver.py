@@ -38,6 +38,7 @@ from editscope.tune.search import (
     CandidateScore,
     HalvingResult,
     StopSearch,
+    Unmeasured,
     rung_sizes,
     score_rows,
     select,
@@ -301,11 +302,7 @@ class Tuner:
             if cand is not None:
                 self.evaluated += 1
             rows = self._rows(cand, n)
-        metrics = [{k: v for suite in self.objective.suites for k, v in r["metrics"][suite].items()} for r in rows]
-        if self.s.sequential and any(m.get("KnownFacts_post") is None for m in metrics):
-            raise EditscopeError(f"{self.bundle.name} answers none of the general suite's known-fact pool, so "
-                                 "KnownFacts, a term of the sequential objective, is not measured; tune single edits")
-        return metrics
+        return [{k: v for suite in self.objective.suites for k, v in r["metrics"][suite].items()} for r in rows]
 
     def _reference(self, n: int, slice_: dict, spent: Callable[[], float]) -> list[dict[str, Any]] | None:
         """The reference run's metrics on the first ``n`` cases when the guard compares with the editor alone
@@ -320,7 +317,10 @@ class Tuner:
 
     def _evaluate(self, cand: Candidate, n: int, slice_: dict, spent: Callable[[], float]) -> CandidateScore:
         reference = self._reference(n, slice_, spent)
-        return score_rows(self._metrics(cand, n, slice_, spent), self.objective, self.specs, reference=reference)
+        try:
+            return score_rows(self._metrics(cand, n, slice_, spent), self.objective, self.specs, reference=reference)
+        except Unmeasured as exc:
+            raise EditscopeError(f"{self.bundle.name}: {exc}") from None
 
     def _line(self, s: CandidateScore) -> str:
         """One candidate's numbers for the log: the score with its CI, then each reported metric's mean."""

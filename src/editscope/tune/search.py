@@ -23,6 +23,10 @@ GUARD_REFERENCES: dict[str, str] = {
 }
 
 
+class Unmeasured(ValueError):
+    """An objective's term that no row measures (the rows cannot score any candidate)."""
+
+
 @dataclass(frozen=True)
 class Component:
     """One term of an objective's harmonic mean: a metric of the suite, or its complement ``1 - metric`` (for a
@@ -30,6 +34,8 @@ class Component:
 
     metric: str
     complement: bool = False
+    #: why a run may not measure the metric at all (said when no row has it); "": every run measures it
+    unmeasured: str = ""
 
     @property
     def label(self) -> str:
@@ -137,7 +143,9 @@ def sequential_objective(base: Objective) -> Objective:
     if base.guard_reference != "unedited":
         raise ValueError(f"{base.suite_label} {base.score}: its guard compares with the editor alone; sequential "
                          "tuning supports the objectives guarded against the unedited model (counterfact, zsre)")
-    return Objective(base.suite, f"{base.score}+KnownFacts", (*base.components, Component("KnownFacts")), base.guard,
+    known = Component("KnownFacts", unmeasured="the model answers none of the general suite's known-fact pool; tune "
+                      "single edits")
+    return Objective(base.suite, f"{base.score}+KnownFacts", (*base.components, known), base.guard,
                      base.guard_reference, why="KnownFacts: general suite, measured once on the model after the last "
                      "batch and carried by every row", extra_suites=(*base.extra_suites, "general"))
 
@@ -230,9 +238,13 @@ def score_rows(metrics: Sequence[dict[str, float | None]], objective: Objective,
                reference: Sequence[dict[str, float | None]] | None = None) -> CandidateScore:
     """The objective of one candidate from its rows' metrics of ``objective.suites`` (merged per case); ``specs``
     are those suites' declarations (which column holds a metric's post-edit value). ``reference``: the editor-alone
-    run's rows on the same cases, required when ``objective.guard_reference`` is ``"editor_alone"``."""
-    columns = np.stack([c.transform(_column(metrics, post_column(specs, c.metric))) for c in objective.components],
-                       axis=1)
+    run's rows on the same cases, required when ``objective.guard_reference`` is ``"editor_alone"``. A component that
+    declares it may go unmeasured and is absent from every row is an :class:`Unmeasured` error."""
+    values = [_column(metrics, post_column(specs, c.metric)) for c in objective.components]
+    for c, column in zip(objective.components, values, strict=True):
+        if c.unmeasured and len(column) and np.isnan(column).all():
+            raise Unmeasured(f"{c.metric}, a term of the objective {objective.score}, is not measured: {c.unmeasured}")
+    columns = np.stack([c.transform(v) for c, v in zip(objective.components, values, strict=True)], axis=1)
     score, lo, hi = bootstrap_aggregate(columns, objective.aggregate_spec())
     guard_col = post_column(specs, objective.guard)
     guard, g_lo, g_hi, _ = mean_ci(_column(metrics, guard_col).tolist())
@@ -327,5 +339,5 @@ def successive_halving(candidates: Sequence[str], sizes: Sequence[int], eta: int
 
 
 __all__ = ["GUARD_REFERENCES", "OBJECTIVES", "CandidateScore", "Component", "HalvingResult", "Objective", "StopSearch",
-           "post_column", "rank_key", "reference_ci", "rung_sizes", "score_rows", "select", "sequential_objective",
-           "successive_halving", "survivors"]
+           "Unmeasured", "post_column", "rank_key", "reference_ci", "rung_sizes", "score_rows", "select",
+           "sequential_objective", "successive_halving", "survivors"]
