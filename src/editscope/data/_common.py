@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,19 +112,21 @@ def string_problem(value: Any) -> str | None:
     return text_problem(value)
 
 
-#: Control characters a tokenizer may drop or reject; tab, newline and carriage return are ordinary text.
-_CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
+#: A lone surrogate, or a C0 control character a tokenizer may drop or reject (tab, newline and carriage return are
+#: ordinary text): one compiled search per string, as every field of every record is checked on load
+_NOT_TEXT = re.compile("[\ud800-\udfff\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 def text_problem(value: str) -> str | None:
     """Why ``value`` cannot be tokenized as text (a lone surrogate from a bad ``\\ud83d`` escape, which no
     tokenizer can encode, or a C0 control character), or None."""
-    for i, ch in enumerate(value):
-        if "\ud800" <= ch <= "\udfff":
-            return f"contains a lone surrogate U+{ord(ch):04X} at character {i} (not valid text)"
-        if ch in _CONTROL:
-            return f"contains the control character U+{ord(ch):04X} at character {i}"
-    return None
+    found = _NOT_TEXT.search(value)
+    if found is None:
+        return None
+    i, ch = found.start(), found.group()
+    if "\ud800" <= ch <= "\udfff":
+        return f"contains a lone surrogate U+{ord(ch):04X} at character {i} (not valid text)"
+    return f"contains the control character U+{ord(ch):04X} at character {i}"
 
 
 class Fields:
