@@ -207,6 +207,35 @@ def test_lifelong_checkpoints_reprobe_in_the_wild_too(tmp_path, tiny_bundles):
         assert all(isinstance(p["answer"], str) for p in row["post"]["wild"]["prompts"])
 
 
+def test_a_share_asks_the_same_cases_at_every_checkpoint(tmp_path, tiny_bundles):
+    import hashlib
+
+    config = parse_config({
+        "model": "tiny-llama", "seed": 0, "output": str(tmp_path),
+        "mode": {"sequential_batches": {"batch": 4, "rounds": 3, "checkpoints": 1}},
+        "methods": [{"name": "memit", "overrides": {"v_steps": 2}}], "dataset": "counterfact",
+        "slice": {"offset": 0, "limit": 12},
+        "suites": ["counterfact", {"name": "wild", "options": {"max_new_tokens": 3, "share": 0.5}}]})
+    Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+    rows = read_results(tmp_path / "results.jsonl")
+
+    def below_half(case_id: str) -> bool:  # the case id's 64-bit blake2b digest, read as a fraction of 2^64
+        return int(hashlib.blake2b(case_id.encode(), digest_size=8).hexdigest(), 16) < 2 ** 63
+
+    asked = {r["case_id"] for r in rows if r["metrics"]["wild"]}
+    assert asked == {r["case_id"] for r in rows if below_half(str(r["case_id"]))} and 0 < len(asked) < 12
+    for row in rows:  # checkpoints and final rows alike; the teacher-forced suite still probes every case
+        assert ("Efficacy_post" in row["metrics"]["wild"]) == (row["case_id"] in asked)
+        assert bool(row["post"]["wild"]["prompts"]) == (row["case_id"] in asked)
+        assert "ES_post" in row["metrics"]["counterfact"]
+        assert "asked of the cases whose id hashes below share 0.5" in row["protocol"]["wild"]["note"]
+    summary = (tmp_path / "summary.md").read_text()
+    wild = summary[summary.index("## wild on counterfact"):]
+    assert f"| memit | {len(asked)} |" in wild  # the wild means are over the cases asked about
+    with pytest.raises(EditscopeError, match="option share must be a number in \\(0, 1\\]"):
+        WildSuite(share=0)
+
+
 def test_a_registered_judge_that_raises_names_itself_and_the_case(monkeypatch):
     class Failing:
         name, binary = "failing", True

@@ -23,7 +23,9 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
   (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``model:NAME``, a local model asked a
-  fixed yes/no question, :mod:`editscope.suites.model_judge`; or one registered by the user).
+  fixed yes/no question, :mod:`editscope.suites.model_judge`; or one registered by the user);
+* ``share`` (1): the share of cases asked about, by a hash of the case id (the same cases at every probe and for
+  every method, so a lifelong chain's wild curve follows fixed cases); the others have no wild metrics.
 
 Probe: ``{"prompts": [{"prompt": <the case's prompt>, "role": "rewrite" | "paraphrase" | "neighborhood",
 "gold": [answers], "answer": <what the model said>}, ...]}`` -- every generated answer is kept, pre and post, so
@@ -42,6 +44,7 @@ Metrics (each ``_pre`` and ``_post`` unless noted; a case's value is the mean ov
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -105,7 +108,7 @@ class WildSuite(Suite):
 
     def __init__(self, *, context: Literal["plain", "qa"] = "plain",
                  target: Literal["target_new", "answers0"] = "target_new", max_new_tokens: int = 50,
-                 stop: Sequence[str] = (".", "\n"), judge: str = "exact_match") -> None:
+                 stop: Sequence[str] = (".", "\n"), judge: str = "exact_match", share: float = 1.0) -> None:
         check_choice(self.name, "context", context, CONTEXTS)
         check_choice(self.name, "target", target, TARGETS)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1000:
@@ -116,8 +119,10 @@ class WildSuite(Suite):
         if isinstance(judge, str):
             ensure_model_judge(judge)  # judge: model:NAME (editscope.suites.model_judge)
         JUDGES.get(judge)  # a one-line error naming the registered judges
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise EditscopeError(f"wild suite: option share must be a number in (0, 1], not {share!r}")
         self.context, self.target, self.max_new_tokens = context, target, max_new_tokens
-        self.stop, self.judge = tuple(stop), judge
+        self.stop, self.judge, self.share = tuple(stop), judge, float(share)
 
     @property
     def protocol(self) -> dict[str, str]:
@@ -128,7 +133,8 @@ class WildSuite(Suite):
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged whole "
                         f"by {self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
-                        "answers unchanged"}
+                        "answers unchanged" + ("" if self.share == 1 else f"; asked of the cases whose id hashes "
+                                               f"below share {self.share:g} (the same at every probe)")}
 
     def _judge_version(self) -> str:
         return f" (judge prompt v{JUDGE_VERSION})" if self.judge.startswith(PREFIX) else ""
@@ -153,9 +159,19 @@ class WildSuite(Suite):
         out += [(p, "neighborhood", [a]) for p, a in case.neighborhood]
         return out
 
+    def asked(self, case: Case) -> bool:
+        """Whether the suite asks about ``case``: all of them, or (``share`` < 1) those whose case id hashes below
+        ``share``, so a lifelong chain's probes ask the same cases at every checkpoint, whatever the method (the
+        wild probe is generation: on a large re-probe sample a share keeps its cost in bounds)."""
+        if self.share == 1:
+            return True
+        digest = hashlib.blake2b(str(case.case_id).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2 ** 64 < self.share
+
     def probe_many(self, engine: Scorer, cases: Sequence[Case]) -> list[dict[str, Any]]:
-        """Every prompt of every case answered in one batched call of ``engine.answer``."""
-        questions = [self.questions(c) for c in cases]
+        """Every prompt of every case asked about answered in one batched call of ``engine.answer`` (a case not
+        asked about has no prompts, and no metrics)."""
+        questions = [self.questions(c) if self.asked(c) else [] for c in cases]
         flat = [self.shown(p) for qs in questions for p, _, _ in qs]
         answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop) if flat else [])
         return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
