@@ -77,7 +77,7 @@ def _reserved(dataset: str, n_records: int, configs: tuple[Path, ...]) -> Reserv
                 stop = n_records if block.limit is None else min(n_records, block.offset + block.limit)
                 intervals.append((block.offset, stop, path.name))
             else:
-                intervals += same.intervals(block.dataset, lambda _cases, c=config, b=block: _reported(c, b),
+                intervals += same.intervals(block.dataset, lambda cases, c=config, b=block: _reported(c, b, cases),
                                             f"{path.name} ({block.dataset}, the records its rows report on)")
     default = GeneralAbilitySuite()
     if default.fact_dataset == dataset:  # any run may add the general suite: its default pool is never validation
@@ -132,14 +132,12 @@ def _identity(case: Any) -> tuple[str, str]:
     return (str(case.case_id), case.request.text)
 
 
-def _reported(config: Any, block: Any) -> list[Any]:
-    """The cases of ``block`` (a block of ``config``) that the run's rows report on."""
-    from editscope.data import load_cases
+def _reported(config: Any, block: Any, cases: list[Any]) -> list[Any]:
+    """Those of ``cases`` (all of ``block``'s dataset) that the rows of ``block``, a block of ``config``, report on."""
     from editscope.run.planned import plan_run
 
-    label = block.label
-    ids = {case_id for dataset, case_id, _method in plan_run(config).rows if dataset == label}
-    return [c for c in load_cases(block.dataset) if str(c.case_id) in ids]
+    ids = {case_id for dataset, case_id, _method in plan_run(config).rows if dataset == block.label}
+    return [c for c in cases if str(c.case_id) in ids]
 
 
 def free_start(reserved: Reserved, n_records: int, n: int) -> int:
