@@ -191,15 +191,19 @@ def test_protocol_gap_table_by_hand():
     assert protocol_gaps([r for r in rows if r["method"] == "memit"][:0]) == []
 
 
-def test_lifelong_checkpoints_reprobe_in_the_wild_too(tmp_path, tiny_bundles):
+def lifelong_rows(tmp_path, bundle, *, batch: int, rounds: int, wild: dict) -> list[dict]:
+    """The rows of a MEMIT chain on the first ``batch * rounds`` CounterFact records, one checkpoint, both suites."""
     config = parse_config({
         "model": "tiny-llama", "seed": 0, "output": str(tmp_path),
-        "mode": {"sequential_batches": {"batch": 2, "rounds": 2, "checkpoints": 1}},
+        "mode": {"sequential_batches": {"batch": batch, "rounds": rounds, "checkpoints": 1}},
         "methods": [{"name": "memit", "overrides": {"v_steps": 2}}], "dataset": "counterfact",
-        "slice": {"offset": 0, "limit": 4},
-        "suites": ["counterfact", {"name": "wild", "options": {"max_new_tokens": 4}}]})
-    Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
-    rows = read_results(tmp_path / "results.jsonl")
+        "slice": {"offset": 0, "limit": batch * rounds}, "suites": ["counterfact", {"name": "wild", "options": wild}]})
+    Runner(config, out_dir=tmp_path, bundle=bundle, progress=False, log=lambda _m: None).run()
+    return read_results(tmp_path / "results.jsonl")
+
+
+def test_lifelong_checkpoints_reprobe_in_the_wild_too(tmp_path, tiny_bundles):
+    rows = lifelong_rows(tmp_path, tiny_bundles["llama"], batch=2, rounds=2, wild={"max_new_tokens": 4})
     checkpoints = [r for r in rows if r.get("checkpoint")]
     assert checkpoints and len(rows) > len(checkpoints)
     for row in rows:  # the checkpoint re-probe and the final probe both measure both protocols
@@ -210,14 +214,7 @@ def test_lifelong_checkpoints_reprobe_in_the_wild_too(tmp_path, tiny_bundles):
 def test_a_share_asks_the_same_cases_at_every_checkpoint(tmp_path, tiny_bundles):
     import hashlib
 
-    config = parse_config({
-        "model": "tiny-llama", "seed": 0, "output": str(tmp_path),
-        "mode": {"sequential_batches": {"batch": 4, "rounds": 3, "checkpoints": 1}},
-        "methods": [{"name": "memit", "overrides": {"v_steps": 2}}], "dataset": "counterfact",
-        "slice": {"offset": 0, "limit": 12},
-        "suites": ["counterfact", {"name": "wild", "options": {"max_new_tokens": 3, "share": 0.5}}]})
-    Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
-    rows = read_results(tmp_path / "results.jsonl")
+    rows = lifelong_rows(tmp_path, tiny_bundles["llama"], batch=4, rounds=3, wild={"max_new_tokens": 3, "share": 0.5})
 
     def below_half(case_id: str) -> bool:  # the case id's 64-bit blake2b digest, read as a fraction of 2^64
         return int(hashlib.blake2b(case_id.encode(), digest_size=8).hexdigest(), 16) < 2 ** 63

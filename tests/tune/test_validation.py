@@ -29,13 +29,13 @@ def test_a_stream_block_reserves_the_counterfact_records_it_reports_on(tmp_path)
     cf = load_cases("counterfact")
     # the stream's first records are CounterFact's edit file in order (no prompt repeats before record 30)
     plain = write(tmp_path, "plain", dataset="counterfact-stream", slice={"offset": 0, "limit": 30})
-    assert positions(reserved_positions("counterfact", len(cf), [plain]), "plain.yaml") == set(range(30))
+    assert positions(reserved_positions("counterfact", cf, [plain]), "plain.yaml") == set(range(30))
 
     sampled = write(tmp_path, "sampled", dataset="counterfact-stream", slice={"offset": 100, "limit": 40},
                     mode={"sequential_batches": {"batch": 10, "rounds": 4, "checkpoints": 2, "reprobe": 5,
                                                  "sampled": True}})
     reported = {key[1] for key in plan_run(load_config(sampled)).rows}
-    got = positions(reserved_positions("counterfact", len(cf), [sampled]), "sampled.yaml")
+    got = positions(reserved_positions("counterfact", cf, [sampled]), "sampled.yaml")
     assert got == {i for i, c in enumerate(cf) if c.case_id in reported}
     assert len(got) == len(reported) and got < set(range(100, 140))  # edited but never reported on: free
 
@@ -45,7 +45,7 @@ def test_a_dataset_of_another_format_reserves_nothing_and_the_slice_avoids_the_r
     zsre = write(tmp_path, "zsre", dataset="zsre", slice={"offset": 0, "limit": 500}, suites=["zsre"])
     head = write(tmp_path, "head", dataset="counterfact", slice={"offset": 0, "limit": 10})
     stream = write(tmp_path, "stream", dataset="counterfact-stream", slice={"offset": 12, "limit": 8})
-    reserved = reserved_positions("counterfact", len(cf), [zsre, head, stream])
+    reserved = reserved_positions("counterfact", cf, [zsre, head, stream])
     assert positions(reserved, "zsre.yaml") == set()
     assert positions(reserved, "stream.yaml") == set(range(12, 20))
     assert validation_slice("counterfact", 3, [zsre, head, stream])["offset"] == 20  # 10..11 is too short

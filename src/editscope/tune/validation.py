@@ -12,9 +12,8 @@ positions after the last reserved position below the pool, so it is contiguous (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +46,17 @@ def shipped_experiment_configs() -> list[Path]:
     return sorted((configs_dir() / "experiments").glob("*.yaml"))
 
 
-def reserved_positions(dataset: str, n_records: int, configs: Iterable[Path] | None = None) -> Reserved:
-    """The positions of ``dataset`` (a registered name) the shipped configs report on, and the general suite's
-    fact pool (see the module docstring). Computed once per process for the same arguments (it reads every config
-    and the datasets that share records with ``dataset``)."""
-    return _reserved(dataset, n_records, tuple(configs) if configs is not None else tuple(shipped_experiment_configs()))
-
-
-@lru_cache(maxsize=8)
-def _reserved(dataset: str, n_records: int, configs: tuple[Path, ...]) -> Reserved:
+def reserved_positions(dataset: str, cases: Sequence[Any], configs: Iterable[Path] | None = None) -> Reserved:
+    """The positions of ``dataset`` (a registered name, whose loaded ``cases`` are given) the shipped configs report
+    on, and the general suite's fact pool (see the module docstring). Reads every config and the datasets that share
+    records with ``dataset``; a tune asks once, so nothing is memoised."""
     from editscope.run import load_config
     from editscope.suites.general import GeneralAbilitySuite
 
-    same = _SameRecords(dataset)
+    n_records = len(cases)
+    same = _SameRecords(dataset, cases)
     intervals: list[tuple[int, int, str]] = []
-    for path in configs:
+    for path in (shipped_experiment_configs() if configs is None else configs):
         config = load_config(path)
         for block in config.blocks:
             names = {block.dataset, Path(block.dataset).name}
@@ -71,13 +66,13 @@ def _reserved(dataset: str, n_records: int, configs: tuple[Path, ...]) -> Reserv
                 if general.fact_dataset == dataset:
                     intervals.append((max(0, n_records - general.fact_pool), n_records, who))
                 else:
-                    intervals += same.intervals(general.fact_dataset, lambda cases, g=general: cases[-g.fact_pool:],
+                    intervals += same.intervals(general.fact_dataset, lambda theirs, g=general: theirs[-g.fact_pool:],
                                                 who)
             if dataset in names:
                 stop = n_records if block.limit is None else min(n_records, block.offset + block.limit)
                 intervals.append((block.offset, stop, path.name))
             else:
-                intervals += same.intervals(block.dataset, lambda cases, c=config, b=block: _reported(c, b, cases),
+                intervals += same.intervals(block.dataset, lambda theirs, c=config, b=block: _reported(c, b, theirs),
                                             f"{path.name} ({block.dataset}, the records its rows report on)")
     default = GeneralAbilitySuite()
     if default.fact_dataset == dataset:  # any run may add the general suite: its default pool is never validation
@@ -89,8 +84,9 @@ class _SameRecords:
     """The positions in ``dataset`` of records another dataset shares with it (same case id, same filled prompt; a
     dataset of another format holds other records and is not read)."""
 
-    def __init__(self, dataset: str) -> None:
+    def __init__(self, dataset: str, cases: Sequence[Any]) -> None:
         self.dataset = dataset
+        self._cases = cases
         self._index: dict[tuple[str, str], int] | None = None
         self._shares: dict[str, list[Any] | None] = {}  # other dataset -> its cases, None: it shares no record
 
@@ -111,7 +107,6 @@ class _SameRecords:
                 runs.append((p, p + 1, who))
         return runs
 
-
     def _shared(self, other: str) -> list[Any] | None:
         """The cases of ``other`` when it shares a record with this dataset, else None (each read once)."""
         from editscope.data import DATASETS, load_cases
@@ -121,7 +116,7 @@ class _SameRecords:
             if (other != self.dataset and other in DATASETS and self.dataset in DATASETS
                     and DATASETS[other].format == DATASETS[self.dataset].format):
                 if self._index is None:
-                    self._index = {_identity(c): i for i, c in enumerate(load_cases(self.dataset))}
+                    self._index = {_identity(c): i for i, c in enumerate(self._cases)}
                 cases = load_cases(other)
                 if any(_identity(c) in self._index for c in cases):
                     self._shares[other] = cases
@@ -164,8 +159,9 @@ def validation_slice(dataset: str, n: int, configs: Iterable[Path] | None = None
     shipped config reports on (per config: a tune that must go where there is no free run says so)."""
     from editscope.data import load_cases
 
-    n_records = len(load_cases(dataset))
-    reserved = reserved_positions(dataset, n_records, configs)
+    cases = load_cases(dataset)
+    n_records = len(cases)
+    reserved = reserved_positions(dataset, cases, configs)
     overlap: list[dict[str, Any]] = []
     if offset is None:
         start, chosen = free_start(reserved, n_records, n), "the first run of free records"
