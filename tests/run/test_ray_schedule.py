@@ -11,8 +11,9 @@ import pytest
 
 from editscope.errors import EditscopeError
 from editscope.run import parse_config
+from editscope.run.blocks import load_blocks
 from editscope.run.ray_executor import MAX_ATTEMPTS, RayExecutor, WorkersLostError
-from editscope.run.runner import Runner, load_blocks
+from editscope.run.runner import Runner
 
 
 class ActorDied(Exception):

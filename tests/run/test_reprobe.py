@@ -14,7 +14,7 @@ from scipy import stats as st
 
 from editscope.errors import EditscopeError
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.chain import reprobe_positions
+from editscope.run.plan import reprobe_positions
 from editscope.run.summary import retention, summarize_by_edits
 
 BATCH, ROUNDS, LIMIT = 2, 5, 3

@@ -14,7 +14,7 @@ from editscope.data import load_cases
 from editscope.data.records import EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
-from editscope.run.runner import edit_requests
+from editscope.run.blocks import edit_requests
 from editscope.suites import SUITES, get_suite
 from editscope.suites.one_to_n import OneToNSuite
 from editscope.suites.peak import PeakSuite

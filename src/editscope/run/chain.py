@@ -9,9 +9,10 @@ next round, and only then is the chain's state saved to ``chains/<dataset>-g<gro
 the chain's final rows are written). A kill therefore loses at most the rounds since the last checkpoint.
 
 A checkpoint probes the cases edited since the previous checkpoint and re-probes the earlier ones, up to
-``reprobe`` of them (1,000 by default); beyond, a fixed random sample of ``reprobe`` (:func:`reprobe_positions`),
-the same for every method, so that 10,000 edits in batches of 100 with a checkpoint every round cost 100 probes of
-at most 1,100 cases rather than half a million. The final rows (after the last round) cover every case.
+``reprobe`` of them (1,000 by default); beyond, a fixed random sample of ``reprobe``
+(:func:`~editscope.run.plan.reprobe_positions`), the same for every method, so that 10,000 edits in batches of 100
+with a checkpoint every round cost 100 probes of at most 1,100 cases rather than half a million. The final rows
+(after the last round) cover every case.
 
 On a rerun a chain whose file exists restarts from it: the runner has already computed the pre-edit probes on
 the loaded weights, the folded ΔW of the file is applied (checked: the loaded weights must match the file's
@@ -39,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -219,21 +219,6 @@ def templates_to_json(cache: dict) -> list[list[Any]]:
 def templates_from_json(entries: list[list[Any]]) -> dict:
     return {(name, tuple(tuple(s) for s in spec), seed, start): tuple(texts)
             for name, spec, seed, start, texts in entries}
-
-
-def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, seed: int) -> list[int]:
-    """Positions (in edit order) of the edited cases a checkpoint probes: the ``n_new`` edited since the previous
-    checkpoint (the efficacy of the batch just written; every case is thus first probed right after its edit, which
-    the retention matrix counts on), and the earlier ones: all up to ``limit``; beyond, the ``limit`` of them with
-    the smallest keys of one fixed random key per position of the group (from ``seed``: the config seed, dataset
-    and group, not the method, so every method re-probes the same cases and they pair). The sample is nested: an
-    earlier case left out at one checkpoint is never probed at a later one, so each sampled case's retention is
-    followed from its edit on."""
-    earlier = n_edited - n_new
-    if earlier <= limit:
-        return list(range(n_edited))
-    keys = np.random.default_rng(seed).random(group_size)[:earlier]
-    return sorted(np.argsort(keys, kind="stable")[:limit].tolist()) + list(range(earlier, n_edited))
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.metrics.registry import specs_to_json
+from editscope.run.blocks import load_blocks
 from editscope.run.plan import Single
-from editscope.run.runner import load_blocks
 from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.trial import Method, Trial, request_dicts
 from editscope.suites.base import Suite

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from editscope.run.chain import reprobe_positions
+import numpy as np
 
 REPROBE = 1000  # cases a lifelong checkpoint re-probes at most (``reprobe``)
 PROBE_GROUP = 16  # cases probed together in probe_only mode (one resume unit)
@@ -141,7 +141,7 @@ class Lifelong(Single):
 
     def probed(self, n_edited: int, group_size: int, seed: int) -> list[int]:
         """Positions in the group of the cases a checkpoint after ``n_edited`` cases probes
-        (:func:`~editscope.run.chain.reprobe_positions`; ``seed``: the group's re-probe seed)."""
+        (:func:`reprobe_positions`; ``seed``: the group's re-probe seed)."""
         return reprobe_positions(n_edited, self._new(n_edited), self.reprobe, group_size, seed)
 
     def final_positions(self, group_size: int, seed: int) -> list[int]:
@@ -217,5 +217,20 @@ def mode_from_dict(data: Mapping[str, Any]) -> Mode:
     raise ValueError(f"unknown mode {name!r}")
 
 
+def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, seed: int) -> list[int]:
+    """Positions (in edit order) of the edited cases a checkpoint probes: the ``n_new`` edited since the previous
+    checkpoint (the efficacy of the batch just written; every case is thus first probed right after its edit, which
+    the retention matrix counts on), and the earlier ones: all up to ``limit``; beyond, the ``limit`` of them with
+    the smallest keys of one fixed random key per position of the group (from ``seed``: the config seed, dataset
+    and group, not the method, so every method re-probes the same cases and they pair). The sample is nested: an
+    earlier case left out at one checkpoint is never probed at a later one, so each sampled case's retention is
+    followed from its edit on."""
+    earlier = n_edited - n_new
+    if earlier <= limit:
+        return list(range(n_edited))
+    keys = np.random.default_rng(seed).random(group_size)[:earlier]
+    return sorted(np.argsort(keys, kind="stable")[:limit].tolist()) + list(range(earlier, n_edited))
+
+
 __all__ = ["PROBE_GROUP", "REPROBE", "Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit",
-           "mode_from_dict"]
+           "mode_from_dict", "reprobe_positions"]

@@ -1,7 +1,7 @@
 """The rows a run is planned to write, and how many of them its files hold.
 
-A run's plan is its config cut into the groups of its shard (:func:`~editscope.run.runner.load_blocks`,
-:func:`~editscope.run.runner.assign_groups`) and, per group and method, the rows the runner writes (one per case
+A run's plan is its config cut into the groups of its shard (:func:`~editscope.run.blocks.load_blocks`,
+:func:`~editscope.run.blocks.assign_groups`) and, per group and method, the rows the runner writes (one per case
 after the group's last edit, plus the checkpoint rows of ``sequential_batches``: the runner's own unit list); with an
 ``lm_eval`` key also one ``lm_eval.jsonl`` row per task for the unedited model and at every chain checkpoint the hook
 is due (:func:`~editscope.run.lmeval.due_points`). Nothing is loaded but the config's cases (no model).
@@ -21,6 +21,7 @@ from typing import Any
 
 from editscope.jsonl import read_lines, torn_line
 from editscope.rowdigest import damage, required_in
+from editscope.run.blocks import assign_groups, load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LM_EVAL_FILE, due_points
 from editscope.run.plan import Lifelong, Unit
@@ -47,8 +48,6 @@ def plan_run(config: RunConfig, *, limit: int | None = None, shard: tuple[int, i
              suite_factories: Mapping[str, SuiteFactory] | None = None) -> Plan:
     """The :class:`Plan` of ``config`` run with ``limit`` and ``shard`` (loads the cases, validated, and the suites;
     an unknown suite or dataset is the loader's :class:`~editscope.errors.EditscopeError`)."""
-    from editscope.run.runner import assign_groups, load_blocks
-
     mode = config.mode
     blocks = load_blocks(config, limit=limit, suite_factories=suite_factories)
     longest = 0

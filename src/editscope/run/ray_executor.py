@@ -29,8 +29,9 @@ from typing import Any
 
 from editscope.errors import EditscopeError
 from editscope.integrity import note_unverified, trusted, trusting
+from editscope.run.blocks import Block
 from editscope.run.config import RunConfig
-from editscope.run.runner import Block, Runner, Task, Work
+from editscope.run.runner import Runner, Task, Work
 from editscope.run.store import RESULTS
 
 #: how long a local raylet waits for its helper agents' port files: Ray's default aborts the node when a loaded

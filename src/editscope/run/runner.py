@@ -36,14 +36,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from editscope.atomic import atomic_write_text
-from editscope.data import DATASETS, dataset_path, load_cases
-from editscope.data.records import Case, EditRequest
+from editscope.data import DATASETS, dataset_path
+from editscope.data.records import Case
 from editscope.edit.objective import independent_edits
 from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
@@ -55,6 +55,7 @@ from editscope.lm.loading import Bundle
 from editscope.progress import listening
 from editscope.rowdigest import FORMAT as ROW_FORMAT
 from editscope.rowdigest import RUN_FLAG as ROW_RUN_FLAG
+from editscope.run.blocks import Block, assign_groups, load_blocks
 from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
@@ -73,24 +74,12 @@ from editscope.run.store import (
     run_lock,
     unit_key,
 )
-from editscope.run.suites import SuiteFactory, declarations_to_json, make_suite
+from editscope.run.suites import SuiteFactory, declarations_to_json
 from editscope.run.summary import SummaryRow, results_text, write_summary
 from editscope.run.trial import Edits, Method, PreProbeCache, Probes, Trial
-from editscope.suites.base import Suite
 
 FORMAT = "editscope-run-1"
 VERSION_PACKAGES = ("editscope", "torch", "transformers", "numpy")
-
-
-@dataclass
-class Block:
-    """One dataset block, loaded: its cases and suites."""
-
-    label: str
-    cases: list[Case]
-    suites: dict[str, Suite]
-    requests: list[tuple[EditRequest, ...]] = field(default_factory=list)  # what is edited, per case
-    groups: list[tuple[int, list[int]]] = field(default_factory=list)  # (group index, case indices)
 
 
 @dataclass
@@ -130,48 +119,6 @@ def package_versions() -> dict[str, str | None]:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def load_blocks(config: RunConfig, *, limit: int | None = None,
-                suite_factories: Mapping[str, SuiteFactory] | None = None) -> list[Block]:
-    """Cases (validated: a malformed record fails here, before any work) and suites of every block."""
-    blocks = []
-    for spec in config.blocks:
-        n = spec.limit if limit is None else (limit if spec.limit is None else min(limit, spec.limit))
-        cases = load_cases(spec.dataset, offset=spec.offset, limit=n)
-        if not cases:
-            raise EditscopeError(f"dataset {spec.label}: the slice (offset {spec.offset}, limit {n}) holds no cases")
-        ids = [c.case_id for c in cases]
-        if len(set(ids)) != len(ids):
-            raise EditscopeError(f"dataset {spec.label}: case ids are not unique")
-        suites = {s.name: make_suite(s.name, s.options, suite_factories) for s in spec.suites}
-        blocks.append(Block(spec.label, cases, suites, [edit_requests(spec.label, suites, c) for c in cases]))
-    return blocks
-
-
-def edit_requests(label: str, suites: Mapping[str, Suite], case: Case) -> tuple[EditRequest, ...]:
-    """What to edit for ``case``: every suite's ``edit_requests(case)`` (by default the case's requests; the
-    one_to_n suite edits every valid answer). Suites of one block that choose edits must agree."""
-    chosen: tuple[EditRequest, ...] | None = None
-    chooser = None
-    for name, suite in suites.items():
-        if not suite.chooses_edits:  # declared: measures the model whatever is edited
-            continue
-        reqs = tuple(suite.edit_requests(case))
-        if chosen is not None and reqs != chosen:
-            raise EditscopeError(f"dataset {label}: suites {chooser} and {name} edit different things for case "
-                                 f"{case.case_id}; put them in separate dataset blocks")
-        chosen, chooser = reqs, name
-    return chosen if chosen is not None else tuple(case.requests)
-
-
-def assign_groups(blocks: Sequence[Block], group_size: int, shard: tuple[int, int]) -> None:
-    """Cut each block into groups of ``group_size`` consecutive cases; keep this shard's groups."""
-    i, n = shard
-    for block in blocks:
-        idx = list(range(len(block.cases)))
-        groups = [(g, idx[s:s + group_size]) for g, s in enumerate(range(0, len(idx), group_size))]
-        block.groups = [(g, members) for g, members in groups if g % n == i]
 
 
 #: one unit the executor runs: (block index, group index, the group's case indices, the units to do per method)
