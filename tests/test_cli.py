@@ -20,6 +20,39 @@ def test_every_command_has_help(capsys):
         assert "%%" not in out, f"{name} --help prints a doubled percent sign"  # descriptions are not %-formatted
 
 
+def test_help_lists_every_command_without_building_their_parsers():
+    """``editscope --help`` lists every command with the line its full parser has, and builds none of them: the
+    editors' registry (and torch with it) is never imported. Checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from editscope.cli import main\n"
+             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print('IMPORTED', sorted(m for m in ('torch', 'editscope.edit.registry') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    listing, _, imported = proc.stdout.rpartition("IMPORTED ")
+    assert imported.strip() == "[]"
+    assert listing == build_parser().format_help()  # the same text as with every command's parser built
+
+
+@pytest.mark.parametrize(("argv", "command"), [
+    (["run", "x.yaml"], "run"), (["--plugin-module", "m", "edit"], "edit"), (["--plugin-mod", "m", "plan"], "plan"),
+    (["--plugin-module=m", "tune", "--method", "rome"], "tune"), (["--version"], None), (["--", "report"], "report"),
+])
+def test_the_command_word_skips_global_options(argv, command):
+    from editscope.cli import _command_word
+
+    assert _command_word(argv) == command
+
+
+def test_a_named_command_gets_its_full_parser_and_the_others_are_listed():
+    parser = build_parser(["edit", "--prompt", "{} is"])
+    choices = parser._subparsers._group_actions[0].choices
+    assert set(choices) == set(COMMANDS)
+    assert any(a.dest == "method" for a in choices["edit"]._actions)
+    assert not any(a.dest == "method" for a in choices["tune"]._actions)  # listed only: no arguments
+
+
 def test_unknown_model_is_one_line_error(capsys):
     assert main(["score", "--model", "nope", "--prompt", "x", "--candidates", "y"]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,6 +1,10 @@
-"""The ``editscope`` command line. Each subcommand is one module in ``editscope.commands`` exposing
-``register(subparsers)``; adding a command is one file plus one ``COMMANDS.register(module, name)`` line (the
-module is imported only when the parser is built)."""
+"""The ``editscope`` command line. Each subcommand is one module in ``editscope.commands`` exposing ``HELP`` (its
+one line in ``editscope --help``) and ``register(subparsers)``; adding a command is one file plus one
+``COMMANDS.register(module, name)`` line.
+
+Only the command being run builds its parser: ``register`` reads the registries its choices come from (editors,
+locating methods, ...), which imports torch and every editor, so ``editscope --help``, ``configs`` or ``plan`` would
+otherwise pay seconds for parsers they never use. The other commands appear in the listing by their ``HELP``."""
 
 from __future__ import annotations
 
@@ -82,7 +86,23 @@ def _version() -> str:
             f"transformers {dist('transformers')})")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command named in ``argv`` (the first word that is not a global option or its value), or None."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if not arg.startswith("-"):
+            return arg
+        takes_value = len(arg) > 2 and "=" not in arg and "--plugin-module".startswith(arg)
+        i += 2 if takes_value else 1
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command-line parser. With ``argv``, only the command it names gets its full parser (the others are
+    listed by their ``HELP``); without, every command's (for tools that walk the whole interface)."""
     parser = _Parser(
         prog="editscope",
         description="Edit the factual knowledge of language models and measure everything an edit does.",
@@ -95,14 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "command (edit, inspect, plan, tune, locate, report); a run config names its own in "
                         "plugin_modules")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS.values():
-        importlib.import_module(module).register(sub)
+    chosen = None if argv is None else _command_word(argv)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        if argv is None or name == chosen:
+            module.register(sub)
+        else:
+            sub.add_parser(name, help=module.HELP, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     if problem := _non_utf8_argument(argv):
         print(f"editscope: error: {problem}", file=sys.stderr)
         return 2

@@ -9,12 +9,15 @@ import sys
 from editscope.commands._device import add_device_arguments
 from editscope.ranges import Range, option
 
+HELP = "benchmarks of the unedited model (klob: locating methods)"
+"""The one line ``editscope --help`` shows for ``bench`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.locate import METHODS, OPTION_RANGES
     from editscope.locate.klob_bench import RANGES
 
-    parser = sub.add_parser("bench", help="benchmarks of the unedited model (klob: locating methods)")
+    parser = sub.add_parser("bench", help=HELP)
     benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     klob = benches.add_parser(
         "klob",

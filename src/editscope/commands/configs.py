@@ -7,10 +7,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+HELP = "list the shipped experiment configs"
+"""The one line ``editscope --help`` shows for ``configs`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "configs", help="list the shipped experiment configs",
+        "configs", help=HELP,
         description="List the experiment configs shipped with editscope (run one with 'editscope run NAME'): the "
         "paper table or figure each reproduces (its header comment), its models, methods and datasets, and its "
         "measured wall time where one was measured (a '# Wall time:' header line).")

@@ -28,10 +28,14 @@ def sample_config_path() -> Path:
     return configs_dir() / "demo-sample.yaml"
 
 
+HELP = "edit SmolLM2 with MEMIT and AlphaEdit, evaluate all four suites, write the report"
+"""The one line ``editscope --help`` shows for ``demo`` (read without building its parser)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo",
-        help="edit SmolLM2 with MEMIT and AlphaEdit, evaluate all four suites, write the report",
+        help=HELP,
         description="Run configs/demo.yaml (10 cases each of CounterFact, zsRE and PEAK-CF, edited in batches of "
         "10 by MEMIT and AlphaEdit on SmolLM2-135M) and write an HTML + Markdown report. Resumes if interrupted. "
         "Without the dataset folder (EDITSCOPE_DATA, or ../shared/data beside a source checkout) it runs "

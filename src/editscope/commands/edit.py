@@ -11,13 +11,16 @@ from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 from editscope.progress import StatusLine, listening
 
+HELP = "edit one fact and show log-probs before/after"
+"""The one line ``editscope --help`` shows for ``edit`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.edit.registry import EDITORS
 
     parser = sub.add_parser(
         "edit",
-        help="edit one fact and show log-probs before/after",
+        help=HELP,
         description="Edit one fact with an editing method and print the log-probability (natural log, summed "
         "over the answer's tokens) of the new target and of the true target on the edit prompt and each "
         "--check prompt, before and after the edit. The model is not kept edited: save the patch with "

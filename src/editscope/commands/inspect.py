@@ -12,13 +12,16 @@ from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 from editscope.ranges import option
 
+HELP = "write the edit card of one edit (HTML page with everything it did; --json too)"
+"""The one line ``editscope --help`` shows for ``inspect`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.edit.registry import EDITORS
 
     parser = sub.add_parser(
         "inspect",
-        help="write the edit card of one edit (HTML page with everything it did; --json too)",
+        help=HELP,
         description="Replay one edit and write its card: the request; log-probs of target and true answer on the "
         "edit prompt, paraphrases and neighbours before/after; greedy generations; 1-to-N siblings and PEAK answers "
         "where the case has them; EVK stability against σ; ΔW (norms, rank, singular values); the collateral scan "

@@ -9,6 +9,9 @@ import sys
 from editscope.commands._device import add_device_arguments
 from editscope.ranges import Range, option
 
+HELP = "locate a fact in the model (causal tracing, knowledge neurons, ...)"
+"""The one line ``editscope --help`` shows for ``locate`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.locate import METHODS, OPTION_RANGES
@@ -22,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     parser = sub.add_parser(
         "locate",
-        help="locate a fact in the model (causal tracing, knowledge neurons, ...)",
+        help=HELP,
         description="Run a knowledge-locating method on one fact and print the top layers / neurons; "
         "causal_trace can draw ROME's heatmaps (--plot). With --layer-curve N, trace the MLP states at the "
         "subject's last token for N CounterFact facts the model knows and print the mean indirect effect per layer.",

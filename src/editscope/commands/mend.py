@@ -8,9 +8,12 @@ import argparse
 
 from editscope.commands._device import add_device_arguments
 
+HELP = "train MEND's editor networks (Mitchell et al. 2022)"
+"""The one line ``editscope --help`` shows for ``mend`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("mend", help="train MEND's editor networks (Mitchell et al. 2022)",
+    parser = sub.add_parser("mend", help=HELP,
                             description="Train MEND's editor networks for a model (see 'editscope mend train -h').")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser(

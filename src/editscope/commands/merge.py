@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+HELP = "merge the output directories of 'editscope run --shard i/n' into one"
+"""The one line ``editscope --help`` shows for ``merge`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "merge",
-        help="merge the output directories of 'editscope run --shard i/n' into one",
+        help=HELP,
         description="Merge shard outputs: checks that all ran the same config on the same model, drops duplicate "
         "rows, orders them as an unsharded run, and writes results.jsonl, summaries and run.json to OUT_DIR.",
     )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+HELP = "list models (--families: architecture families); 'models prepare NAME' converts one once"
+"""The one line ``editscope --help`` shows for ``models`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "models",
-        help="list models (--families: architecture families); 'models prepare NAME' converts one once",
+        help=HELP,
         description="List the registry models and whether each is prepared (converted and cached under "
         "$EDITSCOPE_HOME). 'editscope models prepare NAME' converts a model now, with progress output. "
         "--families lists the architecture families instead: the config.model_type values each covers, the "

@@ -19,9 +19,12 @@ from pathlib import Path
 from editscope.commands._device import add_device_arguments
 from editscope.commands._trust import add_trust_argument
 
+HELP = "inspect, apply or revert an edit patch"
+"""The one line ``editscope --help`` shows for ``patch`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("patch", help="inspect, apply or revert an edit patch",
+    parser = sub.add_parser("patch", help=HELP,
                             description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     info = actions.add_parser("info", help="describe a patch file")

@@ -7,11 +7,14 @@ import argparse
 from editscope.commands._device import DTYPE_NAMES
 from editscope.ranges import option
 
+HELP = "predict an edit's peak memory and time from the model's config (no weights read)"
+"""The one line ``editscope --help`` shows for ``plan`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "plan",
-        help="predict an edit's peak memory and time from the model's config (no weights read)",
+        help=HELP,
         description="Predict the peak memory of an edit, split into weights, layer-statistics accumulation, C (and "
         "AlphaEdit's projector), the z/v* batch, KN's integrated gradients and MEND's networks, and the time per "
         "edit from a FLOP count and the device's matmul rate (measured in about a second, or --tflops). The model "

@@ -10,11 +10,14 @@ import argparse
 from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
+HELP = "write report.html (self-contained), report.md and tables.tex for one or more run directories"
+"""The one line ``editscope --help`` shows for ``report`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "report",
-        help="write report.html (self-contained), report.md and tables.tex for one or more run directories",
+        help=HELP,
         description="A pivot of every method against every headline metric (best bold; paired differences against a "
         "baseline with 95% intervals, † where the interval excludes 0), summaries per suite and method (mean with "
         "95% CI), a bar chart per metric, the 1-to-N answer distribution of a sampled case against its gold "

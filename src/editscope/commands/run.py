@@ -9,11 +9,14 @@ from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
+HELP = "run an experiment config: edit, evaluate every suite, restore; resumable"
+"""The one line ``editscope --help`` shows for ``run`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "run",
-        help="run an experiment config: edit, evaluate every suite, restore; resumable",
+        help=HELP,
         description="Run an experiment YAML (model, methods, datasets + suites, mode, seed, output). Appends one "
         "line per (case, method) to OUTPUT/results.jsonl with the raw pre/post probes and metrics, writes "
         "summary.csv / summary.md / run.json. Re-running the same command resumes where it stopped. A config with "

@@ -6,11 +6,14 @@ import argparse
 
 from editscope.commands._device import add_device_arguments
 
+HELP = "score candidate continuations of a prompt"
+"""The one line ``editscope --help`` shows for ``score`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "score",
-        help="score candidate continuations of a prompt",
+        help=HELP,
         description="Print each candidate's token count, total and mean log-prob (natural log) after the "
         "prompt, and its rank by total log-prob. Candidates without a leading space are scored with one "
         "after a prompt that ends without a space ('Paris' -> ' Paris').",

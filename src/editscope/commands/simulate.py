@@ -8,11 +8,14 @@ from typing import Any
 from editscope.finite import cell, strict_dumps, with_reasons
 from editscope.ranges import option
 
+HELP = "simulate how NKL, MaxAcc, Precision@K and PPL follow coverage and alignment (NKL paper)"
+"""The one line ``editscope --help`` shows for ``simulate`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "simulate",
-        help="simulate how NKL, MaxAcc, Precision@K and PPL follow coverage and alignment (NKL paper)",
+        help=HELP,
         description="Run the simulation experiment of 'Beyond 1-to-1' (NKL paper, section 4.2): answer "
         "masking for criterion 1 (coverage) and linear interpolation for criterion 2 (alignment) on "
         "Gaussian-score distributions, and print the Pearson correlation of each metric with each "

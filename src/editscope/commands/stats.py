@@ -24,10 +24,14 @@ from editscope.ranges import option
 BUDGET, SEQ_LEN = "[1, 1e12]", "[1, 1000000]"
 
 
+HELP = "compute, list, export or import layer statistics"
+"""The one line ``editscope --help`` shows for ``stats`` (read without building its parser)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.stats.second_moment import DEFAULT_SEQ_LEN, DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPES
 
-    parser = sub.add_parser("stats", help="compute, list, export or import layer statistics",
+    parser = sub.add_parser("stats", help=HELP,
                             description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     compute = actions.add_parser("compute", help="compute layer statistics (cached)")

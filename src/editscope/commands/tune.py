@@ -9,6 +9,9 @@ from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
+HELP = "choose hyperparameters for a model on validation cases (successive halving); resumable"
+"""The one line ``editscope --help`` shows for ``tune`` (read without building its parser)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from editscope.edit.registry import EDITORS
@@ -16,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     parser = sub.add_parser(
         "tune",
-        help="choose hyperparameters for a model on validation cases (successive halving); resumable",
+        help=HELP,
         description="Search the knobs an editor (and its plug-ins) declares: candidate layers from the causal-trace "
         "layer curve of facts the model knows, the published relative depth and a neighbourhood; the other knobs' "
         "declared grids. Candidates run as ordinary run directories on records of --dataset no shipped experiment "
