@@ -16,6 +16,7 @@ from editscope.metrics import (
     Judge,
     MetricInputError,
     answer_tokens,
+    contains_answer,
     exact_match,
     judge_answer,
     normalize_answer,
@@ -178,10 +179,36 @@ def test_token_f1_equals_a_naive_loop_implementation():
     assert checked > 100  # the sample exercises partial overlaps, not only 0 and 1
 
 
+def test_contains_answer_hand_values():
+    assert contains_answer("Central District of New York City", ["Central District"]) == 1.0
+    assert contains_answer("The Beatles!", ["beatles"]) == 1.0  # articles and punctuation normalised away
+    assert contains_answer("He was born in New Yorker Street", ["New York"]) == 0.0  # whole tokens only
+    assert contains_answer("York, New", ["New York"]) == 0.0  # a contiguous run, in order
+    assert contains_answer("Paris", ["Paris France"]) == 0.0  # the answer must hold the gold, not the reverse
+    assert contains_answer("it is Rome", ["Paris", "Rome"]) == 1.0  # max over gold answers
+    assert contains_answer("", ["the"]) == 1.0 and contains_answer("x", ["the"]) == 0.0  # empty gold: EM's rule
+    assert contains_answer("", ["Paris"]) == 0.0
+
+
+def test_contains_answer_equals_a_naive_span_search_and_bounds_exact_match():
+    rng = random.Random(99)
+    held = 0
+    for _ in range(2000):
+        pred = _random_answer(rng)
+        golds = [_random_answer(rng) for _ in range(rng.randint(1, 2))]
+        p = " " + " ".join(_naive_normalise(pred)) + " "
+        expected = max(float(" " + " ".join(_naive_normalise(g)) + " " in p) if _naive_normalise(g)
+                       else float(not _naive_normalise(pred)) for g in golds)
+        assert contains_answer(pred, golds) == expected, (pred, golds)
+        assert contains_answer(pred, golds) >= exact_match(pred, golds)  # an exact answer holds itself
+        held += expected == 1.0 and exact_match(pred, golds) == 0.0
+    assert held > 20  # the sample has answers that hold a gold answer without equalling it
+
+
 # -- input checks ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("metric", [exact_match, token_f1])
+@pytest.mark.parametrize("metric", [exact_match, token_f1, contains_answer])
 def test_bad_inputs_name_the_argument(metric):
     with pytest.raises(MetricInputError, match=r"^truths: expected a sequence of gold answers, got a single string"):
         metric("Paris", "Paris")
@@ -201,13 +228,14 @@ def test_bad_inputs_name_the_argument(metric):
 
 
 def test_builtin_judges_are_registered_and_declared():
-    assert list(JUDGES)[:2] == ["exact_match", "token_f1"]
+    assert list(JUDGES)[:3] == ["exact_match", "token_f1", "contains"]
     em, f1 = JUDGES["exact_match"], JUDGES["token_f1"]
     assert isinstance(em, Judge) and isinstance(f1, Judge)
     assert (em.name, em.binary, f1.name, f1.binary) == ("exact_match", True, "token_f1", False)
     assert "exact match" in JUDGES.description("exact_match")
     assert em("Who?", "the Eiffel Tower", ["Eiffel Tower"]) == 1.0
     assert f1("Who?", "Eiffel Tower in Paris", ["Eiffel Tower"]) == pytest.approx(2 / 3)
+    assert JUDGES["contains"].binary and JUDGES["contains"]("Who?", "Eiffel Tower in Paris", ["Eiffel Tower"]) == 1.0
 
 
 def test_judge_answer_by_name_and_by_object():

@@ -50,6 +50,10 @@ def test_metrics_by_hand():
     assert not WildSuite().declarations.undeclared(list(row))
     f1 = WildSuite(judge="token_f1").metrics(c, pre, post)
     assert f1["Generalization_post"] == row["GeneralizationF1_post"]
+    lenient = WildSuite(judge="contains").metrics(c, pre, post)  # "a country: Japan" holds "Japan"; "Japanese" not
+    assert lenient["Generalization_post"] == pytest.approx(2 / 3)
+    assert lenient["Generalization_pre"] == pytest.approx(1 / 3)  # "the Japan" holds it; "Japanese" does not
+    assert lenient["Efficacy_post"] == 1.0 and lenient["Locality"] == row["Locality"]  # locality: answers unchanged
 
 
 def test_options_are_checked_and_recorded():

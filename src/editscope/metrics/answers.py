@@ -25,10 +25,10 @@ have none and 0.0 otherwise. The v1.1 script returns 0.0 when both are empty (no
 match gives 1.0 for the same pair; the 2.0 rule keeps EM and F1 consistent, so it is the one used here.
 
 Judges (:class:`Judge`): a judge scores a prediction for a question against its gold answers, returning a
-number in [0, 1]; it has a ``name`` and declares whether it only ever returns 0 or 1 (``binary``). The two
-built-in ones, ``exact_match`` and ``token_f1``, are in :data:`JUDGES`; a judge model (the Mirage paper's
-LLM-as-a-judge) is registered there from a layer that may hold a model. :func:`judge_answer` calls a judge by
-name or object and checks what it returns.
+number in [0, 1]; it has a ``name`` and declares whether it only ever returns 0 or 1 (``binary``). The
+built-in ones, ``exact_match``, ``token_f1`` and ``contains`` (lenient), are in :data:`JUDGES`; a judge model (the
+Mirage paper's LLM-as-a-judge) is registered there from a layer that may hold a model. :func:`judge_answer` calls a
+judge by name or object and checks what it returns.
 
 The per-case numbers a wild suite reports from these (efficacy, generalisation, locality in the wild) are
 declared by that suite as :class:`~editscope.metrics.registry.MetricSpec` entries, as every suite declares its
@@ -54,6 +54,7 @@ __all__ = [
     "AnswerMatchJudge",
     "Judge",
     "answer_tokens",
+    "contains_answer",
     "exact_match",
     "judge_answer",
     "normalize_answer",
@@ -140,6 +141,26 @@ def token_f1(prediction: str, truths: Sequence[str]) -> float:
     return max(_f1(pred, answer_tokens(g)) for g in _golds(truths))
 
 
+def contains_answer(prediction: str, truths: Sequence[str]) -> float:
+    """Whether the answer holds a gold answer, max over gold answers: ``max_g 1[tokens(g) is a contiguous run of
+    tokens(prediction)]`` on :func:`answer_tokens` (whole tokens: "New Yorker" does not hold "New York").
+
+    The has-answer check of open-domain QA (DPR, Karpukhin et al., 2020: a retrieved passage counts when it holds an
+    answer as a token span), here applied to a generated answer: a lenient companion of exact match for greedy
+    answers that go on past the target ("Central District of Lahore" for "Central District"). A gold answer that is
+    empty after normalisation is held only by an empty prediction (exact match's rule for that pair). Returns 0.0
+    or 1.0.
+    """
+    pred = answer_tokens(_text(prediction, "prediction"))
+
+    def holds(gold: list[str]) -> bool:
+        if not gold:
+            return not pred
+        return any(pred[i:i + len(gold)] == gold for i in range(len(pred) - len(gold) + 1))
+
+    return max(float(holds(answer_tokens(g))) for g in _golds(truths))
+
+
 @runtime_checkable
 class Judge(Protocol):
     """Scores a generated answer: ``judge(question, prediction, golds) -> float`` in [0, 1].
@@ -179,6 +200,10 @@ JUDGES.register(
 JUDGES.register(
     AnswerMatchJudge("token_f1", token_f1, binary=False),
     description="SQuAD token F1 on normalised answers, max over gold answers (SQuAD 2.0 rule for empty answers)",
+)
+JUDGES.register(
+    AnswerMatchJudge("contains", contains_answer, binary=True),
+    description="the answer holds a gold answer as a whole-token span after SQuAD normalisation (lenient)",
 )
 
 

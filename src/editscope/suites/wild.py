@@ -22,8 +22,9 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
   default: use it beside that suite so both edit the same thing);
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
-  (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``model:NAME``, a local model asked a
-  fixed yes/no question, :mod:`editscope.suites.model_judge`; or one registered by the user);
+  (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``contains``, the answer holds the gold
+  answer as a whole-token span; ``model:NAME``, a local model asked a fixed yes/no question,
+  :mod:`editscope.suites.model_judge`; or one registered by the user);
 * ``share`` (1): the share of cases asked about, by a hash of the case id (the same cases at every probe and for
   every method, so a lifelong chain's wild curve follows fixed cases); the others have no wild metrics.
 
