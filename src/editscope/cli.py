@@ -3,7 +3,7 @@ one line in ``editscope --help``) and ``register(subparsers)``; adding a command
 ``COMMANDS.register(module, name)`` line.
 
 Only the command being run builds its parser: ``register`` reads the registries its choices come from (editors,
-locating methods, ...), which imports torch and every editor, so ``editscope --help``, ``configs`` or ``plan`` would
+locating methods, ...), which imports torch and every editor, so ``editscope --help`` or ``plan --help`` would
 otherwise pay seconds for parsers they never use. The other commands appear in the listing by their ``HELP``."""
 
 from __future__ import annotations

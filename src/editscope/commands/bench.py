@@ -10,7 +10,6 @@ from editscope.commands._device import add_device_arguments
 from editscope.ranges import Range, option
 
 HELP = "benchmarks of the unedited model (klob: locating methods)"
-"""The one line ``editscope --help`` shows for ``bench`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 HELP = "list the shipped experiment configs"
-"""The one line ``editscope --help`` shows for ``configs`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

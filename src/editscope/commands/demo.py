@@ -29,7 +29,6 @@ def sample_config_path() -> Path:
 
 
 HELP = "edit SmolLM2 with MEMIT and AlphaEdit, evaluate all four suites, write the report"
-"""The one line ``editscope --help`` shows for ``demo`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

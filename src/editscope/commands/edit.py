@@ -12,7 +12,6 @@ from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 from editscope.progress import StatusLine, listening
 
 HELP = "edit one fact and show log-probs before/after"
-"""The one line ``editscope --help`` shows for ``edit`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

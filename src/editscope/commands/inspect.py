@@ -13,7 +13,6 @@ from editscope.commands._runtime import add_runtime_arguments, runtime_settings
 from editscope.ranges import option
 
 HELP = "write the edit card of one edit (HTML page with everything it did; --json too)"
-"""The one line ``editscope --help`` shows for ``inspect`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,6 @@ from editscope.commands._device import add_device_arguments
 from editscope.ranges import Range, option
 
 HELP = "locate a fact in the model (causal tracing, knowledge neurons, ...)"
-"""The one line ``editscope --help`` shows for ``locate`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

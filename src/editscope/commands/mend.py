@@ -9,7 +9,6 @@ import argparse
 from editscope.commands._device import add_device_arguments
 
 HELP = "train MEND's editor networks (Mitchell et al. 2022)"
-"""The one line ``editscope --help`` shows for ``mend`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 HELP = "merge the output directories of 'editscope run --shard i/n' into one"
-"""The one line ``editscope --help`` shows for ``merge`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 HELP = "list models (--families: architecture families); 'models prepare NAME' converts one once"
-"""The one line ``editscope --help`` shows for ``models`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

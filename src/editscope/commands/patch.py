@@ -20,7 +20,6 @@ from editscope.commands._device import add_device_arguments
 from editscope.commands._trust import add_trust_argument
 
 HELP = "inspect, apply or revert an edit patch"
-"""The one line ``editscope --help`` shows for ``patch`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,6 @@ from editscope.commands._device import DTYPE_NAMES
 from editscope.ranges import option
 
 HELP = "predict an edit's peak memory and time from the model's config (no weights read)"
-"""The one line ``editscope --help`` shows for ``plan`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,7 +11,6 @@ from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 HELP = "write report.html (self-contained), report.md and tables.tex for one or more run directories"
-"""The one line ``editscope --help`` shows for ``report`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

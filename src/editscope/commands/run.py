@@ -10,7 +10,6 @@ from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 HELP = "run an experiment config: edit, evaluate every suite, restore; resumable"
-"""The one line ``editscope --help`` shows for ``run`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,6 @@ import argparse
 from editscope.commands._device import add_device_arguments
 
 HELP = "score candidate continuations of a prompt"
-"""The one line ``editscope --help`` shows for ``score`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,7 +9,6 @@ from editscope.finite import cell, strict_dumps, with_reasons
 from editscope.ranges import option
 
 HELP = "simulate how NKL, MaxAcc, Precision@K and PPL follow coverage and alignment (NKL paper)"
-"""The one line ``editscope --help`` shows for ``simulate`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -25,7 +25,6 @@ BUDGET, SEQ_LEN = "[1, 1e12]", "[1, 1000000]"
 
 
 HELP = "compute, list, export or import layer statistics"
-"""The one line ``editscope --help`` shows for ``stats`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,6 @@ from editscope.commands._trust import add_trust_argument
 from editscope.ranges import option
 
 HELP = "choose hyperparameters for a model on validation cases (successive halving); resumable"
-"""The one line ``editscope --help`` shows for ``tune`` (read without building its parser)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
