@@ -41,6 +41,9 @@ REQUESTS = [
 ]
 STEPS = 10
 HOOK = "blocks.1.mlp_out"
+#: the hparams a VSpec and the edit layers are made of: copied from one method's to another's, equal v* settings
+VSTAR_FIELDS = ("layers", "v_lr", "v_steps", "clamp_norm_factor", "stop_loss", "kl_factor", "v_weight_decay",
+                "context_templates")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -242,6 +245,49 @@ def test_rome_patches_of_a_single_mode_window_equal_one_at_a_time(tiny_bundles, 
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_evk_edit_patches_of_a_single_mode_window_equal_one_at_a_time(tiny_bundles, family):
+    """EVK-Align is declared batched, so EVK-Edit's edits share a window: the first edit optimises the z of all
+    three cases with the term on, and each patch equals the edit alone. AlphaEdit in the same window has the same
+    v* settings but not the term, so it takes none of EVK-Edit's z."""
+    bundle = tiny_bundles[family]
+    evk, alpha = get_editor("evk_edit"), get_editor("alphaedit")
+    hp = evk.load_hparams(bundle).replace(v_steps=STEPS, context_templates=[[5, 3]], evk_sigma=0.5, evk_lam=2.0)
+    alpha_hp = alpha.load_hparams(bundle).replace(**{f: getattr(hp, f) for f in VSTAR_FIELDS})
+    want = [evk.compute_patch(bundle, r, hp, runtime=EditRuntime(vstar_batch=1)).deltas for r in REQUESTS]
+    runtime = EditRuntime(vstar_batch=3)
+    with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
+        window = runtime.window
+        got = [evk.compute_patch(bundle, r, hp, runtime=runtime).deltas for r in REQUESTS]
+        assert len(window.solved) == 3 and {terms for _, terms, _ in window.solved} == {(EvkAlign(hp.align()),)}
+        alpha.compute_patch(bundle, REQUESTS[0], alpha_hp, runtime=runtime)
+        assert len(window.solved) == 6 and len({spec for spec, _, _ in window.solved}) == 1
+        assert {terms for _, terms, _ in window.solved} == {(EvkAlign(hp.align()),), ()}
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys()
+        assert all(_rel(g[k], w[k]) < 1e-5 for k in w)
+    assert EvkAlign(hp.align()) != EvkAlign(hp.replace(evk_lam=1.0).align())
+
+
+def test_methods_with_equal_evk_align_plugins_share_a_window(tiny_bundles):
+    """MEMIT and PRUNE with the same EVK-Align settings (each edit attaching its own plug-in instance) take one z per
+    case from the window; other settings optimise their own."""
+    bundle = tiny_bundles["llama"]
+    memit, prune = get_editor("memit"), get_editor("prune")
+    hp = memit.load_hparams(bundle).replace(v_steps=3, context_templates=[[5, 3]])
+    prune_hp = prune.load_hparams(bundle).replace(**{f: getattr(hp, f) for f in VSTAR_FIELDS})
+    align = {"sigma": 0.5, "lam": 2.0, "n": 2}
+    runtime = EditRuntime(vstar_batch=3)
+    with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
+        memit.compute_patch(bundle, REQUESTS[0], hp, runtime=runtime, plugins=[("evk_align", dict(align))])
+        assert len(runtime.window.solved) == 3
+        prune.compute_patch(bundle, REQUESTS[1], prune_hp, runtime=runtime, plugins=[("evk_align", dict(align))])
+        assert len(runtime.window.solved) == 3  # PRUNE took its z from MEMIT's optimisation
+        prune.compute_patch(bundle, REQUESTS[1], prune_hp, runtime=runtime,
+                            plugins=[("evk_align", {**align, "lam": 1.0})])
+        assert len(runtime.window.solved) == 6
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_memit_batch_edit_z_batched_equal_one_at_a_time(tiny_bundles, family):
     bundle = tiny_bundles[family]
     editor = get_editor("memit")
@@ -264,7 +310,7 @@ def test_window_is_not_used_once_the_model_changed(tiny_bundles):
         try:
             templates = patch.info["templates"]
             spec = VSpec.of(hp, f"blocks.{hp.layers[0]}.mlp_out", templates)
-            before = runtime.window.solved[(spec, REQUESTS[0])].delta
+            before = runtime.window.solved[(spec, (), REQUESTS[0])].delta
             on_edited = editor.compute_patch(bundle, REQUESTS[0], hp, runtime=runtime)
         finally:
             patch.revert(bundle)
@@ -284,15 +330,15 @@ def test_runner_single_mode_window_rows_equal_one_at_a_time(tiny_bundles, tmp_pa
     calls = []
     monkeypatch.setattr(optimise_module, "_optimise_group", lambda ctxs, *a: calls.append(len(ctxs)) or group(
         ctxs, *a))
-    methods = [{"name": m, "overrides": {"v_steps": 4}} for m in ("rome", "memit")]
+    methods = [{"name": m, "overrides": {"v_steps": 4}} for m in ("rome", "memit", "evk_edit")]
     rows = {}
     for n in (1, 3):
         cfg = parse_config(base_config(methods=methods, runtime={"vstar_batch": n}), suites=SUITES)
         Runner(cfg, out_dir=tmp_path / str(n), bundle=tiny_bundles["llama"], suite_factories=SUITES, progress=False,
                log=lambda _m: None).run()
         rows[n] = read_results(tmp_path / str(n) / "results.jsonl")
-    assert [c for c in calls if c > 1] == [3, 3]  # with 3: one batched optimisation of the 3 cases per method
-    assert len(rows[3]) == len(rows[1]) == 6
+    assert [c for c in calls if c > 1] == [3, 3, 3]  # with 3: one batched optimisation of the 3 cases per method
+    assert len(rows[3]) == len(rows[1]) == 9
     for got, want in zip(rows[3], rows[1], strict=True):
         assert got["runtime"]["vstar_batch"] == 3 and want["runtime"]["vstar_batch"] == 1
         assert (got["case_id"], got["method"], got["pre"]) == (want["case_id"], want["method"], want["pre"])

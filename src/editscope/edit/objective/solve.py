@@ -69,11 +69,13 @@ def optimisation_summary(solved: Sequence[Solved], adam: AdamSettings) -> dict[s
 class IndependentEdits:
     """Request groups the caller will edit one group at a time, each on the model as it is when the window
     opens (runner ``mode: single``: edit, evaluate, restore). An editor that computes a group's δ on that model
-    (``fingerprint`` unchanged) optimises its peers' δ in the same batches and leaves them in ``solved``."""
+    (``fingerprint`` unchanged) optimises its peers' δ in the same batches and leaves them in ``solved``, keyed by
+    what determines a δ: the :class:`VSpec`, the plug-in terms (equal terms compare equal: EVK-Align's by its
+    settings; others by identity) and the request."""
 
     groups: list[tuple[EditRequest, ...]]
     fingerprint: str
-    solved: dict[tuple[VSpec, EditRequest], Solved] = field(default_factory=dict)
+    solved: dict[tuple[VSpec, tuple[ObjectiveTerm, ...], EditRequest], Solved] = field(default_factory=dict)
 
 
 @contextmanager
@@ -99,15 +101,18 @@ def solve_requests(engine: ScoringEngine, runtime: EditRuntime, requests: Sequen
                    ) -> list[Solved]:
     """δ (ROME eq. 4 / MEMIT eq. 16) of each of ``requests``, all on the model as it is now, optimised together.
     ``peers`` maps the groups of an open :func:`independent_edits` window to the requests whose δ the editor would
-    compute on the unedited model (ROME: each group's first request; MEMIT: all): with no plug-in terms, those are
-    optimised in the same batches and kept for the later groups' edits."""
+    compute on the unedited model (ROME: each group's first request; MEMIT: all): those are
+    optimised in the same batches and kept for the later groups' edits. Plug-in terms join a window when every one
+    is declared ``batched`` (it reads only the main batch, so a peer's δ under it is the δ it would get alone)."""
     window = runtime.window
-    if peers is None or window is None or extra_terms or window.fingerprint != engine.bundle.fingerprint:
+    if (peers is None or window is None or not all(t.batched for t in extra_terms)
+            or window.fingerprint != engine.bundle.fingerprint):
         window = None
+    key = (spec, tuple(extra_terms))
     todo = list(requests)
     if window is not None:
-        todo = [r for r in requests if (spec, r) not in window.solved]
-        todo += [r for r in dict.fromkeys(peers(window.groups)) if (spec, r) not in window.solved and r not in todo]
+        todo = [r for r in requests if (*key, r) not in window.solved]
+        todo += [r for r in dict.fromkeys(peers(window.groups)) if (*key, r) not in window.solved and r not in todo]
     terms = [spec.terms() + list(extra_terms) for _ in todo]
     ctxs = [build_context(engine, r, spec.templates, spec.hook_point, forward=runtime.strategy, terms=ts)
             for r, ts in zip(todo, terms, strict=True)]
@@ -115,5 +120,5 @@ def solve_requests(engine: ScoringEngine, runtime: EditRuntime, requests: Sequen
     found = [Solved(c.v_init, d, c.store["losses"]) for c, d in zip(ctxs, deltas, strict=True)]  # type: ignore[arg-type]
     if window is None:
         return found
-    window.solved.update({(spec, r): s for r, s in zip(todo, found, strict=True)})
-    return [window.solved[(spec, r)] for r in requests]
+    window.solved.update({(*key, r): s for r, s in zip(todo, found, strict=True)})
+    return [window.solved[(*key, r)] for r in requests]

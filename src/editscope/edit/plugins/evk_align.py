@@ -21,7 +21,8 @@ requests of a MEMIT-family batch still share one forward per step with EVK-Align
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -103,6 +104,14 @@ class EvkAlign:
 
     def __init__(self, hp: EvkAlignHParams) -> None:
         self.hp = hp
+
+    # Equal settings, equal term: a window of independent edits (objective.solve) shares δ between requests
+    # optimised under equal terms, e.g. every case of an EVK-Edit run, whose edits each build a new instance.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EvkAlign) and self.hp == other.hp
+
+    def __hash__(self) -> int:
+        return hash((self.name, json.dumps(asdict(self.hp), sort_keys=True)))
 
     def copies(self, engine: ScoringEngine, request: EditRequest) -> tuple[list[str], list[torch.Tensor]]:
         """Drift type and perturbed embeddings of each of the N copies of ``request``'s prompt (seeded)."""
