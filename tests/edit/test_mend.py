@@ -239,6 +239,21 @@ def test_training_lowers_the_edit_loss_and_resumes_exactly(tiny_bundles, mend_ho
     assert all(torch.equal(p, before_w[n]) for n, p in bundle.model.named_parameters())
 
 
+def test_training_under_a_callers_no_grad_equals_training_without_it(tiny_bundles, mend_home, monkeypatch):
+    bundle = tiny_bundles["llama"]
+    hp = EDITORS["mend"].load_hparams(bundle).replace(train_records=4, checkpoint_every=2, steps=2)
+    plain = train(bundle, hp, steps=2, progress=False)
+    monkeypatch.setenv("EDITSCOPE_HOME", str(mend_home.parent / "home-no-grad"))
+    with torch.no_grad():  # a notebook cell, or a command run inside another's no_grad
+        quiet = train(bundle, hp, steps=2, progress=False)
+    nets, quiet_nets, untrained = new_nets(bundle, hp), new_nets(bundle, hp), new_nets(bundle, hp)
+    load_checkpoint(plain.checkpoint, nets)
+    load_checkpoint(quiet.checkpoint, quiet_nets)
+    pairs = list(zip(nets.state_dict().values(), quiet_nets.state_dict().values(), strict=True))
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert any(not torch.equal(a, b) for a, b in zip(nets.parameters(), untrained.parameters(), strict=True))
+
+
 def test_mend_train_and_edit_commands(tiny_bundles, mend_home, capsys):
     assert main(["mend", "train", "--model", "tiny-llama", "--steps", "2", "--no-progress", "--json",
                  "--set", "train_records=4"]) == 0

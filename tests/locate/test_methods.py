@@ -186,6 +186,10 @@ def test_grad_x_act_is_one_step_ig():
     scale = np.abs(one_step.neurons).max()
     assert scale > 0
     np.testing.assert_allclose(grad_x_activation(engine, prompt).neurons, one_step.neurons, rtol=0, atol=1e-3 * scale)
+    with torch.no_grad():  # a caller's no_grad does not reach the gradients the attribution needs
+        quiet = knowledge_neurons(engine, prompt, steps=1, rule="right"), grad_x_activation(engine, prompt)
+    np.testing.assert_array_equal(quiet[0].neurons, one_step.neurons)
+    np.testing.assert_array_equal(quiet[1].neurons, grad_x_activation(engine, prompt).neurons)
 
 
 def test_random_baseline_rsim_is_about_zero():

@@ -193,6 +193,9 @@ def _probe(argv: list[str]) -> tuple[str, int | None, str, str]:
         outcome = "started"
     finally:
         signal.signal(signal.SIGALRM, previous)
+        # a stop fired inside torch's no_grad __enter__/__exit__ leaves grad mode off for the next probe, which a
+        # real command (a fresh process) never inherits
+        torch.set_grad_enabled(True)
     return outcome, code, out.getvalue(), err.getvalue()
 
 

@@ -83,6 +83,7 @@ def _last_token_probs(engine: ScoringEngine, prompt: LocatePrompt, prefix_kv: li
     return engine.logits_from_hidden(hidden).float().softmax(-1)[:, prompt.answer_id]
 
 
+@torch.enable_grad()  # gradients also when the caller runs under no_grad
 def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int = 20, rule: str = "right",
                       layers: list[int] | None = None, token_budget: int = 1024, suffix: bool = True,
                       progress: bool = False) -> LocateResult:
@@ -137,6 +138,7 @@ def knowledge_neurons(engine: ScoringEngine, prompt: LocatePrompt, *, steps: int
     return _result("kn", engine, prompt, attr.double().cpu().numpy(), steps=steps, rule=rule, layers=layers)
 
 
+@torch.enable_grad()  # gradients also when the caller runs under no_grad
 def grad_x_activation(engine: ScoringEngine, prompt: LocatePrompt, *, progress: bool = False) -> LocateResult:
     """k_i ∂f/∂k_i at the last prompt token for every layer, from one forward and backward (no bar: ``progress``
     is accepted as every locating method takes it)."""

@@ -88,6 +88,7 @@ def case_order(n: int, steps: int, seed: int) -> list[int]:
     return order[:steps]
 
 
+@torch.enable_grad()  # differentiable also when the caller runs under no_grad
 def mend_losses(bundle, engine: ScoringEngine, nets, hp: MendHParams, case: Case, *, update_stats: bool
                 ) -> dict[str, torch.Tensor]:
     """The MEND loss of one training case (module docstring), differentiable w.r.t. ``nets``."""
