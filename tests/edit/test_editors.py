@@ -16,6 +16,7 @@ from editscope.edit.memit import memit_update
 from editscope.edit.prune import restrain
 from editscope.edit.rect import keep_top_relative
 from editscope.edit.rome import rank_one_update
+from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 from editscope.stats import second_moment
 
@@ -141,6 +142,30 @@ def test_alphaedit_end_to_end_and_sequential_state(tiny_bundles, request_a, requ
         patch2.revert(bundle)
     finally:
         patch.revert(bundle)
+
+
+@pytest.mark.parametrize("method", ["memit", "alphaedit"])
+def test_solve_condition_number_equals_numpys_of_the_matrix_the_editor_inverts(tiny_bundles, request_a, method):
+    """Under runtime diagnostics MEMIT reports κ₂(λC + KKᵀ) and AlphaEdit κ₂(P(KKᵀ + K_pK_pᵀ) + L2·I) per layer
+    (K_pK_pᵀ = 0 on a new chain), against numpy's cond of the matrix built here from the patch's keys; without
+    diagnostics neither is computed."""
+    bundle = tiny_bundles["llama"]
+    editor = get_editor(method)
+    hp = editor.load_hparams(bundle)
+    assert "solve_cond" not in editor.compute_patch(bundle, request_a, hp).info
+    patch = editor.compute_patch(bundle, request_a, hp, runtime=EditRuntime(diagnostics=True))
+    conds = patch.info["solve_cond"]
+    assert sorted(conds) == sorted(hp.layers) and patch.info["solve_cond_max"] == max(conds.values())
+    for layer in hp.layers:
+        keys = patch.info["vectors"][f"keys.{layer}"].double().cpu()
+        cov = second_moment(bundle, layer, token_budget=hp.mom2_tokens, progress=False).double()
+        eye = torch.eye(cov.shape[0], dtype=torch.float64)
+        if method == "memit":
+            matrix = hp.mom2_update_weight * cov + keys @ keys.T
+        else:
+            matrix = null_space_projector(cov, hp.nullspace_threshold) @ (keys @ keys.T) + hp.L2 * eye
+        assert conds[layer] == pytest.approx(np.linalg.cond(matrix.numpy()), rel=1e-6)
+        assert conds[layer] > 1.0
 
 
 # -- RECT -----------------------------------------------------------------------------------------------

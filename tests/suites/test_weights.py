@@ -116,3 +116,21 @@ def test_checkpoint_values_equal_the_saved_patches_summed_onto_w0(tmp_path, tiny
         assert {r["metrics"]["weights"]["DeltaNorm"] for r in rows if r["edits_applied"] == applied} == {
             metrics["DeltaNorm"]}
     assert growth[0] > 0
+
+
+def test_a_run_with_the_weights_suite_has_memit_report_its_solve_condition(tmp_path, tiny_llama):
+    """The runner turns the editors' diagnostics on only for a run that shows them: MEMIT's rows then carry the
+    condition number of their round's solve (its value: tests/edit/test_editors.py), a run without the suite not."""
+    rows = {}
+    for suites in (["counterfact", "weights"], ["counterfact"]):
+        config = parse_config({
+            "model": "tiny-llama", "seed": 0, "methods": ["memit"],
+            "mode": {"sequential_batches": {"batch": 2, "rounds": 2, "checkpoints": 1}},
+            "dataset": "counterfact-sample", "slice": {"limit": 4}, "suites": suites}, where="test")
+        out = tmp_path / "-".join(suites)
+        Runner(config, out_dir=out, bundle=tiny_llama, progress=False, log=lambda _m: None).run()
+        rows[len(suites)] = [r for r in read_results(out / "results.jsonl") if not r.get("checkpoint")]
+    assert len(rows[2]) == 4 and all(r["edit_info"]["solve_cond_max"] > 1.0 for r in rows[2])
+    # one value per round: a row carries the info of the round that edited its case
+    assert len({r["edit_info"]["solve_cond_max"] for r in rows[2]}) == 2
+    assert len(rows[1]) == 4 and not any("solve_cond_max" in r["edit_info"] for r in rows[1])

@@ -92,13 +92,18 @@ def null_space_projector(cov: torch.Tensor, threshold: float) -> torch.Tensor:
     return null_space(cov, threshold)[0]
 
 
+def alphaedit_system(keys: torch.Tensor, proj: torch.Tensor, cache_c: torch.Tensor, l2: float) -> torch.Tensor:
+    """P(K₁K₁ᵀ + K_pK_pᵀ) + L2·I (in, in), float64: the matrix AlphaEdit eq. 14 inverts (not symmetric)."""
+    keys = keys.double()
+    eye = torch.eye(keys.shape[0], dtype=torch.float64, device=keys.device)
+    return proj @ (keys @ keys.T + cache_c) + l2 * eye
+
+
 def alphaedit_update(keys: torch.Tensor, resid: torch.Tensor, proj: torch.Tensor, cache_c: torch.Tensor,
                      l2: float) -> torch.Tensor:
     """ΔW (out, in) = [(P(K₁K₁ᵀ + K_pK_pᵀ) + L2·I)⁻¹ P K₁ Rᵀ]ᵀ (AlphaEdit eq. 14, reference code), float64."""
-    keys, resid = keys.double(), resid.double()
-    eye = torch.eye(keys.shape[0], dtype=torch.float64, device=keys.device)
-    lhs = proj @ (keys @ keys.T + cache_c) + l2 * eye
-    return torch.linalg.solve(lhs, proj @ keys @ resid.T).T
+    keys = keys.double()
+    return torch.linalg.solve(alphaedit_system(keys, proj, cache_c, l2), proj @ keys @ resid.double().T).T
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,11 @@ class AlphaEditSolve:
 
     def __call__(self, _i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return alphaedit_update(keys, resid, self.state.projections[layer], self.state.cache_c[layer], self.l2)
+
+    def condition(self, layer: int, keys: torch.Tensor) -> float:
+        """κ₂ = σ_max / σ_min of the (non-symmetric) matrix the solve inverts."""
+        lhs = alphaedit_system(keys, self.state.projections[layer], self.state.cache_c[layer], self.l2)
+        return float(torch.linalg.cond(lhs))
 
     def remember(self, keys_at: Callable[[int], torch.Tensor]) -> None:
         for layer in self.layers:

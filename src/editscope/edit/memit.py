@@ -40,7 +40,8 @@ from editscope.edit.objective import ObjectiveTerm, VSpec, optimisation_summary,
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
 
-#: solver(layer index in hp.layers, layer, K [in, n] float64, R [out, n] float64) -> ΔW (out, in) float64
+#: solver(layer index in hp.layers, layer, K [in, n] float64, R [out, n] float64) -> ΔW (out, in) float64; a solver
+#: may also have ``condition(layer, K) -> float``, κ₂ of the matrix it inverts (reported under runtime.diagnostics)
 Solver = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -56,12 +57,24 @@ class MemitHParams(VStarHParams):
     TUNABLE = {"mom2_update_weight": (1500.0, 15000.0)}
 
 
+def memit_system(keys: torch.Tensor, cov: torch.Tensor, lam: float) -> torch.Tensor:
+    """λC + K Kᵀ (in, in), float64: the matrix MEMIT eq. 14 inverts, for keys K [in, n]."""
+    keys = keys.double()
+    return lam * cov.to(device=keys.device, dtype=torch.float64) + keys @ keys.T
+
+
 def memit_update(keys: torch.Tensor, resid: torch.Tensor, cov: torch.Tensor, lam: float) -> torch.Tensor:
     """ΔW (out, in) = R Kᵀ (λC + K Kᵀ)⁻¹ (MEMIT eq. 14), keys K [in, n], residuals R [out, n], float64.
     For one key and λ → 0 this tends to ROME's r (C⁻¹k)ᵀ / (kᵀC⁻¹k) (Sherman–Morrison)."""
-    keys, resid = keys.double(), resid.double()
-    adj = torch.linalg.solve(lam * cov.to(device=keys.device, dtype=torch.float64) + keys @ keys.T, keys)
-    return resid @ adj.T
+    adj = torch.linalg.solve(memit_system(keys, cov, lam), keys.double())
+    return resid.double() @ adj.T
+
+
+def symmetric_condition(a: torch.Tensor) -> float:
+    """κ₂ = λ_max / λ_min of a symmetric positive definite matrix (float64 eigenvalues; inf when λ_min ≤ 0): a
+    diagnostic of how close a solve is to singular (not in the papers; NAS-style collapse analyses watch it)."""
+    eig = torch.linalg.eigvalsh(a.double())
+    return float(eig[-1] / eig[0]) if eig[0] > 0 else float("inf")
 
 
 def every_request(groups: Sequence[tuple[EditRequest, ...]]) -> list[EditRequest]:
@@ -104,11 +117,14 @@ def spread_over_layers(bundle, engine: ScoringEngine, runtime: EditRuntime, requ
     def keys_at(layer: int) -> torch.Tensor:
         return subject_keys(engine, requests, templates, [layer], weights)[:, 0].T
 
+    condition = getattr(solver, "condition", None) if runtime.diagnostics else None
     with temporarily_added(bundle, {}) as add:
         for i, layer in enumerate(hp.layers):
             keys = keys_at(layer)
             current = subject_states(engine, requests, z_layer, "resid_post")
             resid = (zs - current).T / (len(hp.layers) - i)
+            if condition is not None:
+                info.setdefault("solve_cond", {})[layer] = condition(layer, keys)
             upd = bundle.arch.from_out_in(solver(i, layer, keys, resid)).float().contiguous()
             name = bundle.arch.weight_name(layer)
             add(name, upd)
@@ -117,6 +133,8 @@ def spread_over_layers(bundle, engine: ScoringEngine, runtime: EditRuntime, requ
             info["vectors"][f"resid.{layer}"] = resid
         if after is not None:
             after(keys_at)
+    if "solve_cond" in info:
+        info["solve_cond_max"] = max(info["solve_cond"].values())
     return deltas, info
 
 
@@ -129,6 +147,9 @@ class MemitSolve:
 
     def __call__(self, _i: int, layer: int, keys: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
         return memit_update(keys, resid, self.covs[layer], self.lam)
+
+    def condition(self, layer: int, keys: torch.Tensor) -> float:
+        return symmetric_condition(memit_system(keys, self.covs[layer], self.lam))
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: MemitHParams, state=None, *, engine: ScoringEngine,

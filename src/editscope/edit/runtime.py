@@ -8,7 +8,11 @@ An :class:`EditRuntime` holds
   where N > 1 optimises a window of N cases' first requests on the unedited model together; 1: one at a time).
   Batching changes ΔW in its last bits too;
 - the context-template cache (prefixes generated once per model from the model as it is then, as ROME/MEMIT's
-  template cache) and the open window of independent edits: state of a run, never of a scoring engine.
+  template cache) and the open window of independent edits: state of a run, never of a scoring engine;
+- ``diagnostics``: whether editors also report what costs extra time and changes no update (the condition number of
+  their linear solve, ``edit_info["solve_cond"]``); the runner turns it on when a suite of the run shows such
+  quantities (:attr:`~editscope.suites.base.Suite.edit_info_curves`: the ``weights`` suite). Not a setting: rows
+  carry the values, and results do not depend on it.
 
 The caller creates one from config keys (run config ``runtime:``, ``editscope edit --forward/--vstar-batch``, Python
 arguments); ``EDITSCOPE_FORWARD`` and ``EDITSCOPE_VSTAR_BATCH`` only supply defaults. :meth:`EditRuntime.settings`
@@ -52,6 +56,8 @@ class EditRuntime:
     templates: dict = field(default_factory=dict, repr=False)
     #: the window of independent edits runner ``mode: single`` opens (objective.solve.independent_edits)
     window: Any = field(default=None, repr=False)
+    #: report the diagnostics that cost extra time (module docstring)
+    diagnostics: bool = False
 
     def __post_init__(self) -> None:
         if self.forward not in FORWARDS:

@@ -209,6 +209,8 @@ class Runner:
         groups), the model, each method's editor and hparams, the scoring engine."""
         blocks = load_blocks(self.config, limit=self.limit, suite_factories=self.suite_factories)
         self._declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
+        # editors report what a suite's curves show of their rounds (a solve's condition number) only when asked
+        self.runtime.diagnostics = any(s.edit_info_curves for b in blocks for s in b.suites.values())
         assign_groups(blocks, self.mode.group_size, self.shard)
         if self.bundle is None:
             from editscope.lm import load

@@ -12,7 +12,9 @@ update of a whole chain):
   the accumulated ΔW that exceed σ₁(W₀): above 1, the update dominates the matrix's largest direction.
 
 The curves of this suite also show ``SolveCond``, the condition number an editor reports of its own solve
-(``edit_info["solve_cond_max"]``, UltraEdit's ridge solve) for the rounds written since the previous checkpoint
+(``edit_info["solve_cond_max"]``: UltraEdit's ridge solve KᵀK + λI, MEMIT's, PRUNE's and RECT's λC + KKᵀ,
+AlphaEdit's and EVK-Edit's P(KKᵀ + K_pK_pᵀ) + L2·I; the MEMIT family computes it only when a run has this suite,
+``EditRuntime.diagnostics``) for the rounds written since the previous checkpoint
 (:attr:`~editscope.suites.base.Suite.edit_info_curves`), so conditioning and norm growth share one x-axis.
 
 Every value is also kept per matrix in the probe (``probe["matrices"][name]``: ``delta``, ``norm``, ``sigma``), so a
