@@ -1,7 +1,9 @@
 """``sequential_batches: {reprobe: N}``: a checkpoint probes the cases edited since the previous one and re-probes
 the earlier ones, all up to N, beyond a fixed, nested random sample of N, the same for every method. The sampled rows
 equal those of a run that re-probes everything, the retention matrix still attributes every case to its batch, a
-rerun writes nothing, and the setting is in the digest only where it changes what is probed."""
+rerun writes nothing, and the setting is in the digest only where it changes what is probed. A schedule that lists
+its checkpoint rounds (a log scale) probes after those rounds only, the cases since the previous one and the earlier
+ones, with the rows of the same chain checkpointed every round, and resumes after its last checkpoint."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from scipy import stats as st
 
 from editscope.errors import EditscopeError
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.plan import reprobe_positions
+from editscope.run.lmeval import LmEvalSpec, due_points
+from editscope.run.plan import Lifelong, mode_from_dict, reprobe_positions
 from editscope.run.summary import retention, summarize_by_edits
+from tests.run.helpers import close
 
 BATCH, ROUNDS, LIMIT = 2, 5, 3
 
@@ -212,3 +216,94 @@ def test_sampled_is_in_the_digest_and_checked():
     bad["mode"]["sequential_batches"]["sampled"] = "yes"
     with pytest.raises(EditscopeError, match="mode.sequential_batches.sampled"):
         parse_config(bad)
+
+
+# ``checkpoints: [r1, r2, ...]``: the checkpoint rounds listed (a log scale) instead of every k-th round
+
+
+def _listed_config(rounds: list[int], methods=("memit", "alphaedit")) -> dict:
+    config = _config(LIMIT, methods)
+    config["mode"]["sequential_batches"]["checkpoints"] = rounds
+    return config
+
+
+def test_a_listed_schedule_parses_checks_and_keeps_the_int_form():
+    mode = parse_config(_listed_config([1, 3])).mode
+    assert mode == Lifelong(BATCH, ROUNDS, (1, 3), LIMIT) and mode.to_dict()["checkpoints"] == [1, 3]
+    assert mode_from_dict(json.loads(json.dumps(mode.to_dict()))) == mode  # run.json's form reads back
+    assert parse_config(_config(None)).mode.checkpoints == 1  # an int stays an int (and its digest)
+    for bad, why in (([2, 2], r"checkpoints\[1\].*must increase"), ([0], r"checkpoints\[0\].*>= 1"),
+                     ([1, ROUNDS + 1], r"checkpoints\[1\].*after the last round"), (["1"], r"checkpoints\[0\]")):
+        with pytest.raises(EditscopeError, match=why):
+            parse_config(_listed_config(bad))
+
+
+def test_a_listed_schedule_has_the_units_of_the_every_k_schedule_it_spells_out():
+    members = list(range(12))
+    for sampled in (False, True):
+        every = Lifelong(2, 6, 2, reprobe=3, sampled=sampled)
+        listed = Lifelong(2, 6, (2, 4), reprobe=3, sampled=sampled)
+        assert listed.units(members, lambda i: 1, seed=5) == every.units(members, lambda i: 1, seed=5)
+        assert listed.pre_positions(12, seed=5) == every.pre_positions(12, seed=5)
+    # the last round is never a checkpoint: its probe is the final rows
+    assert Lifelong(2, 3, (1, 3)).units([0, 1, 2, 3, 4, 5], lambda i: 1, seed=0) == Lifelong(2, 3, (1,)).units(
+        [0, 1, 2, 3, 4, 5], lambda i: 1, seed=0)
+
+
+def test_lm_eval_follows_a_listed_schedule():
+    spec = LmEvalSpec(tasks=("t",))
+    # rounds 1 and 3 of 4 rounds of 2 cases (one request each), then the last round
+    assert due_points(spec, (1, 3), 2, [1] * 8) == [(1, 2), (3, 6), (4, 8)]
+    assert due_points(spec, 2, 2, [1] * 8) == [(2, 4), (4, 8)]
+
+
+@pytest.fixture(scope="module")
+def listed_run(tiny_bundles, tmp_path_factory):
+    path = tmp_path_factory.mktemp("listed")
+    Runner(parse_config(_listed_config([1, 3])), out_dir=path, bundle=tiny_bundles["llama"], progress=False,
+           log=lambda _m: None).run()
+    return path, read_results(path / "results.jsonl")
+
+
+def test_a_listed_schedule_probes_after_its_rounds_the_cases_since_the_previous_one(listed_run, runs):
+    rows = listed_run[1]
+    for method in ("memit", "alphaedit"):
+        got = {}
+        for r in rows:
+            if r["method"] == method:
+                got.setdefault((r["edits_applied"], r["checkpoint"]), []).append(r["index"])
+        # after round 1: its 2 cases; after round 3: the 4 edited since round 1 and the 2 before (within the
+        # re-probe limit of 3, so all); the final rows after round 5: every case
+        assert got == {(2, True): [0, 1], (6, True): [0, 1, 2, 3, 4, 5], (10, False): list(range(10))}, method
+    # the same chain as the run with a checkpoint every round: each row equals its twin there
+    full = {(r["method"], r["case_id"], r["edits_applied"]): r for r in runs["all"][1]}
+    for r in rows:
+        twin = full[(r["method"], r["case_id"], r["edits_applied"])]
+        for name, value in r["metrics"]["counterfact"].items():
+            assert value == pytest.approx(twin["metrics"]["counterfact"][name], rel=1e-6, abs=1e-6), name
+    assert json.loads((listed_run[0] / "run.json").read_text())["planned_rows"] == len(rows)
+
+
+def test_a_listed_schedule_resumes_after_its_last_checkpoint(listed_run, tiny_bundles, tmp_path):
+    """Killed at its first final row (round 3's checkpoint on disk), the rerun resumes after round 3 and writes
+    the rows of the uninterrupted run."""
+    config = parse_config(_listed_config([1, 3], methods=("memit",)))
+    want = [r for r in listed_run[1] if r["method"] == "memit"]
+    logs: list[str] = []
+
+    class Kill(Exception):
+        pass
+
+    def kill(row):
+        if not row["checkpoint"]:
+            raise Kill
+
+    with pytest.raises(Kill):
+        Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, on_row=kill,
+               log=logs.append).run()
+    Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, log=logs.append).run()
+    assert any("after round 3 (6 edits)" in m for m in logs), logs
+    got = read_results(tmp_path / "results.jsonl")
+    assert [(r["case_id"], r["edits_applied"]) for r in got] == [(r["case_id"], r["edits_applied"]) for r in want]
+    for a, b in zip(got, want, strict=True):
+        assert close(a["metrics"], b["metrics"]), (a["case_id"], a["edits_applied"])

@@ -2,7 +2,8 @@
 checkpoint file after every checkpoint round so that a killed run resumes at its last checkpoint.
 
 Round t applies one edit of the requests of cases (t-1)·B..t·B-1, the editor's sequential state carried through
-the rounds; after every k-th round (k = ``checkpoints`` > 0, except the last round) :meth:`LifelongChain.rounds`
+the rounds; after each checkpoint round (every k-th round, or the listed rounds; never the last round, whose probe
+is the final rows: :meth:`editscope.run.plan.Lifelong.is_checkpoint`) :meth:`LifelongChain.rounds`
 yields a checkpoint probe: the runner turns it into rows and writes them (flush + fsync) before asking for the
 next round, and only then is the chain's state saved to ``chains/<dataset>-g<group>-<method>-<hash>.safetensors``
 (:class:`ChainCheckpoint`; temp file + rename, one file per chain, overwritten at each checkpoint, deleted when

@@ -14,8 +14,10 @@ Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) 
     output: runs/demo            # output directory (relative to the working directory)
     mode: single                 # single | {batch: N} | {sequential: N} | probe_only
                                  # | {sequential_batches: {batch: B, rounds: T, checkpoints: k, reprobe: N}}
-                                 #   (a checkpoint probes the cases edited since the last one and re-probes
-                                 #   the earlier ones: all up to N (1000), beyond a fixed random sample of N;
+                                 #   (checkpoints: every k-th round, or a list of rounds, e.g. [1, 2, 5, 10,
+                                 #   20] for a log scale; a checkpoint probes the cases edited since the last
+                                 #   one and re-probes the earlier ones: all up to N (1000), beyond a fixed
+                                 #   random sample of N;
                                  #   sampled: true -> only the batch just written and that sample, at every
                                  #   checkpoint and at the end: a long stream's evaluation stays bounded)
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
@@ -83,7 +85,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "models": (list,), "methods": (list,), "blocks": (list,), "mode": (str,), "seed": (int,),
     "output": (str,), "save_patches": (bool,), "plugin_modules": (list,), "device": (str, type(None)),
     "dtype": (str, type(None)), "runtime": (dict,), "chat_template": (bool,), "lm_eval": (dict, type(None)),
-    "group_size": (int,), "batch": (int,), "rounds": (int,), "checkpoints": (int,), "reprobe": (int,)}
+    "group_size": (int,), "batch": (int,), "rounds": (int,), "checkpoints": (int, list), "reprobe": (int,)}
 
 
 @dataclass(frozen=True)
@@ -396,6 +398,10 @@ def check_stored_config(data: Any, path: str | Path) -> None:
         if key in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
             raise EditscopeError(f"{path}: field 'config.{key}': expected {' or '.join(k.__name__ for k in kinds)}"
                                  f", got {type(value).__name__}; the file is damaged")
+    every = data.get("checkpoints")
+    if isinstance(every, list) and not all(isinstance(r, int) and not isinstance(r, bool) for r in every):
+        raise EditscopeError(f"{path}: field 'config.checkpoints': expected a list of round numbers, got {every!r}; "
+                             "the file is damaged")
     for key in ("methods", "blocks"):  # each an object with its label (what results rows name it by)
         if not all(isinstance(x, dict) and isinstance(x.get("label"), str) for x in data.get(key, [])):
             raise EditscopeError(f"{path}: field 'config.{key}': expected a list of objects with a 'label'; the file "
@@ -469,11 +475,26 @@ def _mode(c: _Checker, raw: Any) -> Mode:
             raise c.fail(f"mode.sequential_batches.{key}", "required")
     batch = c.count(n["batch"], "mode.sequential_batches.batch", 1)
     rounds = c.count(n["rounds"], "mode.sequential_batches.rounds", 1)
-    checkpoints = c.count(n.get("checkpoints", 0) or 0, "mode.sequential_batches.checkpoints", 0)
+    checkpoints = _checkpoint_rounds(c, n.get("checkpoints", 0) or 0, rounds)
     reprobe = c.count(n.get("reprobe", REPROBE), "mode.sequential_batches.reprobe", 1)
     sampled = c.typed(n.get("sampled", False), bool, "mode.sequential_batches.sampled", "true or false")
     # one group = one sequence of edits from the unedited model
     return Lifelong(batch, rounds, checkpoints, reprobe, sampled)
+
+
+def _checkpoint_rounds(c: _Checker, raw: Any, rounds: int) -> int | tuple[int, ...]:
+    """``mode.sequential_batches.checkpoints``: every k-th round (an int >= 0), or the rounds listed (1-based,
+    increasing, at most ``rounds``; a log scale follows the first rounds closely and a long stream sparsely)."""
+    key = "mode.sequential_batches.checkpoints"
+    if not isinstance(raw, list):
+        return c.count(raw, key, 0)
+    for i, r in enumerate(raw):
+        c.count(r, f"{key}[{i}]", 1)
+        if r > rounds:
+            raise c.fail(f"{key}[{i}]", f"round {r} is after the last round ({rounds})")
+        if i and r <= raw[i - 1]:
+            raise c.fail(f"{key}[{i}]", f"rounds must increase, got {raw[i - 1]} then {r}")
+    return tuple(raw)
 
 
 def _plugin_modules(c: _Checker, data: dict) -> tuple[str, ...]:

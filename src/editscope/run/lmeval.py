@@ -42,6 +42,7 @@ from editscope.errors import EditscopeError
 from editscope.finite import strict_dumps
 from editscope.jsonl import append_record, read_lines
 from editscope.rowdigest import damage, dumps_sealed, required_in, strip
+from editscope.run.plan import checkpoint_due
 
 INSTALL = "pip install 'editscope[lmeval]'"
 LM_EVAL_FILE = "lm_eval.jsonl"
@@ -257,15 +258,17 @@ def parse_spec(raw: Any, fail: Callable[[str, str], EditscopeError], base_dir: P
                       numbers["batch_size"] or 8)
 
 
-def is_due(spec: LmEvalSpec, every: int, round_: int, before: int, applied: int, last: bool) -> bool:
+def is_due(spec: LmEvalSpec, every: int | tuple[int, ...], round_: int, before: int, applied: int,
+           last: bool) -> bool:
     """Whether the tasks run after round ``round_`` of a chain (edits on the model: ``before`` -> ``applied``;
     ``last``: the chain's last round; ``every``: the mode's checkpoint rounds, used when ``spec`` lists none)."""
     if spec.checkpoints is not None:
         return any(before < c <= applied for c in spec.checkpoints)
-    return last or bool(every and round_ % every == 0)
+    return last or checkpoint_due(every, round_)
 
 
-def due_points(spec: LmEvalSpec, every: int, batch: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+def due_points(spec: LmEvalSpec, every: int | tuple[int, ...], batch: int,
+               sizes: Sequence[int]) -> list[tuple[int, int]]:
     """``(round, edits applied)`` after which the tasks run in a chain whose cases edit ``sizes[i]`` requests each,
     ``batch`` cases a round."""
     chunks = [sizes[s:s + batch] for s in range(0, len(sizes), batch)] if batch > 0 else []
@@ -324,7 +327,7 @@ class LmEvalHook:
     ``every`` is the run's sequential_batches ``checkpoints`` (with the last round, the default schedule when the
     spec lists no edit counts)."""
 
-    def __init__(self, spec: LmEvalSpec, out_dir: str | Path, *, every: int, batch: int = 0,
+    def __init__(self, spec: LmEvalSpec, out_dir: str | Path, *, every: int | tuple[int, ...], batch: int = 0,
                  chat_template: bool = False, log: Callable[[str], None] = print) -> None:
         self.spec = spec
         self.out_dir = Path(out_dir)

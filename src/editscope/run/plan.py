@@ -97,9 +97,11 @@ class Sequential(Batch):
 
 @dataclass(frozen=True)
 class Lifelong(Single):
-    """``rounds`` edits of ``batch`` cases each, chained (:class:`editscope.run.chain.LifelongChain`); after every
-    ``checkpoints``-th round (0: none) the cases edited so far are probed (the earlier ones: a fixed random sample
-    of ``reprobe`` once there are more).
+    """``rounds`` edits of ``batch`` cases each, chained (:class:`editscope.run.chain.LifelongChain`); after each
+    checkpoint round the cases edited so far are probed (the earlier ones: a fixed random sample of ``reprobe``
+    once there are more). ``checkpoints`` names the checkpoint rounds: an int k, every k-th round (0: none), or a
+    tuple of round numbers (1-based, increasing), e.g. a log scale that follows the first rounds closely and a long
+    stream sparsely (:func:`checkpoint_due`). The last round's probe is the final rows either way.
 
     ``sampled``: the evaluation of a long stream costs what one checkpoint costs, whatever the stream's length. A
     checkpoint probes the batch just written (not every case edited since the previous checkpoint) and the fixed
@@ -110,7 +112,7 @@ class Lifelong(Single):
 
     batch: int = 1
     rounds: int = 1
-    checkpoints: int = 0
+    checkpoints: int | tuple[int, ...] = 0
     reprobe: int = REPROBE
     sampled: bool = False
     name = "sequential_batches"
@@ -130,14 +132,16 @@ class Lifelong(Single):
     def is_checkpoint(self, r: int, n_rounds: int) -> bool:
         """Round ``r`` (1-based) of ``n_rounds`` ends with a checkpoint probe (the last round's probe is the final
         rows')."""
-        return bool(self.checkpoints) and r % self.checkpoints == 0 and r < n_rounds
+        return checkpoint_due(self.checkpoints, r) and r < n_rounds
 
     def _new(self, n_edited: int) -> int:
         """How many of the ``n_edited`` cases a probe after them takes in full: those edited since the previous
         checkpoint (``sampled``: the batch just written; the last one may be short)."""
+        done = -(-n_edited // self.batch)  # the round just edited
         if self.sampled:
-            return n_edited - (n_edited - 1) // self.batch * self.batch
-        return min(self.checkpoints * self.batch, n_edited)
+            return n_edited - (done - 1) * self.batch
+        previous = max((r for r in range(1, done) if checkpoint_due(self.checkpoints, r)), default=0)
+        return n_edited - previous * self.batch
 
     def probed(self, n_edited: int, group_size: int, seed: int) -> list[int]:
         """Positions in the group of the cases a checkpoint after ``n_edited`` cases probes
@@ -167,7 +171,9 @@ class Lifelong(Single):
     def to_dict(self) -> dict[str, Any]:
         """``reprobe`` is recorded where it changes what is probed (so older runs keep their digest), ``sampled``
         where it is set."""
-        shape: dict[str, Any] = {"batch": self.batch, "rounds": self.rounds, "checkpoints": self.checkpoints}
+        every = self.checkpoints
+        shape: dict[str, Any] = {"batch": self.batch, "rounds": self.rounds,
+                                 "checkpoints": list(every) if isinstance(every, tuple) else every}
         if self.batch * (self.rounds - 1) > self.reprobe:
             shape["reprobe"] = self.reprobe
         if self.sampled:
@@ -210,11 +216,20 @@ def mode_from_dict(data: Mapping[str, Any]) -> Mode:
     if name == "sequential":
         return Sequential(n)
     if name == "sequential_batches":
-        return Lifelong(data["batch"], data["rounds"], data.get("checkpoints", 0), data.get("reprobe", REPROBE),
-                        bool(data.get("sampled", False)))
+        every = data.get("checkpoints", 0)
+        return Lifelong(data["batch"], data["rounds"], tuple(every) if isinstance(every, list) else every,
+                        data.get("reprobe", REPROBE), bool(data.get("sampled", False)))
     if name == "probe_only":
         return ProbeOnly(n)
     raise ValueError(f"unknown mode {name!r}")
+
+
+def checkpoint_due(checkpoints: int | tuple[int, ...], r: int) -> bool:
+    """Whether round ``r`` (1-based) is a checkpoint round of a ``checkpoints`` schedule: every k-th round for an int
+    k (none for 0), the listed rounds for a tuple."""
+    if isinstance(checkpoints, tuple):
+        return r in checkpoints
+    return bool(checkpoints) and r % checkpoints == 0
 
 
 def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, seed: int) -> list[int]:
@@ -233,4 +248,4 @@ def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, se
 
 
 __all__ = ["PROBE_GROUP", "REPROBE", "Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit",
-           "mode_from_dict", "reprobe_positions"]
+           "checkpoint_due", "mode_from_dict", "reprobe_positions"]

@@ -10,11 +10,11 @@ pre-edit checksums) after every group, also when anything raises.
 
 ``sequential_batches`` (batch B, rounds T, checkpoints k): a group is T·B consecutive cases; round t applies one
 edit of the requests of cases (t-1)·B..t·B-1 with the editor's sequential state carried through the rounds; after
-every k-th round (k > 0) the cases edited so far are probed (checkpoint rows, ``checkpoint: true``, written as soon
-as the probe ends), after the last round every case of the group (the rows summaries use); rows record
-``edits_applied`` (requests on the model when it was probed) and ``round``. The rounds are
-:class:`editscope.run.chain.LifelongChain`, which saves the chain's state after each checkpoint's rows and resumes
-a killed chain there. ``probe_only`` (``methods: [none]``): no edit; one row per case with method ``none``
+every k-th round (k > 0; or the rounds a list names) the cases edited so far are probed (checkpoint rows,
+``checkpoint: true``, written as soon as the probe ends), after the last round every case of the group (the rows
+summaries use); rows record ``edits_applied`` (requests on the model when it was probed) and ``round``. The rounds
+are :class:`editscope.run.chain.LifelongChain`, which saves the chain's state after each checkpoint's rows and
+resumes a killed chain there. ``probe_only`` (``methods: [none]``): no edit; one row per case with method ``none``
 holding only the pre-edit (``NAME_pre``) metrics and ``post: {}``. Pre-edit probes always come from the unedited
 model (before the group's first edit), so locality compares against the unedited model's answers in every mode.
 
