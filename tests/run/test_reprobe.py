@@ -165,26 +165,37 @@ def _positions_by_hand(n_edited: int, keys: np.ndarray) -> list[int]:
     return sorted(sorted(range(earlier), key=lambda p: keys[p])[:LIMIT]) + list(range(earlier, n_edited))
 
 
+def _probed(rows: list[dict], method: str) -> dict[tuple[int, bool], list[int]]:
+    """The case indices a method's rows probed, by (edits applied, checkpoint row)."""
+    got: dict[tuple[int, bool], list[int]] = {}
+    for r in rows:
+        if r["method"] == method:
+            got.setdefault((r["edits_applied"], r["checkpoint"]), []).append(r["index"])
+    return got
+
+
+def _assert_twins(rows: list[dict], reference: list[dict]) -> None:
+    """Each row equals the row of the reference run (the same chain, probing every case at every round) with the
+    same method, case and edits applied."""
+    full = {(r["method"], r["case_id"], r["edits_applied"]): r for r in reference}
+    for r in rows:
+        twin = full[(r["method"], r["case_id"], r["edits_applied"])]
+        for name, value in r["metrics"]["counterfact"].items():
+            assert value == pytest.approx(twin["metrics"]["counterfact"][name], rel=1e-6, abs=1e-6), name
+
+
 def test_a_sampled_run_probes_the_batch_just_written_and_the_sample(sampled_run, runs):
     from editscope.run.trial import derived_seed
 
     keys = np.random.default_rng(derived_seed(0, "counterfact", 0, "reprobe")).random(BATCH * ROUNDS)
     rows = sampled_run[1]
     for method in ("memit", "alphaedit"):
-        got = {}
-        for r in rows:
-            if r["method"] == method:
-                got.setdefault((r["edits_applied"], r["checkpoint"]), []).append(r["index"])
+        got = _probed(rows, method)
         # checkpoints after rounds 2 and 4, then the final rows after round 5: never every case
         assert set(got) == {(4, True), (8, True), (BATCH * ROUNDS, False)}
         for (edits, _), indices in got.items():
             assert sorted(indices) == _positions_by_hand(edits, keys), (method, edits)
-    # each row equals the row of the run that probes every case at every round: same chain, same probes
-    full = {(r["method"], r["case_id"], r["edits_applied"]): r for r in runs["all"][1]}
-    for r in rows:
-        twin = full[(r["method"], r["case_id"], r["edits_applied"])]
-        for name, value in r["metrics"]["counterfact"].items():
-            assert value == pytest.approx(twin["metrics"]["counterfact"][name], rel=1e-6, abs=1e-6), name
+    _assert_twins(rows, runs["all"][1])
     # the run's plan counted exactly these rows
     assert json.loads((sampled_run[0] / "run.json").read_text())["planned_rows"] == len(rows)
 
@@ -268,19 +279,11 @@ def listed_run(tiny_bundles, tmp_path_factory):
 def test_a_listed_schedule_probes_after_its_rounds_the_cases_since_the_previous_one(listed_run, runs):
     rows = listed_run[1]
     for method in ("memit", "alphaedit"):
-        got = {}
-        for r in rows:
-            if r["method"] == method:
-                got.setdefault((r["edits_applied"], r["checkpoint"]), []).append(r["index"])
         # after round 1: its 2 cases; after round 3: the 4 edited since round 1 and the 2 before (within the
         # re-probe limit of 3, so all); the final rows after round 5: every case
-        assert got == {(2, True): [0, 1], (6, True): [0, 1, 2, 3, 4, 5], (10, False): list(range(10))}, method
-    # the same chain as the run with a checkpoint every round: each row equals its twin there
-    full = {(r["method"], r["case_id"], r["edits_applied"]): r for r in runs["all"][1]}
-    for r in rows:
-        twin = full[(r["method"], r["case_id"], r["edits_applied"])]
-        for name, value in r["metrics"]["counterfact"].items():
-            assert value == pytest.approx(twin["metrics"]["counterfact"][name], rel=1e-6, abs=1e-6), name
+        assert _probed(rows, method) == {(2, True): [0, 1], (6, True): [0, 1, 2, 3, 4, 5],
+                                         (10, False): list(range(10))}, method
+    _assert_twins(rows, runs["all"][1])
     assert json.loads((listed_run[0] / "run.json").read_text())["planned_rows"] == len(rows)
 
 
