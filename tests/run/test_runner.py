@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from editscope.edit.patch import tensor_checksum
 from editscope.errors import EditscopeError
@@ -26,8 +27,8 @@ def weights(bundle) -> dict[str, str]:
 
 
 def run_into(out: Path, bundle, cfg=None, **kw):
-    return Runner(cfg or config(), out_dir=out, bundle=bundle, suite_factories=SUITES, progress=False,
-                  log=lambda _m: None, **kw).run()
+    kw.setdefault("log", lambda _m: None)
+    return Runner(cfg or config(), out_dir=out, bundle=bundle, suite_factories=SUITES, progress=False, **kw).run()
 
 
 class Kill(Exception):
@@ -167,6 +168,31 @@ def test_resume_refuses_rows_of_another_device(reference, tmp_path, tiny_llama):
     del meta["model"]["device"]  # a run.json written before the device was recorded resumes as before
     (other / "run.json").write_text(json.dumps(meta))
     assert run_into(other, tiny_llama).written == 0
+
+
+def test_torch_threads_recorded_and_a_resume_with_another_count_is_said(reference, tmp_path, tiny_llama):
+    """A CPU matmul's last bits depend on the thread count, so run.json records the counts its rows were computed
+    with: a resume under another count goes on (cores are not an experiment setting), says so in one line and
+    records both; a merge keeps every shard's."""
+    ref_out, _ = reference
+    here = torch.get_num_threads()
+    assert json.loads((ref_out / "run.json").read_text())["torch_threads"] == [here]
+    other = tmp_path / "other"
+    shutil.copytree(ref_out, other)
+    lines = (other / "results.jsonl").read_text().splitlines()
+    (other / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # one row left to compute
+    meta = json.loads((other / "run.json").read_text())
+    (other / "run.json").write_text(json.dumps(meta | {"torch_threads": [here + 3]}))
+    said: list[str] = []
+    assert run_into(other, tiny_llama, log=said.append).written == 1
+    notes = [m for m in said if "torch thread" in m]
+    assert len(notes) == 1 and f"computed with {here + 3} torch thread(s), this session runs {here}" in notes[0]
+    assert json.loads((other / "run.json").read_text())["torch_threads"] == [here + 3, here]
+    said.clear()
+    assert run_into(other, tiny_llama, log=said.append).written == 0  # the count is known now: nothing said
+    assert not [m for m in said if "torch thread" in m]
+    merge_runs(tmp_path / "merged", [ref_out, other])
+    assert json.loads((tmp_path / "merged" / "run.json").read_text())["torch_threads"] == [here, here + 3]
 
 
 @pytest.mark.parametrize("mode", [{"batch": 2}, {"sequential": 2}])

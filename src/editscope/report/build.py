@@ -212,7 +212,8 @@ def _run_meta(run: Run) -> list[tuple[str, str]]:
     return [("run", str(run.path)), ("model", f"{m['model']['name']} (fingerprint {m['model']['fingerprint']})"),
             ("mode", mode),
             ("rows", rows_text(len(run.rows), planned_count(m))), ("status", str(m.get("status"))),
-            ("time", f"{m.get('started')} – {m.get('finished')}"), ("versions", versions)]
+            ("time", f"{m.get('started')} – {m.get('finished')}"), ("versions", versions)] + (
+        [("torch threads", "/".join(map(str, m["torch_threads"])))] if m.get("torch_threads") else [])
 
 
 @dataclass

@@ -79,6 +79,7 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
     complete = not problems and all(m.get("status") == "complete" for m in metas)
     meta = {**first, "shard": [0, 1], "merged_from": [str(Path(d).resolve()) for d in shard_dirs],
             "merged_shards": [list(s) for s in shards], "rows": len(merged),
+            "torch_threads": list(dict.fromkeys(t for m in metas for t in m.get("torch_threads") or [])),
             "status": "complete" if complete else "incomplete", "problems": problems,
             **({"planned_rows": len(planned), "missing_rows": missing} if planned is not None else {}),
             "started": min(m.get("started") or "" for m in metas),

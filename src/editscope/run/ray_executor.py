@@ -138,6 +138,9 @@ class RayExecutor:
             raise EditscopeError("lm_eval: the config's lm_eval checkpoints run in-process only; leave out "
                                  "--executor ray")
 
+    def torch_threads(self) -> int:
+        return self.threads  # each actor's (the driver computes no rows)
+
     def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]:
         if not tasks:
             return

@@ -141,6 +141,10 @@ class Executor(Protocol):
 
     def check(self, config: RunConfig) -> None: ...
 
+    def torch_threads(self) -> int:
+        """The torch threads each task runs with (a CPU matmul's rounding depends on it)."""
+        ...
+
     def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]: ...
 
 
@@ -151,6 +155,11 @@ class LocalExecutor:
 
     def check(self, config: RunConfig) -> None:
         pass
+
+    def torch_threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
 
     def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]:
         size = (runner.runtime.vstar_batch or 1) if type(runner.mode) is Single else 1
@@ -196,6 +205,7 @@ class Runner:
         self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
         self._row_digests = True  # whether run.json says every row carries a digest (set by _check_existing)
         self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
+        self._threads: list[int] = []  # the torch thread counts rows were computed with (set by _check_existing)
         self.mode = config.mode
         #: where the tasks run: in this process (:class:`LocalExecutor`), or e.g. on Ray actors
         self.executor = executor or LocalExecutor()
@@ -246,6 +256,7 @@ class Runner:
             "runtime": self.runtime.settings(),
             "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers,
                       "device": bundle.device.type},
+            "torch_threads": self._threads,
             "shard": list(self.shard),
             "limit": self.limit,
             "versions": package_versions(),
@@ -266,6 +277,7 @@ class Runner:
         if (self.out_dir / MODELS_JSON).is_file():
             raise EditscopeError(f"{self.out_dir} holds a run of a 'models' list; use another output directory")
         self._row_digests = True  # a new run's rows carry digests (editscope.rowdigest)
+        self._threads = [self.executor.torch_threads()]
         if not path.is_file():
             if (self.out_dir / RESULTS).is_file():
                 raise EditscopeError(f"{self.out_dir}: holds {RESULTS} but no {RUN_JSON}; not resuming into it")
@@ -286,7 +298,21 @@ class Runner:
                                  f"--device {device} or use another output directory")
         if list(meta.get("shard", [0, 1])) != list(self.shard):
             raise EditscopeError(f"{self.out_dir} holds shard {meta.get('shard')}, not {list(self.shard)}")
+        self._threads = self._resumed_threads(meta)
         return meta.get("started")
+
+    def _resumed_threads(self, meta: dict[str, Any]) -> list[int]:
+        """The thread counts of the stored rows plus this session's. Resuming with another count is allowed (a
+        machine's cores are not a setting of the experiment) but said: a matmul's last bits change with it, and
+        in a long chain such bits can decide where an editor breaks."""
+        before, here = list(meta.get("torch_threads") or []), self.executor.torch_threads()
+        if here in before:
+            return before
+        if before and (self.out_dir / RESULTS).is_file():
+            self.log(f"note: {self.out_dir} holds rows computed with {'/'.join(map(str, before))} torch thread(s), "
+                     f"this session runs {here}: the rows after this point differ in the last bits from an "
+                     "uninterrupted run's (run.json records both)")
+        return [*before, here]
 
     def _existing_rows(self) -> list[dict[str, Any]]:
         """The rows a resume keeps: a row its digest does not vouch for is cut out of the file and computed again,

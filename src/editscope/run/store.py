@@ -224,6 +224,7 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "format": (str,), "config": (dict,), "config_digest": (str,), "runtime": (dict,), "model": (dict,),
     "shard": (list,), "limit": (int, type(None)), "versions": (dict,), "started": (str, type(None)),
     "finished": (str, type(None)), "status": (str,), "rows": (int,), "argv": (list,), "metrics": (list, dict),
+    "torch_threads": (list,),
     "planned_rows": (int,), "prompt_format": (dict,), "unverified_files": (list,), "error": (str,),
     RUN_FLAG: (str,)}
 _MODEL_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "fingerprint": (str,), "n_layers": (int,),
