@@ -38,8 +38,10 @@ for _module in (
     "editscope.commands.tune",
     "editscope.commands.inspect",
     "editscope.commands.plan",
+    "editscope.commands.judge_agreement",
+    "editscope.commands.rejudge",
 ):
-    COMMANDS.register(_module, _module.rpartition(".")[2])
+    COMMANDS.register(_module, _module.rpartition(".")[2].replace("_", "-"))
 
 
 class _Parser(argparse.ArgumentParser):

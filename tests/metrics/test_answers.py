@@ -22,6 +22,14 @@ from editscope.metrics import (
     normalize_answer,
     token_f1,
 )
+from editscope.metrics.answers import (
+    NEIGHBOUR_JUDGES,
+    first_object,
+    judge_neighbour,
+    leading_clause,
+    same_object,
+    same_start,
+)
 
 # -- normalisation --------------------------------------------------------------------------------------------
 
@@ -298,3 +306,82 @@ def test_a_judge_that_raises_is_one_line_naming_it():
     with pytest.raises(MetricInputError) as info:
         judge_answer(AnswerMatchJudge("remote", broken, binary=True), "q", "p", ["g"])
     assert str(info.value) == "judge 'remote': raised ConnectionError: judge model unreachable"
+
+
+# -- the object an answer asserts first ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("answer", "gold", "expected"), [
+    # run-on greedy answers to CounterFact's completion prompts: each begins with the new target
+    ("Toronto, Canada", "Toronto", 1.0),
+    ("English, and the English language, …", "English", 1.0),
+    ("Sony, is a 2013 Japanese company", "Sony", 1.0),
+    ("Apple, is a major contributor to the open source community", "Apple", 1.0),
+    ("Manila, the Philippines' largest city", "Manila", 1.0),
+    # the gold answer inside the first clause
+    ("the city of Toronto", "Toronto", 1.0),
+    ("The continent that is Freyberg Mountains on is Europe", "Europe", 1.0),
+    # another object first: the clause ends at the comma / the conjunction before the gold answer comes
+    ("French, not English", "English", 0.0),
+    ("Paris and London", "London", 0.0),
+    ("a French-speaking Canadian, born in Toronto", "Toronto", 0.0),
+    # a gold answer that has a conjunction of its own is held when the answer begins with it
+    ("Trinidad and Tobago, an island nation", "Trinidad and Tobago", 1.0),
+    ("The answer is: Kut-e Abdollah Rural District", "Central District", 0.0),
+    ("Torontonian food", "Toronto", 0.0),  # whole tokens only
+    ("", "Toronto", 0.0),
+])
+def test_first_object_reads_the_object_asserted_first(answer, gold, expected):
+    assert first_object(answer, [gold]) == expected
+    assert judge_answer("first_object", "q", answer, [gold]) == expected
+
+
+def test_first_object_against_exact_match_on_the_run_on_answers():
+    """Whole-answer exact match scores every run-on answer wrong; the first-object judge scores it right."""
+    answers = ["Toronto, Canada", "English, and the English language", "Sony, is a 2013"]
+    golds = ["Toronto", "English", "Sony"]
+    assert [exact_match(a, [g]) for a, g in zip(answers, golds, strict=True)] == [0.0, 0.0, 0.0]
+    assert [first_object(a, [g]) for a, g in zip(answers, golds, strict=True)] == [1.0, 1.0, 1.0]
+
+
+def test_leading_clause_breaks_at_punctuation_and_clause_words_not_at_colons():
+    assert leading_clause("Toronto, Canada") == ["toronto"]
+    assert leading_clause("Paris (France)") == ["paris"]
+    assert leading_clause("Rome which is old") == ["rome"]
+    assert leading_clause("Oregon - a state") == ["oregon"]
+    assert leading_clause("The answer is: Paris") == ["answer", "is", "paris"]
+    assert leading_clause("Andorra") == ["andorra"]  # "and" only as a whole word
+
+
+def test_neighbour_judges_by_hand():
+    # the Mirage paper's locality: whole answers
+    assert judge_neighbour("unchanged", "q", "Rome, Italy", "rome italy") == 1.0
+    assert judge_neighbour("unchanged", "q", "Rome, Italy", "Rome, the capital") == 0.0
+    # first three words
+    assert same_start("a historic center of the Italian rail network", "a historic center of tourism") == 1.0
+    assert same_start("a historic center of the rail", "a major tourist destination in Italy") == 0.0
+    # the same first object: a rewording after the object is no change, another object is
+    assert same_object("Rome, Italy", "Rome, the capital of Italy") == 1.0
+    assert same_object("Rome, Italy", "Milan, Italy") == 0.0
+    assert same_object("a historic center of the Italian rail network", "a major tourist destination in Italy") == 0.0
+    # when the answer before asserts the neighbour's gold answer, the answer after must still assert it
+    assert same_object("the city of Rome", "Rome and its region", ["Rome"]) == 1.0
+    assert same_object("the city of Rome", "Milan", ["Rome"]) == 0.0
+    assert same_object("", "") == 1.0
+    assert judge_neighbour("same_object", "q", "Rome, Italy", "Rome", ["Rome"]) == 1.0
+
+
+def test_neighbour_judges_are_checked():
+    with pytest.raises(EditscopeError, match="unknown neighbourhood judge 'whole'"):
+        NEIGHBOUR_JUDGES["whole"]
+
+    class Bad:
+        name = "bad"
+
+        def __call__(self, question, before, after, golds):
+            return 0.5
+
+    with pytest.raises(MetricInputError, match="neighbourhood judge 'bad': returned 0.5, not 0 or 1"):
+        judge_neighbour(Bad(), "q", "a", "b")
+    with pytest.raises(MetricInputError, match="before: expected a str"):
+        judge_neighbour("unchanged", "q", None, "b")

@@ -21,7 +21,7 @@ NAME = "model:tiny-llama"
 @pytest.fixture
 def registered():
     yield
-    for name in [n for n in JUDGES if n.startswith("model:")]:
+    for name in [n for n in JUDGES if n.startswith(("model:", "mirage:"))]:
         del JUDGES[name]
 
 
@@ -52,6 +52,22 @@ def test_the_verdict_is_the_yes_no_comparison_of_a_plain_forward(tiny_bundles):
     assert judge("Q?", "   ", ["Paris"]) == 0.0  # an empty answer is wrong without asking
 
 
+def test_the_mirage_rubric_is_the_letter_comparison_of_a_plain_forward(tiny_bundles):
+    bundle = tiny_bundles["llama"]
+    judge = ModelJudge("tiny-llama", prompt="mirage", scorer=ScoringEngine(bundle))
+    assert judge.name == "mirage:tiny-llama"
+    question, golds = "Question: What is the capital of France?\nAnswer:", ["Paris"]
+    for prediction in ("Paris", "Paris, the capital", "Lyon"):
+        context = judge.prompt(question, prediction, golds)
+        assert "A) CORRECT" in context and "Gold answer: Paris" in context and context.endswith("Grade (A, B or C):")
+        letters = {c: _plain_logprob(bundle, context, c) for c in (" A", " B", " C")}
+        got = judge.choice_logprobs(question, prediction, golds)
+        assert got == pytest.approx(letters, abs=1e-4)
+        assert judge(question, prediction, golds) == float(letters[" A"] > max(letters[" B"], letters[" C"]))
+    with pytest.raises(EditscopeError, match="judge prompt 'simpleqa': not one of model, mirage"):
+        ModelJudge("tiny-llama", prompt="simpleqa")
+
+
 def test_model_judges_are_named_and_checked(registered):
     with pytest.raises(EditscopeError, match="name a model after"):
         ensure_model_judge("model:  ")
@@ -61,6 +77,10 @@ def test_model_judges_are_named_and_checked(registered):
     assert NAME in JUDGES and JUDGES[NAME].binary
     assert f"judged whole by {NAME} (judge prompt v1)" in suite.protocol["note"]
     assert "judge prompt" not in WildSuite().protocol["note"]
+    mirage = WildSuite(judge="mirage:tiny-llama")
+    assert "mirage:tiny-llama" in JUDGES and "(judge prompt mirage v1)" in mirage.protocol["note"]
+    with pytest.raises(EditscopeError, match="name a model after 'mirage:'"):
+        ensure_model_judge("mirage:")
 
 
 def test_a_run_judged_by_a_model(tmp_path, tiny_bundles, registered):

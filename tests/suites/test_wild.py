@@ -56,6 +56,26 @@ def test_metrics_by_hand():
     assert lenient["Efficacy_post"] == 1.0 and lenient["Locality"] == row["Locality"]  # locality: answers unchanged
 
 
+def test_object_level_judges_on_run_on_answers():
+    """Greedy answers that go on past the object: whole-answer judges score them wrong and changed, the object-level
+    judges read the object they assert first."""
+    c = case(target="Toronto", paraphrases=("p1", "p2"), neighbours=(("n1", "Rome"), ("n2", "Paris")))
+    pre = probe("Montreal", ["Montreal, Quebec", "a city"], ["Rome, the capital of Italy", "Lyon"], c)
+    post = probe("Toronto, Canada", ["the city of Toronto", "Canada, near Toronto"],
+                 ["Rome, a city in Italy", "Marseille, France"], c)
+    whole = WildSuite().metrics(c, pre, post)
+    assert whole["Efficacy_post"] == 0.0 and whole["Generalization_post"] == 0.0 and whole["Locality"] == 0.0
+    objects = WildSuite(judge="first_object", locality_judge="same_object").metrics(c, pre, post)
+    assert objects["Efficacy_post"] == 1.0
+    assert objects["Generalization_post"] == 0.5  # "Canada, near Toronto" asserts Canada first
+    assert objects["Locality"] == 0.5  # Rome kept (the neighbour's gold answer, asserted before and after); Lyon lost
+    assert objects["LocalityTrue_post"] == 0.5
+    note = WildSuite(judge="first_object", locality_judge="same_object").protocol["note"]
+    assert "judged whole by first_object" in note and "answers unchanged (same_object)" in note
+    with pytest.raises(EditscopeError, match="unknown neighbourhood judge 'whole'"):
+        WildSuite(locality_judge="whole")
+
+
 def test_options_are_checked_and_recorded():
     with pytest.raises(EditscopeError, match="wild suite: option context must be one of plain, qa"):
         WildSuite(context="chat")

@@ -11,6 +11,8 @@ One module per family, each function citing its paper (../shared/papers) and equ
 * :mod:`.stability` -- EVK Embedding/Text Stability (paper 004, eq 9);
 * :mod:`.answers` -- answers judged in the wild (Mirage of Model Editing, Yang et al., ACL 2025): SQuAD answer
   normalisation, exact match and token F1 (Rajpurkar et al., 2016), pluggable answer judges (``JUDGES``).
+* :mod:`.agreement` -- a binary judge against hand labels: accuracy, Cohen's κ (Cohen 1960), false-positive and
+  false-negative rates with intervals (not re-exported: it imports scipy.stats through :mod:`.intervals`);
 * :mod:`.intervals` -- Student t and geometric-mean intervals, percentile-bootstrap aggregates over cases
   (not re-exported here: it imports scipy.stats; import it from the module).
 

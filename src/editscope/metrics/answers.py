@@ -26,9 +26,19 @@ match gives 1.0 for the same pair; the 2.0 rule keeps EM and F1 consistent, so i
 
 Judges (:class:`Judge`): a judge scores a prediction for a question against its gold answers, returning a
 number in [0, 1]; it has a ``name`` and declares whether it only ever returns 0 or 1 (``binary``). The
-built-in ones, ``exact_match``, ``token_f1`` and ``contains`` (lenient), are in :data:`JUDGES`; a judge model (the
-Mirage paper's LLM-as-a-judge) is registered there from a layer that may hold a model. :func:`judge_answer` calls a
-judge by name or object and checks what it returns.
+built-in ones, ``exact_match``, ``token_f1``, ``contains`` (lenient) and ``first_object`` (the object the answer
+asserts first, :func:`first_object`), are in :data:`JUDGES`; a judge model (the Mirage paper's LLM-as-a-judge) is
+registered there from a layer that may hold a model. :func:`judge_answer` calls a judge by name or object and checks
+what it returns.
+
+Neighbourhood judges (:data:`NEIGHBOUR_JUDGES`) decide whether an edit left a neighbouring prompt's answer alone:
+``unchanged`` (the whole answer equal after normalisation, the Mirage paper's locality), ``same_start`` (the first
+three words equal) and ``same_object`` (the same first asserted object, :func:`same_object`).
+
+Why an object-level judge: a greedy answer to a completion prompt rarely stops after the object ("Toronto, Canada",
+"English, and the English language, ..."); judged whole, each is wrong for the target "Toronto" / "English". How
+each judge agrees with answers labelled by hand is measured (``editscope judge-agreement``, agreement statistics in
+:mod:`editscope.metrics.agreement`).
 
 The per-case numbers a wild suite reports from these (efficacy, generalisation, locality in the wild) are
 declared by that suite as :class:`~editscope.metrics.registry.MetricSpec` entries, as every suite declares its
@@ -51,13 +61,20 @@ from editscope.registry import Registry
 
 __all__ = [
     "JUDGES",
+    "NEIGHBOUR_JUDGES",
     "AnswerMatchJudge",
     "Judge",
+    "NeighbourJudge",
     "answer_tokens",
     "contains_answer",
     "exact_match",
+    "first_object",
     "judge_answer",
+    "judge_neighbour",
+    "leading_clause",
     "normalize_answer",
+    "same_object",
+    "same_start",
     "token_f1",
 ]
 
@@ -161,6 +178,56 @@ def contains_answer(prediction: str, truths: Sequence[str]) -> float:
     return max(float(holds(answer_tokens(g))) for g in _golds(truths))
 
 
+_CLAUSE_BREAK = re.compile(
+    r"[,;()\[\]!?\"“”]|\s[-–—]+\s|—|\b(?:and|or|but|nor|which|who|whom|whose|where|while|whereas|because|although"
+    r"|though|since|unless|whether)\b", re.IGNORECASE)
+"""Where an answer's first clause ends: a comma, semicolon, bracket, quote, exclamation or question mark, a dash
+between spaces, or a coordinating / relative / subordinating word. A full stop ends every answer already (the wild
+protocol stops decoding there); a colon is not a break ("The answer is: Paris")."""
+
+
+def leading_clause(text: str) -> list[str]:
+    """The normalised tokens (:func:`answer_tokens`) of ``text`` before its first clause break
+    (:data:`_CLAUSE_BREAK`): the span in which an answer states the object it asserts first.
+
+    ``"Toronto, Canada"`` -> ``["toronto"]``; ``"English, and the English language"`` -> ``["english"]``;
+    ``"The continent that is Freyberg Mountains on is Europe"`` -> the whole answer; ``"Paris and London"`` ->
+    ``["paris"]``."""
+    raw = _text(text, "text")
+    found = _CLAUSE_BREAK.search(raw)
+    return answer_tokens(raw[:found.start()] if found else raw)
+
+
+def _run_at(tokens: list[str], gold: list[str]) -> int | None:
+    """The first position where ``gold`` is a contiguous run of ``tokens`` (None when it is not one)."""
+    for i in range(len(tokens) - len(gold) + 1):
+        if tokens[i:i + len(gold)] == gold:
+            return i
+    return None
+
+
+def first_object(prediction: str, truths: Sequence[str]) -> float:
+    """Whether the object the answer asserts first is a gold answer, max over gold answers: 1 when the normalised
+    answer *begins* with the gold answer's tokens (``"Trinidad and Tobago, an island"`` for "Trinidad and Tobago"),
+    or when the gold answer's tokens are a whole-token run of the answer's :func:`leading_clause` (``"the city of
+    Toronto"``, ``"The continent ... is Europe"``); else 0.
+
+    Neither the Mirage paper (Yang et al., ACL 2025), which judges the whole answer by exact match or a judge model,
+    nor SQuAD defines it: it is editscope's reading of the object an answer asserts, for greedy answers that go on
+    past the object. ``"Toronto, Canada"`` holds for "Toronto"; ``"French, not English"`` does not hold for
+    "English" (the clause ends at the comma); an empty answer holds nothing (an empty gold answer only an empty
+    answer)."""
+    pred = answer_tokens(_text(prediction, "prediction"))
+    clause = leading_clause(prediction)
+
+    def holds(gold: list[str]) -> bool:
+        if not gold:
+            return not pred
+        return pred[:len(gold)] == gold or _run_at(clause, gold) is not None
+
+    return max(float(holds(answer_tokens(g))) for g in _golds(truths))
+
+
 @runtime_checkable
 class Judge(Protocol):
     """Scores a generated answer: ``judge(question, prediction, golds) -> float`` in [0, 1].
@@ -205,6 +272,10 @@ JUDGES.register(
     AnswerMatchJudge("contains", contains_answer, binary=True),
     description="the answer holds a gold answer as a whole-token span after SQuAD normalisation (lenient)",
 )
+JUDGES.register(
+    AnswerMatchJudge("first_object", first_object, binary=True),
+    description="the answer begins with a gold answer, or its first clause holds one (the object it asserts first)",
+)
 
 
 def judge_answer(judge: str | Judge, question: str, prediction: str, golds: Sequence[str]) -> float:
@@ -230,3 +301,90 @@ def judge_answer(judge: str | Judge, question: str, prediction: str, golds: Sequ
     if resolved.binary and value not in (0.0, 1.0):
         raise fail(label, f"is declared binary but returned {value!r}")
     return value
+
+
+# -- neighbourhood judges ----------------------------------------------------------------------------------------
+
+
+def same_start(before: str, after: str, words: int = 3) -> float:
+    """1 when the first ``words`` normalised tokens of the two answers are equal (both answers shorter: all their
+    tokens), else 0: a rewording after the first words is not counted as a change."""
+    a, b = answer_tokens(_text(before, "before")), answer_tokens(_text(after, "after"))
+    return float(a[:words] == b[:words])
+
+
+def same_object(before: str, after: str, golds: Sequence[str] = ()) -> float:
+    """Whether the answer after an edit asserts the same first object as the answer before it (1 or 0).
+
+    When the answer before asserts one of the neighbour's gold answers (:func:`first_object`), the answer after must
+    assert that gold answer too, however it goes on; otherwise the two answers' :func:`leading_clause` spans must be
+    equal after normalisation (two empty answers are the same answer). editscope's object-level reading of the
+    Mirage paper's locality in the wild (Yang et al., ACL 2025), which compares whole answers."""
+    before, after = _text(before, "before"), _text(after, "after")
+    for gold in golds:
+        if first_object(before, [gold]):
+            return first_object(after, [gold])
+    return float(leading_clause(before) == leading_clause(after))
+
+
+@runtime_checkable
+class NeighbourJudge(Protocol):
+    """Decides whether an edit left a neighbouring prompt's answer alone: ``judge(question, before, after, golds)``
+    -> 1.0 (the same answer) or 0.0; ``golds`` are the dataset's answers to the neighbouring prompt (possibly
+    empty)."""
+
+    name: str
+
+    def __call__(self, question: str, before: str, after: str, golds: Sequence[str]) -> float: ...
+
+
+@dataclass(frozen=True)
+class AnswerPairJudge:
+    """A :class:`NeighbourJudge` made of a pure comparison ``same(before, after, golds)`` (the question unread)."""
+
+    name: str
+    same: Callable[[str, str, Sequence[str]], float]
+
+    def __call__(self, question: str, before: str, after: str, golds: Sequence[str]) -> float:
+        _text(question, "question")
+        return self.same(before, after, golds)
+
+
+NEIGHBOUR_JUDGES: Registry[NeighbourJudge] = Registry("neighbourhood judge", expected=NeighbourJudge,
+                                                      name_of=lambda j: j.name)
+"""Neighbourhood judges by name (``NEIGHBOUR_JUDGES.register(judge, description="...")``)."""
+
+NEIGHBOUR_JUDGES.register(
+    AnswerPairJudge("unchanged", lambda before, after, golds: exact_match(after, [before])),
+    description="the whole answer unchanged after SQuAD normalisation (the Mirage paper's locality in the wild)",
+)
+NEIGHBOUR_JUDGES.register(
+    AnswerPairJudge("same_start", lambda before, after, golds: same_start(before, after)),
+    description="the first three normalised words unchanged",
+)
+NEIGHBOUR_JUDGES.register(
+    AnswerPairJudge("same_object", same_object),
+    description="the same first asserted object (the gold answer kept when it was asserted, else the same first "
+                "clause)",
+)
+
+
+def judge_neighbour(judge: str | NeighbourJudge, question: str, before: str, after: str,
+                    golds: Sequence[str] = ()) -> float:
+    """``judge(question, before, after, golds)`` for a neighbourhood judge given by name (:data:`NEIGHBOUR_JUDGES`)
+    or as an object, checked: it must return exactly 0.0 or 1.0; anything else, and any exception it raises, is a
+    :class:`~editscope.metrics.MetricInputError` naming the judge."""
+    resolved = NEIGHBOUR_JUDGES[judge] if isinstance(judge, str) else judge
+    if not isinstance(resolved, NeighbourJudge):
+        raise fail("judge", f"expected a neighbourhood judge name or a NeighbourJudge, got {type(judge).__name__}")
+    golds_list = [_text(g, f"golds[{i}]") for i, g in enumerate(golds)]
+    question, before, after = _text(question, "question"), _text(before, "before"), _text(after, "after")
+    label = f"neighbourhood judge {resolved.name!r}"
+    try:
+        value = resolved(question, before, after, golds_list)
+    except Exception as exc:  # noqa: BLE001 -- a registered judge is user code: whatever it raised, one line naming it
+        words = str(exc).strip().splitlines()
+        raise fail(label, f"raised {type(exc).__name__}" + (f": {words[0][:200]}" if words else "")) from exc
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or float(value) not in (0.0, 1.0):
+        raise fail(label, f"returned {value!r}, not 0 or 1")
+    return float(value)

@@ -23,8 +23,12 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
   (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``contains``, the answer holds the gold
-  answer as a whole-token span; ``model:NAME``, a local model asked a fixed yes/no question,
+  answer as a whole-token span; ``first_object``, the object the answer asserts first; ``model:NAME``, a local
+  model asked a fixed yes/no question, ``mirage:NAME`` the same model given the Mirage paper's grading rubric,
   :mod:`editscope.suites.model_judge`; or one registered by the user);
+* ``locality_judge``: the :data:`~editscope.metrics.answers.NEIGHBOUR_JUDGES` entry that decides whether a
+  neighbourhood answer is unchanged by the edit (``unchanged``: the whole answer equal, the paper's reading;
+  ``same_start``; ``same_object``: the same first asserted object);
 * ``share`` (1): the share of cases asked about, by a hash of the case id (the same cases at every probe and for
   every method, so a lifelong chain's wild curve follows fixed cases); the others have no wild metrics.
 
@@ -36,8 +40,9 @@ Metrics (each ``_pre`` and ``_post`` unless noted; a case's value is the mean ov
 
 * ``Efficacy``: the judge's score of the answer to the edit prompt against the edit target;
 * ``Generalization``: the same on the paraphrases;
-* ``Locality`` (post-only): the neighbourhood answers the edit left unchanged (normalised exact match of the
-  post-edit answer with the unedited model's answer), the paper's locality in the wild;
+* ``Locality`` (post-only): the neighbourhood answers the edit left unchanged, by the neighbourhood judge
+  (``unchanged``: normalised exact match of the post-edit answer with the unedited model's, the paper's locality in
+  the wild);
 * ``LocalityTrue``: the neighbourhood answers equal to the dataset's answer (the judge), which a model that never
   knew the fact fails before any edit;
 * ``EfficacyF1`` / ``GeneralizationF1``: SQuAD token F1 of the same answers (not headline).
@@ -53,11 +58,16 @@ from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
 from editscope.metrics._validate import MetricInputError
-from editscope.metrics.answers import JUDGES, exact_match, judge_answer, token_f1
+from editscope.metrics.answers import JUDGES, NEIGHBOUR_JUDGES, judge_answer, judge_neighbour, token_f1
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite, check_choice
-from editscope.suites.model_judge import JUDGE_VERSION, PREFIX, ensure_model_judge
+from editscope.suites.model_judge import ensure_model_judge, judge_prompt_of
 from editscope.suites.zsre import answers0, answers0_request
+
+DEFAULT_JUDGE = "exact_match"
+"""The answer judge unless a config names one."""
+DEFAULT_LOCALITY_JUDGE = "unchanged"
+"""The neighbourhood judge unless a config names one."""
 
 QA_TEMPLATE = "Question: {prompt}\nAnswer:"
 """The ``qa`` context: a question-answer wrapper (the answer is read after ``Answer:``)."""
@@ -72,8 +82,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Generalization", _P, "judged greedy answers to the paraphrases", True, paper_scale=100,
                description="the answers the model generates to the paraphrases are the edit target (judge)"),
     MetricSpec("Locality", _P, "neighbourhood answers unchanged by the edit", True, paper_scale=100,
-               pairing="post_only", description="neighbourhood answers equal (normalised) to the unedited "
-               "model's answers"),
+               pairing="post_only", description="neighbourhood answers the unedited model gave, unchanged by the "
+               "edit (neighbourhood judge)"),
     MetricSpec("LocalityTrue", _P, "neighbourhood answers equal to the dataset's", True, paper_scale=100,
                description="neighbourhood answers equal to the dataset's answer (judge)", headline=False),
     MetricSpec("EfficacyF1", "SQuAD (Rajpurkar et al., 2016) token F1", "F1 of the edit prompt's answer", True,
@@ -109,7 +119,8 @@ class WildSuite(Suite):
 
     def __init__(self, *, context: Literal["plain", "qa"] = "plain",
                  target: Literal["target_new", "answers0"] = "target_new", max_new_tokens: int = 50,
-                 stop: Sequence[str] = (".", "\n"), judge: str = "exact_match", share: float = 1.0) -> None:
+                 stop: Sequence[str] = (".", "\n"), judge: str = DEFAULT_JUDGE,
+                 locality_judge: str = DEFAULT_LOCALITY_JUDGE, share: float = 1.0) -> None:
         check_choice(self.name, "context", context, CONTEXTS)
         check_choice(self.name, "target", target, TARGETS)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1000:
@@ -120,10 +131,12 @@ class WildSuite(Suite):
         if isinstance(judge, str):
             ensure_model_judge(judge)  # judge: model:NAME (editscope.suites.model_judge)
         JUDGES.get(judge)  # a one-line error naming the registered judges
+        NEIGHBOUR_JUDGES.get(locality_judge)
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise EditscopeError(f"wild suite: option share must be a number in (0, 1], not {share!r}")
         self.context, self.target, self.max_new_tokens = context, target, max_new_tokens
         self.stop, self.judge, self.share = tuple(stop), judge, float(share)
+        self.locality_judge = locality_judge
 
     @property
     def protocol(self) -> dict[str, str]:
@@ -134,11 +147,14 @@ class WildSuite(Suite):
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged whole "
                         f"by {self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
-                        "answers unchanged" + ("" if self.share == 1 else f"; asked of the cases whose id hashes "
-                                               f"below share {self.share:g} (the same at every probe)")}
+                        f"answers unchanged ({self.locality_judge})"
+                        + ("" if self.share == 1 else f"; asked of the cases whose id hashes below share "
+                           f"{self.share:g} (the same at every probe)")}
 
     def _judge_version(self) -> str:
-        return f" (judge prompt v{JUDGE_VERSION})" if self.judge.startswith(PREFIX) else ""
+        style = judge_prompt_of(self.judge)
+        return f" (judge prompt v{style.version})" if style is not None and style.name == "model" else (
+            f" (judge prompt {style.name} v{style.version})" if style is not None else "")
 
     def edit_target(self, case: Case) -> str:
         return case.request.target_new if self.target == "target_new" else answers0(case, self.name)
@@ -209,10 +225,17 @@ class WildSuite(Suite):
             raise EditscopeError(f"wild suite: case {case.case_id}: the pre and post probes ask different "
                                  "neighbourhood prompts")
         if post_n:
-            row["Locality"] = float(sum(exact_match(b["answer"], [a["answer"]]) for a, b in zip(pre_n, post_n,
-                                                                                               strict=True))
-                                    / len(post_n))
+            row["Locality"] = _mean([self._same(case, a, b) for a, b in zip(pre_n, post_n, strict=True)])
         return row
 
+    def _same(self, case: Case, before: dict[str, Any], after: dict[str, Any]) -> float:
+        """The neighbourhood judge's verdict on one neighbour's answers before and after the edit."""
+        try:
+            return judge_neighbour(self.locality_judge, before["prompt"], before["answer"], after["answer"],
+                                   before.get("gold", []))
+        except MetricInputError as exc:
+            raise EditscopeError(f"wild suite: case {case.case_id}, prompt {before['prompt'][:60]!r}: {exc}") from exc
 
-__all__ = ["CONTEXTS", "COUNTERPARTS", "METRICS", "QA_TEMPLATE", "TARGETS", "WildSuite"]
+
+__all__ = ["CONTEXTS", "COUNTERPARTS", "DEFAULT_JUDGE", "DEFAULT_LOCALITY_JUDGE", "METRICS", "QA_TEMPLATE", "TARGETS",
+           "WildSuite"]
