@@ -183,7 +183,8 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
     page = write_card(card, tmp_path / "card.html").read_text()
     assert "Answers the model generated for suite <code>wild</code>" in page
     assert html.escape(row["post"]["wild"]["prompts"][0]["answer"]) in page
-    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | 2 |" in summary
+    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | exact_match | 2 |" in summary
+    assert "| counterfact | rome | counterfact NS_post | Locality | unchanged | 2 |" in summary
 
 
 
@@ -192,12 +193,12 @@ def test_protocol_gap_table_by_hand():
 
     from editscope.run.summary import protocol_gaps
 
-    def row(method, es, eff, ps=None, gen=None, checkpoint=False):
+    def row(method, es, eff, ps=None, gen=None, checkpoint=False, judge="first_object"):
         cf, wild = {"ES_post": es}, {"Efficacy_post": eff}
         if ps is not None:
             cf["PS_post"], wild["Generalization_post"] = ps, gen
         return {"dataset": "counterfact", "method": method, "checkpoint": checkpoint,
-                "metrics": {"counterfact": cf, "wild": wild}}
+                "metrics": {"counterfact": cf, "wild": wild}, "protocol": {"wild": {"judge": judge}}}
 
     rows = [row("rome", 1.0, 0.0, 1.0, 1.0), row("rome", 1.0, 1.0, 0.5, 0.0), row("rome", 1.0, 0.0, 1.0, 0.0),
             row("rome", 0.0, 1.0, checkpoint=True),  # a checkpoint row: curves, not this table
@@ -207,11 +208,20 @@ def test_protocol_gap_table_by_hand():
     diffs = [-1.0, 0.0, -1.0]  # wild Efficacy minus ES, case by case
     half = stats.t.ppf(0.975, 2) * stats.tstd(diffs) / 3 ** 0.5
     mean = sum(diffs) / 3
-    assert table[("rome", "counterfact ES_post")][3:] == ["Efficacy_post",
+    assert table[("rome", "counterfact ES_post")][3:] == ["Efficacy_post", "first_object",
         "3", "100.0", "33.3", f"{100 * mean:+.1f} [{100 * max(mean - half, -1):+.1f}, {100 * (mean + half):+.1f}]"]
     assert mean - half < -1  # the t interval leaves [-1, 1]: the table clips it there
-    assert table[("rome", "counterfact PS_post")][7].startswith(f"{100 * (0 - 0.5 - 1) / 3:+.1f} [")
-    assert table[("memit", "counterfact ES_post")][4:] == ["1", "100.0", "100.0", "+0.0"]  # one case: no interval
+    assert table[("rome", "counterfact PS_post")][8].startswith(f"{100 * (0 - 0.5 - 1) / 3:+.1f} [")
+    assert table[("memit", "counterfact ES_post")][5:] == ["1", "100.0", "100.0", "+0.0"]  # one case: no interval
+    # rows of two judges are two lines, never one mean; rows written before the judge was recorded read the note
+    mixed = [row("memit", 1.0, 0.0, judge="exact_match"), row("memit", 1.0, 1.0)]
+    old = {"dataset": "counterfact", "method": "memit", "metrics": {"counterfact": {"NS_post": 1.0},
+                                                                  "wild": {"Locality": 0.0}},
+           "protocol": {"wild": {"note": "context plain, judged whole by exact_match against target_new"}}}
+    judged = {(c[3], c[4]): c for c in (line.strip("| ").split(" | ") for line in protocol_gaps([*mixed, old])[6:])}
+    assert judged[("Efficacy_post", "exact_match")][5:8] == ["1", "100.0", "0.0"]
+    assert judged[("Efficacy_post", "first_object")][5:8] == ["1", "100.0", "100.0"]
+    assert judged[("Locality", "unchanged")][5:8] == ["1", "100.0", "0.0"]
     assert protocol_gaps([r for r in rows if r["method"] == "memit"][:0]) == []
 
 

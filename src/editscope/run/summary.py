@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -520,8 +521,24 @@ def metrics_table(rs: Sequence[SummaryRow], methods: Sequence[str], specs: SpecM
 
 GAPS_TITLE = "Wild minus teacher-forced (paired by case)"
 GAPS_NOTE = ("Mean over cases of (wild − teacher-forced) in points (× 100), 95% paired t interval; † the interval "
-             "excludes 0. The wild answer is generated greedily and judged whole; the teacher-forced number reads "
-             "probabilities under the gold prefix (each table above names its protocol).")
+             "excludes 0. The wild answer is generated greedily and judged by the judge its row names (Locality: "
+             "the neighbourhood judge); the teacher-forced number reads probabilities under the gold prefix (each "
+             "table above names its protocol).")
+_JUDGED_WHOLE = re.compile(r"judged whole by (\S+)")
+
+
+def _judge_of(row: dict[str, Any], suite: str, column: str) -> str:
+    """The judge that produced ``column`` of ``suite`` in ``row``: recorded in its protocol (``judge``,
+    ``locality_judge`` for Locality); rows written before the keys existed name the answer judge in the note and
+    compared neighbour answers whole (``unchanged``); "–" for a suite without judges."""
+    proto = (row.get("protocol") or {}).get(suite) or {}
+    key = "locality_judge" if column == "Locality" else "judge"
+    if key in proto:
+        return str(proto[key])
+    found = _JUDGED_WHOLE.search(str(proto.get("note", "")))
+    if found is None:
+        return "–"
+    return "unchanged" if key == "locality_judge" else found.group(1)
 
 
 def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> Table | None:
@@ -530,7 +547,7 @@ def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[st
     counterpart for (:attr:`editscope.suites.base.Suite.counterparts`): per method and column pair, the mean over
     cases of (wild - teacher-forced) with its paired t interval (clipped to [-1, 1]), in points (× 100); † where the
     interval excludes 0. Checkpoint rows are left out. None without such a dataset."""
-    pairs: dict[tuple[str, str, str, str, str], tuple[list[float], list[float]]] = {}
+    pairs: dict[tuple[str, str, str, str, str, str], tuple[list[float], list[float]]] = {}
     for row in rows:
         metrics = row["metrics"]
         if row.get("checkpoint"):
@@ -539,25 +556,26 @@ def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[st
             for suite, columns in _counterparts(name).items():
                 for tf, own in columns:
                     if tf in metrics.get(suite, {}) and own in metrics[name]:
-                        a, b = pairs.setdefault((row["dataset"], suite, tf, f"{name} {own}" if name != "wild" else own,
+                        label = f"{name} {own}" if name != "wild" else own
+                        a, b = pairs.setdefault((row["dataset"], suite, tf, label, _judge_of(row, name, own),
                                                  row["method"]), ([], []))
                         a.append(float(metrics[name][own]))
                         b.append(float(metrics[suite][tf]))
     if not pairs:
         return None
-    methods = list(dict.fromkeys([*method_order, *(k[4] for k in pairs)]))
+    methods = list(dict.fromkeys([*method_order, *(k[5] for k in pairs)]))
     body: list[list[Cell]] = []
-    for key in sorted(pairs, key=lambda k: (k[0], k[1], methods.index(k[4]))):
-        dataset, suite, tf, wild, method = key
+    for key in sorted(pairs, key=lambda k: (k[0], k[1], methods.index(k[5]), k[4])):
+        dataset, suite, tf, wild, judge, method = key
         a, b = pairs[key]
         mean, lo, hi, n = paired_mean_ci(a, b)
         lo, hi = clip_interval(lo, hi, (-1.0, 1.0))  # a gap of two shares lies in [-1, 1]
         interval = "" if math.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         mark = "†" if not math.isnan(lo) and (lo > 0 or hi < 0) else ""
-        body.append([dataset, method, f"{suite} {tf}", wild, n, f"{100 * float(np.mean(b)):.1f}",
+        body.append([dataset, method, f"{suite} {tf}", wild, judge, n, f"{100 * float(np.mean(b)):.1f}",
                      f"{100 * float(np.mean(a)):.1f}", f"{100 * mean:+.1f}{interval}{mark}"])
-    return Table(["dataset", "method", "teacher-forced", "wild", "n", "TF", "wild", "gap [95% CI]"], body,
-                 align="llllrrrl", caption=GAPS_TITLE, notes=[GAPS_NOTE])
+    return Table(["dataset", "method", "teacher-forced", "wild", "judge", "n", "TF", "wild", "gap [95% CI]"], body,
+                 align="lllllrrrl", caption=GAPS_TITLE, notes=[GAPS_NOTE])
 
 
 def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:

@@ -143,7 +143,7 @@ class WildSuite(Suite):
         """``wild``, with every setting that changes its numbers in the note."""
         shown = "the prompt as published" if self.context == "plain" else f"the QA wrapper {QA_TEMPLATE!r}"
         stops = " / ".join(repr(s) for s in self.stop)
-        return {"name": "wild",
+        return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge,
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged whole "
                         f"by {self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
