@@ -105,3 +105,33 @@ def test_a_run_without_a_wild_suite_is_refused(tmp_path, tiny_bundles):
     Runner(config, out_dir=tmp_path / "tf", bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
     with pytest.raises(EditscopeError, match="the run has no wild suite"):
         rejudge_run(tmp_path / "tf", tmp_path / "x", judge="contains")
+
+
+def test_a_resume_never_mixes_two_judges(source, tmp_path, tiny_bundles):
+    """Rows judged by other judges than the config's now give (a default that changed between versions) stop a
+    resume with one line; rows written before the judges were recorded are read from their note."""
+    import shutil
+
+    from editscope.run.store import dumps_row
+
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    rows = read_results(run / "results.jsonl")
+    for row in rows:
+        row["protocol"]["wild"]["judge"] = "contains"
+    (run / "results.jsonl").write_text("".join(dumps_row(r) + "\n" for r in rows[:-1]))
+    from editscope.run.config import RunConfig
+
+    config = RunConfig.from_run_json(read_json(run / "run.json")["config"], run / "run.json")
+    runner = Runner(config, out_dir=run, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None)
+    with pytest.raises(EditscopeError, match=r"block 'counterfact', suite 'wild': the stored rows were judged by "
+                                             r"contains / unchanged \(answers / neighbours\), this run would judge by "
+                                             r"exact_match / unchanged"):
+        runner.run()
+    assert len(read_results(run / "results.jsonl")) == 2  # nothing written, nothing lost
+    for row in rows:  # an old row: no judge keys, the judge named in its note
+        del row["protocol"]["wild"]["judge"], row["protocol"]["wild"]["locality_judge"]
+        row["protocol"]["wild"]["note"] = "context plain, judged whole by token_f1 against target_new"
+    (run / "results.jsonl").write_text("".join(dumps_row(r) + "\n" for r in rows[:-1]))
+    with pytest.raises(EditscopeError, match="judged by token_f1 / unchanged"):
+        Runner(config, out_dir=run, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()

@@ -314,6 +314,23 @@ class Runner:
                      "uninterrupted run's (run.json records both)")
         return [*before, here]
 
+    def _check_judges(self, rows: list[dict[str, Any]], blocks: Sequence[Block]) -> None:
+        """A resume whose wild suite would judge with other judges than the stored rows' is refused, naming the block
+        and both judges: the wild suite's default judges changed once (from whole-answer exact match to the judges
+        the hand-labelled agreement table ranks first), and a run begun before would otherwise mix two judges."""
+        from editscope.suites.wild import recorded_judges
+
+        current = {b.label: {name: recorded_judges(s.protocol) for name, s in b.suites.items()} for b in blocks}
+        for row in rows:
+            for name, proto in (row.get("protocol") or {}).items():
+                stored, now = recorded_judges(proto), current.get(row["dataset"], {}).get(name)
+                if stored is not None and now is not None and stored != now:
+                    raise EditscopeError(
+                        f"{self.out_dir}: block {row['dataset']!r}, suite {name!r}: the stored rows were judged by "
+                        f"{stored[0]} / {stored[1]} (answers / neighbours), this run would judge by {now[0]} / "
+                        f"{now[1]} (the defaults changed); finish it with the editscope version that began it, or "
+                        "run the config into another output directory")
+
     def _existing_rows(self) -> list[dict[str, Any]]:
         """The rows a resume keeps: a row its digest does not vouch for is cut out of the file and computed again,
         with one warning line naming it (never trusted silently)."""
@@ -352,6 +369,7 @@ class Runner:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         started = self._check_existing() or _now()
         existing = self._existing_rows()
+        self._check_judges(existing, blocks)
         done = {row_key(r) for r in existing}
         methods = [m.label for m in self.config.methods]
 

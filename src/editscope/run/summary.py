@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 from editscope.suites import SUITES, measures_whole_model
 from editscope.suites.base import Suite
+from editscope.suites.wild import recorded_judges
 from editscope.tables import Cell, Table
 
 CSV_FIELDS = ("dataset", "suite", "method", "metric", "n", "mean", "ci95_low", "ci95_high", "std", "ci")
@@ -524,21 +524,13 @@ GAPS_NOTE = ("Mean over cases of (wild − teacher-forced) in points (× 100), 9
              "excludes 0. The wild answer is generated greedily and judged by the judge its row names (Locality: "
              "the neighbourhood judge); the teacher-forced number reads probabilities under the gold prefix (each "
              "table above names its protocol).")
-_JUDGED_WHOLE = re.compile(r"judged whole by (\S+)")
 
 
 def _judge_of(row: dict[str, Any], suite: str, column: str) -> str:
-    """The judge that produced ``column`` of ``suite`` in ``row``: recorded in its protocol (``judge``,
-    ``locality_judge`` for Locality); rows written before the keys existed name the answer judge in the note and
-    compared neighbour answers whole (``unchanged``); "–" for a suite without judges."""
-    proto = (row.get("protocol") or {}).get(suite) or {}
-    key = "locality_judge" if column == "Locality" else "judge"
-    if key in proto:
-        return str(proto[key])
-    found = _JUDGED_WHOLE.search(str(proto.get("note", "")))
-    if found is None:
-        return "–"
-    return "unchanged" if key == "locality_judge" else found.group(1)
+    """The judge that produced ``column`` of ``suite`` in ``row`` (the neighbourhood judge for Locality), as its
+    protocol records it; "–" for a suite without judges."""
+    judges = recorded_judges((row.get("protocol") or {}).get(suite) or {})
+    return "–" if judges is None else judges[1 if column == "Locality" else 0]
 
 
 def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> Table | None:

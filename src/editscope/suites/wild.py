@@ -51,6 +51,7 @@ Metrics (each ``_pre`` and ``_post`` unless noted; a case's value is the mean ov
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -104,6 +105,19 @@ COUNTERPARTS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 """Teacher-forced suite -> (its column, this suite's column) pairs that measure the same thing in the two protocols:
 the summary's paired gap (wild minus teacher-forced, per case) of a block that holds both suites."""
+
+
+_JUDGED_WHOLE = re.compile(r"judged whole by (\S+)")
+
+
+def recorded_judges(protocol: dict[str, Any]) -> tuple[str, str] | None:
+    """(answer judge, neighbourhood judge) a wild row's protocol records: its ``judge`` / ``locality_judge`` keys;
+    rows written before those keys existed name the answer judge in the note and compared neighbour answers whole
+    (``unchanged``). None: not a wild protocol that names a judge."""
+    if "judge" in protocol:
+        return str(protocol["judge"]), str(protocol.get("locality_judge", "unchanged"))
+    found = _JUDGED_WHOLE.search(str(protocol.get("note", "")))
+    return None if found is None else (found.group(1), "unchanged")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -238,4 +252,4 @@ class WildSuite(Suite):
 
 
 __all__ = ["CONTEXTS", "COUNTERPARTS", "DEFAULT_JUDGE", "DEFAULT_LOCALITY_JUDGE", "METRICS", "QA_TEMPLATE", "TARGETS",
-           "WildSuite"]
+           "WildSuite", "recorded_judges"]
