@@ -60,10 +60,11 @@ def test_the_mirage_rubric_is_the_letter_comparison_of_a_plain_forward(tiny_bund
     for prediction in ("Paris", "Paris, the capital", "Lyon"):
         context = judge.prompt(question, prediction, golds)
         assert "A) CORRECT" in context and "Gold answer: Paris" in context and context.endswith("Grade (A, B or C):")
-        letters = {c: _plain_logprob(bundle, context, c) for c in (" A", " B", " C")}
+        # GPT-2's tokenizer has no chat template: the prompt is plain and the letters follow it with a space
+        letters = {c: _plain_logprob(bundle, context, " " + c) for c in ("A", "B", "C")}
         got = judge.choice_logprobs(question, prediction, golds)
         assert got == pytest.approx(letters, abs=1e-4)
-        assert judge(question, prediction, golds) == float(letters[" A"] > max(letters[" B"], letters[" C"]))
+        assert judge(question, prediction, golds) == float(letters["A"] > max(letters["B"], letters["C"]))
     with pytest.raises(EditscopeError, match="judge prompt 'simpleqa': not one of model, mirage"):
         ModelJudge("tiny-llama", prompt="simpleqa")
 

@@ -10,13 +10,14 @@ PROMPT one of the named judge prompts of :data:`JUDGE_PROMPTS`:
 * ``mirage`` -- the Mirage paper's grading rubric, in editscope's words: CORRECT when the predicted answer contains
   the gold answer's information and nothing that contradicts it, INCORRECT when it states something else or
   contradicts it, NOT_ATTEMPTED when it gives no answer; the grader answers with a letter, and the answer is correct
-  when " A" (CORRECT) is likelier than both " B" and " C".
+  when "A" (CORRECT) is likelier than both "B" and "C".
 
-The verdict is a teacher-forced comparison of the choices' log-probabilities after the prompt, so it is
-deterministic and costs one forward of the prompt. An empty prediction is judged wrong without asking. The judge
-loads its own copy of the model on first use: the model under edit never judges its own answers, even when both are
-the same checkpoint. The judge's name (prompt and model) is in the wild suite's protocol note and each row, with the
-prompt's version.
+``mirage`` is shown as the user turn of the judge model's chat template when its tokenizer has one (an instruct
+model grades in its own format); ``model`` is shown as plain text. The verdict is a teacher-forced comparison of the
+choices' log-probabilities after the prompt, so it is deterministic and costs one forward of the prompt. An empty
+prediction is judged wrong without asking. The judge loads its own copy of the model on first use: the model under
+edit never judges its own answers, even when both are the same checkpoint. The judge's name (prompt and model) is in
+the wild suite's protocol note and each row, with the prompt's version.
 
 How good a judge a model is, is measured against hand labels (``editscope judge-agreement``): a 135M model is a poor
 one; the point of the interface is that any larger local model a user has is one option away.
@@ -35,20 +36,23 @@ from editscope.metrics.answers import JUDGES
 @dataclass(frozen=True)
 class JudgePrompt:
     """A named judge prompt: its template (``{question}``, ``{golds}``, ``{prediction}``), the continuations the
-    judge chooses among, and which of them means *correct* (it must be likelier than every other one)."""
+    judge chooses among, which of them means *correct* (it must be likelier than every other one), and whether the
+    prompt is shown as the user turn of the judge model's chat template when its tokenizer has one (``chat``: the
+    choices then start the assistant's turn, with no leading space)."""
 
     name: str
     version: int
     template: str
     choices: tuple[str, ...]
     correct: str
+    chat: bool = False
 
 
 JUDGE_PROMPTS: dict[str, JudgePrompt] = {p.name: p for p in (
     JudgePrompt("model", 1,
                 "Decide whether a predicted answer to a question is correct, given the accepted answers.\n"
                 "Question: {question}\nAccepted answers: {golds}\nPredicted answer: {prediction}\n"
-                "Is the predicted answer correct? Answer yes or no.\nAnswer:", (" yes", " no"), " yes"),
+                "Is the predicted answer correct? Answer yes or no.\nAnswer:", ("yes", "no"), "yes"),
     JudgePrompt("mirage", 1,
                 "You grade a predicted answer to a question against the gold answer.\n"
                 "A) CORRECT: the predicted answer contains the gold answer's information and nothing that "
@@ -56,16 +60,18 @@ JUDGE_PROMPTS: dict[str, JudgePrompt] = {p.name: p for p in (
                 "B) INCORRECT: the predicted answer states a different answer, or contradicts the gold answer.\n"
                 "C) NOT_ATTEMPTED: the predicted answer gives no answer to the question and contradicts nothing.\n"
                 "Question: {question}\nGold answer: {golds}\nPredicted answer: {prediction}\n"
-                "Grade (A, B or C):", (" A", " B", " C"), " A"),
+                "Grade (A, B or C):", ("A", "B", "C"), "A", chat=True),
 )}
 """The judge prompts by name; a judge is named ``PROMPT:MODEL``. ``mirage`` states the Mirage paper's rubric (Yang
-et al., ACL 2025, after SimpleQA's grader) in editscope's words, shortened for small local models."""
+et al., ACL 2025, after SimpleQA's grader) in editscope's words, shortened for small local models, and is shown in
+the judge model's chat template (the paper's grader is a chat model). The choices are scored as continuations: after
+a plain prompt ending in ":" the engine reads them with a leading space (" yes"), in a chat turn without."""
 
 PREFIX = "model:"
 """The prefix of the yes/no judge (prompt ``model``)."""
 JUDGE_VERSION = JUDGE_PROMPTS["model"].version
 JUDGE_PROMPT = JUDGE_PROMPTS["model"].template
-YES, NO = " yes", " no"
+YES, NO = "yes", "no"
 
 
 def judge_prompt_of(name: str) -> JudgePrompt | None:
@@ -96,7 +102,9 @@ class ModelJudge:
             from editscope.lm.engine import ScoringEngine
             from editscope.lm.loading import load
 
-            self._scorer = ScoringEngine(load(self.model))
+            bundle = load(self.model)
+            chat = self.style.chat and bool(getattr(bundle.tokenizer, "chat_template", None))
+            self._scorer = ScoringEngine(bundle, chat_template=chat)
         return self._scorer
 
     def prompt(self, question: str, prediction: str, golds: Sequence[str]) -> str:
