@@ -351,6 +351,8 @@ def test_leading_clause_breaks_at_punctuation_and_clause_words_not_at_colons():
     assert leading_clause("Oregon - a state") == ["oregon"]
     assert leading_clause("The answer is: Paris") == ["answer", "is", "paris"]
     assert leading_clause("Andorra") == ["andorra"]  # "and" only as a whole word
+    assert leading_clause('"Shawn Mendes" by Katy Perry') == ["shawn", "mendes"]  # an opening quote is no break
+    assert leading_clause("(Roar), a song") == ["roar"]
 
 
 def test_neighbour_judges_by_hand():

@@ -36,6 +36,7 @@ def _by_hand(prompts: list[dict], role: str) -> float | None:
 
 def test_rejudged_rows_are_the_new_judges_on_the_kept_answers(source, tmp_path):
     out = rejudge_run(source, tmp_path / "rejudged", judge="first_object", locality_judge="same_object")
+
     old, new = read_results(source / "results.jsonl"), read_results(out / "results.jsonl")
     assert [r["case_id"] for r in old] == [r["case_id"] for r in new]
     for a, b in zip(old, new, strict=True):
@@ -66,7 +67,7 @@ def test_rejudged_rows_are_the_new_judges_on_the_kept_answers(source, tmp_path):
 
 
 def test_the_same_judge_gives_the_same_rows(source, tmp_path):
-    out = rejudge_run(source, tmp_path / "same", judge="exact_match", locality_judge="unchanged")
+    out = rejudge_run(source, tmp_path / "same", judge="first_object", locality_judge="same_start")  # the defaults
     old, new = read_results(source / "results.jsonl"), read_results(out / "results.jsonl")
     assert [r["metrics"] for r in old] == [r["metrics"] for r in new]
 
@@ -125,8 +126,8 @@ def test_a_resume_never_mixes_two_judges(source, tmp_path, tiny_bundles):
     config = RunConfig.from_run_json(read_json(run / "run.json")["config"], run / "run.json")
     runner = Runner(config, out_dir=run, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None)
     with pytest.raises(EditscopeError, match=r"block 'counterfact', suite 'wild': the stored rows were judged by "
-                                             r"contains / unchanged \(answers / neighbours\), this run would judge by "
-                                             r"exact_match / unchanged"):
+                                             r"contains / same_start \(answers / neighbours\), this run would judge by "
+                                             r"first_object / same_start \(the defaults changed\)"):
         runner.run()
     assert len(read_results(run / "results.jsonl")) == 2  # nothing written, nothing lost
     for row in rows:  # an old row: no judge keys, the judge named in its note

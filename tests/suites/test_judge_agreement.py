@@ -65,10 +65,12 @@ def test_the_wild_suites_default_judges_are_the_ones_the_table_chose(table):
     best = best_judges(table)
     assert best[("all", "rewrite+paraphrase")] == DEFAULT_JUDGE
     assert best[("all", "neighborhood")] == DEFAULT_LOCALITY_JUDGE
-    for dataset in ("counterfact", "zsre", "qaedit"):
-        assert best[(dataset, "rewrite+paraphrase")] == DEFAULT_JUDGE, dataset
-    # the whole-answer judges the wild suite used before are not the ones the labels favour
     kappa = {(r.dataset, r.role, r.judge): r.figures.kappa[0] for r in table}
+    for dataset in ("counterfact", "zsre", "qaedit"):  # per dataset the default is first or level with the first
+        top = kappa[(dataset, "rewrite+paraphrase", best[(dataset, "rewrite+paraphrase")])]
+        assert kappa[(dataset, "rewrite+paraphrase", DEFAULT_JUDGE)] == top, dataset
+    assert best[("counterfact", "rewrite+paraphrase")] == DEFAULT_JUDGE
+    # the whole-answer judges the wild suite used before are not the ones the labels favour
     assert kappa[("all", "rewrite+paraphrase", "first_object")] > kappa[("all", "rewrite+paraphrase", "exact_match")]
     assert kappa[("all", "neighborhood", DEFAULT_LOCALITY_JUDGE)] > kappa[("all", "neighborhood", "unchanged")]
 

@@ -36,7 +36,8 @@ def test_metrics_by_hand():
     c = case(paraphrases=("p1", "p2", "p3"), neighbours=(("n1", "Shakespeare"), ("n2", "Paris"), ("n3", "Rome")))
     pre = probe("France", ["France", "the Japan", "Japanese"], ["Shakespeare", "Paris, France", "rome!"], c)
     post = probe("JAPAN", ["Japan", "a country: Japan", "France"], ["shakespeare", "Lyon", "Rome"], c)
-    row = WildSuite().metrics(c, pre, post)
+    whole = WildSuite(judge="exact_match", locality_judge="unchanged")  # the Mirage paper's whole-answer judges
+    row = whole.metrics(c, pre, post)
     assert row["Efficacy_pre"] == 0.0 and row["Efficacy_post"] == 1.0  # "JAPAN" normalises to "japan"
     assert row["Generalization_pre"] == pytest.approx(1 / 3)  # "the Japan" -> "japan"; "Japanese" is not
     assert row["Generalization_post"] == pytest.approx(1 / 3)  # only the exact "Japan"
@@ -48,9 +49,9 @@ def test_metrics_by_hand():
     assert row["GeneralizationF1_post"] == pytest.approx((1 + 2 / 3 + 0) / 3)
     assert row["EfficacyF1_pre"] == 0.0 and row["EfficacyF1_post"] == 1.0
     assert not WildSuite().declarations.undeclared(list(row))
-    f1 = WildSuite(judge="token_f1").metrics(c, pre, post)
+    f1 = WildSuite(judge="token_f1", locality_judge="unchanged").metrics(c, pre, post)
     assert f1["Generalization_post"] == row["GeneralizationF1_post"]
-    lenient = WildSuite(judge="contains").metrics(c, pre, post)  # "a country: Japan" holds "Japan"; "Japanese" not
+    lenient = WildSuite(judge="contains", locality_judge="unchanged").metrics(c, pre, post)  # holds "Japan"
     assert lenient["Generalization_post"] == pytest.approx(2 / 3)
     assert lenient["Generalization_pre"] == pytest.approx(1 / 3)  # "the Japan" holds it; "Japanese" does not
     assert lenient["Efficacy_post"] == 1.0 and lenient["Locality"] == row["Locality"]  # locality: answers unchanged
@@ -63,13 +64,17 @@ def test_object_level_judges_on_run_on_answers():
     pre = probe("Montreal", ["Montreal, Quebec", "a city"], ["Rome, the capital of Italy", "Lyon"], c)
     post = probe("Toronto, Canada", ["the city of Toronto", "Canada, near Toronto"],
                  ["Rome, a city in Italy", "Marseille, France"], c)
-    whole = WildSuite().metrics(c, pre, post)
+    whole = WildSuite(judge="exact_match", locality_judge="unchanged").metrics(c, pre, post)
     assert whole["Efficacy_post"] == 0.0 and whole["Generalization_post"] == 0.0 and whole["Locality"] == 0.0
     objects = WildSuite(judge="first_object", locality_judge="same_object").metrics(c, pre, post)
     assert objects["Efficacy_post"] == 1.0
     assert objects["Generalization_post"] == 0.5  # "Canada, near Toronto" asserts Canada first
     assert objects["Locality"] == 0.5  # Rome kept (the neighbour's gold answer, asserted before and after); Lyon lost
     assert objects["LocalityTrue_post"] == 0.5
+    # the defaults: the judges the hand-labelled agreement table ranks first
+    default = WildSuite().metrics(c, pre, post)
+    assert default["Efficacy_post"] == 1.0 and default["Generalization_post"] == 0.5
+    assert default["Locality"] == 0.0  # "Rome, the capital" -> "Rome, a city": the first three words differ
     note = WildSuite(judge="first_object", locality_judge="same_object").protocol["note"]
     assert "judged whole by first_object" in note and "answers unchanged (same_object)" in note
     with pytest.raises(EditscopeError, match="unknown neighbourhood judge 'whole'"):
@@ -183,8 +188,8 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
     page = write_card(card, tmp_path / "card.html").read_text()
     assert "Answers the model generated for suite <code>wild</code>" in page
     assert html.escape(row["post"]["wild"]["prompts"][0]["answer"]) in page
-    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | exact_match | 2 |" in summary
-    assert "| counterfact | rome | counterfact NS_post | Locality | unchanged | 2 |" in summary
+    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | first_object | 2 |" in summary
+    assert "| counterfact | rome | counterfact NS_post | Locality | same_start | 2 |" in summary
 
 
 

@@ -192,9 +192,11 @@ def leading_clause(text: str) -> list[str]:
 
     ``"Toronto, Canada"`` -> ``["toronto"]``; ``"English, and the English language"`` -> ``["english"]``;
     ``"The continent that is Freyberg Mountains on is Europe"`` -> the whole answer; ``"Paris and London"`` ->
-    ``["paris"]``."""
+    ``["paris"]``; ``'"Roar" by Katy Perry'`` -> ``["roar"]`` (punctuation before the first letter or digit is no
+    break)."""
     raw = _text(text, "text")
-    found = _CLAUSE_BREAK.search(raw)
+    first = next((i for i, ch in enumerate(raw) if ch.isalnum()), len(raw))  # an opening quote or bracket is no break
+    found = _CLAUSE_BREAK.search(raw, first)
     return answer_tokens(raw[:found.start()] if found else raw)
 
 

@@ -106,8 +106,9 @@ class Suite(ABC):
     @property
     def protocol(self) -> dict[str, str]:
         """The protocol this suite's numbers follow (DESIGN rule 10), copied into every results row and printed
-        under the report's tables: ``{"name": "paper" | "reference" | ..., "note": one sentence}``. Suites whose
-        options choose between a paper's and its reference code's protocol override it."""
+        under the report's tables: ``{"name": "paper" | "reference" | ..., "note": one sentence}``, plus any
+        settings a reader of the rows needs as values (the wild suite's ``judge`` and ``locality_judge``). Suites
+        whose options choose between a paper's and its reference code's protocol override it."""
         return {"name": "paper", "note": "as the papers cited by the metric declarations define them"}
 
     def probe(self, engine: Scorer, case: Case) -> dict[str, Any]:

@@ -65,10 +65,14 @@ from editscope.suites.base import Suite, check_choice
 from editscope.suites.model_judge import ensure_model_judge, judge_prompt_of
 from editscope.suites.zsre import answers0, answers0_request
 
-DEFAULT_JUDGE = "exact_match"
-"""The answer judge unless a config names one."""
-DEFAULT_LOCALITY_JUDGE = "unchanged"
-"""The neighbourhood judge unless a config names one."""
+DEFAULT_JUDGE = "first_object"
+"""The answer judge unless a config names one: the judge that agrees best with answers labelled by hand on every
+dataset labelled (``editscope judge-agreement``: Cohen's κ 0.93 over 220 rewrite and paraphrase answers of
+CounterFact, zsRE and QAEdit, against 0.28 for whole-answer exact match, the Mirage paper's metric)."""
+DEFAULT_LOCALITY_JUDGE = "same_start"
+"""The neighbourhood judge unless a config names one: the first three words unchanged, the judge that agrees best
+with the hand labels of 130 neighbourhood answers (κ 0.93; ``same_object`` 0.91 and whole-answer ``unchanged`` 0.88
+are within its interval)."""
 
 QA_TEMPLATE = "Question: {prompt}\nAnswer:"
 """The ``qa`` context: a question-answer wrapper (the answer is read after ``Answer:``)."""
