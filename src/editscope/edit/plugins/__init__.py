@@ -16,6 +16,7 @@ values from that file's ``provenance.plugins``, and any other key given beside i
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,13 +149,25 @@ def parse_plugin_arg(text: str) -> tuple[str, dict[str, Any]]:
     return name, dict(parse_key_value(item, f"--plugin {text!r}") for item in items)
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def import_plugin_modules(modules: Sequence[str]) -> None:
-    """Import user modules that register plug-ins (``--plugin-module``)."""
+    """Import user modules that register plug-ins (``--plugin-module``). A name that is not a dotted Python module
+    name (empty, a path such as ``../x`` or ``x.py``) is refused before anything is imported; whatever a module
+    raises while it is imported (an ImportError, a SyntaxError, a ValueError, a RecursionError...) is one line
+    naming the module and the exception."""
+    for module in modules:
+        if not isinstance(module, str) or not _MODULE_NAME.fullmatch(module) or module.endswith(".py"):
+            hint = " (give the module's dotted name, e.g. my_plugins.app, and put its folder on PYTHONPATH)"
+            raise EditscopeError(f"plug-in module {module!r}: not a Python module name{hint}")
     for module in modules:
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise EditscopeError(f"plug-in module {module!r} cannot be imported: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 -- a user module may raise anything on import: one line naming it
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise EditscopeError(f"plug-in module {module!r} cannot be imported: {type(exc).__name__}"
+                                 + (f": {first}" if first else "")) from exc
 
 
 def combined_label(editor_label: str, plugins: Sequence[Plugin]) -> str:
