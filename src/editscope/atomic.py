@@ -72,6 +72,13 @@ def write_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
     return target, st
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back: POSIX has no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _new_temp(folder: Path, name: str, *, folder_too: bool = False) -> Path:
     """A new empty file (or folder) ``folder/.NAME.RANDOM.tmp`` created with mode 0o666 (0o777), so the kernel
     applies the process's umask as it does for ``open``/``mkdir`` (``tempfile.mkstemp`` would give 0o600)."""
@@ -115,8 +122,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
-        if existing is not None:  # a replaced file keeps its permission bits
-            os.chmod(tmp, stat.S_IMODE(existing.st_mode))
+        # a replaced file keeps its permission bits; a new one gets the umask's, also when the writer replaced our
+        # temporary file by one of its own (safetensors writes 0o600 whatever the umask)
+        os.chmod(tmp, stat.S_IMODE(existing.st_mode) if existing is not None else 0o666 & ~_umask())
         os.replace(tmp, target)
     except OSError as exc:  # disk full, permissions, a folder in the way...
         tmp.unlink(missing_ok=True)

@@ -164,3 +164,21 @@ def test_stats_compute_refuses_a_zero_budget_or_row_length(capsys, option, value
     assert exit_info.value.code == 2
     assert _one_error_line(capsys) == (f"editscope stats compute: error: argument {option}: must be an integer in "
                                        f"{rng}, got '{value}'")
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_files_a_library_writes_itself_get_the_umask(tmp_path, mask):
+    """safetensors' save_file replaces the temporary file by one of its own, mode 0o600: the patch, statistics and
+    chain files it writes must still get the umask's mode, like every other file editscope writes."""
+    import torch
+    from safetensors.torch import save_file
+
+    from editscope.atomic import atomic_write
+
+    with umask(mask):
+        path = atomic_write(tmp_path / "stats.safetensors", lambda tmp: save_file({"c": torch.ones(2)}, str(tmp)))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~mask
+    os.chmod(path, 0o600)  # a replaced file keeps its own mode
+    with umask(0o022):
+        atomic_write(path, lambda tmp: save_file({"c": torch.zeros(2)}, str(tmp)))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
