@@ -96,3 +96,18 @@ def test_repeated_set_keeps_every_override(argv):
     args = build_parser().parse_args([*argv, "--set", "a=1", "b=2", "--set", "c=3"])
     assert args.set == ["a=1", "b=2", "c=3"]
     assert build_parser().parse_args(argv).set == []
+
+
+def test_demo_checks_its_data_before_loading_the_model(tmp_path, monkeypatch, capsys):
+    """A data folder without the demo's files fails in one line before any model is loaded or converted."""
+    import editscope.lm
+
+    monkeypatch.setenv("EDITSCOPE_DATA", str(tmp_path))  # a folder that exists but holds no dataset
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr(editscope.lm, "load", no_load)
+    assert main(["demo", "-o", str(tmp_path / "out"), "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "counterfact" in err and "not found" in err and "Traceback" not in err

@@ -67,6 +67,9 @@ def _run(args: argparse.Namespace) -> int:
         raise EditscopeError(f"demo config not found: {path} (run from a source checkout, or pass --config)")
     config = load_config(path)
     print(f"[demo] config {path}")
+    from editscope.run.blocks import load_blocks
+
+    load_blocks(config, limit=args.limit)  # the data first: a missing or malformed file fails before the model loads
     print(f"[demo] preparing {config.model} (converted once, then cached)", flush=True)
     bundle = load(config.model, progress=lambda msg: print(f"[demo]   {msg}", flush=True),
                   device=args.device or config.device, dtype=args.dtype or config.dtype)
