@@ -278,6 +278,10 @@ def test_run_config_modes_set_the_requests_per_edit(tmp_path):
     ({"intermediate_size": 0}, "config key 'intermediate_size': expected a positive integer, got 0"),
     ({"num_key_value_heads": -8}, "config key 'num_key_value_heads': expected a positive integer, got -8"),
     ({"num_hidden_layers": 0}, "config key 'num_hidden_layers': expected a positive integer, got 0"),
+    # absurd sizes are refused before transformers builds per-layer lists (10^9 layers ran for minutes)
+    ({"num_hidden_layers": 10 ** 9}, "key 'num_hidden_layers': 1,000,000,000 is beyond what a plan accepts (1,000"),
+    ({"num_hidden_layers": 10 ** 4}, "key 'num_hidden_layers': 10,000 is beyond what a plan accepts"),
+    ({"hidden_size": 10 ** 7}, "key 'hidden_size': 10,000,000 is beyond what a plan accepts"),
     ({"hidden_size": "4096"}, "cannot read its config.json"),
     ({"model_type": "nosuch"}, "cannot read its config.json"),
     ("", "config.json: not readable JSON"),

@@ -103,15 +103,27 @@ METHOD_KIND = {"rome": "rome", "memit": "memit", "prune": "memit", "rect": "memi
 
 
 # -- the model's shape ---------------------------------------------------------------------------------------------
+#: the largest size a plan accepts per config key group: ten times the largest published model's (GPT-3/PaLM-class
+#: 96-118 layers, hidden 18,432, vocabularies ~256k); beyond, a config is a typo, and a plan that loops over layers
+#: or allocates per hidden unit would run for minutes
+SIZE_LIMITS = {"num_hidden_layers": 1_000, "n_layer": 1_000, "num_layers": 1_000, "hidden_size": 200_000,
+               "n_embd": 200_000, "d_model": 200_000, "intermediate_size": 1_000_000, "n_inner": 1_000_000,
+               "ffn_dim": 1_000_000, "vocab_size": 10_000_000, "num_attention_heads": 10_000, "n_head": 10_000}
+
+
 def _first(config, keys: tuple[str, ...], where: str) -> int | None:
     """The first of ``keys`` the config sets, checked to be a positive integer (a zero or negative size would plan
-    nonsense, a float would be truncated); None when it sets none."""
+    nonsense, a float would be truncated) no larger than :data:`SIZE_LIMITS` allows; None when it sets none."""
     for key in keys:
         value = getattr(config, key, None)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EditscopeError(f"{where}: config key {key!r}: expected a positive integer, got {value!r}")
+        limit = SIZE_LIMITS.get(key)
+        if limit is not None and value > limit:
+            raise EditscopeError(f"{where}: config key {key!r}: {value:,} is beyond what a plan accepts ({limit:,}: "
+                                 "ten times the largest published model's); a typo?")
         return value
     return None
 
