@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -83,9 +84,13 @@ def note_unverified(paths: list[str]) -> None:
 
 
 def _missing(path: str | Path, what: str, hint: str, trust: bool | None) -> bool:
-    """A file without a digest: accepted (recorded; False: not verified) when trusted, else refused."""
+    """A file without a digest: accepted (recorded; False: not verified) when trusted, with one line on stderr the
+    first time in the trusting block (the run's record alone is easy to miss), else refused."""
     if trust if trust is not None else _TRUST.get():
         files = _UNVERIFIED.get()
+        if files is None or str(path) not in files:
+            print(f"editscope: warning: {path}: {what} has no content digest; used unverified ({TRUST_FLAG})",
+                  file=sys.stderr, flush=True)
         if files is not None and str(path) not in files:
             files.append(str(path))
         return False

@@ -60,7 +60,7 @@ def test_a_sealed_file_verifies_and_every_change_is_named():
         assert "\n" not in str(err.value)
 
 
-def test_a_file_without_a_digest_is_refused_unless_trusted_and_then_recorded():
+def test_a_file_without_a_digest_is_refused_unless_trusted_and_then_recorded(capsys):
     meta, tensors = _content()
     with pytest.raises(IntegrityError, match=r"^f: thing has no content digest .*; delete it, or pass "
                        r"--trust-unverified to use it unverified$"):
@@ -70,6 +70,9 @@ def test_a_file_without_a_digest_is_refused_unless_trusted_and_then_recorded():
         assert verify("f", meta, tensors, what="thing", hint="") is False
         assert verify("f", meta, tensors, what="thing", hint="") is False
         assert used == ["f"] == unverified()
+        # each file used unverified is one line on stderr, once, not only a key in run.json
+        assert capsys.readouterr().err.splitlines() == [
+            "editscope: warning: f: thing has no content digest; used unverified (--trust-unverified)"] * 2
         meta2 = seal(meta, tensors) | {"format": "y"}  # a damaged digest is refused whatever the trust
         with pytest.raises(IntegrityError, match="metadata key 'format' does not match"):
             verify("g", meta2, tensors, what="thing", hint="")
