@@ -205,3 +205,21 @@ def test_checkpoint_schedule(tmp_path):
     assert [r for r in range(1, 6) if default.due(r, 2 * (r - 1), 2 * r, last=r == 5)] == [2, 4, 5]
     listed = LmEvalHook(LmEvalSpec((TASK,), checkpoints=(0, 3, 7)), tmp_path, every=0)  # 2 edits per round
     assert [r for r in range(1, 5) if listed.due(r, 2 * (r - 1), 2 * r, last=r == 4)] == [2, 4]
+
+
+def test_a_task_that_evaluates_nothing_is_an_error_naming_it(tiny_bundles, tmp_path, offline):
+    """A task whose metric_list names a metric lm-eval does not know evaluates 0 documents and reports no metric:
+    that is a failed run naming the task, never rows of nothing and exit 0."""
+    lm_eval_or_skip()
+    from editscope.run.lmeval import LmEvalFailed
+
+    tasks = write_task(tmp_path / "tasks")
+    yaml = tasks / f"{TASK}.yaml"
+    yaml.write_text(yaml.read_text().replace("metric: acc", "metric: no_such_metric"))
+    config = parse_config(lifelong_config(tmp_path, {"tasks": [TASK], "include_path": str(tasks),
+                                                     "checkpoints": [0]}))
+    with pytest.raises(LmEvalFailed, match=f"task '{TASK}' evaluated 0 document\\(s\\) and gave no metric at the "
+                                           "unedited model"):
+        Runner(config, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+    assert not (tmp_path / "run" / LM_EVAL_FILE).exists() or not (tmp_path / "run" / LM_EVAL_FILE).read_text()
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"

@@ -435,8 +435,14 @@ class LmEvalHook:
                 why = describe_failure(exc, manager, task, limit=self.spec.limit, num_fewshot=self.spec.num_fewshot)
                 raise LmEvalFailed(f"lm_eval: task {task!r} failed at {where}: {why}; the rows written so far are "
                                    "kept, fix the task and rerun to resume") from exc
-            row = {**tags, "task": task, "metrics": task_metrics(out, task),
-                   "n_samples": (out.get("n-samples") or {}).get(task, {}).get("effective"),
+            metrics, effective = task_metrics(out, task), (out.get("n-samples") or {}).get(task, {}).get("effective")
+            scored = {k: v for k, v in metrics.items() if k != "sample_len"}
+            if effective == 0 or not scored:
+                raise LmEvalFailed(
+                    f"lm_eval: task {task!r} evaluated {effective if effective is not None else 'no'} document(s) "
+                    f"and gave no metric at {where} (an unknown metric in its metric_list, or a filter or limit that "
+                    "leaves nothing); the rows written so far are kept, fix the task and rerun to resume")
+            row = {**tags, "task": task, "metrics": metrics, "n_samples": effective,
                    "limit": self.spec.limit, "num_fewshot": self.spec.num_fewshot,
                    "chat_template": self.chat_template, "seconds": time.perf_counter() - t0,
                    "lm_eval_version": lm_eval_version()}
