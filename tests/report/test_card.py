@@ -252,3 +252,22 @@ def test_card_of_a_peak_case_shows_its_answer_lists(tmp_path, tiny_bundles):
     assert "no PEAK answer lists" not in text and "no 1-to-N answer list" not in text
     answers = {c["text"].strip() for c in card["suites"]["peak"]["candidates"] if c["role"] != "neighborhood"}
     assert len(answers) >= 2 and all(a in text for a in answers)
+
+
+def test_report_cards_of_a_chain_run_say_why_there_are_none(tmp_path, tiny_bundles, capsys):
+    """A card replays one case's edit alone; a chain's edits were not alone: --cards writes none and says why in one
+    line, and the report is still written."""
+    from editscope.cli import main
+    from editscope.run import Runner, parse_config
+
+    config = parse_config({
+        "model": "tiny-llama", "seed": 0, "output": str(tmp_path / "chain"),
+        "mode": {"sequential_batches": {"batch": 1, "rounds": 2, "checkpoints": 1}},
+        "methods": [{"name": "memit", "overrides": {"v_steps": 2}}], "dataset": "counterfact",
+        "slice": {"offset": 0, "limit": 2}, "suites": ["counterfact"]})
+    Runner(config, out_dir=tmp_path / "chain", bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "chain"), "--cards", "1", "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert "cards: none written:" in err and "mode sequential_batches" in err and "only in mode single" in err
+    assert (tmp_path / "rep" / "report.html").is_file() and not (tmp_path / "rep" / "cards").exists()

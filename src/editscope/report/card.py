@@ -11,7 +11,7 @@ from typing import Any
 from editscope.errors import EditscopeError
 from editscope.finite import nulled
 from editscope.lm.loading import Bundle
-from editscope.run.inspect import compute_card, job_from_run
+from editscope.run.inspect import compute_card, job_from_run, not_replayable
 from editscope.run.store import RESULTS, read_results
 
 Log = Callable[[str], None]
@@ -64,6 +64,10 @@ def make_cards(run_dir: str | Path, out_dir: str | Path, *, n: int | None = None
     from editscope.run.config import NO_EDIT
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    say = log or (lambda _msg: None)
+    if why := not_replayable(run_dir):
+        say(f"cards: none written: {why}")
+        return {}
     rows = read_results(run_dir / RESULTS)
     methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != NO_EDIT))
     links: dict[tuple[str, str, str], str] = {}

@@ -104,6 +104,21 @@ def sections_of(suites: Mapping[str, Suite]) -> dict[str, str]:
     return out
 
 
+def not_replayable(run_dir: str | Path) -> str | None:
+    """Why no card can replay the edits of the run at ``run_dir`` (one line), or None when it can: a card replays one
+    case's edit alone, which is what the run did only in mode single."""
+    from editscope.run.config import RunConfig
+
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_JSON).is_file():
+        return f"{run_dir}: no {RUN_JSON} (not a run directory)"
+    config = RunConfig.from_run_json(read_json(run_dir / RUN_JSON).get("config"), run_dir / RUN_JSON)
+    if type(config.mode) is not Single:
+        return (f"{run_dir}: mode {config.mode.label}: a card replays one case's edit alone, which is what the run "
+                "did only in mode single")
+    return None
+
+
 def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None, dataset: str | None = None,
                  bundle: Bundle | None = None, collateral_facts: int = 500,
                  collateral_sources: Sequence[str] | None = None, log: Log | None = None) -> CardJob:
@@ -114,13 +129,10 @@ def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None
     from editscope.run.config import NO_EDIT, RunConfig
 
     run_dir = Path(run_dir)
-    meta = read_json(run_dir / RUN_JSON) if (run_dir / RUN_JSON).is_file() else None
-    if meta is None:
-        raise EditscopeError(f"{run_dir}: no {RUN_JSON} (not a run directory)")
+    if why := not_replayable(run_dir):
+        raise EditscopeError(why)
+    meta = read_json(run_dir / RUN_JSON)
     config = RunConfig.from_run_json(meta.get("config"), run_dir / RUN_JSON)
-    if type(config.mode) is not Single:
-        raise EditscopeError(f"{run_dir}: mode {config.mode.label}: a card replays one case's edit alone, which is "
-                             "what the run did only in mode single")
     labels = [m.label for m in config.methods]
     if method is None:
         method = labels[0]
@@ -441,4 +453,4 @@ def compute_card(job: CardJob, *, generate_tokens: int = 20, trace: bool = False
 
 
 __all__ = ["FORMAT", "CardJob", "Fact", "compute_card", "delta_stats", "job_from_request", "job_from_run",
-           "sections_of", "words"]
+           "not_replayable", "sections_of", "words"]
