@@ -331,3 +331,26 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["block"] == block
     assert block <= got["peak"] < block + 400 * 2 ** 20 < parent_peak
+
+
+def test_a_method_without_hparams_costs_its_own_plan_only(tmp_path, capsys, monkeypatch):
+    """Two methods planned, one without hparams for this model: the other's plan is printed, the missing one is one
+    line naming it; with none left, the command fails in one line."""
+    from editscope import cli
+    from editscope.edit import budget
+
+    real = budget.plan_hparams
+
+    def only_rome(method, *args, **kwargs):
+        if method != "rome":
+            raise EditscopeError(f"no hparams for {method} on this model")
+        return real(method, *args, **kwargs)
+
+    monkeypatch.setattr(budget, "plan_hparams", only_rome)
+    code = cli.main(["plan", "--model", str(CONFIGS / "gpt2-xl"), "--method", "ultraedit", "--method", "rome",
+                     "--available-gib", "80", "--no-time", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and [p["method"] for p in json.loads(captured.out)] == ["rome"]
+    assert captured.err.strip() == ("editscope plan: no plan for ultraedit: no hparams for ultraedit on this model")
+    assert cli.main(["plan", "--model", str(CONFIGS / "gpt2-xl"), "--method", "ultraedit", "--no-time"]) != 0
+    assert "no plan for ultraedit" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from editscope.commands._device import DTYPE_NAMES
 from editscope.ranges import option
@@ -96,13 +97,22 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
     else:
         host = available
     overrides = parse_overrides(args.set)
-    plans = []
-    for method in args.method or ["rome"]:
-        hp, note = plan_hparams(method, shape, args.model, args.hparams, overrides)
+    plans, failed = [], []
+    methods = args.method or ["rome"]
+    for method in methods:
+        try:  # one method without hparams (or refused by this model) costs its own plan, not the others'
+            hp, note = plan_hparams(method, shape, args.model, args.hparams, overrides)
+        except EditscopeError as exc:
+            failed.append(f"no plan for {method}: {exc}")
+            continue
         plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
                                vstar_batch=runtime.vstar_batch,
                                stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
                                hparams_note=note, available=available, host_available=host))
+    if failed and not plans:
+        raise EditscopeError("; ".join(failed))
+    for line in failed:
+        print(f"editscope plan: {line}", file=sys.stderr, flush=True)
     return plans
 
 
