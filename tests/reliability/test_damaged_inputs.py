@@ -12,7 +12,7 @@ import pytest
 
 from editscope.cli import main
 from editscope.integrity import FOLDER_MANIFEST
-from editscope.run.store import ARCHIVE, RESULTS, RUN_JSON
+from editscope.run.store import ARCHIVE, RESULTS, RUN_JSON, dumps_run_json
 
 
 def one_error(capsys, rc: int, *needles: str) -> str:
@@ -39,14 +39,14 @@ def _copy(run_dir, dest):
     (lambda m: m["config"].update(seed="x"), "field 'config.seed': expected int, got str"),
     (lambda m: m["config"].update(seed=True), "field 'config.seed': expected int, got bool"),
     (lambda m: m["config"].update(methods=["rome"]), "field 'config.methods': expected a list of objects"),
-    (lambda m: m["config"].pop("blocks"), "field 'config': key 'blocks' is missing"),
+    (lambda m: m["config"].pop("blocks"), "field 'config.blocks' is missing"),
     (lambda m: m["config"].update(mode="sideways"), "field 'config': unknown mode 'sideways'"),
 ], ids=["config-int", "methods-str", "seed-str", "seed-bool", "methods-of-str", "no-blocks", "bad-mode"])
 def test_inspect_a_run_whose_config_has_a_wrong_type(run_dir, tmp_path, capsys, change, needle):
     run = _copy(run_dir, tmp_path / "run")
     meta = json.loads((run / RUN_JSON).read_text())
     change(meta)
-    (run / RUN_JSON).write_text(json.dumps(meta))
+    (run / RUN_JSON).write_text(dumps_run_json(meta))
     case = json.loads((run / RESULTS).read_text().splitlines()[0])["case_id"]
     rc = main(["inspect", str(run), "--case", case, "--out", str(tmp_path / "cards"), "--no-progress"])
     one_error(capsys, rc, str(run / RUN_JSON), needle)
@@ -61,8 +61,51 @@ def test_report_a_run_whose_config_has_a_wrong_type(run_dir, tmp_path, capsys, c
     run = _copy(run_dir, tmp_path / "run")
     meta = json.loads((run / RUN_JSON).read_text())
     change(meta)
-    (run / RUN_JSON).write_text(json.dumps(meta))
+    (run / RUN_JSON).write_text(dumps_run_json(meta))
     one_error(capsys, main(["report", str(run), "--out", str(tmp_path / "rep")]), str(run / RUN_JSON), needle)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda m: m.pop("model"), "field 'model' is missing"),
+    (lambda m: m.pop("config"), "field 'config' is missing"),
+    (lambda m: m["model"].pop("fingerprint"), "field 'model.fingerprint' is missing"),
+    (lambda m: m["config"].pop("mode"), "field 'config.mode' is missing"),
+    (lambda m: m["config"].pop("group_size"), "field 'config.group_size' is missing"),
+], ids=["no-model", "no-config", "no-fingerprint", "no-mode", "no-group-size"])
+@pytest.mark.parametrize("command", ["inspect", "report"])
+def test_a_run_json_without_a_field_its_readers_need_is_one_line(run_dir, tmp_path, capsys, change, needle, command):
+    """Each of these ended in a KeyError traceback in inspect or report (a run.json sealed after the change, so the
+    field check is what speaks)."""
+    run = _copy(run_dir, tmp_path / "run")
+    meta = json.loads((run / RUN_JSON).read_text())
+    change(meta)
+    (run / RUN_JSON).write_text(dumps_run_json(meta))
+    case = json.loads((run / RESULTS).read_text().splitlines()[0])["case_id"]
+    argv = (["inspect", str(run), "--case", case, "--out", str(tmp_path / "cards"), "--no-progress"]
+            if command == "inspect" else ["report", str(run), "--out", str(tmp_path / "rep")])
+    one_error(capsys, main(argv), str(run / RUN_JSON), needle)
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda m: m["config"]["methods"][0].update(name="memit"), "config"),
+    (lambda m: m["config"]["methods"][0].update(overrides={"v_steps": 1}), "config"),
+    (lambda m: m["model"].update(name="gemma3-270m"), "model"),
+    (lambda m: m.update(status="complete", rows=999), "rows"),
+], ids=["method", "hparam", "model", "rows"])
+def test_an_edited_run_json_is_refused_naming_the_field(run_dir, tmp_path, capsys, change, field):
+    """Edited by hand without its digest following: inspect would otherwise replay another edit than the one the
+    rows record, and report show another run; resume refuses it too."""
+    run = _copy(run_dir, tmp_path / "run")
+    meta = json.loads((run / RUN_JSON).read_text())
+    change(meta)
+    (run / RUN_JSON).write_text(json.dumps(meta, indent=2))
+    case = json.loads((run / RESULTS).read_text().splitlines()[0])["case_id"]
+    rc = main(["inspect", str(run), "--case", case, "--out", str(tmp_path / "cards"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err, err[-2000:]
+    assert f"run.json: run record: key '{field}' does not match the recorded content digest" in err
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) != 0
+    assert f"key '{field}' does not match" in capsys.readouterr().err
 
 
 def test_inspect_a_run_whose_run_json_is_not_utf8(run_dir, tmp_path, capsys):

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 
 from editscope.report.card_html import SECTIONS, render_card
-from editscope.run.store import write_results
+from editscope.run.store import dumps_run_json, write_results
 
 EVIL = "<script>alert(1)</script>"
 
@@ -118,7 +118,7 @@ def evil_run(two_method_run, tmp_path_factory):
     meta = json.loads((out / "run.json").read_text())
     for m in meta["config"]["methods"]:
         m["label"] = evil(m["label"])
-    (out / "run.json").write_text(json.dumps(meta))
+    (out / "run.json").write_text(dumps_run_json(meta))
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     # written by editscope's own writer (each row sealed with its digest): rows as a run with such labels writes them
     write_results(out / "results.jsonl", [{**r, "method": evil(r["method"])} for r in rows])

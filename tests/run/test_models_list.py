@@ -21,6 +21,7 @@ from editscope.run import Runner, parse_config, read_results
 from editscope.run.config import load_config, model_slug
 from editscope.run.models import check_models, run_models
 from editscope.run.runner import timing_free
+from editscope.run.store import dumps_run_json
 from tests.run.helpers import SUITES, base_config
 
 MODELS = ["tiny-llama", "tiny-gpt2"]
@@ -194,7 +195,7 @@ def test_rows_without_a_model_field_are_the_runs_model(tmp_path, alone):
                                                + "\n" for r in lines))
     meta = json.loads((old / "run.json").read_text())
     meta.pop(RUN_FLAG)  # nor did its run.json say that rows carry digests
-    (old / "run.json").write_text(json.dumps(meta))
+    (old / "run.json").write_text(dumps_run_json(meta))
     result = Runner(models_config().for_model("tiny-llama"), out_dir=old, suite_factories=SUITES, progress=False,
                     log=lambda _m: None).run()
     assert result.written == 0 and result.skipped == 2

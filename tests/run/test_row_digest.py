@@ -17,7 +17,7 @@ from editscope.paths import data_file
 from editscope.rowdigest import FORMAT, KEY, RUN_FLAG, digest
 from editscope.run import Runner, merge_runs, parse_config, read_results
 from editscope.run.runner import timing_free
-from editscope.run.store import dumps_row, read_sound_results
+from editscope.run.store import dumps_row, dumps_run_json, read_sound_results
 
 
 def test_digest_is_sha256_of_the_sorted_compact_json_without_the_key():
@@ -94,7 +94,7 @@ def test_row_without_digest_is_damaged_only_in_a_run_that_writes_them(reference,
     # a run written before rows carried digests: no flag in run.json, rows without digests are read as before
     meta = json.loads((work / "run.json").read_text())
     meta.pop(RUN_FLAG)
-    (work / "run.json").write_text(json.dumps(meta))
+    (work / "run.json").write_text(dumps_run_json(meta))
     assert _rows(work) == _rows(ref)
     # ... but a digest a row does carry is still checked
     _flip_digit(work / "results.jsonl", 2)
@@ -110,7 +110,7 @@ def test_resume_of_a_run_without_digests_keeps_it_so(reference, tmp_path, tiny_l
     (work / "results.jsonl").write_text(json.dumps({k: v for k, v in rows[0].items() if k != KEY}) + "\n")
     meta = json.loads((work / "run.json").read_text())
     meta.pop(RUN_FLAG)
-    (work / "run.json").write_text(json.dumps(meta))
+    (work / "run.json").write_text(dumps_run_json(meta))
     result = Runner(_config(tmp, work), out_dir=work, bundle=tiny_llama, progress=False, log=lambda _m: None).run()
     assert result.written == 1 and _rows(work) == _rows(ref)
     assert RUN_FLAG not in json.loads((work / "run.json").read_text())

@@ -14,7 +14,7 @@ from editscope.edit.patch import tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.run import Runner, merge_runs, parse_config, read_results, recompute_metrics
 from editscope.run.runner import timing_free
-from editscope.run.store import dumps_row
+from editscope.run.store import dumps_row, dumps_run_json
 from tests.run.helpers import SUITES, base_config
 
 
@@ -142,7 +142,7 @@ def test_merge_refuses_other_config_or_model(reference, tmp_path):
         shutil.copytree(ref_out, other)
         meta = json.loads((other / "run.json").read_text())
         meta[field] = value
-        (other / "run.json").write_text(json.dumps(meta))
+        (other / "run.json").write_text(dumps_run_json(meta))
         with pytest.raises(EditscopeError, match=message):
             merge_runs(tmp_path / f"m-{field}", [ref_out, other])
 
@@ -162,11 +162,11 @@ def test_resume_refuses_rows_of_another_device(reference, tmp_path, tiny_llama):
     shutil.copytree(ref_out, other)
     meta = json.loads((other / "run.json").read_text())
     meta["model"]["device"] = "cuda" if tiny_llama.device.type == "cpu" else "cpu"
-    (other / "run.json").write_text(json.dumps(meta))
+    (other / "run.json").write_text(dumps_run_json(meta))
     with pytest.raises(EditscopeError, match=f"computed on {meta['model']['device']}, this run is on"):
         run_into(other, tiny_llama)
     del meta["model"]["device"]  # a run.json written before the device was recorded resumes as before
-    (other / "run.json").write_text(json.dumps(meta))
+    (other / "run.json").write_text(dumps_run_json(meta))
     assert run_into(other, tiny_llama).written == 0
 
 
@@ -182,7 +182,7 @@ def test_torch_threads_recorded_and_a_resume_with_another_count_is_said(referenc
     lines = (other / "results.jsonl").read_text().splitlines()
     (other / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # one row left to compute
     meta = json.loads((other / "run.json").read_text())
-    (other / "run.json").write_text(json.dumps(meta | {"torch_threads": [here + 3]}))
+    (other / "run.json").write_text(dumps_run_json(meta | {"torch_threads": [here + 3]}))
     said: list[str] = []
     assert run_into(other, tiny_llama, log=said.append).written == 1
     notes = [m for m in said if "torch thread" in m]

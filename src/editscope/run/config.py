@@ -81,6 +81,8 @@ NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
 #: an unset one keeps an older config's digest)
 SINCE = {"since": "omitted at default"}
 #: the types of a stored config's keys (run.json's ``config``: :meth:`RunConfig.from_run_json`)
+_STORED_REQUIRED = ("model", "methods", "blocks", "mode", "group_size")
+"""Keys every stored config has (what resume, inspect and report read without a default)."""
 _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "models": (list,), "methods": (list,), "blocks": (list,), "mode": (str,), "seed": (int,),
     "output": (str,), "save_patches": (bool,), "plugin_modules": (list,), "device": (str, type(None)),
@@ -393,6 +395,9 @@ def check_stored_config(data: Any, path: str | Path) -> None:
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: field 'config': expected an object, got {type(data).__name__}; the file "
                              "is damaged")
+    for key in _STORED_REQUIRED:
+        if key not in data and not (key == "model" and "models" in data):
+            raise EditscopeError(f"{path}: field 'config.{key}' is missing; the file is damaged")
     for key, kinds in _STORED_TYPES.items():
         value = data.get(key)
         if key in data and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):

@@ -18,7 +18,6 @@ from typing import Any
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
-from editscope.finite import strict_dumps
 from editscope.jsonl import torn_line
 from editscope.rowdigest import FORMAT as ROW_FORMAT
 from editscope.rowdigest import RUN_FLAG as ROW_RUN_FLAG
@@ -27,6 +26,7 @@ from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
     RUN_JSON,
+    dumps_run_json,
     read_json,
     read_sound_results,
     row_key,
@@ -86,7 +86,7 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
             ROW_RUN_FLAG: ROW_FORMAT}  # write_results gave every merged row its digest
     meta.pop("error", None)
-    atomic_write_text(out_dir / RUN_JSON, strict_dumps(meta, str(out_dir / RUN_JSON), indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / RUN_JSON, dumps_run_json(meta))
     return len(merged), summary
 
 

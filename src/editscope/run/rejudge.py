@@ -17,10 +17,9 @@ from typing import Any
 
 from editscope.atomic import atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
-from editscope.finite import strict_dumps
 from editscope.run.blocks import load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
-from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results, write_results
+from editscope.run.store import RESULTS, RUN_JSON, dumps_run_json, read_json, read_results, write_results
 from editscope.run.trial import Trial
 
 WILD = "wild"
@@ -84,7 +83,7 @@ def rejudge_run(run_dir: str | Path, out_dir: str | Path, *, judge: str | None =
     new_meta = {**meta, "config": config.to_dict(), "config_digest": config.digest(meta.get("runtime") or {}),
                 "rejudged_from": {"run": str(run_dir), "config_digest": meta.get("config_digest"),
                                   "judges": _judges(source), "rows": len(rows)}}
-    atomic_write_text(out_dir / RUN_JSON, strict_dumps(new_meta, RUN_JSON, indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / RUN_JSON, dumps_run_json(new_meta))
     return out_dir
 
 

@@ -575,9 +575,9 @@ def _lm_eval_version() -> str | None:
 
 
 def _json(data: dict[str, Any]) -> str:
-    from editscope.finite import strict_dumps
+    from editscope.run.store import dumps_run_json
 
-    return strict_dumps(data, RUN_JSON, indent=2, default=str) + "\n"
+    return dumps_run_json(data)
 
 
 def run(config: RunConfig, **kwargs: Any) -> RunResult:

@@ -13,7 +13,7 @@ from typing import Any
 from editscope.atomic import atomic_write_text, file_lock
 from editscope.errors import EditscopeError
 from editscope.finite import with_reasons
-from editscope.integrity import verify_folder
+from editscope.integrity import DIGEST_KEY, verify_folder, verify_json
 from editscope.jsonl import JsonlWriter, read_lines
 from editscope.rowdigest import KEY as ROW_DIGEST
 from editscope.rowdigest import RUN_FLAG, damage, dumps_sealed, required_in, strip
@@ -226,14 +226,30 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "finished": (str, type(None)), "status": (str,), "rows": (int,), "argv": (list,), "metrics": (list, dict),
     "torch_threads": (list,),
     "planned_rows": (int,), "prompt_format": (dict,), "unverified_files": (list,), "error": (str,),
+    "rejudged_from": (dict,), "lm_eval_version": (str,),
     RUN_FLAG: (str,)}
 _MODEL_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "fingerprint": (str,), "n_layers": (int,),
                                               "device": (str,)}
 
 
+RUN_REQUIRED = ("format", "config", "config_digest", "model")
+"""Fields every ``run.json`` has (``model`` with its ``name`` and ``fingerprint``)."""
+
+
+def dumps_run_json(data: dict[str, Any]) -> str:
+    """A ``run.json``'s text: strict JSON, sealed with a content digest over every field
+    (:func:`editscope.integrity.seal_json`), so an edited field (a method, an hparam, the model) is named on read."""
+    from editscope.finite import strict_dumps
+    from editscope.integrity import seal_json
+
+    return strict_dumps(seal_json(data), RUN_JSON, indent=2, default=str) + "\n"
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
     """A run's ``run.json`` (or ``models.json``), checked to be an object whose known fields have their types: damage
-    is one line naming the file and the field."""
+    is one line naming the file and the field. A ``run.json`` is checked against its content digest (one line naming
+    the field that changed) and must hold :data:`RUN_REQUIRED`; one written before run.json was sealed has no digest
+    and is read as before. The digest key is not in the returned object."""
     path = Path(path)
     if not path.is_file():
         raise EditscopeError(f"not a run directory (no {path.name}): {path.parent}")
@@ -244,6 +260,15 @@ def read_json(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise EditscopeError(f"{path}: expected a JSON object, got {type(data).__name__}; the file is damaged")
     if path.name == RUN_JSON:
+        if DIGEST_KEY in data:
+            data = verify_json(path, data, what="run record", hint="the run's record was edited or damaged; rerun "
+                               "the config into a new output directory")
+        for name in RUN_REQUIRED:
+            if name not in data:
+                raise EditscopeError(f"{path}: field '{name}' is missing; the file is damaged")
+        for name in ("name", "fingerprint"):
+            if not isinstance(data["model"], dict) or name not in data["model"]:
+                raise EditscopeError(f"{path}: field 'model.{name}' is missing; the file is damaged")
         _check_fields(path, "", data, RUN_FIELDS)
         _check_fields(path, "model.", data.get("model") or {}, _MODEL_FIELDS)
         shard = data.get("shard", [0, 1])
