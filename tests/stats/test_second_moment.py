@@ -66,6 +66,27 @@ def test_cache_equals_fresh_and_is_instant(tiny_bundles, stats_home):
     assert not torch.equal(other, first)
 
 
+def test_a_file_of_another_setting_copied_into_the_cache_is_recomputed(tiny_bundles, stats_home):
+    """A sound, sealed statistics file of another token budget (or layer) copied into this setting's cache folder is
+    not used: it records what it was built for, and the read compares it (one warning line, then recomputed)."""
+    import shutil
+
+    bundle = tiny_bundles["llama"]
+    small = second_moment(bundle, 2, token_budget=BUDGET, seq_len=SEQ, progress=False)
+    big = second_moment(bundle, 2, token_budget=2 * BUDGET, seq_len=SEQ, progress=False)
+    assert not torch.equal(small, big)
+    target = cache_file(bundle.fingerprint, 2, Corpus.default().digest, 2 * BUDGET, SEQ)
+    shutil.copyfile(cache_file(bundle.fingerprint, 2, Corpus.default().digest, BUDGET, SEQ), target)
+    with pytest.warns(UserWarning, match=r"was built for token_budget 256, not 512 \(a file of another setting\); "
+                                         "recomputing"):
+        again = second_moment(bundle, 2, token_budget=2 * BUDGET, seq_len=SEQ, progress=False)
+    assert torch.equal(again, big)
+    shutil.copyfile(cache_file(bundle.fingerprint, 2, Corpus.default().digest, BUDGET, SEQ),
+                    cache_file(bundle.fingerprint, 1, Corpus.default().digest, BUDGET, SEQ))
+    with pytest.warns(UserWarning, match="was built for layer 2, not 1"):
+        second_moment(bundle, 1, token_budget=BUDGET, seq_len=SEQ, progress=False)
+
+
 def test_corpus_hash_is_part_of_the_key(tiny_bundles, stats_home, tmp_path):
     bundle = tiny_bundles["llama"]
     text = tmp_path / "c.txt"

@@ -121,7 +121,7 @@ def test_precision_is_part_of_the_cache_key(tiny_bundles, stats_home):
         warnings.simplefilter("always")
         back = second_moments(bundle, [2], token_budget=BUDGET, seq_len=SEQ, progress=False, stats_dtype="float32")[2]
     assert back.dtype == torch.float32 and torch.equal(back, c32)
-    assert any("statistics dtype" in str(w.message) for w in caught)
+    assert any("was built for stats_dtype 'float64', not 'float32'" in str(w.message) for w in caught)
     with pytest.raises(EditscopeError, match="statistics dtype must be one of float64, float32, got 'float16'"):
         second_moments(bundle, [2], token_budget=BUDGET, seq_len=SEQ, progress=False, stats_dtype="float16")
 

@@ -267,8 +267,23 @@ def _matrix_problem(mom2: torch.Tensor, content: object, dim: int, dtype: torch.
     return ""
 
 
+def _foreign(meta: dict, expected: dict) -> str:
+    """Why a sealed statistics file belongs to another setting than ``expected`` (its own record of the model
+    fingerprint, layer, corpus, token budget, row length, dtype), or "" when it is this one's: a sound file copied
+    into another setting's cache folder is not this setting's statistics."""
+    for key, want in expected.items():
+        if key in meta:
+            try:
+                got = json.loads(meta[key])
+            except ValueError:
+                return f"records an unreadable {key}"
+            if got != want:
+                return f"was built for {key} {got!r}, not {want!r} (a file of another setting)"
+    return ""
+
+
 def _read_cached(path: Path, checksum: str, dim: int, legacy: Callable[[], str] | None = None,
-                 dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor | None, str]:
+                 dtype: torch.dtype = torch.float64, expected: dict | None = None) -> tuple[torch.Tensor | None, str]:
     """The cached C of ``path`` if it is sound, else ``(None, why)``: unreadable or truncated file, another
     weights checksum, content not matching its own checksum, wrong shape or dtype, or non-finite values. A file
     stamped with the older whole-model checksum is compared with ``legacy()`` and, if sound, re-stamped in place."""
@@ -276,6 +291,8 @@ def _read_cached(path: Path, checksum: str, dim: int, legacy: Callable[[], str] 
     if isinstance(opened, str):
         return None, opened
     meta, tensors, trusted = opened
+    if why := _foreign(meta, expected or {}):
+        return None, why
     fields = _fields(meta, tensors)
     if isinstance(fields, str):
         return None, fields
@@ -452,6 +469,11 @@ class _Setting:
         return cache_file(bundle.fingerprint, layer, self.corpus.digest, self.token_budget, self.seq_len,
                           self.stats_dtype)
 
+    def record(self, bundle: Bundle, layer: int) -> dict:
+        """What a cache file of this setting records about itself (checked on read)."""
+        return dict(fingerprint=bundle.fingerprint, layer=layer, corpus=self.corpus.digest,
+                    token_budget=self.token_budget, seq_len=self.seq_len, stats_dtype=self.stats_dtype)
+
 
 def _read_layers(bundle: Bundle, layers: Sequence[int], setting: _Setting, checksums: dict[int, str], *,
                  warn: bool = True) -> tuple[dict[int, torch.Tensor], list[int]]:
@@ -463,7 +485,8 @@ def _read_layers(bundle: Bundle, layers: Sequence[int], setting: _Setting, check
         path = setting.path(bundle, layer)
         if path.is_file():
             cached, why = _read_cached(path, checksums[layer], bundle.arch.mlp_size(bundle.config),
-                                       legacy=lambda layer=layer: _legacy_checksum(bundle, layer), dtype=dtype)
+                                       legacy=lambda layer=layer: _legacy_checksum(bundle, layer), dtype=dtype,
+                                       expected=setting.record(bundle, layer))
             if cached is not None:
                 out[layer] = cached
                 continue
