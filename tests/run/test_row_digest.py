@@ -185,3 +185,36 @@ def test_lm_eval_rows_carry_digests_and_a_damaged_one_is_evaluated_again(tmp_pat
     assert {(k[2], k[3], k[4]) for k in hook._done} == {("none", 0, "copa_tiny")}
     assert logged == [f"warning: {tmp_path / LM_EVAL_FILE}:line 1: the row does not match its digest (altered or "
                       "corrupted); evaluating it again"]
+
+
+def test_a_sound_row_of_another_run_is_refused_by_resume_and_report(tmp_path, tiny_bundles, capsys):
+    """A row copied from a run of another config carries a valid digest of its own: it is still not this run's.
+    Resume cuts it out and computes it again (one warning line); report refuses it naming the row."""
+    from editscope.cli import main
+    from editscope.run import Runner, parse_config, read_results
+    from editscope.run.store import dumps_row
+
+    def config(out, steps):
+        return parse_config({"model": "tiny-llama", "seed": 0, "output": str(out),
+                             "methods": [{"name": "rome", "overrides": {"v_steps": steps}}],
+                             "dataset": "counterfact", "slice": {"offset": 0, "limit": 2}, "suites": ["counterfact"]})
+
+    logs: list[str] = []
+    for out, steps in ((tmp_path / "a", 2), (tmp_path / "b", 3)):
+        Runner(config(out, steps), out_dir=out, bundle=tiny_bundles["llama"], progress=False, log=logs.append).run()
+    own, other = read_results(tmp_path / "a" / "results.jsonl"), read_results(tmp_path / "b" / "results.jsonl")
+    assert own[0]["config_digest"] != other[0]["config_digest"]
+    assert own[0]["config_digest"] == json.loads((tmp_path / "a" / "run.json").read_text())["config_digest"]
+    # a complete run with one row swapped for the other run's (valid digest, same key)
+    (tmp_path / "a" / "results.jsonl").write_text(dumps_row(other[0]) + "\n" + dumps_row(own[1]) + "\n")
+    assert main(["report", str(tmp_path / "a"), "--out", str(tmp_path / "rep")]) != 0
+    err = capsys.readouterr().err
+    assert "row counterfact/0/rome belongs to a run of another config" in err and "Traceback" not in err
+    logs.clear()
+    Runner(config(tmp_path / "a", 2), out_dir=tmp_path / "a", bundle=tiny_bundles["llama"], progress=False,
+           log=logs.append).run()
+    assert any("row counterfact/0/rome belongs to a run of another config" in line for line in logs)
+    again = read_results(tmp_path / "a" / "results.jsonl")
+    assert sorted(r["case_id"] for r in again) == ["0", "1"]
+    assert {r["config_digest"] for r in again} == {own[0]["config_digest"]}
+    assert next(r for r in again if r["case_id"] == "0")["metrics"] == own[0]["metrics"]

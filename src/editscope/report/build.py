@@ -30,7 +30,7 @@ from editscope.report.pivot import Pivot, best_in_compact, build_pivot
 from editscope.run.config import check_stored_config
 from editscope.run.models import expand_run_dirs
 from editscope.run.planned import planned_count, rows_text
-from editscope.run.store import RESULTS, RUN_JSON, read_json, run_rows
+from editscope.run.store import RESULTS, ROW_CONFIG_KEY, RUN_JSON, read_json, row_key, run_rows
 from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
 from editscope.run.summary import (
     TABLE_NOTE,
@@ -87,6 +87,12 @@ def _read_run(path: Path) -> Run:
     rows = run_rows(path)
     if not rows:
         raise EditscopeError(f"{path}: no results yet ({RESULTS} is empty or missing)")
+    own = meta.get("config_digest")
+    for r in rows:
+        if r.get(ROW_CONFIG_KEY, own) != own:
+            raise EditscopeError(f"{path}: row {'/'.join(row_key(r))} belongs to a run of another config (digest "
+                                 f"{r[ROW_CONFIG_KEY]}, this run's {own}); remove it, or resume the run to compute "
+                                 "it again")
     name = str(meta.get("model", {}).get("name"))
     for r in rows:
         r.setdefault("model", name)  # rows written before rows named their model

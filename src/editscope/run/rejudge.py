@@ -19,7 +19,15 @@ from editscope.atomic import atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
 from editscope.run.blocks import load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
-from editscope.run.store import RESULTS, RUN_JSON, dumps_run_json, read_json, read_results, write_results
+from editscope.run.store import (
+    RESULTS,
+    ROW_CONFIG_KEY,
+    RUN_JSON,
+    dumps_run_json,
+    read_json,
+    read_results,
+    write_results,
+)
 from editscope.run.trial import Trial
 
 WILD = "wild"
@@ -78,9 +86,11 @@ def rejudge_run(run_dir: str | Path, out_dir: str | Path, *, judge: str | None =
         row.setdefault("protocol", {})[WILD] = block.suites[WILD].protocol | (
             {k: v for k, v in row.get("protocol", {}).get(WILD, {}).items() if k == "chat_template"})
         rows.append(row)
+    digest = config.digest(meta.get("runtime") or {})
+    rows = [{**r, ROW_CONFIG_KEY: digest} if ROW_CONFIG_KEY in r else r for r in rows]
     make_dirs(out_dir, "output directory")
     write_results(out_dir / RESULTS, rows)
-    new_meta = {**meta, "config": config.to_dict(), "config_digest": config.digest(meta.get("runtime") or {}),
+    new_meta = {**meta, "config": config.to_dict(), "config_digest": digest,
                 "rejudged_from": {"run": str(run_dir), "config_digest": meta.get("config_digest"),
                                   "judges": _judges(source), "rows": len(rows)}}
     atomic_write_text(out_dir / RUN_JSON, dumps_run_json(new_meta))

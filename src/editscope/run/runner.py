@@ -64,6 +64,7 @@ from editscope.run.plan import Lifelong, Single, Unit
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
+    ROW_CONFIG_KEY,
     RUN_JSON,
     ResultsWriter,
     drop_duplicates,
@@ -73,6 +74,7 @@ from editscope.run.store import (
     row_key,
     run_lock,
     unit_key,
+    write_results,
 )
 from editscope.run.suites import SuiteFactory, declarations_to_json
 from editscope.run.summary import SummaryRow, results_text, write_summary
@@ -332,11 +334,20 @@ class Runner:
                         "run the config into another output directory")
 
     def _existing_rows(self) -> list[dict[str, Any]]:
-        """The rows a resume keeps: a row its digest does not vouch for is cut out of the file and computed again,
-        with one warning line naming it (never trusted silently)."""
+        """The rows a resume keeps: a row its digest does not vouch for, or one that records another run's config
+        digest (a sound row copied from another run), is cut out of the file and computed again, with one warning
+        line naming it (never trusted silently)."""
         rows, damaged = read_sound_results(self.out_dir / RESULTS, repair=True)
         for line in damaged:
             self.log(f"warning: {line}; computing it again")
+        own = self.config.digest(self.runtime.settings())
+        foreign = [r for r in rows if r.get(ROW_CONFIG_KEY, own) != own]
+        if foreign:
+            for r in foreign:
+                self.log(f"warning: {self.out_dir / RESULTS}: row {'/'.join(row_key(r))} belongs to a run of another "
+                         f"config (digest {r[ROW_CONFIG_KEY]}, this run's {own}); computing it again")
+            rows = [r for r in rows if r.get(ROW_CONFIG_KEY, own) == own]
+            write_results(self.out_dir / RESULTS, rows)
         return rows
 
     def _check_runtime(self, stored: dict[str, Any]) -> None:
@@ -394,6 +405,7 @@ class Runner:
                                            log=self.log)
             self.lm_eval_hook.baseline(bundle)
         written, status, failure = 0, "interrupted", {}
+        own = self.config.digest(self.runtime.settings())
         from tqdm import tqdm
 
         bar = tqdm(total=pending, desc="edit+evaluate", unit="row", disable=not self.progress, dynamic_ncols=True)
@@ -407,6 +419,7 @@ class Runner:
                 with closing(self.executor.run(self, work, tasks)) as produced, \
                         listening(bar_status(bar) if self.progress else None):
                     for row in produced:
+                        row = {**row, ROW_CONFIG_KEY: own}  # what the row belongs to, checked on every read
                         writer.append(row)  # flush + fsync before the chain that produced it goes on
                         written += 1
                         bar.update(1)

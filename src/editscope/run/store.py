@@ -34,7 +34,10 @@ OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "model": str, "editor": str, "method_display": str, "plugins": list, "mode": str, "group_size": int,
     "edit_seconds": (int, float), "eval_seconds": (int, float), "edit_info": dict, "requests": list, "hparams": dict,
     "conventions": dict, "runtime": dict, "protocol": dict, "checkpoint": bool, "edits_applied": int, "round": int,
-    "non_finite": dict}
+    "non_finite": dict, "config_digest": str}
+ROW_CONFIG_KEY = "config_digest"
+"""A row's record of the run it belongs to (its run.json's ``config_digest``): resume and report refuse a row of
+another run, however sound its own digest."""
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str]:
