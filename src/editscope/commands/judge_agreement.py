@@ -62,9 +62,14 @@ def _run(args: argparse.Namespace) -> int:
     for name in neighbour_judges:
         NEIGHBOUR_JUDGES.get(name)
 
-    def progress(done: int, total: int) -> None:
-        if done == total or done % 200 == 0:
-            print(f"judged {done}/{total}", file=sys.stderr, flush=True)
+    import time
+
+    last = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:  # a line every 5 s at most: a judge model reads seconds per answer
+        if done == total or time.monotonic() - last[0] >= 5:
+            last[0] = time.monotonic()
+            print(f"judged {done}/{total} answer-judge pairs", file=sys.stderr, flush=True)
 
     rows = judge_agreement(items, answer_judges, neighbour_judges, progress=progress)
     caption = f"Judges against {len(items)} hand-labelled answers ({args.split})"
