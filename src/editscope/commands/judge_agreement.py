@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sample/judge-labels, whose README gives the labelling rule) with each answer judge (rewrite and "
         "paraphrase answers: is the answer the edit target?) and each neighbourhood judge (neighbour answers: is "
         "the answer after the edit the same object as before?), and print accuracy, Cohen's kappa, and the "
-        "false-positive and false-negative rates, with 95%% intervals, per dataset and role. The wild suite's "
+        "false-positive and false-negative rates, with 95% intervals, per dataset and role. The wild suite's "
         "default judges are the ones this table ranks first. Model judges (model:NAME, mirage:NAME) load NAME "
         "once and read one prompt per answer.",
     )
