@@ -22,6 +22,8 @@ def test_edit_json_and_patch_round_trip(tiny_bundles, tmp_path, capsys):
     assert out["method"] == "rome" and set(out["pre"]) == {"target", "target_true"}
     assert out["post"]["target"] != out["pre"]["target"] and len(out["checks"]) == 1
     assert out["checks"][0]["prompt"] == "Danielle Darrieux was born in"
+    assert "natural log, summed over the answer's tokens" in out["units"]["pre"]  # units on every quick number
+    assert set(out["units"]) == {"pre", "post", "answers", "checks", "seconds"}
     patch = Patch.load(patch_file)
     assert patch.hparams["v_steps"] == 3
 

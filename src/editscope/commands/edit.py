@@ -118,6 +118,9 @@ def _measure(engine, prompts: list[str], args: argparse.Namespace, request, answ
     return scores, answer_scores, texts
 
 
+LOGPROB_UNIT = "log-probability of the answer after the prompt: natural log, summed over the answer's tokens"
+
+
 def _result(args: argparse.Namespace, label: str, runtime, plugins, bundle, engine, request, prompts: list[str],
             answers: list[tuple[str, str]], pre, post, seconds: float) -> dict:
     """The edit's JSON object; ``pre`` and ``post`` are :func:`_measure`'s results."""
@@ -137,6 +140,9 @@ def _result(args: argparse.Namespace, label: str, runtime, plugins, bundle, engi
                     for (a, kind), x, y in zip(answers, pre_answers, post_answers, strict=True)],
         "seconds": seconds,
         "patch": args.save_patch,
+        "units": {"pre": LOGPROB_UNIT, "post": LOGPROB_UNIT, "answers": LOGPROB_UNIT, "checks": LOGPROB_UNIT,
+                  "seconds": "wall-clock seconds of the edit (with the layer statistics the first time they are "
+                             "computed)"},
     }
     if engine.prompt_format:  # prompts were wrapped in the chat template
         result["prompt_format"] = engine.prompt_format
@@ -151,7 +157,7 @@ def _print_table(args: argparse.Namespace, result: dict, prompts: list[str], pre
     """The result as a table of log-probs before and after, then the generations."""
     print(f"{result['label']} on {result['model']}: {result['prompt']!r} -> {args.target!r} "
           f"({result['seconds']:.1f} s)")
-    print(f"{'prompt':<50}  {'answer':<16}  {'pre':>9}  {'post':>9}")
+    print(f"{'prompt':<50}  {'answer':<16}  {'pre':>9}  {'post':>9}   (log P, natural log, summed over the answer)")
     for prompt, a, b in zip(prompts, pre_scores, post_scores, strict=True):
         for key, answer in (("target", args.target), ("target_true", args.target_true)):
             if key in a:
