@@ -174,6 +174,13 @@ def test_inspect_command_and_report_cards(tiny_run, tmp_path, capsys):
     assert set(card["suites"]) == {"counterfact", "evk", "collateral"}
     assert [c["role"] for c in card["suites"]["counterfact"]["candidates"]] == \
         ["rewrite", "rewrite", "paraphrase", "paraphrase", "neighborhood", "neighborhood"]
+    page = cli_json.with_suffix(".html").read_text()
+    assert "cli True" not in page and "the command line (editscope inspect with a request, no run)" in page
+    # the editor's diagnostics with four significant digits, not float repr
+    import re
+
+    info = re.search(r"edit info</t[hd]>\s*<td>([^<]*)</td>", page)
+    assert info is not None and not re.search(r"\d\.\d{6,}", info.group(1)), info.group(1) if info else page[:500]
     # bad input: one line, exit status 2, no traceback
     capsys.readouterr()
     assert main(["inspect", str(run)]) == 2

@@ -189,15 +189,31 @@ def _shift_png(shifts: list[float], flipped: int) -> bytes:
 
 # -- sections: the view data of each ---------------------------------------------------------------------------
 
+def _source(source: dict[str, Any]) -> str:
+    """Where the card's edit comes from, in words: a run's row (its folder and config digest) or the command line."""
+    if source.get("cli"):
+        return "the command line (editscope inspect with a request, no run)"
+    return ", ".join(f"{k} {v}" for k, v in source.items())
+
+
+def _short(value: Any) -> str:
+    """A number of the editor's diagnostics as a reader needs it: four significant digits, not float repr."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
 def _request(card: dict[str, Any]) -> View:
     c, m = card["case"], card["method"]
     rows = [[r["prompt"].replace("{}", r["subject"]), r["subject"], r["target_new"], r["target_true"] or "–"]
             for r in c["requests"]]
     info = [("model", f"{card['model']['name']} (fingerprint {card['model']['fingerprint']})"),
             ("method", f"{m['display']} (label {m['label']})"), ("case", f"{c['dataset']}: {c['case_id']}"),
-            ("source", ", ".join(f"{k} {v}" for k, v in card["source"].items())),
+            ("source", _source(card["source"])),
             ("conventions", ", ".join(f"{k}={v}" for k, v in m["conventions"].items()) or "–"),
-            ("edit info", ", ".join(f"{k} {v}" for k, v in card.get("edit_info", {}).items()) or "–"),
+            ("edit info", ", ".join(f"{k} {_short(v)}" for k, v in card.get("edit_info", {}).items()) or "–"),
             ("time", ", ".join(f"{k} {v:.1f} s" for k, v in card.get("timing", {}).items()))]
     return {"info": info, "glance": _glance(card), "hparams": m["hparams"],
             "requests": grid(["edit prompt", "subject", "new target", "true answer"], rows, left=(0, 1, 2, 3))}
