@@ -75,8 +75,15 @@ def test_card_equals_the_runners_row(tiny_run, method):
     row = rows[1]  # the second case: group 1, so the runner's per-group seeds matter
     before = weights(bundle)
     job = job_from_run(run, row["case_id"], method=method, bundle=bundle)
-    card = compute_card(job, generate_tokens=4, trace=method == "rome", trace_samples=2, progress=False)
+    lines: list[str] = []
+    card = compute_card(job, generate_tokens=4, trace=method == "rome", trace_samples=2, progress=False,
+                        log=lines.append)
     assert weights(bundle) == before  # restored
+    # the step counter counts the steps there are, in order; the statistics are timed apart from the edit
+    n = 6 if method == "rome" else 4
+    assert [line.split("]")[0] for line in lines if line.startswith("card [")] == \
+        [f"card [{k}/{n}" for k in range(1, n + 1)]
+    assert "statistics" in card["timing"] and "edit" in card["timing"]
     # the run's own suites (the card adds none: the run measured EVK and collateral damage itself)
     assert set(job.run_suites) == set(job.trial.suites) == {"counterfact", "evk", "collateral"}
     for name in job.run_suites:
