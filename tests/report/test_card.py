@@ -170,6 +170,8 @@ def test_inspect_command_and_report_cards(tiny_run, tmp_path, capsys):
     row = next(r for r in rows if r["case_id"] == case and r["method"] == "memit")
     assert json.loads(js.read_text())["suites"]["collateral"]["metrics"] == row["metrics"]["collateral"]
     assert Page(js.with_suffix(".html").read_text()).sections == list(SECTIONS)
+    run_page = js.with_suffix(".html").read_text()
+    assert run_page.count("EVK_ES_subject@0.1") == 1, "the EVK metric table is shown once (metrics section)"
     # an edit given on the command line: CounterFact suite on its prompts plus the card's own suites
     assert main(["inspect", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} was born in",
                  "--subject", "Toko Yasuda", "--target", "Paris", "--target-true", "Tokyo", "--paraphrase",

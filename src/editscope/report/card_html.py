@@ -319,8 +319,8 @@ def _evk(card: dict[str, Any]) -> View:
         chart = figure(_evk_png(evk["curves"], evk["sigma"]), "EVK stability vs sigma",
                        "Cosine of the final-token state before vs after the edit on EVK instances (subject, relation "
                        "or all token embeddings drifted by N(0, σ²I)); 1 = untouched.")
-    return {"table": grid(["drift"] + [f"σ={s:g}" for s in sigmas], rows), "figure": chart,
-            "metrics": _metric_table(card["suites"][evk["suite"]])}
+    # the suite's metric table is in the metrics section with every suite's: shown once
+    return {"table": grid(["drift"] + [f"σ={s:g}" for s in sigmas], rows), "figure": chart}
 
 
 def _trace(card: dict[str, Any]) -> View:

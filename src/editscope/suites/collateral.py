@@ -68,8 +68,9 @@ class CollateralSuite(Suite):
 
     @property
     def protocol(self) -> dict[str, str]:
-        return {"name": "collateral", "note": f"the first {self.facts} facts of {', '.join(self.sources)} (filled "
-                "prompt, target_true) the unedited model answers top-1; a case's own facts excluded"}
+        return {"name": "collateral", "note": f"up to {self.facts} facts of {', '.join(self.sources)} (filled prompt, "
+                "target_true): the first the unedited model answers top-1, in the sources' order (fewer when the "
+                "sources hold fewer); a case's own facts excluded"}
 
     def known(self, engine: Scorer, *, progress: bool = False) -> KnownSet:
         """The probe set (chosen on the unedited model on first use; cached on disk)."""
