@@ -105,11 +105,14 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path, progress: Callable[
     quiet_transformers()
     progress(f"converting {gguf_dir / gguf_file} to float32 (one time: ~20-50 s for SmolLM2, ~2 min for "
              "Qwen2.5-Coder-1.5B)")
+    progress("reading the tokenizer from the GGUF")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    progress("dequantising the weights")
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
+    progress(f"writing the float32 folder ({sum(p.numel() for p in model.parameters()) * 4 / 2**30:.1f} GiB)")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     progress("fingerprinting weights")
