@@ -20,8 +20,9 @@ change a digit or letter inside a value, delete any key and alter a nested value
 Beside the files, three readers of odd input: an UltraEdit chain checkpoint (its lifelong normaliser's running mean
 and squared deviations, and their metadata, flipped: the loaded state must be the saved one bit for bit, or refused),
 the ``wild`` suite's options and a registered answer judge that raises (one line naming the option, or the judge and
-the case, with the rows written before it kept), and ``editscope plan`` on a mutated ``config.json`` (one line naming
-the file, or the plan of the config as transformers completes it).
+the case, with the rows written before it kept), ``editscope plan`` on a mutated ``config.json`` (one line naming
+the file, or the plan of the config as transformers completes it), and a finished run's ``run.json`` read by the
+card's replay and by the report (a sealed record: an edited field is refused, never replayed).
 """
 
 from __future__ import annotations
@@ -746,6 +747,43 @@ def fuzz_plan(tmp: Path, rng: random.Random) -> Tally:
     return tally
 
 
+def fuzz_run_json_readers(run_dir: Path, tmp: Path, rng: random.Random) -> Tally:
+    """A finished run's ``run.json`` mutated, read by the card's replay (``inspect``: what it would edit) and by the
+    report: each is the pristine file's result or one clean line; an edited field is never a replay of another
+    edit."""
+    from editscope.report import build_report
+    from editscope.run.inspect import job_from_run
+    from editscope.run.store import RESULTS, RUN_JSON
+
+    work = tmp / "readers" / "run"
+    shutil.copytree(run_dir, work)
+    case = json.loads((work / RESULTS).read_text().splitlines()[0])["case_id"]
+
+    def replay() -> tuple:
+        job = job_from_run(work, case, bundle=_BUNDLE[0])
+        return job.method.label, repr(job.method.hp), [(r.prompt, r.subject, r.target_new) for r in job.requests]
+
+    def report() -> str:
+        out = tmp / "readers" / "report"
+        shutil.rmtree(out, ignore_errors=True)
+        _, md = build_report([work], out)
+        return md.read_text().split("\n", 3)[-1]  # past the title and the date line
+
+    want_replay, want_report = replay(), report()
+    tally = Tally()
+    path = work / RUN_JSON
+    pristine = path.read_bytes()
+    mutations = json_mutations(pristine, rng)
+    mutations += [(f"delete {k}", json.dumps({x: v for x, v in json.loads(pristine).items() if x != k}).encode())
+                  for k in ("model", "config", "config_digest", "format")]
+    _mutate_file(path, mutations, pristine, tally, replay, lambda got: got == want_replay)
+    _mutate_file(path, mutations[:8], pristine, tally, report, lambda got: got == want_report)
+    return tally
+
+
+_BUNDLE: list = []
+
+
 def test_every_file_read_back_survives_mutation(tiny_llama, run_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "home"))
     rng = random.Random(SEED)
@@ -756,13 +794,15 @@ def test_every_file_read_back_survives_mutation(tiny_llama, run_dir, tmp_path, m
     tallies["tune state"] = fuzz_tune(tiny_llama, tmp_path, rng)
     tallies["reproduction archive"] = fuzz_archive(run_dir, tmp_path, rng)
     tallies["run.json"], tallies["results.jsonl"] = fuzz_run(tiny_llama, tmp_path, rng)
+    _BUNDLE[:] = [tiny_llama]
+    tallies["run.json (inspect, report)"] = fuzz_run_json_readers(run_dir, tmp_path, rng)
     tallies["lm_eval.jsonl"] = fuzz_lm_eval(tmp_path, rng)
     tallies["ultraedit chain"] = fuzz_ultraedit_chain(tiny_llama, tmp_path, rng)
     tallies["wild options, judge"] = fuzz_wild(tiny_llama, tmp_path, rng)
     tallies["plan config.json"] = fuzz_plan(tmp_path, rng)
-    lines = [f"{'file type':<22} {'tried':>5} {'clean':>5} {'correct':>7} {'traceback':>9} {'silently wrong':>14}"]
+    lines = [f"{'file type':<27} {'tried':>5} {'clean':>5} {'correct':>7} {'traceback':>9} {'silently wrong':>14}"]
     for what, t in tallies.items():
-        lines.append(f"{what:<22} {t.tried:>5} {t.clean:>5} {t.correct:>7} {t.traceback:>9} {t.wrong:>14}")
+        lines.append(f"{what:<27} {t.tried:>5} {t.clean:>5} {t.correct:>7} {t.traceback:>9} {t.wrong:>14}")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     bad = [b for t in tallies.values() for b in t.bad]
