@@ -136,3 +136,19 @@ def test_a_resume_never_mixes_two_judges(source, tmp_path, tiny_bundles):
     (run / "results.jsonl").write_text("".join(dumps_row(r) + "\n" for r in rows[:-1]))
     with pytest.raises(EditscopeError, match="judged by token_f1 / unchanged"):
         Runner(config, out_dir=run, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+
+
+def test_a_lifelong_chain_is_rejudged_checkpoint_by_checkpoint(tmp_path, tiny_bundles):
+    """A chain's checkpoint rows (the curves) are rejudged like its final rows, from the answers each kept."""
+    from tests.suites.test_wild import lifelong_rows
+
+    rows = lifelong_rows(tmp_path / "chain", tiny_bundles["llama"], batch=2, rounds=2,
+                         wild={"max_new_tokens": 4, "judge": "exact_match", "locality_judge": "unchanged"})
+    assert any(r.get("checkpoint") for r in rows)
+    out = rejudge_run(tmp_path / "chain", tmp_path / "obj", judge="first_object", locality_judge="same_object")
+    new = read_results(out / "results.jsonl")
+    assert [(r["case_id"], r.get("checkpoint"), r.get("round")) for r in new] == \
+        [(r["case_id"], r.get("checkpoint"), r.get("round")) for r in rows]
+    for a, b in zip(rows, new, strict=True):
+        assert b["metrics"]["wild"]["Efficacy_post"] == _by_hand(a["post"]["wild"]["prompts"], "rewrite")
+        assert b["metrics"]["counterfact"] == a["metrics"]["counterfact"]
