@@ -1,0 +1,53 @@
+"""The README's commands are commands editscope has: every ``editscope COMMAND`` in its code blocks (and in the
+docs' code blocks) is a registered subcommand whose ``--help`` succeeds, and every docs page the README links to
+exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from editscope.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_BLOCK = re.compile(r"```([a-z]*)\n(.*?)```", re.S)
+_SHELL = {"", "bash", "sh", "shell", "console"}
+_COMMAND = re.compile(r"(?:^|[\s$(;&|])editscope\s+([a-z][a-z-]*)")
+
+
+def commands(page: Path) -> set[str]:
+    found = set()
+    for language, block in _BLOCK.findall(page.read_text()):
+        if language not in _SHELL:
+            continue
+        for line in block.splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            found |= set(_COMMAND.findall(line))
+    return found
+
+
+def test_the_readme_shows_commands():
+    assert {"demo", "edit", "run", "report"} <= commands(ROOT / "README.md")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_command_in_a_code_block_exists_and_has_help(page, capsys):
+    for command in sorted(commands(page)):
+        assert command in COMMANDS, f"{page.name}: 'editscope {command}' is no editscope command"
+        with pytest.raises(SystemExit) as done:
+            main([command, "--help"])
+        assert done.value.code == 0, f"{page.name}: editscope {command} --help failed"
+    capsys.readouterr()
+
+
+def test_docs_the_readme_links_exist():
+    text = (ROOT / "README.md").read_text()
+    links = set(re.findall(r"\]\(((?:docs|src|benchmarks|examples)/[^)#\s]+)", text))
+    links |= set(re.findall(r"`(docs/[a-z_./-]+\.md)`", text))
+    assert links, "the README links no docs page"
+    missing = [link for link in sorted(links) if not (ROOT / link).exists()]
+    assert missing == []
