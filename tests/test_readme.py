@@ -51,3 +51,23 @@ def test_docs_the_readme_links_exist():
     assert links, "the README links no docs page"
     missing = [link for link in sorted(links) if not (ROOT / link).exists()]
     assert missing == []
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation but hyphens dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_findings_line_links_to_an_existing_block():
+    """The README's findings table: each line links to a heading of a docs page that exists."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## What it found", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| finding")]
+    assert len(rows) >= 6
+    for row in rows:
+        links = re.findall(r"\]\((docs/[^)#]+)#([^)]+)\)", row)
+        assert links, f"a findings line without a link to its block: {row[:80]}"
+        for page, anchor in links:
+            headings = re.findall(r"^#+ (.+)$", (ROOT / page).read_text(), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{page}#{anchor}: no such heading"
