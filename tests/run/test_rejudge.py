@@ -53,7 +53,7 @@ def test_rejudged_rows_are_the_new_judges_on_the_kept_answers(source, tmp_path):
         assert b["metrics"]["wild"]["Locality"] == pytest.approx(want)
         assert b["metrics"]["wild"]["EfficacyF1_post"] == a["metrics"]["wild"]["EfficacyF1_post"]
         note = b["protocol"]["wild"]["note"]
-        assert "judged whole by first_object" in note and "answers unchanged (same_object)" in note
+        assert "judged by first_object" in note and "answers unchanged (same_object)" in note
     meta, src = read_json(out / "run.json"), read_json(source / "run.json")
     assert meta["rejudged_from"] == {"run": str(source), "config_digest": src["config_digest"],
                                      "judges": {"counterfact": {"max_new_tokens": 6}}, "rows": 3}
@@ -63,7 +63,7 @@ def test_rejudged_rows_are_the_new_judges_on_the_kept_answers(source, tmp_path):
     from editscope.report import build_report
 
     _, md = build_report([out], tmp_path / "report")
-    assert "judged whole by first_object" in md.read_text() and "Wild minus teacher-forced" in md.read_text()
+    assert "judged by first_object" in md.read_text() and "Wild minus teacher-forced" in md.read_text()
 
 
 def test_the_same_judge_gives_the_same_rows(source, tmp_path):

@@ -76,7 +76,7 @@ def test_model_judges_are_named_and_checked(registered):
         WildSuite(judge="model:/no/such/model")
     suite = WildSuite(judge=NAME)
     assert NAME in JUDGES and JUDGES[NAME].binary
-    assert f"judged whole by {NAME} (judge prompt v1)" in suite.protocol["note"]
+    assert f"judged by {NAME} (judge prompt v1)" in suite.protocol["note"]
     assert "judge prompt" not in WildSuite().protocol["note"]
     mirage = WildSuite(judge="mirage:tiny-llama")
     assert "mirage:tiny-llama" in JUDGES and "(judge prompt mirage v1)" in mirage.protocol["note"]

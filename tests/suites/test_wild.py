@@ -76,7 +76,7 @@ def test_object_level_judges_on_run_on_answers():
     assert default["Efficacy_post"] == 1.0 and default["Generalization_post"] == 0.5
     assert default["Locality"] == 0.0  # "Rome, the capital" -> "Rome, a city": the first three words differ
     note = WildSuite(judge="first_object", locality_judge="same_object").protocol["note"]
-    assert "judged whole by first_object" in note and "answers unchanged (same_object)" in note
+    assert "judged by first_object" in note and "answers unchanged (same_object)" in note
     with pytest.raises(EditscopeError, match="unknown neighbourhood judge 'whole'"):
         WildSuite(locality_judge="whole")
 

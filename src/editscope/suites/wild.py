@@ -4,7 +4,9 @@ Yang et al., ACL 2025, "The Mirage of Model Editing: Revisiting Evaluation in th
 WanliYoung/Revisit-Editing-Evaluation): teacher-forced metrics (CounterFact's probability comparison, zsRE's
 per-token argmax given the gold prefix) overstate what an edited model says. In the wild the model answers with
 no gold prefix -- greedy decoding, stopped at ``.``, a newline or EOS, at most ``max_new_tokens`` (50) new
-tokens, never cut to the target's length -- and the whole answer is judged against the gold answer.
+tokens, never cut to the target's length -- and the answer is judged against the gold answer. The paper judges the
+whole answer (exact match, or a judge model); editscope's default judge reads the object the answer asserts first
+(``first_object``), the judge that agrees best with answers labelled by hand (``editscope judge-agreement``).
 
 This suite is that protocol for any dataset whose cases have an edit prompt, paraphrases and neighbourhood
 prompts with answers (CounterFact, zsRE, QAEdit, KnowEdit). Put it beside the teacher-forced suite of the same
@@ -111,7 +113,7 @@ COUNTERPARTS: dict[str, tuple[tuple[str, str], ...]] = {
 the summary's paired gap (wild minus teacher-forced, per case) of a block that holds both suites."""
 
 
-_JUDGED_WHOLE = re.compile(r"judged whole by (\S+)")
+_JUDGED_WHOLE = re.compile(r"judged (?:whole )?by (\S+)")
 
 
 def recorded_judges(protocol: dict[str, Any]) -> tuple[str, str] | None:
@@ -129,7 +131,7 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 class WildSuite(Suite):
-    """Evaluation in the wild: greedy answers judged whole (see the module docstring)."""
+    """Evaluation in the wild: greedy answers, each judged by the suite's judges (see the module docstring)."""
 
     name = "wild"
     metrics_declared = METRICS
@@ -163,8 +165,8 @@ class WildSuite(Suite):
         stops = " / ".join(repr(s) for s in self.stop)
         return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge,
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
-                        f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged whole "
-                        f"by {self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
+                        f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged by "
+                        f"{self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
                         f"answers unchanged ({self.locality_judge})"
                         + ("" if self.share == 1 else f"; asked of the cases whose id hashes below share "
                            f"{self.share:g} (the same at every probe)")}
