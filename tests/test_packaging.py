@@ -38,7 +38,8 @@ def installed(tmp_path_factory):
     assert "editscope/corpus/wikitext-2-raw_wiki.test.raw.txt.gz" in names and "editscope/corpus/NOTICE" in names
     assert {"editscope/sample/counterfact-edit-sample.json", "editscope/sample/zsre-sample.json",
             "editscope/sample/counterfact-train-sample.json", "editscope/sample/NOTICE",
-            "editscope/configs/demo-sample.yaml"} <= set(names)
+            "editscope/configs/demo-sample.yaml", "editscope/sample/judge-labels/labels.jsonl",
+            "editscope/sample/judge-labels/README.md"} <= set(names)  # judge-agreement's hand labels
     # the HTML pages are templates: without them the report and the cards cannot render
     assert {"editscope/report/templates/report.html", "editscope/report/templates/card.html",
             "editscope/report/templates/_tables.html", "editscope/report/templates/style.css",
