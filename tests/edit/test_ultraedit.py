@@ -103,6 +103,95 @@ def test_delta_w_equals_a_plain_reimplementation_of_the_turn(tiny_bundles, dtype
     assert patch.info["solve_cond_max"] == max(patch.info["solve_cond"].values()) > 1.0
 
 
+def plain_reference_turn(model, engine: ScoringEngine, requests, layers, lr: float, ridge: float, sub_batch: int
+                         ) -> dict[int, torch.Tensor]:
+    """The reference code's turn as docs/editors.md describes it, written plainly: requests in sub-batches of
+    ``sub_batch``; each sub-batch's loss the mean NLL over its answer tokens (so each request's backward is scaled by
+    1/T_b); a running mean, M2 and count updated once per (sub-batch, layer) with n times the rows' *unbiased*
+    variance (Chan's combination); σ = sqrt(M2 / (N − 1 + ε)); then as the paper."""
+    tokens = [len(engine.encode_pair(r.text, r.target_new)[1]) for r in requests]
+    batches = [list(range(i, min(i + sub_batch, len(requests)))) for i in range(0, len(requests), sub_batch)]
+    mods = {la: model.model.layers[la].mlp.down_proj for la in layers}
+    feats: dict[tuple[int, int], list[torch.Tensor]] = {}
+    keys = {la: [] for la in layers}
+    for b, members in enumerate(batches):
+        t_b = sum(tokens[i] for i in members)
+        for i in members:
+            req = requests[i]
+            ctx, cont = engine.encode_pair(req.text, req.target_new)
+            ids = torch.tensor([ctx + cont])
+            c, n = len(ctx), len(cont)
+            seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            handles = [m.register_forward_hook(_keep_output_grad(seen, la)) for la, m in mods.items()]
+            try:
+                with torch.enable_grad():
+                    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+                    lp = model(inputs_embeds=embeds).logits[0][c - 1:c + n - 1].log_softmax(-1)
+                    (-lp.gather(-1, ids[0, c:c + n][:, None]).sum() / t_b).backward()
+            finally:
+                for h in handles:
+                    h.remove()
+            for la in layers:
+                k, v = seen[la]
+                kk, gg = k[0, c - 1:c + n - 1].detach().double(), v.grad[0, c - 1:c + n - 1].double()
+                keys[la].append(kk)
+                feats.setdefault((b, la), []).append(torch.cat([kk, gg], -1))
+    mean = m2 = None
+    count = 0
+    for b in range(len(batches)):
+        for la in layers:
+            z = torch.cat(feats[(b, la)])
+            n = z.shape[0]
+            z_mean, z_var = z.mean(0), z.var(0, unbiased=True)
+            if mean is None:
+                mean, m2 = torch.zeros_like(z_mean), torch.zeros_like(z_mean)
+            delta, total = z_mean - mean, count + n
+            mean = mean + delta * n / total
+            m2 = m2 + z_var * n + delta ** 2 * count * n / total
+            count = total
+    sigma = (m2 / (count - 1 + EPS)).sqrt()
+    out = {}
+    for la in layers:
+        K = torch.cat(keys[la])
+        Z = torch.cat([torch.cat(feats[(b, la)]) for b in range(len(batches))])
+        z_hat = (Z - mean) / (sigma + EPS)
+        k_hat, g_hat = z_hat[:, :K.shape[1]], z_hat[:, K.shape[1]:]
+        V = -lr * (k_hat ** 2).sum(-1, keepdim=True) * g_hat
+        out[la] = torch.linalg.solve(K.T @ K + ridge * torch.eye(K.shape[1], dtype=torch.float64), K.T @ V).T
+    return out
+
+
+def test_the_reference_convention_equals_a_plain_reimplementation_of_the_references_turn(tiny_bundles):
+    """convention: reference (the mean NLL per sub-batch, the normaliser updated per sub-batch with n × the unbiased
+    variance) against the plain loop above; the paper's ΔW differs from it; the switches are recorded."""
+    bundle = copy.deepcopy(tiny_bundles["llama"])
+    bundle.model.double()
+    editor = get_editor("ultraedit")
+    hp = editor.load_hparams(bundle).replace(layers=[1, 2, 3], lr=3e-3, ridge=0.5, convention="reference",
+                                             sub_batch=2)
+    engine = ScoringEngine(bundle, token_budget=24)
+    want = plain_reference_turn(bundle.model, engine, TURN_1, hp.layers, hp.lr, hp.ridge, sub_batch=2)
+    patch, _ = editor.compute_edit(bundle, TURN_1, hp, editor.new_state(), engine=engine)
+    paper, _ = editor.compute_edit(bundle, TURN_1, hp.replace(convention="paper"), editor.new_state(), engine=engine)
+    for layer in hp.layers:
+        name = bundle.arch.weight_name(layer)
+        got = bundle.arch.as_out_in(patch.deltas[name])
+        assert (got - want[layer]).abs().max() <= 1e-7 * want[layer].abs().max(), layer
+        assert (bundle.arch.as_out_in(paper.deltas[name]) - want[layer]).abs().max() > 1e-3 * want[layer].abs().max()
+    assert hp.protocol() == {"convention": "reference", "loss": "subbatch_mean", "variance": "subbatch_unbiased",
+                             "sub_batch": "2"}
+    assert editor.load_hparams(bundle).protocol() == {} and "convention" not in editor.load_hparams(bundle).to_dict()
+    # one switch alone, and the refusal where the reference gives NaN (a sub-batch of one answer token)
+    assert hp.replace(convention="paper", loss="subbatch_mean").switches() == {"loss": "subbatch_mean",
+                                                                              "variance": "exact"}
+    one_token = [EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France")]
+    assert len(engine.encode_pair(one_token[0].text, "Japan")[1]) == 1
+    with pytest.raises(EditscopeError, match="a sub-batch holds one answer token.*NaN"):
+        editor.compute_edit(bundle, one_token, hp.replace(sub_batch=1), editor.new_state(), engine=engine)
+    with pytest.raises(EditscopeError, match="key 'variance': must be one of exact, subbatch_unbiased"):
+        hp.replace(variance="biased")
+
+
 def test_running_statistics_equal_those_of_all_rows_and_one_row_gives_zero():
     g = torch.Generator().manual_seed(3)
     parts = [torch.randn(n, 5, generator=g, dtype=torch.float64) * 3 + 1 for n in (4, 1, 7)]

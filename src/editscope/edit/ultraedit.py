@@ -20,12 +20,13 @@ The paper's equations are not in editscope's shared texts: its numbering could n
 are cited by the paper's section and the reference function that computes them (``ULTRAEDIT.cache`` and
 ``predict_param_shifts`` in editor/ultraedit.py, ``RunningMeanStd`` in nets.py).
 
-Two readings differ from the reference code (both named in docs/editors.md): (a) the loss is the summed NLL of each
-answer (−log P(o* | p), the paper's NLL); the reference takes the mean over the answer tokens of each sub-batch of
-10 requests, a per-sub-batch factor that the normalisation cancels where sub-batches hold equally many tokens;
-(b) the running variance adds each turn's exact sum of squared deviations (Chan et al.'s parallel update), where
-the reference adds n times the turn's *unbiased* variance (n/(n−1) times that sum: 1% more at 100 rows, NaN for
-a turn of one row).
+Two readings differ from the reference code (both named in docs/editors.md, both switches of
+:data:`ULTRA_CONVENTIONS`: ``convention: paper`` by default, ``convention: reference`` for the reference's): (a) the
+loss is the summed NLL of each answer (−log P(o* | p), the paper's NLL); the reference takes the mean over the
+answer tokens of each sub-batch of 10 requests (``loss: subbatch_mean``); (b) the running variance adds each turn's
+exact sum of squared deviations (Chan et al.'s parallel update), where the reference updates once per sub-batch and
+adds n times its *unbiased* variance (``variance: subbatch_unbiased``: n/(n−1) times that sum over 10-14 rows,
+refused where a sub-batch holds one answer token, which gives NaN there).
 """
 
 from __future__ import annotations
@@ -51,11 +52,30 @@ from editscope.progress import report
 EPS = float(torch.finfo(torch.float32).eps)
 
 
+#: UltraEdit's conventions (DESIGN rule 10): presets of two switches where the reference code computes otherwise than
+#: the paper reads. ``loss``: ``sum`` (the paper's NLL, summed over the turn's answers) or ``subbatch_mean`` (the
+#: reference: the mean NLL over the answer tokens of each sub-batch of ``sub_batch`` requests, its
+#: ``dataset.batch_size``); ``variance``: ``exact`` (the turn's rows added to the running statistics at once, Chan et
+#: al.'s exact update) or ``subbatch_unbiased`` (the reference: one update per sub-batch, adding n times the
+#: sub-batch's *unbiased* variance).
+ULTRA_CONVENTIONS: dict[str, dict[str, str]] = {
+    "paper": {"loss": "sum", "variance": "exact"},
+    "reference": {"loss": "subbatch_mean", "variance": "subbatch_unbiased"},
+}
+ULTRA_SWITCHES: dict[str, tuple[str, ...]] = {"loss": ("sum", "subbatch_mean"),
+                                              "variance": ("exact", "subbatch_unbiased")}
+_CONVENTION_FIELDS = {"convention": "paper", "loss": None, "variance": None, "sub_batch": 10}
+
+
 @dataclass
 class UltraEditHParams(HParams):
     method = "ultraedit"
     lr: float = 1e-6
     ridge: float = 1.0
+    convention: str = "paper"
+    loss: str | None = None
+    variance: str | None = None
+    sub_batch: int = 10
 
     #: lr: η of the pseudo values v = −η ‖k̂‖² ĝ (the reference config's 1e-6 on 7-8B models; SmolLM2 ships 1e-3);
     #: ridge: λ of the solve (KᵀK + λI)⁻¹ (1 in the paper and the reference; > 0 keeps it invertible).
@@ -63,6 +83,39 @@ class UltraEditHParams(HParams):
     #: η spans the scale between the reference's 7-8B value and SmolLM2's (a hand grid there: 1e-4 ES 62 %, 1e-3
     #: ES 98 % on 100 CounterFact edits in one turn)
     TUNABLE = {"layers": TUNE_LAYERS, "lr": (1e-5, 1e-4, 3e-4, 1e-3)}
+
+    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
+        super().check(where, n_layers)
+        if self.convention not in ULTRA_CONVENTIONS:
+            raise EditscopeError(f"{where}: key 'convention': must be one of {', '.join(ULTRA_CONVENTIONS)}, "
+                                 f"got {self.convention!r}")
+        for key, allowed in ULTRA_SWITCHES.items():
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(allowed)}, got {value!r}")
+        if isinstance(self.sub_batch, bool) or not isinstance(self.sub_batch, int) or self.sub_batch < 1:
+            raise EditscopeError(f"{where}: key 'sub_batch': must be a positive integer, got {self.sub_batch!r}")
+
+    def switches(self) -> dict[str, str]:
+        """The switches in force: the preset of ``convention``, overridden by any switch given."""
+        preset = ULTRA_CONVENTIONS[self.convention]
+        return {key: getattr(self, key) or preset[key] for key in ULTRA_SWITCHES}
+
+    def protocol(self) -> dict[str, str]:
+        """The conventions in force; nothing under the paper's defaults (rows and patches of runs made before the
+        switches existed stay as they were)."""
+        if self.to_dict().keys() <= {"layers", "lr", "ridge"}:
+            return {}
+        return {"convention": self.convention, **self.switches(), "sub_batch": str(self.sub_batch)}
+
+    def to_dict(self) -> dict:
+        """The fields, without the convention fields while they hold the paper's defaults (what runs before the
+        switches existed recorded: their rows and patches keep their bytes)."""
+        data = super().to_dict()
+        if all(data[k] == v for k, v in _CONVENTION_FIELDS.items()):
+            for k in _CONVENTION_FIELDS:
+                del data[k]
+        return data
 
 
 def shape_key(n_in: int, n_out: int) -> str:
@@ -86,15 +139,18 @@ class UltraEditState(EditState):
         """No statistics: they are made of the edits' own features (nothing is computed from the unedited model)."""
         return UltraEditState()
 
-    def update(self, key: str, z: torch.Tensor) -> None:
+    def update(self, key: str, z: torch.Tensor, *, unbiased: bool = False) -> None:
         """Add the rows of ``z`` [n, in + out] to the running statistics of ``key`` (UltraEdit §3, lifelong
         normalization: μ ← μ + n/(N+n)·δ, s² ← s² + S_z + N·n/(N+n)·δ², N ← N + n, δ = z̄ − μ; S_z is the
-        rows' sum of squared deviations from z̄ (Chan et al. 1979); the reference code writes n·Var(z) with the
-        unbiased variance)."""
+        rows' sum of squared deviations from z̄ (Chan et al. 1979)). ``unbiased``: the reference code's rule, which
+        adds n·Var(z) with the unbiased variance, S_z·n/(n − 1), in place of S_z (undefined for one row: refused)."""
         z = z.double()
         n = int(z.shape[0])
         if n == 0:
             return
+        if unbiased and n == 1:
+            raise EditscopeError("ultraedit (variance: subbatch_unbiased): a sub-batch holds one answer token, where "
+                                 "the reference's unbiased variance is NaN; use variance: exact, or larger sub-batches")
         old = self.counts.get(key, 0)
         mean = self.means.get(key)
         if mean is None:
@@ -104,7 +160,8 @@ class UltraEditState(EditState):
         batch_mean = z.mean(0)
         delta = batch_mean - mean
         self.means[key] = mean + delta * (n / total)
-        self.sq_devs[key] = self.sq_devs[key] + ((z - batch_mean) ** 2).sum(0) + delta ** 2 * (old * n / total)
+        spread = ((z - batch_mean) ** 2).sum(0) * (n / (n - 1) if unbiased else 1.0)
+        self.sq_devs[key] = self.sq_devs[key] + spread + delta ** 2 * (old * n / total)
         self.counts[key] = total
 
     def std(self, key: str) -> torch.Tensor:
@@ -191,16 +248,18 @@ def _chunks(engine: ScoringEngine, pairs: list[tuple[str, str]]) -> list[list[in
 
 
 def turn_features(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], layers: Sequence[int]
-                  ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], float, int]:
+                  ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor, torch.Tensor, float]:
     """Keys K [n, in] and output gradients G [n, out] per layer at the answer positions of every request (rows in
     request order), from one forward and one backward of L = Σ_r −log P(o*_r | p_r) (UltraEdit §3, editing
-    features); also L and the number of answer tokens n."""
+    features); also each row's NLL, the index of the request each row belongs to, and L."""
     pairs = [(r.text, r.target_new) for r in requests]
     key_points = [f"blocks.{layer}.mlp_key" for layer in layers]
     out_points = [f"blocks.{layer}.mlp_out" for layer in layers]
     keys: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
     grads: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
-    total = 0.0
+    row_nll: list[torch.Tensor] = []
+    owner: list[int] = []
+    chunk_sums: list[float] = []
     for chunk in _chunks(engine, pairs):
         batch = engine.prepare([pairs[i] for i in chunk])
         where = answer_positions(batch)
@@ -211,14 +270,16 @@ def turn_features(bundle, engine: ScoringEngine, requests: Sequence[EditRequest]
             hidden = engine.batch_hidden(batch)
             logits = engine.logits_from_hidden(hidden[rows, pos])
             logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
-            nll = -logprobs.gather(-1, batch.input_ids[rows, pos + 1][:, None]).sum()
-            nll.backward()
-        total += float(nll.detach())
+            per_row = -logprobs.gather(-1, batch.input_ids[rows, pos + 1][:, None])[:, 0]
+            per_row.sum().backward()
+        row_nll.append(per_row.detach().double())
+        chunk_sums.append(float(per_row.detach().sum()))
+        owner += [chunk[r] for r, _ in where]
         for layer, kp, op in zip(layers, key_points, out_points, strict=True):
             keys[layer].append(k_store[kp][rows, pos].detach().double())
             grads[layer].append(g_store.grads[op][rows, pos].detach().double())
-    n = sum(len(k) for k in keys[layers[0]])
-    return ({la: torch.cat(keys[la]) for la in layers}, {la: torch.cat(grads[la]) for la in layers}, total, n)
+    return ({la: torch.cat(keys[la]) for la in layers}, {la: torch.cat(grads[la]) for la in layers},
+            torch.cat(row_nll), torch.tensor(owner), sum(chunk_sums))
 
 
 def compute(bundle, requests: Sequence[EditRequest], hp: UltraEditHParams, state: UltraEditState | None = None, *,
@@ -228,11 +289,26 @@ def compute(bundle, requests: Sequence[EditRequest], hp: UltraEditHParams, state
     (every layer, in ``layers`` order), then each layer's ΔW from its normalised features; the model is unchanged
     on return (every layer's ΔW comes from the same forward, as in the reference)."""
     state = state if state is not None else UltraEditState()
+    switches = hp.switches()
     report(f"ultraedit: forward and backward of {len(requests)} request(s)")
-    keys, grads, loss, n_rows = turn_features(bundle, engine, requests, hp.layers)
+    keys, grads, row_nll, owner, total = turn_features(bundle, engine, requests, hp.layers)
+    n_rows = int(row_nll.numel())
+    sub = owner // hp.sub_batch  # the sub-batch of each row (the reference's batches of sub_batch requests)
+    if switches["loss"] == "subbatch_mean":
+        # L_b = mean NLL over the sub-batch's answer tokens: each row's gradient is the summed loss's / T_b
+        tokens = torch.bincount(sub).double()
+        grads = {la: g / tokens[sub][:, None] for la, g in grads.items()}
+        loss = float(sum(row_nll[sub == b].mean() for b in range(len(tokens))))
+    else:
+        loss = total
     shapes = {layer: shape_key(keys[layer].shape[1], grads[layer].shape[1]) for layer in hp.layers}
-    for layer in hp.layers:
-        state.update(shapes[layer], torch.cat([keys[layer], grads[layer]], -1))
+    if switches["variance"] == "subbatch_unbiased":
+        for b in range(int(sub.max()) + 1):
+            for layer in hp.layers:
+                state.update(shapes[layer], torch.cat([keys[layer], grads[layer]], -1)[sub == b], unbiased=True)
+    else:
+        for layer in hp.layers:
+            state.update(shapes[layer], torch.cat([keys[layer], grads[layer]], -1))
     params = dict(bundle.model.named_parameters())
     deltas, norms, conds = {}, {}, {}
     for layer in hp.layers:
