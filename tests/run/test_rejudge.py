@@ -152,3 +152,13 @@ def test_a_lifelong_chain_is_rejudged_checkpoint_by_checkpoint(tmp_path, tiny_bu
     for a, b in zip(rows, new, strict=True):
         assert b["metrics"]["wild"]["Efficacy_post"] == _by_hand(a["post"]["wild"]["prompts"], "rewrite")
         assert b["metrics"]["counterfact"] == a["metrics"]["counterfact"]
+
+
+def test_a_rejudged_row_under_the_chat_template_keeps_its_wrapping():
+    from editscope.lm.engine import CHAT_NOTE
+    from editscope.run.rejudge import _protocol
+
+    new = {"name": "wild", "judge": "first_object", "locality_judge": "same_start", "note": "judged by first_object"}
+    assert _protocol(new, {"name": "wild", "note": "judged whole by exact_match"}) == new
+    old = {"name": "wild", "chat_template": "abc123", "note": f"judged whole by exact_match; {CHAT_NOTE}"}
+    assert _protocol(new, old) == {**new, "chat_template": "abc123", "note": f"judged by first_object; {CHAT_NOTE}"}

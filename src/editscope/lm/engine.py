@@ -88,9 +88,12 @@ class ChatFormat:
         return hashlib.blake2b(f"{self.head}\x1f{self.tail}".encode(), digest_size=6).hexdigest()
 
     def protocol(self) -> dict[str, str]:
-        return {"chat_template": self.digest,
-                "note": "prompts wrapped in the tokenizer's chat template (user turn + generation prompt; "
-                        "answers start the assistant turn, no leading space)"}
+        return {"chat_template": self.digest, "note": CHAT_NOTE}
+
+
+CHAT_NOTE = ("prompts wrapped in the tokenizer's chat template (user turn + generation prompt; answers start the "
+             "assistant turn, no leading space)")
+"""What a protocol note adds when prompts are wrapped in the chat template."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from editscope.atomic import atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
+from editscope.lm.engine import CHAT_NOTE
 from editscope.run.blocks import load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.store import (
@@ -83,8 +84,7 @@ def rejudge_run(run_dir: str | Path, out_dir: str | Path, *, judge: str | None =
         post = None if row["method"] == NO_EDIT else row["post"]
         row = copy.deepcopy(row)
         row["metrics"][WILD] = trial.metrics(case, row["pre"], post)[WILD]
-        row.setdefault("protocol", {})[WILD] = block.suites[WILD].protocol | (
-            {k: v for k, v in row.get("protocol", {}).get(WILD, {}).items() if k == "chat_template"})
+        row.setdefault("protocol", {})[WILD] = _protocol(block.suites[WILD].protocol, row["protocol"].get(WILD, {}))
         rows.append(row)
     digest = config.digest(meta.get("runtime") or {})
     rows = [{**r, ROW_CONFIG_KEY: digest} if ROW_CONFIG_KEY in r else r for r in rows]
@@ -95,6 +95,14 @@ def rejudge_run(run_dir: str | Path, out_dir: str | Path, *, judge: str | None =
                                   "judges": _judges(source), "rows": len(rows)}}
     atomic_write_text(out_dir / RUN_JSON, dumps_run_json(new_meta))
     return out_dir
+
+
+def _protocol(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """The suite's new protocol, wrapped as the row's was when its prompts went through the chat template (as
+    :meth:`editscope.run.trial.Trial.protocol` wraps it)."""
+    if "chat_template" not in old:
+        return dict(new)
+    return {**new, "chat_template": old["chat_template"], "note": f"{new.get('note', '')}; {CHAT_NOTE}"}
 
 
 def _judges(config: RunConfig) -> dict[str, dict[str, Any]]:
