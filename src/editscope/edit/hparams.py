@@ -11,6 +11,7 @@ import dataclasses
 import re
 import typing
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,17 @@ SWITCH_VALUES: dict[str, tuple[str, ...]] = {"kl_at": ("next", "subject"), "upda
                                              "key_average": ("flat", "grouped")}
 
 
+def check_convention(hp: Any, where: str, presets: Mapping[str, Any], switches: Mapping[str, Sequence[str]]) -> None:
+    """``hp.convention`` names one of ``presets`` and every switch ``hp`` sets explicitly (not None) takes one of its
+    ``switches`` values: one line naming the key otherwise."""
+    if hp.convention not in presets:
+        raise EditscopeError(f"{where}: key 'convention': must be one of {', '.join(presets)}, got {hp.convention!r}")
+    for key, allowed in switches.items():
+        value = getattr(hp, key)
+        if value is not None and value not in allowed:
+            raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(allowed)}, got {value!r}")
+
+
 @dataclass
 class VStarHParams(HParams):
     """Shared by editors that optimise a target value v* (ROME eq. 4; MEMIT eq. 16).
@@ -237,16 +249,10 @@ class VStarHParams(HParams):
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
-        if self.convention not in CONVENTIONS:
-            raise EditscopeError(f"{where}: key 'convention': must be one of {', '.join(CONVENTIONS)}, "
-                                 f"got {self.convention!r}")
+        check_convention(self, where, CONVENTIONS, SWITCH_VALUES)
         if self.mom2_dtype not in STATS_DTYPES:
             raise EditscopeError(f"{where}: key 'mom2_dtype': must be one of {', '.join(STATS_DTYPES)}, "
                                  f"got {self.mom2_dtype!r}")
-        for key, allowed in SWITCH_VALUES.items():
-            value = getattr(self, key)
-            if value is not None and value not in allowed:
-                raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(allowed)}, got {value!r}")
         for spec in self.context_templates:
             if len(spec) != 2 or min(spec) < 1:
                 raise EditscopeError(f"{where}: key 'context_templates': entries are [n_tokens, n_prefixes] >= 1, "

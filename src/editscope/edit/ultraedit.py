@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import TUNE_LAYERS, HParams
+from editscope.edit.hparams import TUNE_LAYERS, HParams, check_convention
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState, expect_keys, meta_field
@@ -86,13 +86,7 @@ class UltraEditHParams(HParams):
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
-        if self.convention not in ULTRA_CONVENTIONS:
-            raise EditscopeError(f"{where}: key 'convention': must be one of {', '.join(ULTRA_CONVENTIONS)}, "
-                                 f"got {self.convention!r}")
-        for key, allowed in ULTRA_SWITCHES.items():
-            value = getattr(self, key)
-            if value is not None and value not in allowed:
-                raise EditscopeError(f"{where}: key {key!r}: must be one of {', '.join(allowed)}, got {value!r}")
+        check_convention(self, where, ULTRA_CONVENTIONS, ULTRA_SWITCHES)
         if isinstance(self.sub_batch, bool) or not isinstance(self.sub_batch, int) or self.sub_batch < 1:
             raise EditscopeError(f"{where}: key 'sub_batch': must be a positive integer, got {self.sub_batch!r}")
 
