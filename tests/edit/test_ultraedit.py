@@ -35,6 +35,29 @@ def _keep_output_grad(seen: dict, layer: int):
     return hook
 
 
+def request_rows(model, engine: ScoringEngine, req, layers, scale: float = 1.0
+                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """One request's down-projection inputs and output gradients per layer at the positions predicting its answer,
+    from one plain HF forward (no padding, no batching) of ``scale`` · Σ −log P(o* | p) from input embeddings that
+    require grad (float64)."""
+    mods = {la: model.model.layers[la].mlp.down_proj for la in layers}
+    ctx, cont = engine.encode_pair(req.text, req.target_new)
+    ids = torch.tensor([ctx + cont])
+    c, n = len(ctx), len(cont)
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    handles = [m.register_forward_hook(_keep_output_grad(seen, la)) for la, m in mods.items()]
+    try:
+        with torch.enable_grad():
+            embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            lp = model(inputs_embeds=embeds).logits[0][c - 1:c + n - 1].log_softmax(-1)
+            (-lp.gather(-1, ids[0, c:c + n][:, None]).sum() * scale).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return {la: (seen[la][0][0, c - 1:c + n - 1].detach().double(), seen[la][1].grad[0, c - 1:c + n - 1].double())
+            for la in layers}
+
+
 def plain_turn(model, engine: ScoringEngine, requests, layers, lr: float, ridge: float
                ) -> dict[int, torch.Tensor]:
     """UltraEdit's turn from its description, on an unedited LLaMA-layout model with an empty normaliser: per request
@@ -42,29 +65,12 @@ def plain_turn(model, engine: ScoringEngine, requests, layers, lr: float, ridge:
     and output gradients (retain_grad) at the positions predicting the answer, L = Σ −log P(o* | p); z = [k ‖ g];
     μ, σ (unbiased) over every row of every layer (one shape); ẑ = (z − μ)/(σ + ε); V = −η‖k̂‖² ĝ; and
     ΔWᵀ = (KᵀK + λI)⁻¹ KᵀV solved in the paper's (in × in) form."""
-    mods = {la: model.model.layers[la].mlp.down_proj for la in layers}
     keys = {la: [] for la in layers}
     grads = {la: [] for la in layers}
     for req in requests:
-        ctx, cont = engine.encode_pair(req.text, req.target_new)
-        ids = torch.tensor([ctx + cont])
-        c, n = len(ctx), len(cont)
-        seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        handles = [m.register_forward_hook(_keep_output_grad(seen, la)) for la, m in mods.items()]
-        try:
-            with torch.enable_grad():
-                embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-                logits = model(inputs_embeds=embeds).logits[0]
-                lp = logits[c - 1:c + n - 1].log_softmax(-1)
-                loss = -lp.gather(-1, ids[0, c:c + n][:, None]).sum()
-                loss.backward()
-        finally:
-            for h in handles:
-                h.remove()
-        for la in layers:
-            k, v = seen[la]
-            keys[la].append(k[0, c - 1:c + n - 1].detach().double())
-            grads[la].append(v.grad[0, c - 1:c + n - 1].double())
+        for la, (k, g) in request_rows(model, engine, req, layers).items():
+            keys[la].append(k)
+            grads[la].append(g)
     K = {la: torch.cat(keys[la]) for la in layers}
     G = {la: torch.cat(grads[la]) for la in layers}
     Z = torch.cat([torch.cat([K[la], G[la]], -1) for la in layers])
@@ -111,29 +117,12 @@ def plain_reference_turn(model, engine: ScoringEngine, requests, layers, lr: flo
     variance (Chan's combination); σ = sqrt(M2 / (N − 1 + ε)); then as the paper."""
     tokens = [len(engine.encode_pair(r.text, r.target_new)[1]) for r in requests]
     batches = [list(range(i, min(i + sub_batch, len(requests)))) for i in range(0, len(requests), sub_batch)]
-    mods = {la: model.model.layers[la].mlp.down_proj for la in layers}
     feats: dict[tuple[int, int], list[torch.Tensor]] = {}
     keys = {la: [] for la in layers}
     for b, members in enumerate(batches):
         t_b = sum(tokens[i] for i in members)
         for i in members:
-            req = requests[i]
-            ctx, cont = engine.encode_pair(req.text, req.target_new)
-            ids = torch.tensor([ctx + cont])
-            c, n = len(ctx), len(cont)
-            seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-            handles = [m.register_forward_hook(_keep_output_grad(seen, la)) for la, m in mods.items()]
-            try:
-                with torch.enable_grad():
-                    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-                    lp = model(inputs_embeds=embeds).logits[0][c - 1:c + n - 1].log_softmax(-1)
-                    (-lp.gather(-1, ids[0, c:c + n][:, None]).sum() / t_b).backward()
-            finally:
-                for h in handles:
-                    h.remove()
-            for la in layers:
-                k, v = seen[la]
-                kk, gg = k[0, c - 1:c + n - 1].detach().double(), v.grad[0, c - 1:c + n - 1].double()
+            for la, (kk, gg) in request_rows(model, engine, requests[i], layers, 1.0 / t_b).items():
                 keys[la].append(kk)
                 feats.setdefault((b, la), []).append(torch.cat([kk, gg], -1))
     mean = m2 = None
