@@ -187,7 +187,8 @@ def _accepts(name: str, method: str) -> bool:
         editor.families is None or family in editor.families)
 
 
-ACCEPTED = [(n, m) for n in NEW for m in sorted(EDITORS) if _accepts(n, m)]
+WEIGHT_EDITORS = sorted(n for n, e in EDITORS.items() if e.kind == "weights")
+ACCEPTED = [(n, m) for n in NEW for m in WEIGHT_EDITORS if _accepts(n, m)]
 REFUSED = [(n, m) for n in NEW for m in sorted(EDITORS) if not _accepts(n, m)]
 
 

@@ -142,6 +142,9 @@ class HParams(Params):
     key statistics (:mod:`editscope.stats`) the editor will read, so a runner can compute them up front."""
 
     method: typing.ClassVar[str] = ""
+    #: True for an editor that writes no layer (a context editor): with no shipped file its defaults hold on any
+    #: model, with no derived-hparams warning
+    LAYERLESS: typing.ClassVar[bool] = False
     layers: list[int] = field(default_factory=lambda: [0])
 
     @classmethod
@@ -332,7 +335,8 @@ DEFAULT_REFERENCE_FAMILY = "llama"
 #: shipped FT configs do (the published FT configs disagree: layer 0 in ROME's FT-L, 21 in MEMIT's GPT-J FT-W
 #: and AlphaEdit's Llama-3 FT). KN and MEND have no rule: they need --hparams or a shipped file.
 LAYER_RULES: dict[str, str] = {"rome": "single", "ft": "single", "memit": "window", "alphaedit": "window",
-                               "prune": "window", "rect": "window", "evk_edit": "window"}
+                               "prune": "window", "rect": "window", "evk_edit": "window",
+                               "grace": "single"}
 
 
 class DerivedHParamsWarning(UserWarning):
@@ -393,6 +397,8 @@ def resolve_hparams(method: str, cls: type[HParams], model: str, arch: tuple[str
     path = shipped_hparams_path(method, model)
     if path is not None:
         return load_yaml(path, cls, overrides, n_layers, overrides_label)
+    if cls.LAYERLESS:  # nothing about it depends on the model's depth
+        return _validate(cls, {}, f"<{method} hparams>", overrides, n_layers, overrides_label)
     derived = derived_layers(method, *arch) if arch else None
     if derived is None:
         folder = config_root() / method

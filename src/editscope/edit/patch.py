@@ -31,7 +31,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import safe_open
@@ -128,6 +128,8 @@ class Patch:
     values of the edited parameters, saved with the file (key ``base::NAME``) so that an edited model folder
     can be reverted bit-exactly without the original model (:meth:`revert_from_bases`).
     """
+
+    kind: ClassVar[str] = "weights"  # the intervention kind (editscope.edit.intervention.KINDS)
 
     deltas: dict[str, torch.Tensor]
     method: str

@@ -25,9 +25,25 @@ from typing import Any, Protocol
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit import alphaedit, evk_edit, ft, kn, memit, prune, rect, rome, ultraedit
+from editscope.edit import (
+    alphaedit,
+    evk_edit,
+    ft,
+    grace,
+    ike,
+    kn,
+    memit,
+    prompt,
+    prune,
+    rect,
+    retrieval,
+    rome,
+    ultraedit,
+)
 from editscope.edit.context import key_statistics
+from editscope.edit.context_edit import ContextStore
 from editscope.edit.hparams import HParams, load_yaml, resolve_hparams, shipped_hparams_path
+from editscope.edit.intervention import KINDS, in_force
 from editscope.edit.mend import core as mend
 from editscope.edit.mend.train import prepare as mend_prepare
 from editscope.edit.objective import ObjectiveTerm
@@ -65,6 +81,13 @@ class PresolveFn(Protocol):
     def __call__(self, bundle: Bundle, hp: HParams, state: EditState) -> Any: ...
 
 
+class ReinstateFn(Protocol):
+    """``reinstate(bundle, hp, state) -> intervention``: the memory or context edit that puts everything ``state``
+    holds on the model (a resumed lifelong chain restores its store, then this)."""
+
+    def __call__(self, bundle: Bundle, hp: HParams, state: EditState) -> Any: ...
+
+
 class PrepareFn(Protocol):
     """``prepare(bundle, hparams, log, *, progress)``: what edits with each of ``hparams`` need done once before
     them (MEND: training its editor networks to every ``steps`` asked); ``log`` receives progress lines."""
@@ -89,6 +112,11 @@ class Editor:
     compare trained editors. An ordinary run does not: a missing trained editor is an error naming the command.
     ``presolve`` is what an edit computes once before its solve (:class:`PresolveFn`; None: nothing, and
     ``compute`` is called without ``presolved``).
+
+    ``kind`` is what an edit leaves on the model (:data:`~editscope.edit.intervention.KINDS`): ``weights`` (the
+    default: ``compute`` returns ΔW per parameter and the edit is a :class:`Patch`), ``memory`` or ``context``
+    (``compute`` returns the :class:`~editscope.edit.intervention.StoredEdit` itself, which supersedes the edit of
+    the same method in force; ``reinstate`` rebuilds it from the sequential state for a resumed chain).
     """
 
     name: str
@@ -102,6 +130,15 @@ class Editor:
     families: frozenset[str] | None = None
     prepare: PrepareFn | None = None
     presolve: PresolveFn | None = None
+    kind: str = "weights"
+    reinstate: ReinstateFn | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise EditscopeError(f"editor {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind != "weights" and (self.reinstate is None or self.state_class is NoState):
+            raise EditscopeError(f"editor {self.name}: a {self.kind} editor keeps its store in a sequential state and "
+                                 "declares how to reinstate it")
 
     # -- declarations read by the runner and the CLI -------------------------------------------------------
     @property
@@ -113,7 +150,9 @@ class Editor:
         return self.state_class()
 
     def param_names(self, bundle: Bundle, hp: HParams) -> list[str]:
-        """Names of the parameters an edit with ``hp`` writes."""
+        """Names of the parameters an edit with ``hp`` writes (none for a memory or context editor)."""
+        if self.kind != "weights":
+            return []
         return [bundle.arch.weight_name(layer, self.writes) for layer in hp.layers]
 
     def stats_layers(self, hp: HParams) -> list[int]:
@@ -189,6 +228,8 @@ class Editor:
         a sequence of edits so they share its template cache."""
         patch, update = self.compute_edit(bundle, requests, hparams, state, engine=engine, runtime=runtime,
                                           plugins=plugins)
+        if self.kind != "weights":  # the store after this edit replaces the one in force
+            patch.superseded = in_force(bundle, self.name)
         patch.apply(bundle, check=False)
         if state is not None:  # only now: a refused edit leaves the caller's state as it was
             state.commit(update)
@@ -234,6 +275,9 @@ class Editor:
                                     extra_terms=[p.term() for p in attached], **presolved)
         info["runtime"] = runtime.settings()
         info["seconds"] = time.perf_counter() - t0
+        if self.kind != "weights":  # compute returned the memory or context edit itself
+            deltas.info.update(info, kind=self.kind)
+            return deltas, update
         _check_finite(self.name, requests, deltas, info)
         unexpected = set(deltas) - set(self.param_names(bundle, hp))
         if unexpected:  # the declaration is what the runner and reports rely on
@@ -317,6 +361,16 @@ for _editor in (
     # one gradient and one solve per turn, no optimised loss; its lifelong normaliser is the sequential state
     Editor("ultraedit", "UltraEdit", ultraedit.UltraEditHParams, ultraedit.compute, optimises=False,
            state_class=ultraedit.UltraEditState),
+    # a memory editor: a codebook beside one layer; the codebook is the sequential state
+    Editor("grace", "GRACE", grace.GraceHParams, grace.compute, optimises=False, writes="",
+           state_class=grace.GraceCodebook, kind="memory", reinstate=lambda b, hp, s: grace.edit_of(b, [], hp, s)),
+    # context editors: the facts live in the text before each prompt; the store is the sequential state
+    Editor("prompt", "PROMPT", prompt.PromptHParams, prompt.compute, optimises=False, writes="",
+           state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: prompt.edit_of(b, [], hp, s)),
+    Editor("ike", "IKE", ike.IkeHParams, ike.compute, optimises=False, writes="", state_class=ContextStore,
+           kind="context", reinstate=lambda b, hp, s: ike.edit_of(b, [], hp, s)),
+    Editor("retrieval", "Retrieval", retrieval.RetrievalHParams, retrieval.compute, optimises=False, writes="",
+           state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: retrieval.edit_of(b, [], hp, s)),
 ):
     register_editor(_editor)
 

@@ -54,6 +54,31 @@ class AppliedPatch(Protocol):
     def release(self) -> None: ...
 
 
+class PromptContext(Protocol):
+    """Text a context edit puts before a prompt (:class:`editscope.edit.context_edit.ContextEdit` satisfies it)."""
+
+    method: str
+
+    def prefix(self, prompt: str) -> str: ...
+
+
+@dataclass
+class MemoryRead:
+    """Where a module memory reads its query in the forward about to run (set by the scoring engine).
+
+    ``positions`` [B]: each row's query token (its prompt's last token); the memory governs that position and every
+    later one (the answer's). None: a decoding step continuing the rows of the last forward that had positions; a
+    memory then applies to the new positions whatever it chose for that row there (``chosen``, which the memory
+    fills; :meth:`select` keeps the rows still decoding)."""
+
+    positions: torch.Tensor | None
+    chosen: dict[int, torch.Tensor] = field(default_factory=dict)  # id(memory) -> [B] entry index, -1: none
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows at ``index`` (a decoder dropped the rows that ended)."""
+        self.chosen = {k: v[index.to(v.device)] for k, v in self.chosen.items()}
+
+
 @dataclass
 class Bundle:
     """A loaded model with everything editscope needs to know about it.
@@ -74,6 +99,10 @@ class Bundle:
     _applied: list[AppliedPatch] = field(default_factory=list, repr=False)
     _originals: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # inside folding(): see fold()
     _folded: int = field(default=0, repr=False)  # 1 when _applied[0] is the _FoldedChain of folded patches
+    _contexts: list[PromptContext] = field(default_factory=list, repr=False)  # see context_for()
+    _contexts_off: int = field(default=0, repr=False)
+    _memories: int = field(default=0, repr=False)  # module memories in force (see memory_read())
+    _read: MemoryRead | None = field(default=None, repr=False)
 
     @property
     def config(self):
@@ -101,6 +130,64 @@ class Bundle:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    # -- context edits: text the model sees before every prompt --------------------------------------------
+    @property
+    def contexts(self) -> tuple[PromptContext, ...]:
+        """The context edits in force, oldest first (empty inside :meth:`without_context`)."""
+        return () if self._contexts_off else tuple(self._contexts)
+
+    def context_for(self, prompt: str) -> str:
+        """What the model sees before ``prompt``: every context edit's prefix, oldest first ("" without any). The
+        scoring engine asks this for every prompt it encodes, so each suite scores and generates under it."""
+        return "".join(c.prefix(prompt) for c in self.contexts)
+
+    def add_context(self, context: PromptContext) -> None:
+        if any(c is context for c in self._contexts):
+            raise EditscopeError(f"context edit ({context.method}) is already in force on {self.name}")
+        self._contexts.append(context)
+
+    def remove_context(self, context: PromptContext) -> None:
+        index = next((i for i, c in enumerate(self._contexts) if c is context), None)
+        if index is None:
+            raise EditscopeError(f"context edit ({context.method}) is not in force on {self.name}")
+        del self._contexts[index]
+
+    @contextmanager
+    def without_context(self) -> Iterator[Bundle]:
+        """Prompts as they are, without the context edits, inside the block (a retriever embeds the raw query)."""
+        self._contexts_off += 1
+        try:
+            yield self
+        finally:
+            self._contexts_off -= 1
+
+    # -- module memories: where their queries are read ------------------------------------------------------
+    @property
+    def has_memory(self) -> bool:
+        """Whether a module memory is in force (the engine then says where each row's query is read)."""
+        return self._memories > 0
+
+    def count_memory(self, step: int) -> None:
+        """A module memory was installed (+1) or removed (-1)."""
+        self._memories += step
+
+    @property
+    def read(self) -> MemoryRead | None:
+        """The query positions of the forward running now (None: not set; a memory then reads the last token)."""
+        return self._read
+
+    @contextmanager
+    def memory_read(self, read: MemoryRead | None) -> Iterator[MemoryRead | None]:
+        """Forwards inside the block read module memories as ``read`` says (nothing changes without a memory)."""
+        if read is None or not self._memories:
+            yield read
+            return
+        outer, self._read = self._read, read
+        try:
+            yield read
+        finally:
+            self._read = outer
 
     # -- applied patches ------------------------------------------------------------------------------
     @property

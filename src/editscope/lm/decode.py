@@ -23,10 +23,12 @@ Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache], torch.
 
 
 def greedy_rows(step: Step, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
-                ended: Callable[[list[int]], bool], eos_ids: frozenset[int]) -> list[list[int]]:
+                ended: Callable[[list[int]], bool], eos_ids: frozenset[int],
+                on_select: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
     """New token ids of each left-padded row of ``ids`` (``mask`` 1 on real tokens), greedily decoded: a row ends
     at an EOS id (not kept), when ``ended(its new ids)`` is true (the token that ended it kept), or after
-    ``max_new_tokens`` tokens."""
+    ``max_new_tokens`` tokens. ``on_select`` is told the batch rows kept whenever rows leave (a module memory's
+    per-row choice follows them)."""
     cache = DynamicCache()  # full (non-sliding) layers: the mask sets any window
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = step(ids, mask, positions, cache)
@@ -47,6 +49,8 @@ def greedy_rows(step: Step, ids: torch.Tensor, mask: torch.Tensor, *, max_new_to
         if len(keep) < len(alive):
             index = torch.tensor(keep, device=ids.device)
             cache.batch_select_indices(index)
+            if on_select is not None:
+                on_select(index)
             tokens, mask = tokens[index], mask[index]
             alive = [alive[b] for b in keep]
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)

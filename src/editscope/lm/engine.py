@@ -43,6 +43,7 @@ import torch
 
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
+from editscope.lm.bundle import MemoryRead
 from editscope.lm.decode import greedy_rows, stop_check
 from editscope.lm.hooks import capture
 from editscope.lm.kv_cache import cache_kwargs
@@ -280,9 +281,18 @@ class ScoringEngine(Scorer):
         # the rendered template holds its own special tokens (BOS included, where it has one)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def in_context(self, prompt: str) -> str:
+        """``prompt`` with what the bundle's context edits put before it (:meth:`Bundle.context_for`): the text
+        every prompt is encoded from, so teacher-forced scores and generated answers both see the edit's context."""
+        if not prompt or not self.bundle.contexts:
+            return prompt
+        return self.bundle.context_for(prompt) + prompt
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the model sees it (BOS prepended when the tokenizer adds one); with the chat
-        template, ``text`` is the start of a user turn (the tail is added by :meth:`context_ids`)."""
+        template, ``text`` is the start of a user turn (the tail is added by :meth:`context_ids`). A context edit's
+        prefix comes first (:meth:`in_context`)."""
+        text = self.in_context(text)
         if self.chat is not None:
             return self._chat_tokens(self.chat.head + text)
         return self._tokens(text)
@@ -297,10 +307,21 @@ class ScoringEngine(Scorer):
         error."""
         if context and not context.strip():
             raise EditscopeError(f"empty context (prompt): only whitespace {context!r}")
+        return self._context_ids(self.in_context(context))
+
+    def _context_ids(self, context: str) -> list[int]:
         if self.chat is not None and context:
             return self._chat_tokens(self.chat.head + context.rstrip() + self.chat.tail)
         ids = self._tokens(context)
         return ids if ids else [self.start_id]
+
+    def _check_no_context(self, what: str) -> None:
+        """Embeddings given for a prompt's own tokens cannot hold a context edit's prefix: refused in one line."""
+        if self.bundle.contexts:
+            methods = ", ".join(sorted({c.method for c in self.bundle.contexts}))
+            raise EditscopeError(f"{what}: a context edit ({methods}) is in force, and embeddings given for a prompt "
+                                 "cannot hold its context (this measure reads perturbed prompt embeddings; score it "
+                                 "with a weight or memory editor)")
 
     def _tail_length(self, context: str) -> int:
         """Tokens the chat turn's tail adds after :meth:`encode` of ``context`` (0 without the template)."""
@@ -323,6 +344,7 @@ class ScoringEngine(Scorer):
         begins a document: no space is added (lm-evaluation-harness's rolling log-likelihood; KLoB-u sentences).
         """
         ctx_ids = self.context_ids(context)
+        context = self.in_context(context)
         if not continuation or not continuation.strip():
             raise EditscopeError(f"empty continuation after context {context!r}")
         if self.chat is not None and context:  # the answer opens the assistant's turn: no space before it
@@ -350,6 +372,7 @@ class ScoringEngine(Scorer):
             ctx_ids, cont_ids = self.encode_pair(req.context, req.continuation)
             embeds = req.context_embeds
             if embeds is not None:
+                self._check_no_context("context_embeds")
                 embeds = self._with_tail(req.context, embeds, len(ctx_ids))
                 if embeds.shape[0] != len(ctx_ids):
                     raise EditscopeError(
@@ -480,13 +503,15 @@ class ScoringEngine(Scorer):
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
             torch.from_numpy(~allowed).to(device), torch.finfo(dtype).min)
-        hidden = self._base(
-            input_ids=None if embeds is not None else ids,
-            inputs_embeds=embeds,
-            attention_mask=mask[:, None],
-            position_ids=positions,
-            use_cache=False,
-        ).last_hidden_state
+        queries = [offsets[b] + len(row.ctx_ids) - 1 for b, row in enumerate(batch)]  # each prompt's last token
+        with self.bundle.memory_read(self._reading(queries)):
+            hidden = self._base(
+                input_ids=None if embeds is not None else ids,
+                inputs_embeds=embeds,
+                attention_mask=mask[:, None],
+                position_ids=positions,
+                use_cache=False,
+            ).last_hidden_state
 
         # Read positions: each row's context end and its prefix nodes, each once.
         read_b, read_t, read_at, start = [], [], [], 0
@@ -550,6 +575,7 @@ class ScoringEngine(Scorer):
             ids = self.context_ids(text)
             emb = context_embeds[i] if context_embeds is not None else None
             if emb is not None:
+                self._check_no_context("context_embeds")
                 emb = self._with_tail(text, emb, len(ids))
             if emb is not None and emb.shape[0] != len(ids):
                 raise EditscopeError(f"context_embeds[{i}] has {emb.shape[0]} rows, context has {len(ids)} tokens")
@@ -565,9 +591,10 @@ class ScoringEngine(Scorer):
         for start in range(0, len(rows), max(1, self.token_budget // max(len(r[0]) for r in rows))):
             chunk = rows[start:start + max(1, self.token_budget // max(len(r[0]) for r in rows))]
             ids, mask, pos, embeds = self._inputs(chunk, "right")
-            hidden = self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,
-                                attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
             last = mask.sum(-1) - 1
+            with self.bundle.memory_read(self._reading(last)):
+                hidden = self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,
+                                    attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
             rows_t = torch.arange(len(chunk), device=last.device)
             outs.append(self.logits_from_hidden(hidden[rows_t, last]).log_softmax(-1))
         lp = torch.cat(outs)
@@ -607,7 +634,8 @@ class ScoringEngine(Scorer):
                 raise EditscopeError(f"token positions {list(positions)} outside the contexts")
         names = ["final" if kind == "final" else f"blocks.{layer}.{kind}" for layer in layers]
         # the forward stops once the highest requested layer has fired (keys k* need no later block)
-        with capture(self.model, self.arch, names, stop_after=True) as store:
+        with capture(self.model, self.arch, names, stop_after=True) as store, \
+                self.bundle.memory_read(self._reading(lengths - 1)):
             self._base(input_ids=None if embeds is not None else ids, inputs_embeds=embeds,
                        attention_mask=mask, position_ids=pos, use_cache=False)
         arange = torch.arange(len(rows), device=index.device)
@@ -650,10 +678,31 @@ class ScoringEngine(Scorer):
         answers = []
         for start in range(0, len(rows), per_call):
             ids, mask, _, _ = self._inputs(rows[start:start + per_call], "left")
-            for new in greedy_rows(self._last_logits, ids, mask, max_new_tokens=max_new_tokens, ended=ended,
-                                   eos_ids=self._eos_ids):
-                answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop))
+            # left padding: every prompt ends at the last column; decoding steps continue each row's memory choice
+            read = self._reading([ids.shape[1] - 1] * ids.shape[0])
+            with self.bundle.memory_read(read):
+                for new in greedy_rows(self._continuing(read), ids, mask, max_new_tokens=max_new_tokens,
+                                       ended=ended, eos_ids=self._eos_ids,
+                                       on_select=read.select if read is not None else None):
+                    answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop))
         return answers
+
+    def _reading(self, queries: Sequence[int] | torch.Tensor) -> MemoryRead | None:
+        """Where module memories read each row's query (None when no memory is in force: nothing to say)."""
+        if not self.bundle.has_memory:
+            return None
+        return MemoryRead(torch.as_tensor(queries, dtype=torch.long, device=self.bundle.device))
+
+    def _continuing(self, read: MemoryRead | None):
+        """The decoding step: the first call reads the prompts' queries, later ones continue each row's choice."""
+        if read is None:
+            return self._last_logits
+
+        def step(ids, mask, positions, cache):
+            logits = self._last_logits(ids, mask, positions, cache)
+            read.positions = None
+            return logits
+        return step
 
     def _last_logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """One decoding step (:data:`editscope.lm.decode.Step`): logits of each row's last position only."""

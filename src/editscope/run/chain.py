@@ -284,7 +284,12 @@ class LifelongChain:
         self.state = self.editor.state_class.from_state_dict(
             {k: v.to(bundle.device) for k, v in ckpt.state_tensors.items()}, ckpt.state_meta, str(self.path))
         records = ckpt.meta["rounds"]
-        self.log.restored(ckpt.restore(bundle, str(self.path), [rec["digest"] for rec in records]), records)
+        if self.editor.kind == "weights":
+            self.log.restored(ckpt.restore(bundle, str(self.path), [rec["digest"] for rec in records]), records)
+        else:  # a memory or context edit: the store is the state; put back what it holds
+            edit = self.editor.reinstate(bundle, self.trial.method.hp, self.state)
+            edit.apply(bundle, check=False)
+            self.log.restored(edit, records)
         for key, texts in templates_from_json(ckpt.meta.get("templates", [])).items():
             self.trial.runtime.templates.setdefault(key, texts)  # generated on the loaded weights, as before
         self.host.log(f"resuming chain {self.block.label} group {self.g} method {self.trial.label} after round {r} "

@@ -288,7 +288,7 @@ def delta_stats(patch: Any, bundle: Bundle, *, n_singular: int = 12) -> list[dic
     largest singular value against W's (PRUNE compares the two)."""
     params = dict(bundle.model.named_parameters())
     out = []
-    for name, delta in patch.deltas.items():
+    for name, delta in getattr(patch, "deltas", {}).items():  # a memory or context edit writes no weight
         d = delta.detach().to("cpu", torch.float64)
         w = params[name].detach().to("cpu", torch.float64)
         entry: dict[str, Any] = {"name": name, "layer": _layer_of(name), "shape": list(d.shape),

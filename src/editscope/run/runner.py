@@ -244,6 +244,7 @@ class Runner:
             editor.check_model(bundle)  # an unsupported family fails here, before any work
             hp = editor.load_hparams(bundle, spec.hparams, spec.overrides or None, f"method {spec.label!r}: override")
             methods[spec.label] = Method(spec.label, editor, hp, tuple(spec.attached_plugins()))
+            _check_context_suites(spec.label, editor, blocks)
         engine = ScoringEngine(bundle, chat_template=self.config.chat_template)
         self._prompt_format = engine.prompt_format
         return Work(blocks, methods, engine)
@@ -566,6 +567,18 @@ class Runner:
                      "first run)")
             second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress,
                            stats_dtype=dtype)
+
+def _check_context_suites(label: str, editor, blocks: Sequence[Block]) -> None:
+    """A context editor cannot be measured by a suite that perturbs prompt embeddings: one line before any work."""
+    if editor.kind != "context":
+        return
+    for block in blocks:
+        bad = [name for name, suite in block.suites.items() if suite.reads_prompt_embeddings]
+        if bad:
+            raise EditscopeError(f"method {label!r} is a context editor, and suite {bad[0]} of block {block.label} "
+                                 "scores prompts from perturbed embeddings, which cannot hold its context; drop the "
+                                 "suite for this method (a separate block or run)")
+
 
 def bar_status(bar, every: float = 0.5) -> Callable[[str], None]:
     """A progress listener that shows the latest news after a tqdm bar, redrawn at most every ``every`` seconds:

@@ -226,13 +226,19 @@ class Edits:
                              "digest": patch.digest})
         if self.save_to is not None:
             patch.save(self.save_to / f"{self.stem}-{len(self.records) - 1}.safetensors")
-        if self.chained:
+        if self.chained and patch.kind == "weights":
             self.bundle.fold(patch)
             self.loose.pop()
+        elif self.chained:  # a memory or context edit holds the whole store: the one it superseded is let go
+            patch.release_superseded()
+            self.loose = [patch]
 
     def restored(self, patch: Patch, records: Sequence[Mapping[str, Any]]) -> None:
-        """A resumed chain: ``patch`` (the folded ΔW of the rounds before, already folded) and those rounds'
-        :attr:`records` as its checkpoint saved them."""
+        """A resumed chain: ``patch`` (the folded ΔW of the rounds before, already folded; or the memory or context
+        edit reinstated from the chain's store, applied) and those rounds' :attr:`records` as its checkpoint saved
+        them."""
+        if patch.kind != "weights":
+            self.loose = [patch]
         for name, checksum in patch.checksums.items():
             self.checksums.setdefault(name, checksum)
         for record in records:
@@ -301,6 +307,9 @@ class Trial:
                     if patch.applied:
                         patch.revert(bundle)
         check_restored(bundle, log.checksums, f"{self.dataset}, {self.label}: ")
+        if bundle.contexts or bundle.has_memory:  # a memory or context edit writes no weight: it must be gone
+            raise EditscopeError(f"{self.dataset}, {self.label}: a memory or context edit is still in force after the "
+                                 "edits were undone (bug: please report)")
 
     def edit(self, log: Edits, requests: Sequence[EditRequest], state: Any, *, engine: Scorer, group: int,
              n_cases: int, where: str, round_: tuple[int, ...] = (), seeded: bool = True) -> Patch:

@@ -89,6 +89,9 @@ class Suite(ABC):
     #: quantities the editors report per round (``edit_info`` key -> its declaration) that this suite's curves
     #: against the number of edits show beside its own metrics (:func:`editscope.run.summary.edit_info_curves`)
     edit_info_curves: ClassVar[Mapping[str, MetricSpec]] = {}
+    #: whether the suite scores prompts from embeddings it perturbs (EVK's stability): a context edit cannot be
+    #: measured so (its text before the prompt has no perturbed embeddings), and a run pairing them is refused
+    reads_prompt_embeddings: ClassVar[bool] = False
 
     @property
     @abstractmethod

@@ -95,6 +95,8 @@ def _sigma_tag(sigma: float) -> str:
 class EvkSuite(Suite):
     """EVK-Bench ES/TS; options documented in the module docstring."""
 
+    reads_prompt_embeddings = True
+
     name = "evk"
     card_section = "evk-stability"
 

@@ -1,0 +1,138 @@
+"""Module memories: a layer's output governed by a store beside the weights (GRACE's codebook).
+
+A :class:`MemoryEdit` wraps one module (the MLP's down projection of one block) by a forward hook installed on
+:meth:`apply` and removed on :meth:`revert`; the base weights are never written. The store is a codebook of entries
+(key, value, radius): for a row whose query — the module's input at the row's query token, its prompt's last token
+(:class:`editscope.lm.bundle.MemoryRead`, set by the scoring engine) — lies within an entry's radius of its nearest
+key (Euclidean distance), the module's output at the query token *and every later position* (the answer's tokens,
+teacher-forced or generated) is that entry's value; every other row is left exactly as the module computed it
+(Hartvigsen et al., "Aging with GRACE", NeurIPS 2023, §3.1 eq. 1-2). Outside the engine (a forward with no read
+positions set) the query is each row's last token and only that position is governed.
+
+While decoding with a key/value cache, each new token's forward continues the row's choice made on its prompt: the
+value goes on governing the row's later positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from editscope.edit.intervention import StoredEdit
+from editscope.errors import EditscopeError
+from editscope.lm.bundle import Bundle, MemoryRead
+
+FORMAT = "editscope-memory-1"
+
+
+def nearest(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distance, index) of each query's nearest key, Euclidean, in float64 (ties to the earlier key)."""
+    d = torch.cdist(queries.double()[None], keys.double().to(queries.device)[None])[0]
+    dist, index = d.min(dim=1)
+    return dist, index
+
+
+def govern(inputs: torch.Tensor, output: torch.Tensor, read: MemoryRead | None, keys: torch.Tensor,
+           values: torch.Tensor, radii: torch.Tensor, owner: int) -> torch.Tensor:
+    """The module's output with the codebook applied (see the module docstring); ``output`` itself when no row's
+    query falls within a radius (so those logits are bit-equal to the unedited model's)."""
+    if keys.shape[0] == 0 or output.dim() != 3:  # a call on bare vectors is not a sequence to govern
+        return output
+    batch, width = output.shape[0], output.shape[1]
+    if read is not None and read.positions is None:  # a decoding step: continue each row's choice
+        chosen = read.chosen.get(owner)
+        if chosen is None or not bool((chosen >= 0).any()):
+            return output
+        hit = chosen >= 0
+        rows = values.to(output)[chosen.clamp(min=0)]
+        return torch.where(hit[:, None, None], rows[:, None, :].expand_as(output), output)
+    where = (read.positions if read is not None else
+             torch.full((batch,), width - 1, dtype=torch.long, device=output.device)).to(output.device)
+    queries = inputs[torch.arange(batch, device=output.device), where]
+    dist, index = nearest(queries, keys)
+    hit = dist <= radii.double().to(dist.device)[index]
+    if read is not None:
+        read.chosen[owner] = torch.where(hit, index, torch.full_like(index, -1))
+    if not bool(hit.any()):
+        return output
+    columns = torch.arange(width, device=output.device)[None, :]
+    span = columns >= where[:, None] if read is not None else columns == where[:, None]
+    governed = (span & hit[:, None])[..., None]
+    return torch.where(governed, values.to(output)[index][:, None, :].expand_as(output), output)
+
+
+@dataclass(eq=False)
+class MemoryEdit(StoredEdit):
+    """A codebook at one module (see the module docstring): ``keys`` [N, d_in], ``values`` [N, d_out], ``radii``
+    [N] (float64) and each entry's ``labels`` (the answer it was trained for)."""
+
+    kind: ClassVar[str] = "memory"
+    FORMAT: ClassVar[str] = FORMAT
+
+    method: str
+    hparams: dict[str, Any]
+    fingerprint: str
+    module: str
+    keys: torch.Tensor
+    values: torch.Tensor
+    radii: torch.Tensor
+    labels: tuple[str, ...] = ()
+    model_name: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
+    superseded: StoredEdit | None = field(default=None, repr=False)
+    _target: Bundle | None = field(default=None, repr=False)
+    _handle: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        n = self.keys.shape[0]
+        if self.values.shape[0] != n or self.radii.shape[0] != n or len(self.labels) != n:
+            raise EditscopeError(f"{self.method} memory: {n} keys, {self.values.shape[0]} values, "
+                                 f"{self.radii.shape[0]} radii, {len(self.labels)} labels (one of each per entry)")
+
+    @property
+    def size(self) -> int:
+        return int(self.keys.shape[0])
+
+    def _attach(self, target: Bundle) -> None:
+        try:
+            module = target.model.get_submodule(self.module)
+        except AttributeError:
+            raise EditscopeError(f"{self.method} memory: module {self.module!r} does not exist in "
+                                 f"{target.name}") from None
+        owner = id(self)
+
+        def hook(_module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            return govern(args[0], output, target.read, self.keys, self.values, self.radii, owner)
+
+        self._handle = module.register_forward_hook(hook)
+        target.count_memory(+1)
+
+    def _detach(self, target: Bundle) -> None:
+        self._handle.remove()
+        self._handle = None
+        target.count_memory(-1)
+
+    def fields(self) -> dict[str, Any]:
+        return {"module": self.module, "labels": list(self.labels)}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"keys": self.keys, "values": self.values, "radii": self.radii}
+
+    @classmethod
+    def load(cls, path: str | Path, *, trust_unverified: bool | None = None) -> MemoryEdit:
+        """Read a file :meth:`save` wrote (content digest checked first; one line naming the file and key)."""
+        common, tensors = cls.read(path, trust_unverified)
+        f = common.pop("fields")
+        if not isinstance(f.get("module"), str) or not isinstance(f.get("labels"), list):
+            raise EditscopeError(f"{path}: memory edit metadata: key 'fields': 'module' (a string) and 'labels' (a "
+                                 "list) are required")
+        missing = {"keys", "values", "radii"} - set(tensors)
+        if missing:
+            raise EditscopeError(f"{path}: memory edit: tensor(s) {sorted(missing)} missing")
+        return cls(module=f["module"], labels=tuple(f["labels"]), keys=tensors["keys"], values=tensors["values"],
+                   radii=tensors["radii"], **common)

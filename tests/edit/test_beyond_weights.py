@@ -1,0 +1,236 @@
+"""Memory and context edits (GRACE; PROMPT, IKE, retrieval) behind the one intervention contract: each checked
+against an independent computation — a hand-computed BM25, a hand-written IKE prompt, GRACE's Algorithm 1 worked by
+hand, the model scored on the concatenated text or with a hand-installed hook — and for exact apply, revert, save and
+load, with every base weight bit-equal throughout."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+
+import pytest
+import torch
+
+from editscope.data.records import EditRequest
+from editscope.edit import EDITORS, get_editor
+from editscope.edit.context_edit import ContextEdit, fact_text, render
+from editscope.edit.grace import GraceCodebook
+from editscope.edit.ike import IkeHParams, choose
+from editscope.edit.intervention import load_intervention
+from editscope.edit.memory import MemoryEdit
+from editscope.edit.retrievers import BM25, words
+from editscope.errors import EditscopeError
+from editscope.lm.engine import ScoringEngine
+
+NON_WEIGHT = sorted(n for n, e in EDITORS.items() if e.kind != "weights")
+SMALL = {"ike": {"pool": "counterfact-train-sample", "k": 4}, "grace": {"n_iter": 5}}
+
+
+def weights(model) -> dict[str, str]:
+    return {n: hashlib.sha256(p.detach().cpu().numpy().tobytes()).hexdigest() for n, p in model.named_parameters()}
+
+
+def hparams(method, bundle):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny models have no shipped GRACE layer: derived
+        return get_editor(method).load_hparams(bundle, overrides=SMALL.get(method))
+
+
+def test_the_new_editors_declare_their_kind():
+    assert {n: EDITORS[n].kind for n in NON_WEIGHT} == {"grace": "memory", "ike": "context", "prompt": "context",
+                                                          "retrieval": "context"}
+    assert all(e.kind == "weights" for n, e in EDITORS.items() if n not in NON_WEIGHT)
+
+
+# -- retrievers ---------------------------------------------------------------------------------------------------
+def test_bm25_matches_a_hand_computation_and_ranks_like_brute_force():
+    docs = ["The capital of France is Rome.", "Toko Yasuda plays the piano.", "Paris is the capital of France.",
+            "The piano is an instrument."]
+    index = BM25(docs)
+    query = "capital of France"
+    n, avgdl, k1, b = len(docs), sum(len(words(d)) for d in docs) / len(docs), 1.5, 0.75
+    want = []
+    for d in docs:
+        terms = words(d)
+        total = 0.0
+        for t in words(query):
+            df = sum(t in words(x) for x in docs)
+            f = terms.count(t)
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            total += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * len(terms) / avgdl))
+        want.append(total)
+    assert index.scores(query) == pytest.approx(want, rel=1e-12)
+    brute = sorted(range(n), key=lambda i: (-want[i], i))
+    assert index.top_k(query, 2) == brute[:2] and index.top_k(query, 10) == brute
+    assert index.top_k("piano", 1) == [1]  # the shorter document wins a tie in term frequency
+
+
+# -- the context layout -------------------------------------------------------------------------------------------
+def test_ike_demonstrations_follow_the_hand_written_layout():
+    request = EditRequest("{}, the", "Toko Yasuda", "piano", "guitar")
+    hp = IkeHParams(k=3, mix=[1, 1, 1], pool="counterfact-train-sample")
+    demos = choose([request], hp)
+    assert len(demos) == 3
+    # the nearest record is the edited fact's own twin in the sample: it stands last, as a copy demonstration
+    assert demos[-1] == "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda, the piano\n\n"
+    assert demos[1].startswith("New Fact: ") and "\nPrompt: " in demos[1]  # an update (a paraphrase), rank 2
+    text = render("", demos, [fact_text(request)]) + "Toko Yasuda is incredible at"
+    assert text == (demos[0] + demos[1] + "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda, the piano\n\n"
+                    "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda is incredible at")
+
+
+def test_ike_refuses_more_demonstrations_than_its_pool_holds():
+    with pytest.raises(EditscopeError, match=r"ike: k = 1000 demonstrations asked, the pool counterfact-train-sample "
+                                             r"holds \d+ usable records"):
+        choose([EditRequest("{} is in", "Rome", "Italy")], IkeHParams(k=1000, pool="counterfact-train-sample"))
+
+
+@pytest.mark.parametrize("method", ["prompt", "retrieval", "ike"])
+def test_a_context_edit_scores_the_same_text_with_the_context_in_front(tiny_bundles, request_a, request_b, method):
+    """Teacher-forced scores under the edit equal the unedited model's scores of the concatenated text; every base
+    weight is bit-equal while it is in force and after."""
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    before = weights(bundle.model)
+    editor = get_editor(method)
+    state = editor.new_state()
+    first = editor.apply(bundle, request_a, hparams(method, bundle), state, engine=engine)
+    second = editor.apply(bundle, request_b, hparams(method, bundle), state, engine=engine)
+    assert weights(bundle.model) == before and bundle.applied == (second,) and second.superseded is first
+    prompt = request_b.text
+    context = second.prefix(prompt)
+    if method == "retrieval":  # k = 1: the fact BM25 ranks first for this prompt is its own
+        assert context.endswith(f"New Fact: {fact_text(request_b)}\nPrompt: ")
+        assert fact_text(request_a) not in context
+    else:
+        assert fact_text(request_a) in context and fact_text(request_b) in context
+    got = engine.score([(prompt, request_b.target_new)])[0].token_logprobs
+    second.revert(bundle)  # the first edit is back in force
+    assert bundle.applied == (first,)
+    first.revert(bundle)
+    assert not bundle.applied and not bundle.contexts and weights(bundle.model) == before
+    want = engine.score([(context + prompt, request_b.target_new)])[0].token_logprobs
+    assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def test_a_context_edit_refuses_perturbed_prompt_embeddings(tiny_bundles, request_a):
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    with _applied(bundle, "prompt", request_a, engine):
+        ids = engine.encode(request_a.text)
+        with pytest.raises(EditscopeError, match=r"context_embeds: a context edit \(prompt\) is in force"):
+            engine.next_token_logprobs([request_a.text], context_embeds=[engine.embed(ids)])
+
+
+class _applied:
+    """Apply an edit for a block, revert after."""
+
+    def __init__(self, bundle, method, request, engine):
+        self.bundle, self.editor = bundle, get_editor(method)
+        self.edit = self.editor.apply(bundle, request, hparams(method, bundle), self.editor.new_state(),
+                                      engine=engine)
+
+    def __enter__(self):
+        return self.edit
+
+    def __exit__(self, *exc):
+        self.edit.revert(self.bundle)
+
+
+# -- GRACE ----------------------------------------------------------------------------------------------------------
+def test_grace_codebook_updates_follow_algorithm_1_by_hand():
+    book = GraceCodebook()
+    v = torch.zeros(2)
+    assert book.place(torch.tensor([0.0, 0.0]), "Rome", 1.0, v) == (0, "new")
+    # distance 1.5 <= radius 1.0 + eps_init 1.0, same label: the radius grows to cover it, no new entry
+    assert book.place(torch.tensor([1.5, 0.0]), "Rome", 1.0, v) == (0, "expand")
+    assert book.radii.tolist() == [1.5]
+    # distance 2.0 <= 1.5 + 1.0, another label: split, both radii d/2 = 1.0
+    assert book.place(torch.tensor([0.0, 2.0]), "Paris", 1.0, v) == (1, "split")
+    assert book.radii.tolist() == [1.0, 1.0] and book.labels == ("Rome", "Paris")
+    # far from every key (distance 10 > 1 + 1): a new entry with the initial radius
+    assert book.place(torch.tensor([10.0, 0.0]), "Paris", 1.0, v) == (2, "new")
+    assert book.radii.tolist() == [1.0, 1.0, 1.0] and book.keys.tolist() == [[0, 0], [0, 2], [10, 0]]
+
+
+def test_grace_refuses_a_radius_that_is_not_positive_and_a_layer_the_model_lacks(tiny_bundles):
+    bundle = tiny_bundles["llama"]
+    with pytest.raises(EditscopeError, match=r"--set eps_init=0.*key .eps_init.: must be in .*, got 0.0"):
+        get_editor("grace").load_hparams(bundle, overrides={"eps_init": 0.0, "layers": [1]})
+    with pytest.raises(EditscopeError, match=r"layer 9 out of range 0\.\.3"):
+        get_editor("grace").load_hparams(bundle, overrides={"layers": [9]})
+    with pytest.raises(EditscopeError, match="key 'retriever': unknown retriever 'tfidf'"):
+        get_editor("retrieval").load_hparams(bundle, overrides={"retriever": "tfidf"})
+
+
+def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundles, request_a):
+    """A prompt whose query is outside every radius gives logits bit-equal to the unedited model's; the edited
+    prompt's teacher-forced target equals a hand-installed hook writing the entry's value from the prompt's last token
+    on, and the generated answer continues under it."""
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    other = ["A completely different sentence about", "Paris"]
+    before_other = engine.next_token_logprobs(other)
+    before = weights(bundle.model)
+    editor = get_editor("grace")
+    hp = hparams("grace", bundle)
+    memory = editor.apply(bundle, request_a, hp, editor.new_state(), engine=engine)
+    assert isinstance(memory, MemoryEdit) and memory.size == 1 and weights(bundle.model) == before
+    assert torch.equal(engine.next_token_logprobs(other), before_other)
+    got = engine.score([(request_a.text, request_a.target_new)])[0].token_logprobs
+    memory.revert(bundle)
+    ctx, cont = engine.encode_pair(request_a.text, request_a.target_new)
+    module = bundle.model.get_submodule(memory.module)
+    query = len(ctx) - 1
+
+    def write(_m, _a, out):
+        out = out.clone()
+        out[:, query:] = memory.values[0].to(out)
+        return out
+
+    handle = module.register_forward_hook(write)
+    try:
+        with torch.no_grad():
+            logits = bundle.model(torch.tensor([ctx + cont])).logits[0].float()
+    finally:
+        handle.remove()
+    lp = logits.log_softmax(-1)
+    want = [float(lp[query + j, t]) for j, t in enumerate(cont)]
+    assert got == pytest.approx(want, abs=1e-4)
+    assert weights(bundle.model) == before and not bundle.has_memory
+
+
+# -- files and kinds through the contract -------------------------------------------------------------------------
+@pytest.mark.parametrize("method", NON_WEIGHT)
+def test_each_kind_saves_loads_and_reapplies_exactly(tiny_bundles, request_a, method, tmp_path):
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    before = weights(bundle.model)
+    base_scores = engine.next_token_logprobs([request_a.text])
+    editor = get_editor(method)
+    edit = editor.apply(bundle, request_a, hparams(method, bundle), editor.new_state(), engine=engine)
+    edited = engine.next_token_logprobs([request_a.text])
+    assert not torch.equal(edited, base_scores)  # the edit acts on the model
+    path = edit.save(tmp_path / "edit.safetensors")
+    edit.revert(bundle)
+    assert torch.equal(engine.next_token_logprobs([request_a.text]), base_scores)
+    loaded = load_intervention(path)
+    assert type(loaded) is type(edit) and loaded.kind == editor.kind and loaded.digest == edit.digest
+    loaded.apply(bundle)
+    assert torch.equal(engine.next_token_logprobs([request_a.text]), edited)
+    loaded.revert(bundle)
+    assert weights(bundle.model) == before and not bundle.applied
+    # a byte changed in the file is refused, naming it
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(EditscopeError, match=str(path)):
+        load_intervention(path)
+
+
+def test_a_context_edit_is_refused_on_another_model(tiny_bundles, request_a):
+    edit = get_editor("prompt").compute_patch(tiny_bundles["llama"], request_a)
+    assert isinstance(edit, ContextEdit)
+    with pytest.raises(EditscopeError, match="was made for model tiny-llama"):
+        edit.apply(tiny_bundles["gpt2"])
