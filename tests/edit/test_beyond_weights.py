@@ -146,12 +146,12 @@ def test_grace_codebook_updates_follow_algorithm_1_by_hand():
     # distance 1.5 <= radius 1.0 + eps_init 1.0, same label: the radius grows to cover it, no new entry
     assert book.place(torch.tensor([1.5, 0.0]), "Rome", 1.0, v) == (0, "expand")
     assert book.radii.tolist() == [1.5]
-    # distance 2.0 <= 1.5 + 1.0, another label: split, both radii d/2 = 1.0
+    # distance 2.0 <= 1.5 + 1.0, another label: split: the old radius d/2 - 1e-5, the new one d/2 (reference code)
     assert book.place(torch.tensor([0.0, 2.0]), "Paris", 1.0, v) == (1, "split")
-    assert book.radii.tolist() == [1.0, 1.0] and book.labels == ("Rome", "Paris")
+    assert book.radii.tolist() == [1.0 - 1e-5, 1.0] and book.labels == ("Rome", "Paris")
     # far from every key (distance 10 > 1 + 1): a new entry with the initial radius
     assert book.place(torch.tensor([10.0, 0.0]), "Paris", 1.0, v) == (2, "new")
-    assert book.radii.tolist() == [1.0, 1.0, 1.0] and book.keys.tolist() == [[0, 0], [0, 2], [10, 0]]
+    assert book.radii.tolist() == [1.0 - 1e-5, 1.0, 1.0] and book.keys.tolist() == [[0, 0], [0, 2], [10, 0]]
 
 
 def test_grace_refuses_a_radius_that_is_not_positive_and_a_layer_the_model_lacks(tiny_bundles):
@@ -164,7 +164,8 @@ def test_grace_refuses_a_radius_that_is_not_positive_and_a_layer_the_model_lacks
         get_editor("retrieval").load_hparams(bundle, overrides={"retriever": "tfidf"})
 
 
-def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundles, request_a):
+@pytest.mark.parametrize("convention", ["paper", "reference"])
+def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundles, request_a, convention):
     """A prompt whose query is outside every radius gives logits bit-equal to the unedited model's; the edited
     prompt's teacher-forced target equals a hand-installed hook writing the entry's value from the prompt's last token
     on, and the generated answer continues under it."""
@@ -174,9 +175,11 @@ def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundle
     before_other = engine.next_token_logprobs(other)
     before = weights(bundle.model)
     editor = get_editor("grace")
-    hp = hparams("grace", bundle)
+    hp = hparams("grace", bundle).replace(convention=convention)
     memory = editor.apply(bundle, request_a, hp, editor.new_state(), engine=engine)
     assert isinstance(memory, MemoryEdit) and memory.size == 1 and weights(bundle.model) == before
+    assert memory.replacement == {"paper": "answer", "reference": "prompt"}[convention]
+    answers = engine.answer([request_a.text], max_new_tokens=4)
     assert torch.equal(engine.next_token_logprobs(other), before_other)
     got = engine.score([(request_a.text, request_a.target_new)])[0].token_logprobs
     memory.revert(bundle)
@@ -184,9 +187,11 @@ def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundle
     module = bundle.model.get_submodule(memory.module)
     query = len(ctx) - 1
 
+    span = slice(query, None) if convention == "paper" else slice(0, query)
+
     def write(_m, _a, out):
         out = out.clone()
-        out[:, query:] = memory.values[0].to(out)
+        out[:, span] = memory.values[0].to(out)
         return out
 
     handle = module.register_forward_hook(write)
@@ -198,6 +203,16 @@ def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundle
     lp = logits.log_softmax(-1)
     want = [float(lp[query + j, t]) for j, t in enumerate(cont)]
     assert got == pytest.approx(want, abs=1e-4)
+    # the generated answer: a plain greedy loop over full forwards with the same hook
+    ids = list(ctx)
+    handle = module.register_forward_hook(write)
+    try:
+        with torch.no_grad():
+            for _ in range(4):
+                ids.append(int(bundle.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    finally:
+        handle.remove()
+    assert answers == [bundle.tokenizer.decode(ids[len(ctx):], skip_special_tokens=True).strip()]
     assert weights(bundle.model) == before and not bundle.has_memory
 
 

@@ -43,10 +43,39 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from editscope.edit import Patch
+    from editscope.edit.intervention import load_intervention
+    from editscope.finite import strict_dumps
+
+    patch = load_intervention(args.patch, trust_unverified=args.trust_unverified)
+    if patch.kind != "weights":
+        return _stored_info(args, patch, strict_dumps)
+    return _patch_info(args, patch)
+
+
+def _stored_info(args: argparse.Namespace, edit, strict_dumps) -> int:
+    """A memory or context edit: what it holds (no ΔW: it writes no weight)."""
+    data = {"kind": edit.kind, "method": edit.method, "model": edit.model_name, "fingerprint": edit.fingerprint,
+            "requests": edit.requests, "hparams": edit.hparams, "holds": edit.fields() | {
+                name: list(t.shape) for name, t in edit.tensors().items()}}
+    if args.json:
+        print(strict_dumps(data, "patch info --json", indent=1))
+        return 0
+    print(f"kind         {edit.kind} edit (no weight is written)\nmethod       {edit.method}\n"
+          f"model        {edit.model_name} (fingerprint {edit.fingerprint})")
+    for r in edit.requests:
+        print(f"request      {r['prompt'].replace('{}', r['subject'])!r} -> {r['target_new']!r}")
+    print(f"hparams      {strict_dumps(edit.hparams, 'patch info: hparams', sort_keys=True)}")
+    if edit.kind == "context":
+        print(f"facts        {len(edit.facts)} stored; demonstrations {len(edit.demos)}; "
+              f"{'every fact' if edit.top_k is None else f'top {edit.top_k} by {edit.retriever}'} before each prompt")
+    else:
+        print(f"codebook     {edit.size} entries at {edit.module} (values replace its output: {edit.replacement})")
+    return 0
+
+
+def _patch_info(args: argparse.Namespace, patch) -> int:
     from editscope.finite import require_finite, strict_dumps
 
-    patch = Patch.load(args.patch, trust_unverified=args.trust_unverified)
     params = {name: {"shape": list(d.shape), "fro_norm": float(d.double().norm()),
                      "max_abs": float(d.abs().max()), "nonzero": int((d != 0).sum())}
               for name, d in sorted(patch.deltas.items())}
@@ -81,11 +110,15 @@ def _write(bundle, out: str, note: dict) -> None:
 def _load(args: argparse.Namespace):
     """The patch of ``args.patch`` and, when it was used unverified (``--trust-unverified`` on a file without a
     content digest), the note's record of that."""
-    from editscope.edit import Patch
+    from editscope.edit.intervention import load_intervention
+    from editscope.errors import EditscopeError
     from editscope.integrity import trusting
 
     with trusting(args.trust_unverified) as used:
-        patch = Patch.load(args.patch)
+        patch = load_intervention(args.patch)
+    if patch.kind != "weights":
+        raise EditscopeError(f"{args.patch}: a {patch.kind} edit ({patch.method}) writes no weight, so no edited model "
+                             "folder can hold it; apply it in a run or with the Python API (edit.apply(bundle))")
     return patch, ({"unverified_files": used} if used else {})
 
 

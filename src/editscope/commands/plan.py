@@ -80,7 +80,7 @@ def _config_plans(args: argparse.Namespace, available: int | None) -> list:
 
 def _model_plans(args: argparse.Namespace, available: int | None) -> list:
     """One plan per ``--method`` for ``--model`` (ROME when none is named)."""
-    from editscope.edit.budget import available_memory, model_shape, plan_edit, plan_hparams, stats_cached
+    from editscope.edit.budget import NoPlan, available_memory, model_shape, plan_edit, plan_hparams, stats_cached
     from editscope.edit.hparams import parse_overrides
     from editscope.edit.runtime import EditRuntime
     from editscope.errors import EditscopeError
@@ -105,10 +105,13 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
         except EditscopeError as exc:
             failed.append(f"no plan for {method}: {exc}")
             continue
-        plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
-                               vstar_batch=runtime.vstar_batch,
-                               stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
-                               hparams_note=note, available=available, host_available=host))
+        try:
+            plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
+                                   vstar_batch=runtime.vstar_batch,
+                                   stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
+                                   hparams_note=note, available=available, host_available=host))
+        except NoPlan as exc:
+            failed.append(str(exc))
     if failed and not plans:
         raise EditscopeError("; ".join(failed))
     for line in failed:

@@ -531,6 +531,10 @@ class _Edit:
         return self.shape.n_layers - self.layers[0]
 
 
+class NoPlan(EditscopeError):
+    """The method has no memory model here (a plan would be another editor's)."""
+
+
 def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", device: str = "cpu", requests: int = 1,
               vstar_batch: int | None = None, stats_cached: bool = False, hparams_note: str = "",
               rates: Rates | None = None, available: int | None = None,
@@ -544,7 +548,10 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     if requests < 1:
         raise EditscopeError(f"requests must be >= 1, got {requests}")
     editor = get_editor(method)
-    kind = METHOD_KIND.get(method, "memit" if getattr(hp, "mom2_tokens", None) else "ft")
+    if method not in METHOD_KIND:  # never another editor's plan: a new editor's memory is not FT's or MEMIT's
+        raise NoPlan(f"no plan for {method}: editscope has no memory model of a {editor.kind} editor's edit yet "
+                     "(its run is not checked against the memory available)")
+    kind = METHOD_KIND[method]
     b = DTYPE_BYTES[dtype]
     group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
     edit = _Edit(shape, method, hp, b, requests, sorted(hp.layers), editor.stats_dtype(hp), group, per_request,

@@ -11,10 +11,19 @@ distance from h to the nearest key K_j:
 - d ≤ ε_j + ε_init and y is K_j's label: *expand*, ε_j ← max(ε_j, d), and v_j is trained on the new input;
 - d ≤ ε_j + ε_init and another label: *split*, ε_j ← d/2 and a new entry (h, v, d/2, y).
 
-The value v starts at the projection's own output at h (a new entry) or the entry's value (expand), and is trained
-for ``n_iter`` Adam steps of learning rate ``lr`` on the NLL of y after x with v in place (§3.2 "values are trained
-by backpropagation"), stopping early below ``stop_loss``. The codebook is the sequential state
-(:class:`GraceCodebook`); every edit's intervention holds the whole codebook after it.
+The value v starts at the projection's own output at h (``val_init: warm``; ``cold``: uniform in [0, 1), the
+reference code's default) or the entry's value (expand), and is trained for ``n_iter`` Adam steps of learning rate
+``lr`` on the NLL of y after x with v in place (§3.2 "values are trained by backpropagation"), stopping early below
+``stop_loss``. The codebook is the sequential state (:class:`GraceCodebook`); every edit's intervention holds the
+whole codebook after it.
+
+Where the value goes (``replacement``, two named conventions; the key is read at the prompt's last token in both):
+``answer`` (convention ``paper``, default) — the projection's output at the query token and every later position,
+so the answer's teacher-forced and generated tokens are read under the value (the layer's output for the edited
+input *is* the value, §3.1); ``prompt`` (convention ``reference``, Thartvigsen/GRACE ``replace_prompt``) — the
+positions before the query token, so the answer reads the value only through attention. The reference's other
+defaults are taken: ε_init 1.0, 100 steps of Adam at lr 1.0, Euclidean distance, radius expansion by coverage, and a
+split that leaves the old radius 1e-5 short of d/2 so the midpoint belongs to the new entry.
 """
 
 from __future__ import annotations
@@ -26,12 +35,15 @@ from typing import Any, ClassVar, Self
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import HParams
+from editscope.edit.hparams import HParams, check_convention
 from editscope.edit.memory import MemoryEdit, nearest
 from editscope.edit.state import EditState
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
+
+REPLACEMENTS = ("answer", "prompt")
+CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"replacement": "answer"}, "reference": {"replacement": "prompt"}}
 
 
 @dataclass
@@ -45,6 +57,9 @@ class GraceHParams(HParams):
     n_iter: int = 100
     lr: float = 1.0
     stop_loss: float = 0.01
+    val_init: str = "warm"
+    convention: str = "paper"
+    replacement: str | None = None
 
     RANGES: ClassVar[dict[str, str]] = {"eps_init": "(0, 1e6]", "n_iter": "[1, 10000]", "lr": "(0, 100]",
                                         "stop_loss": "[0, 100]"}
@@ -54,6 +69,17 @@ class GraceHParams(HParams):
         super().check(where, n_layers)
         if len(self.layers) != 1:
             raise EditscopeError(f"{where}: key 'layers': GRACE keeps its codebook at one layer, got {self.layers}")
+        check_convention(self, where, CONVENTIONS, {"replacement": REPLACEMENTS})
+        if self.val_init not in ("warm", "cold"):
+            raise EditscopeError(f"{where}: key 'val_init': must be one of warm, cold, got {self.val_init!r}")
+
+    @property
+    def where(self) -> str:
+        """The replacement in force: the switch when set, else the convention's."""
+        return self.replacement or CONVENTIONS[self.convention]["replacement"]
+
+    def protocol(self) -> dict[str, str]:
+        return {"convention": self.convention, "replacement": self.where}
 
 
 class GraceCodebook(EditState):
@@ -105,7 +131,7 @@ class GraceCodebook(EditState):
             radii[j] = max(radius, d)
             self.radii = radii
             return j, "expand"
-        radii[j] = d / 2
+        radii[j] = d / 2 - 1e-5
         self.radii = radii
         return self._add(key, label, d / 2, start), "split"
 
@@ -137,7 +163,7 @@ def edit_of(bundle: Bundle, requests: Sequence[EditRequest], hp: GraceHParams, b
     module = bundle.model.get_submodule(module_path(bundle, hp))
     d_in, d_out = _widths(module)
     return MemoryEdit(method="grace", hparams=hp.to_dict(), fingerprint=bundle.base_fingerprint,
-                      module=module_path(bundle, hp),
+                      module=module_path(bundle, hp), replacement=hp.where,
                       keys=torch.zeros(0, d_in) if empty else book.keys,  # host: the codebook is kept there
                       values=torch.zeros(0, d_out) if empty else book.values,  # host
                       radii=torch.zeros(0, dtype=torch.float64) if empty else book.radii,  # host
@@ -164,9 +190,11 @@ def train_value(engine: ScoringEngine, module: torch.nn.Module, request: EditReq
     optimiser = torch.optim.Adam([value], lr=hp.lr)
     n_target = float(batch.target_mask.sum())
 
+    span = slice(query, None) if hp.where == "answer" else slice(0, query)
+
     def replace(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
         out = output.clone()
-        out[:, query:] = value.to(out)
+        out[:, span] = value.to(out)
         return out
 
     loss_value, steps = float("inf"), 0
@@ -197,6 +225,8 @@ def compute(bundle: Bundle, requests: list[EditRequest], hp: GraceHParams, state
         key = engine.hidden_states([request.text], [layer], kind="mlp_key")[0, 0]
         with torch.no_grad():
             own = module.forward(key[None].to(module.weight.dtype))[0]  # forward(): the codebook's hook skipped
+        if hp.val_init == "cold":  # the reference's default: uniform in [0, 1), from the edit's seeded stream
+            own = torch.rand(own.shape).to(own)
         index, action = state.place(key, request.target_new.strip(), hp.eps_init, own)
         actions[action] += 1
         value, loss, n = train_value(engine, module, request, state.values[index], hp)

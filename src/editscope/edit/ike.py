@@ -85,7 +85,11 @@ def choose(requests: Sequence[EditRequest], hp: IkeHParams) -> tuple[str, ...]:
         raise EditscopeError(f"ike: k = {hp.k} demonstrations asked, the pool {hp.pool} holds {len(cases)} usable "
                              "records (lower k or use a larger pool)")
     cycle = [kind for kind, n in zip(TYPES, hp.mix, strict=True) for _ in range(n)]
-    ranked = index.top_k(" ".join(fact_text(r) for r in requests), hp.k)
+    # a pool record asking what an edited request asks is the test case itself (a pool holding the evaluated
+    # records): never a demonstration of its own edit
+    asked = {r.text for r in requests}
+    ranked = [i for i in index.top_k(" ".join(fact_text(r) for r in requests), hp.k + len(asked))
+              if cases[i].requests[0].text not in asked][:hp.k]
     demos = [demonstration(cases[i], cycle[j % len(cycle)]) for j, i in enumerate(ranked)]
     return tuple(d for d in reversed(demos) if d is not None)
 

@@ -36,14 +36,18 @@ def nearest(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def govern(inputs: torch.Tensor, output: torch.Tensor, read: MemoryRead | None, keys: torch.Tensor,
-           values: torch.Tensor, radii: torch.Tensor, owner: int) -> torch.Tensor:
+           values: torch.Tensor, radii: torch.Tensor, owner: int, replacement: str = "answer") -> torch.Tensor:
     """The module's output with the codebook applied (see the module docstring); ``output`` itself when no row's
-    query falls within a radius (so those logits are bit-equal to the unedited model's)."""
+    query falls within a radius (so those logits are bit-equal to the unedited model's). ``replacement``: ``answer``
+    governs the query token and every later position, ``prompt`` the positions before the query token (whose keys
+    and values a decoding cache then carries)."""
     if keys.shape[0] == 0 or output.dim() != 3:  # a call on bare vectors is not a sequence to govern
         return output
     batch, width = output.shape[0], output.shape[1]
     if read is not None and read.positions is None:  # a decoding step: continue each row's choice
         chosen = read.chosen.get(owner)
+        if replacement == "prompt":  # the prompt's positions were governed in the forward that read it
+            return output
         if chosen is None or not bool((chosen >= 0).any()):
             return output
         hit = chosen >= 0
@@ -59,7 +63,10 @@ def govern(inputs: torch.Tensor, output: torch.Tensor, read: MemoryRead | None, 
     if not bool(hit.any()):
         return output
     columns = torch.arange(width, device=output.device)[None, :]
-    span = columns >= where[:, None] if read is not None else columns == where[:, None]
+    if replacement == "prompt":
+        span = columns < where[:, None]
+    else:
+        span = columns >= where[:, None] if read is not None else columns == where[:, None]
     governed = (span & hit[:, None])[..., None]
     return torch.where(governed, values.to(output)[index][:, None, :].expand_as(output), output)
 
@@ -80,6 +87,7 @@ class MemoryEdit(StoredEdit):
     values: torch.Tensor
     radii: torch.Tensor
     labels: tuple[str, ...] = ()
+    replacement: str = "answer"
     model_name: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -90,6 +98,8 @@ class MemoryEdit(StoredEdit):
 
     def __post_init__(self) -> None:
         n = self.keys.shape[0]
+        if self.replacement not in ("answer", "prompt"):
+            raise EditscopeError(f"{self.method} memory: replacement {self.replacement!r} is not answer or prompt")
         if self.values.shape[0] != n or self.radii.shape[0] != n or len(self.labels) != n:
             raise EditscopeError(f"{self.method} memory: {n} keys, {self.values.shape[0]} values, "
                                  f"{self.radii.shape[0]} radii, {len(self.labels)} labels (one of each per entry)")
@@ -107,7 +117,7 @@ class MemoryEdit(StoredEdit):
         owner = id(self)
 
         def hook(_module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            return govern(args[0], output, target.read, self.keys, self.values, self.radii, owner)
+            return govern(args[0], output, target.read, self.keys, self.values, self.radii, owner, self.replacement)
 
         self._handle = module.register_forward_hook(hook)
         target.count_memory(+1)
@@ -118,7 +128,7 @@ class MemoryEdit(StoredEdit):
         target.count_memory(-1)
 
     def fields(self) -> dict[str, Any]:
-        return {"module": self.module, "labels": list(self.labels)}
+        return {"module": self.module, "labels": list(self.labels), "replacement": self.replacement}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"keys": self.keys, "values": self.values, "radii": self.radii}
@@ -134,5 +144,8 @@ class MemoryEdit(StoredEdit):
         missing = {"keys", "values", "radii"} - set(tensors)
         if missing:
             raise EditscopeError(f"{path}: memory edit: tensor(s) {sorted(missing)} missing")
-        return cls(module=f["module"], labels=tuple(f["labels"]), keys=tensors["keys"], values=tensors["values"],
+        if f.get("replacement", "answer") not in ("answer", "prompt"):
+            raise EditscopeError(f"{path}: memory edit metadata: key 'fields': replacement must be answer or prompt")
+        return cls(module=f["module"], labels=tuple(f["labels"]), replacement=f.get("replacement", "answer"),
+                   keys=tensors["keys"], values=tensors["values"],
                    radii=tensors["radii"], **common)

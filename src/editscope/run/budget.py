@@ -13,7 +13,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from editscope.edit.budget import GiB, Plan, available_memory, model_shape, plan_edit, plan_hparams, stats_cached
+from editscope.edit.budget import (
+    GiB,
+    NoPlan,
+    Plan,
+    available_memory,
+    model_shape,
+    plan_edit,
+    plan_hparams,
+    stats_cached,
+)
 from editscope.errors import EditscopeError
 from editscope.run.config import RunConfig
 from editscope.run.plan import Single
@@ -50,9 +59,13 @@ def plans_for_config(config, *, device: str | None = None, dtype: str | None = N
         requests = _requests_per_edit(config)
         if type(config.mode) is Single and runtime.vstar_batch:  # a window of N cases optimised together
             requests = runtime.vstar_batch
-        plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
-                               vstar_batch=runtime.vstar_batch, stats_cached=stats_cached(config.model, hp, dtype),
-                               hparams_note=note, available=available, host_available=host_available))
+        try:
+            plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
+                                   vstar_batch=runtime.vstar_batch,
+                                   stats_cached=stats_cached(config.model, hp, dtype), hparams_note=note,
+                                   available=available, host_available=host_available))
+        except NoPlan:  # a method with no memory model is not checked (never with another method's plan)
+            continue
     return plans
 
 
