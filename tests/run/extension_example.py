@@ -9,6 +9,10 @@ and an evaluation protocol, each registered with one line. A run config loads it
 * ``said``: an evaluation protocol -- the model's greedy answer to the rewrite prompt (at most 4 tokens, cut at a
   full stop), judged whole by exact match against target_new; it declares ``p_new`` as its teacher-forced
   counterpart, so the summary pairs the two per case;
+* ``quoted``: an editor that is not a weight delta -- a context edit stating each new fact as a quotation before
+  the prompt (its store of facts is the sequential state);
+* ``doubled``: a memory editor -- a one-layer codebook whose value is twice the layer's own output for the edited
+  prompt, in force for that prompt alone (radius 0);
 * ``olmo``: a model family -- the architecture map of OLMo 1 (``config.model_type`` "olmo", which editscope does not
   ship), and :func:`save_tiny_olmo`, a tiny random-init OLMo saved as a local folder a run config names as its model.
 """
@@ -25,6 +29,9 @@ import torch
 
 from editscope.data.records import Case
 from editscope.edit import rome
+from editscope.edit.context_edit import ContextEdit, ContextHParams, ContextStore, fact_text
+from editscope.edit.grace import GraceCodebook, GraceHParams
+from editscope.edit.memory import MemoryEdit
 from editscope.edit.context import key_statistics
 from editscope.edit.objective import Term, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
@@ -49,6 +56,62 @@ def half_rome(bundle, requests, hp, state, *, engine, runtime, extra_terms=(), p
 
 HALF_ROME = register_editor(Editor("half_rome", "HalfROME", rome.RomeHParams, half_rome, optimises=True,
                                    presolve=key_statistics))
+
+
+# -- editors that are not weight deltas ------------------------------------------------------------------------------
+@dataclass
+class QuotedHParams(ContextHParams):
+    method = "quoted"
+    instruction: str = "Quoted from the latest records:\n"
+
+
+def quoted_edit(bundle, requests, hp, store) -> ContextEdit:
+    """Every fact the store holds, quoted, before every prompt."""
+    return ContextEdit(method="quoted", hparams=hp.to_dict(), fingerprint=bundle.base_fingerprint,
+                       facts=store.facts, instruction=hp.instruction, model_name=bundle.name)
+
+
+def quoted(bundle, requests, hp, state, **_):
+    state.add([f'"{fact_text(r)}"' for r in requests])
+    return quoted_edit(bundle, requests, hp, state), {"quoted": len(state.facts)}
+
+
+QUOTED = register_editor(Editor("quoted", "Quoted", QuotedHParams, quoted, optimises=False, writes="",
+                                state_class=ContextStore, kind="context",
+                                reinstate=lambda b, hp, s: quoted_edit(b, [], hp, s)))
+
+
+@dataclass
+class DoubledHParams(GraceHParams):
+    method = "doubled"
+
+
+def doubled_edit(bundle, hp, book) -> MemoryEdit:
+    module = bundle.arch.layer_module_path(hp.layers[0], "mlp_out")
+    width = bundle.model.get_submodule(module).weight.shape
+    empty = book.size == 0
+    return MemoryEdit(method="doubled", hparams=hp.to_dict(), fingerprint=bundle.base_fingerprint, module=module,
+                      keys=torch.zeros(0, width[1]) if empty else book.keys,  # host
+                      values=torch.zeros(0, width[0]) if empty else book.values,  # host
+                      radii=torch.zeros(0, dtype=torch.float64) if empty else book.radii,  # host
+                      labels=book.labels, model_name=bundle.name)
+
+
+def doubled(bundle, requests, hp, state, *, engine, **_):
+    """One codebook entry per request: key = the projection's input at the prompt's last token, value = twice its
+    output there, radius 0."""
+    module = bundle.model.get_submodule(bundle.arch.layer_module_path(hp.layers[0], "mlp_out"))
+    for request in requests:
+        key = engine.hidden_states([request.text], hp.layers, kind="mlp_key")[0, 0]
+        with torch.no_grad():
+            own = module.forward(key[None])[0]
+        state._add(key.float().cpu(), request.target_new, 0.0, 2 * own)
+    return doubled_edit(bundle, hp, state), {"entries": state.size}
+
+
+DOUBLED = register_editor(Editor("doubled", "Doubled", DoubledHParams, doubled, optimises=False, writes="",
+                                 state_class=GraceCodebook, kind="memory",
+                                 reinstate=lambda b, hp, s: doubled_edit(b, hp, s)))
 
 
 # -- a loss-term plug-in -----------------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ MODULE = "tests.run.extension_example"
 WEIGHT = 1.0
 OVERRIDES = {"v_steps": 3}
 N_CASES = 2
-REGISTERED = ((EDITORS, "half_rome"), (PLUGINS, "ridge"), (SUITES, "p_new"), (SUITES, "said"), (ARCHS, "olmo"))
+REGISTERED = ((EDITORS, "half_rome"), (EDITORS, "quoted"), (EDITORS, "doubled"), (PLUGINS, "ridge"), (SUITES, "p_new"),
+              (SUITES, "said"), (ARCHS, "olmo"))
 
 
 def config_data(rome_hparams: str) -> dict:
@@ -256,3 +257,69 @@ def test_a_stored_run_config_imports_its_own_plugin_modules(olmo_run):
         with pytest.raises(EditscopeError, match=r"run\.json: field 'config\.plugin_modules': plug-in module "
                                                  r"'no_such_module_x' cannot be imported"):
             RunConfig.from_run_json(broken, olmo_run["out"] / RUN_JSON)
+
+
+@pytest.fixture(scope="module")
+def kinds_run(tmp_path_factory, tiny_llama):
+    """A run of the example's context editor and memory editor (the module imported by the config)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(sys.modules, MODULE, raising=False)
+        for registry, name in REGISTERED:
+            mp.delitem(registry, name, raising=False)
+        out = tmp_path_factory.mktemp("kinds")
+        hparams = out.parent / "doubled.yaml"  # a method with no shipped file: the user's own hparams
+        hparams.write_text("layers: [1]\n")
+        data = {"model": "tiny-llama", "plugin_modules": [MODULE], "save_patches": True,
+                "methods": ["quoted", {"name": "doubled", "hparams": str(hparams)}],
+                "dataset": "counterfact", "slice": {"limit": N_CASES}, "suites": ["p_new"]}
+        cfg = parse_config(data, where="kinds.yaml")
+        Runner(cfg, out_dir=out, bundle=tiny_llama, progress=False, log=lambda _m: None).run()
+        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        try:
+            yield {"out": out, "rows": rows}
+        finally:
+            for registry, name in REGISTERED:
+                registry.pop(name, None)
+            sys.modules.pop(MODULE, None)
+
+
+def test_a_context_and_a_memory_editor_run_through_the_runner_and_the_report(kinds_run, tiny_llama):
+    """Each row's p_new after the edit equals an independent computation: the unedited model scoring the quoted
+    facts' text before the prompt; the unedited model with a hand-installed hook writing twice the projection's own
+    output from the prompt's last token on. The saved edit files load back as their kinds; the report reads the run."""
+    from editscope.edit.intervention import load_intervention
+    from editscope.report import build_report
+
+    engine = ScoringEngine(tiny_llama)
+    cases = {c.case_id: c for c in load_cases("counterfact", limit=N_CASES)}
+    assert {r["method"] for r in kinds_run["rows"]} == {"quoted", "doubled"}
+    for row in kinds_run["rows"]:
+        req = cases[row["case_id"]].request
+        saved = load_intervention(kinds_run["out"] / "patches" / row["method"] /
+                                  f"{row['dataset']}-g{row['group']:05d}-0.safetensors")
+        assert row["edit_info"]["kind"] == saved.kind == {"quoted": "context", "doubled": "memory"}[row["method"]]
+        if row["method"] == "quoted":
+            text = f'Quoted from the latest records:\nNew Fact: "{req.text} {req.target_new}."\nPrompt: {req.text}'
+            (want,) = engine.score([(text, req.target_new)])
+        else:
+            ctx, _ = engine.encode_pair(req.text, req.target_new)
+            module = tiny_llama.model.get_submodule(tiny_llama.arch.layer_module_path(1, "mlp_out"))
+
+            keys = engine.hidden_states([req.text], [1], kind="mlp_key")[0, 0]
+            value = 2 * module.forward(keys[None])[0]
+
+            def write(_m, _a, out, q=len(ctx) - 1):
+                out = out.clone()
+                out[:, q:] = value.to(out)
+                return out
+
+            handle = module.register_forward_hook(write)
+            try:
+                (want,) = engine.score([(req.text, req.target_new)])
+            finally:
+                handle.remove()
+        assert row["metrics"]["p_new"]["p_new_post"] == pytest.approx(math.exp(want.sum), rel=1e-4)
+    assert not tiny_llama.applied and not tiny_llama.contexts and not tiny_llama.has_memory
+    build_report([kinds_run["out"]])
+    summary = (kinds_run["out"] / "summary.md").read_text()
+    assert "quoted" in summary and "doubled" in summary

@@ -78,3 +78,20 @@ def test_a_store_chain_resumes_from_its_checkpointed_store(tiny_bundles, tmp_pat
     assert {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()} == weights
     if name == "retrieval":  # the store grew round by round: 4, 8, 12 facts
         assert sorted({r["edit_info"]["facts_stored"] for r in got}) == [4, 8, 12]
+
+
+def test_sequential_store_edits_state_every_earlier_fact_and_leave_no_trace(tiny_bundles, tmp_path):
+    """``sequential: 3`` with PROMPT: the k-th edit of a group states the group's first k facts (its intervention
+    supersedes the one before), every case is probed after the last, and the bundle ends as loaded."""
+    bundle = tiny_bundles["llama"]
+    weights = {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()}
+    data = {"model": "tiny-llama", "mode": {"sequential": 3}, "methods": ["prompt", "grace"],
+            "dataset": "counterfact", "slice": {"limit": 6}, "suites": ["counterfact"]}
+    Runner(parse_config(data), out_dir=tmp_path, bundle=bundle, progress=False, log=lambda _m: None).run()
+    rows = read_results(tmp_path / "results.jsonl")
+    prompt = [r for r in rows if r["method"] == "prompt"]
+    assert [r["edit_info"]["facts_stated"] for r in prompt] == [1, 2, 3, 1, 2, 3]
+    grace = [r for r in rows if r["method"] == "grace"]
+    assert [r["edit_info"]["codebook_size"] for r in grace] == [1, 2, 3, 1, 2, 3]
+    assert not bundle.applied and not bundle.contexts and not bundle.has_memory
+    assert {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()} == weights
