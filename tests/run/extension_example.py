@@ -29,10 +29,10 @@ import torch
 
 from editscope.data.records import Case
 from editscope.edit import rome
+from editscope.edit.context import key_statistics
 from editscope.edit.context_edit import ContextEdit, ContextHParams, ContextStore, fact_text
 from editscope.edit.grace import GraceCodebook, GraceHParams
 from editscope.edit.memory import MemoryEdit
-from editscope.edit.context import key_statistics
 from editscope.edit.objective import Term, VStep
 from editscope.edit.plugins import PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import Editor, register_editor
