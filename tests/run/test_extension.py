@@ -259,6 +259,15 @@ def test_a_stored_run_config_imports_its_own_plugin_modules(olmo_run):
             RunConfig.from_run_json(broken, olmo_run["out"] / RUN_JSON)
 
 
+def _writer(query: int, value: torch.Tensor):
+    """A forward hook writing ``value`` as the module's output from position ``query`` on."""
+    def write(_m, _a, out):
+        out = out.clone()
+        out[:, query:] = value.to(out)
+        return out
+    return write
+
+
 @pytest.fixture(scope="module")
 def kinds_run(tmp_path_factory, tiny_llama):
     """A run of the example's context editor and memory editor (the module imported by the config)."""
@@ -308,12 +317,7 @@ def test_a_context_and_a_memory_editor_run_through_the_runner_and_the_report(kin
             keys = engine.hidden_states([req.text], [1], kind="mlp_key")[0, 0]
             value = 2 * module.forward(keys[None])[0]
 
-            def write(_m, _a, out, q=len(ctx) - 1):
-                out = out.clone()
-                out[:, q:] = value.to(out)
-                return out
-
-            handle = module.register_forward_hook(write)
+            handle = module.register_forward_hook(_writer(len(ctx) - 1, value))
             try:
                 (want,) = engine.score([(req.text, req.target_new)])
             finally:
