@@ -18,6 +18,13 @@
 (u) UltraEdit against AlphaEdit (the baseline) on the same batch of ``--u-batch`` CounterFact requests, same process,
     each from a fresh chain state after a warm-up edit (so AlphaEdit's statistics and projector, computed once per
     chain, are not counted): seconds per edit of each and ``ratio X.X`` = AlphaEdit / UltraEdit.
+(g) The editors that write no weight against AlphaEdit (the baseline) on the same batch of ``--u-batch`` CounterFact
+    requests, same process: GRACE (its codebook trained request by request), retrieval (facts stored; BM25 needs no
+    index until queried) and PROMPT, each from a fresh store, AlphaEdit after a warm-up edit as in (u). Prints seconds
+    per edit and ``ratio X.X`` = AlphaEdit / each. Then (s) the scoring overhead of a context editor's longer
+    prompts: the counterfact suite probes ``--s-cases`` cases with no edit, then with the retrieval store of the batch
+    in force (one fact before each prompt) and with IKE's 32 demonstrations, ``ratio`` = with / without (the engine
+    shares each context's forward among its continuations: prefix sharing is already on).
 (k) A checkpoint's evaluation cost at ``--k-edits`` (default 1,000 and 10,000) edits applied, emulated: a synthetic
     accumulated ΔW (one real UltraEdit batch's ΔW scaled to that many edits) is folded into the bundle as a chain
     does, and the suites of ``lifelong-stream`` (counterfact, general, weights) probe the cases that config's
@@ -247,6 +254,47 @@ def part_u(bundle, args) -> None:
           f"of {len(reqs)})")
 
 
+def part_g(bundle, args) -> None:
+    """Seconds per edit of GRACE, retrieval and PROMPT against AlphaEdit on one batch; the context's probe overhead."""
+    from editscope.data import load_cases
+    from editscope.lm.engine import ScoringEngine
+    from editscope.suites import get_suite
+
+    cases = load_counterfact(data_file("counterfact/counterfact-edit.json"))[: args.u_batch]
+    reqs = [c.requests[0] for c in cases]
+    engine = ScoringEngine(bundle)
+    per: dict[str, float] = {}
+    for name in ("alphaedit", "grace", "retrieval", "prompt"):
+        editor = get_editor(name)
+        hp, runtime = editor.load_hparams(bundle), EditRuntime()
+        state = _fresh_state(editor, bundle, reqs, hp, runtime) if editor.kind == "weights" else editor.new_state()
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        editor.compute_patch(bundle, reqs, hp, state, engine=engine, runtime=runtime)
+        per[name] = (time.perf_counter() - t0) / len(reqs)
+        print(f"(g) {name}: one batch of {len(reqs)} edits in {per[name] * len(reqs):.2f} s = {per[name]:.4f} s per "
+              "edit", flush=True)
+    for name in ("grace", "retrieval", "prompt"):
+        print(f"(g) ratio {per['alphaedit'] / per[name]:.1f} (seconds per edit, AlphaEdit / {name}, same batch of "
+              f"{len(reqs)})")
+    probe_cases = load_cases("counterfact", limit=args.s_cases)
+    suite = get_suite("counterfact")
+    timings = {}
+    for name in ("none", "retrieval", "ike"):
+        edit = None
+        if name != "none":
+            editor = get_editor(name)
+            edit = editor.apply(bundle, reqs, editor.load_hparams(bundle), editor.new_state(), engine=engine)
+        t0 = time.perf_counter()
+        suite.probe_many(engine, probe_cases)
+        timings[name] = time.perf_counter() - t0
+        if edit is not None:
+            edit.revert(bundle)
+        print(f"(s) counterfact probe of {len(probe_cases)} cases, {name}: {timings[name]:.2f} s", flush=True)
+    for name in ("retrieval", "ike"):
+        print(f"(s) ratio {timings[name] / timings['none']:.2f} (probe seconds with the {name} context / without)")
+
+
 def _stream_mode(args):
     from editscope.paths import configs_dir
     from editscope.run.config import load_config
@@ -313,7 +361,8 @@ def main() -> None:
                         "requests (sampled with seed 0; default: all). Their cost per request does not depend on the "
                         "batch, and the reference on 100 requests is over an hour of one core")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--parts", default="ab", help="which parts to run: a (with c), b, u, k")
+    parser.add_argument("--parts", default="ab", help="which parts to run: a (with c), b, u, g (with s), k")
+    parser.add_argument("--s-cases", type=int, default=20, help="part (s): cases the counterfact suite probes")
     parser.add_argument("--u-batch", type=int, default=100, help="part (u): requests in the one batch")
     parser.add_argument("--k-edits", default="1000,10000", help="part (k): numbers of edits applied, comma-separated")
     parser.add_argument("--k-batch", type=int, default=0, help="part (k): batch (default: lifelong-stream's)")
@@ -325,6 +374,8 @@ def main() -> None:
     print(f"model {args.model}, {args.threads} thread(s)", flush=True)
     if "b" in args.parts:
         part_b(bundle, args)
+    if "g" in args.parts:
+        part_g(bundle, args)
     if "u" in args.parts:
         part_u(bundle, args)
     if "k" in args.parts:

@@ -379,8 +379,9 @@ class ScoringEngine(Scorer):
                         f"context_embeds has {embeds.shape[0]} rows but the context has {len(ctx_ids)} tokens")
             limit = self._max_context
             if limit is not None and len(ctx_ids) + len(cont_ids) > limit:  # never score past the positions
+                edit = " with the context edit's text before it" if self.bundle.contexts else ""
                 raise EditscopeError(f"context + continuation is {len(ctx_ids) + len(cont_ids)} tokens, more than "
-                                     f"{self.bundle.name}'s context of {limit} (context {req.context[:40]!r}...)")
+                                     f"{self.bundle.name}'s context of {limit} (context {req.context[:40]!r}...{edit})")
             encoded.append(_Encoded(i, tuple(ctx_ids), tuple(cont_ids), embeds))
         return encoded
 
