@@ -66,6 +66,27 @@ def test_bm25_matches_a_hand_computation_and_ranks_like_brute_force():
     assert index.top_k("piano", 1) == [1]  # the shorter document wins a tie in term frequency
 
 
+def test_the_hidden_retriever_ranks_like_a_plain_cosine_over_mean_pooled_states(tiny_bundles):
+    from editscope.edit.retrievers import HiddenStates, mean_hidden
+
+    bundle = tiny_bundles["llama"]
+    facts = ["The capital of France is Rome.", "Toko Yasuda plays the piano.", "Paris is in France.", "Cats purr."]
+    query = "Where is Paris?"
+
+    def plain(text):  # one text at a time, HF's own last hidden state (after the final norm), averaged
+        ids = bundle.tokenizer(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            return bundle.model(ids, output_hidden_states=True).hidden_states[-1][0].double().mean(0)
+
+    vectors = torch.stack([plain(f) for f in facts])
+    q = plain(query)
+    cos = [float(v @ q / (v.norm() * q.norm())) for v in vectors]
+    want = sorted(range(len(facts)), key=lambda i: (-cos[i], i))
+    got = HiddenStates(mean_hidden(bundle, facts), lambda texts: mean_hidden(bundle, texts))
+    assert got.scores(query) == pytest.approx(cos, abs=1e-5)
+    assert got.top_k(query, 4) == want and got.top_k(query, 2) == want[:2]
+
+
 # -- the context layout -------------------------------------------------------------------------------------------
 def test_ike_demonstrations_follow_the_hand_written_layout():
     request = EditRequest("{}, the", "Toko Yasuda", "piano", "guitar")

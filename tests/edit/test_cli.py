@@ -87,3 +87,27 @@ def test_score_json_holds_the_rank(capsys):
     rows = json.loads(capsys.readouterr().out)
     by_sum = sorted(rows, key=lambda r: -r["logprob_sum"])
     assert [r["rank"] for r in by_sum] == [1, 2, 3]
+
+
+def test_memory_and_context_edits_through_edit_patch_info_and_plan(tiny_bundles, tmp_path, capsys):
+    """`editscope edit --save-patch` writes a memory or context edit; `patch info` describes it (no ΔW), `patch apply`
+    refuses it in one line (no weight to write), and `plan` says it has no plan for such an editor."""
+    for method, kind in (("prompt", "context"), ("grace", "memory")):
+        path = tmp_path / f"{method}.safetensors"
+        assert main(["edit", "--model", "tiny-llama", "--method", method, "--prompt", "{} is a citizen of",
+                     "--subject", "Danielle Darrieux", "--target", "Japan", "--save-patch", str(path),
+                     "--no-progress"]) == 0
+        capsys.readouterr()
+        assert main(["patch", "info", str(path), "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["kind"] == kind and info["method"] == method
+        assert info["requests"][0]["target_new"] == "Japan"
+        if kind == "context":
+            assert info["holds"]["facts"] == ["Danielle Darrieux is a citizen of Japan."]
+        else:
+            assert info["holds"]["keys"][0] == 1 and info["holds"]["replacement"] == "answer"
+        assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert f"a {kind} edit ({method}) writes no weight" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", "--model", "tiny-llama", "--method", "grace", "--method", "rome"]) == 0
+    assert "no plan for grace: editscope has no memory model of a memory editor's edit" in capsys.readouterr().err
