@@ -8,7 +8,8 @@
 
 Every kind applies to a :class:`~editscope.lm.bundle.Bundle` and reverts exactly (a memory or context edit leaves
 every base weight bit-equal), is recorded on it (so :attr:`Bundle.fingerprint` names the edited model), saves to
-and loads from a sealed safetensors file, and names its kind in every row (``edit_info.kind``). The trial, the
+and loads from a sealed safetensors file, and is named in its rows: a memory or context edit's rows carry
+``edit_info.kind`` (a row without it is a weight edit, as every row written before these kinds existed). The trial, the
 runner, the lifelong chain, the card and ``editscope edit`` handle an intervention through this contract alone.
 
 A memory or context editor carries everything it has written in its sequential state (the store), so each edit's

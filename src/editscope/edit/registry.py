@@ -43,7 +43,7 @@ from editscope.edit import (
 from editscope.edit.context import key_statistics
 from editscope.edit.context_edit import ContextStore
 from editscope.edit.hparams import HParams, load_yaml, resolve_hparams, shipped_hparams_path
-from editscope.edit.intervention import KINDS, in_force
+from editscope.edit.intervention import KINDS, StoredEdit, in_force
 from editscope.edit.mend import core as mend
 from editscope.edit.mend.train import prepare as mend_prepare
 from editscope.edit.objective import ObjectiveTerm
@@ -221,7 +221,7 @@ class Editor:
 
     def apply(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,
               state: EditState | None = None, *, engine: ScoringEngine | None = None,
-              runtime: EditRuntime | None = None, plugins: Sequence[PluginLike] = ()) -> Patch:
+              runtime: EditRuntime | None = None, plugins: Sequence[PluginLike] = ()) -> Patch | StoredEdit:
         """Edit ``bundle.model`` in place and return the patch (``patch.revert(bundle)`` undoes it exactly).
         ``plugins``: names, ``(name, {hparam: value})`` pairs, :class:`PluginSpec` or :class:`Plugin` objects.
         ``runtime``: how to compute (None: the defaults, :meth:`EditRuntime.from_settings`); pass the same one to
@@ -238,15 +238,16 @@ class Editor:
     def compute_patch(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
                       hparams: HParams | None = None, state: EditState | None = None, *,
                       engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
-                      plugins: Sequence[PluginLike] = ()) -> Patch:
-        """The patch of an edit without applying it (the model and ``state`` are unchanged on return)."""
+                      plugins: Sequence[PluginLike] = ()) -> Patch | StoredEdit:
+        """The patch (or memory or context edit) of an edit without applying it (the model and ``state`` are
+        unchanged on return)."""
         return self.compute_edit(bundle, requests, hparams, state, engine=engine, runtime=runtime,
                                  plugins=plugins)[0]
 
     def compute_edit(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest,
                      hparams: HParams | None = None, state: EditState | None = None, *,
                      engine: ScoringEngine | None = None, runtime: EditRuntime | None = None,
-                     plugins: Sequence[PluginLike] = ()) -> tuple[Patch, EditState]:
+                     plugins: Sequence[PluginLike] = ()) -> tuple[Patch | StoredEdit, EditState]:
         """The patch of an edit and the state after it (the state update: a :meth:`EditState.fork` of ``state``
         that ``compute`` changed), neither applied; raises before returning when the edit is refused."""
         if isinstance(requests, EditRequest):
