@@ -44,13 +44,10 @@ def test_the_new_editors_declare_their_kind():
 
 
 # -- retrievers ---------------------------------------------------------------------------------------------------
-def test_bm25_matches_a_hand_computation_and_ranks_like_brute_force():
-    docs = ["The capital of France is Rome.", "Toko Yasuda plays the piano.", "Paris is the capital of France.",
-            "The piano is an instrument."]
-    index = BM25(docs)
-    query = "capital of France"
-    n, avgdl, k1, b = len(docs), sum(len(words(d)) for d in docs) / len(docs), 1.5, 0.75
-    want = []
+def hand_bm25(docs: list[str], query: str, k1: float = 1.5, b: float = 0.75) -> list[float]:
+    """Okapi BM25 written out term by term (Robertson & Zaragoza 2009 eq. 3.5, Lucene's idf)."""
+    n, avgdl = len(docs), sum(len(words(d)) for d in docs) / len(docs)
+    out = []
     for d in docs:
         terms = words(d)
         total = 0.0
@@ -59,9 +56,18 @@ def test_bm25_matches_a_hand_computation_and_ranks_like_brute_force():
             f = terms.count(t)
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
             total += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * len(terms) / avgdl))
-        want.append(total)
+        out.append(total)
+    return out
+
+
+def test_bm25_matches_a_hand_computation_and_ranks_like_brute_force():
+    docs = ["The capital of France is Rome.", "Toko Yasuda plays the piano.", "Paris is the capital of France.",
+            "The piano is an instrument."]
+    index = BM25(docs)
+    query = "capital of France"
+    want = hand_bm25(docs, query)
     assert index.scores(query) == pytest.approx(want, rel=1e-12)
-    brute = sorted(range(n), key=lambda i: (-want[i], i))
+    brute = sorted(range(len(docs)), key=lambda i: (-want[i], i))
     assert index.top_k(query, 2) == brute[:2] and index.top_k(query, 10) == brute
     assert index.top_k("piano", 1) == [1]  # the shorter document wins a tie in term frequency
 
@@ -89,16 +95,27 @@ def test_the_hidden_retriever_ranks_like_a_plain_cosine_over_mean_pooled_states(
 
 # -- the context layout -------------------------------------------------------------------------------------------
 def test_ike_demonstrations_follow_the_hand_written_layout():
+    """The three nearest pool records by a hand BM25 over the pool's facts, the record asking the edit's own prompt
+    left out (the sample holds the edited fact's twin), typed copy, update, retain by rank and laid out nearest
+    last, then the new fact and the prompt."""
+    from editscope.data import load_cases
+
     request = EditRequest("{}, the", "Toko Yasuda", "piano", "guitar")
     hp = IkeHParams(k=3, mix=[1, 1, 1], pool="counterfact-train-sample")
+    pool = [c for c in load_cases("counterfact-train-sample") if c.paraphrase_prompts and c.neighborhood]
+    facts = [f"{c.requests[0].text} {c.requests[0].target_new}." for c in pool]
+    scores = hand_bm25(facts, "Toko Yasuda, the piano.")
+    ranked = [i for i in sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+              if pool[i].requests[0].text != "Toko Yasuda, the"][:3]
+    assert any(c.requests[0].text == "Toko Yasuda, the" for c in pool)  # the twin is in the pool, and left out
+    copy, update, retain = (pool[i] for i in ranked)
+    want = [f"New Fact: {facts[ranked[2]]}\nPrompt: {retain.neighborhood[0][0]} {retain.neighborhood[0][1]}\n\n",
+            f"New Fact: {facts[ranked[1]]}\nPrompt: {update.paraphrase_prompts[0]} {update.requests[0].target_new}\n\n",
+            f"New Fact: {facts[ranked[0]]}\nPrompt: {copy.requests[0].text} {copy.requests[0].target_new}\n\n"]
     demos = choose([request], hp)
-    assert len(demos) == 3
-    # the nearest record is the edited fact's own twin in the sample: it stands last, as a copy demonstration
-    assert demos[-1] == "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda, the piano\n\n"
-    assert demos[1].startswith("New Fact: ") and "\nPrompt: " in demos[1]  # an update (a paraphrase), rank 2
+    assert list(demos) == want
     text = render("", demos, [fact_text(request)]) + "Toko Yasuda is incredible at"
-    assert text == (demos[0] + demos[1] + "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda, the piano\n\n"
-                    "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda is incredible at")
+    assert text == "".join(want) + "New Fact: Toko Yasuda, the piano.\nPrompt: Toko Yasuda is incredible at"
 
 
 def test_ike_refuses_more_demonstrations_than_its_pool_holds():

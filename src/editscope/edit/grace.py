@@ -61,7 +61,7 @@ class GraceHParams(HParams):
     convention: str = "paper"
     replacement: str | None = None
 
-    RANGES: ClassVar[dict[str, str]] = {"eps_init": "(0, 1e6]", "n_iter": "[1, 10000]", "lr": "(0, 100]",
+    RANGES: ClassVar[dict[str, str]] = {"eps_init": "(0, 1e6]", "n_iter": "[1, 10000]", "lr": "(0, 10]",
                                         "stop_loss": "[0, 100]"}
     TUNABLE: ClassVar[dict[str, tuple]] = {"eps_init": (1.0, 3.0, 10.0, 30.0)}
 
@@ -206,7 +206,8 @@ def train_value(engine: ScoringEngine, module: torch.nn.Module, request: EditReq
             loss_value = float(loss.detach())
             if loss_value < hp.stop_loss:
                 break
-            loss.backward()
+            # the value's gradient alone: the model's parameters keep no .grad
+            value.grad = torch.autograd.grad(loss, [value])[0]
             optimiser.step()
     finally:
         handle.remove()
@@ -226,7 +227,7 @@ def compute(bundle: Bundle, requests: list[EditRequest], hp: GraceHParams, state
         with torch.no_grad():
             own = module.forward(key[None].to(module.weight.dtype))[0]  # forward(): the codebook's hook skipped
         if hp.val_init == "cold":  # the reference's default: uniform in [0, 1), from the edit's seeded stream
-            own = torch.rand(own.shape).to(own)
+            own = torch.rand(own.shape, device=own.device, dtype=own.dtype)
         index, action = state.place(key, request.target_new.strip(), hp.eps_init, own)
         actions[action] += 1
         value, loss, n = train_value(engine, module, request, state.values[index], hp)

@@ -84,6 +84,10 @@ def load_intervention(path: str | Path, *, trust_unverified: bool | None = None)
 
     loaders = {patch.FORMAT: patch.Patch.load, context_edit.FORMAT: context_edit.ContextEdit.load,
                memory.FORMAT: memory.MemoryEdit.load}
+    if Path(path).is_dir():
+        raise EditscopeError(f"{path}: is a folder, not a patch file")
+    if not Path(path).is_file():
+        raise EditscopeError(f"patch file not found: {path}")
     fmt = file_format(path)
     if fmt not in loaders:  # an older patch without a format key is read (and refused) by Patch.load
         return patch.Patch.load(path, trust_unverified=trust_unverified)

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from editscope.data.records import EditRequest
-from editscope.edit.context_edit import ContextEdit, ContextHParams, ContextStore, context_edit, fact_text
+from editscope.edit.context_edit import (EASYEDIT_INSTRUCTION, ContextEdit, ContextHParams, ContextStore, context_edit,
+                                         fact_text)
 from editscope.lm.bundle import Bundle
 
 
 @dataclass
 class PromptHParams(ContextHParams):
+    """``instruction``: the line before the facts (its one knob: EasyEdit's, or none)."""
+
     method = "prompt"
+
+    TUNABLE: ClassVar[dict[str, tuple]] = {"instruction": (EASYEDIT_INSTRUCTION, "")}
 
 
 def edit_of(bundle: Bundle, requests: Sequence[EditRequest], hp: PromptHParams, store: ContextStore) -> ContextEdit:
