@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from editscope.data.records import EditRequest
-from editscope.edit.context_edit import (EASYEDIT_INSTRUCTION, ContextEdit, ContextHParams, ContextStore, context_edit,
-                                         fact_text)
+from editscope.edit.context_edit import (
+    EASYEDIT_INSTRUCTION,
+    ContextEdit,
+    ContextHParams,
+    ContextStore,
+    context_edit,
+    fact_text,
+)
 from editscope.lm.bundle import Bundle
 
 
