@@ -178,6 +178,9 @@ def test_grad_capture_equals_autograd_grad(tiny):
     """Gradients recorded at hook points (no graph to the weights needed) equal torch.autograd.grad of the same
     scalar w.r.t. the states captured with ``detach=False`` from a forward whose input embeddings need grad."""
     arch, model = tiny.arch, tiny.model
+    for p in model.parameters():  # the session's shared model as loaded: only this test's own gradients are checked
+        p.grad = None
+        p.requires_grad_(False)
     names = ["blocks.1.resid_post", "blocks.2.mlp_key", "blocks.2.attn_heads"]
     ids = ids_of(tiny)
     target = int(ids[0, -1])
