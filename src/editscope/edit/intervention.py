@@ -21,6 +21,7 @@ the older one off the bundle, reverting it puts the older one back. In a lifelon
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,7 +100,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-class StoredEdit:
+class StoredEdit(ABC):
     """What memory and context edits share: recorded on the bundle, superseding the edit of the same method in
     force, saved as a sealed safetensors file (metadata :meth:`fields` plus :meth:`tensors`).
 
@@ -131,6 +132,7 @@ class StoredEdit:
 
     def release(self) -> None:
         """Nothing to hand over: a memory or context edit holds no ΔW (a chain never folds one)."""
+        return None
 
     @property
     def applied(self) -> bool:
@@ -180,19 +182,22 @@ class StoredEdit:
         self._detach(target)
         self._target = None
 
+    @abstractmethod
     def _attach(self, target: Bundle) -> None:
-        raise NotImplementedError
+        """Install what acts on the model (a context provider, a forward hook)."""
 
+    @abstractmethod
     def _detach(self, target: Bundle) -> None:
-        raise NotImplementedError
+        """Remove what acts on the model (a context provider, a forward hook)."""
 
     # -- files ------------------------------------------------------------------------------------------
+    @abstractmethod
     def fields(self) -> dict[str, Any]:
         """The kind's own JSON fields (besides method, hparams, fingerprint, model, requests, info)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tensors(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The kind's tensors (saved with the file, covered by its digest)."""
 
     def _metadata(self) -> dict[str, str]:
         return {"format": self.FORMAT, "kind": self.kind, "method": self.method, "hparams": dumps(self.hparams),
