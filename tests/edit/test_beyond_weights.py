@@ -24,7 +24,8 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
 NON_WEIGHT = sorted(n for n, e in EDITORS.items() if e.kind != "weights")
-SMALL = {"ike": {"pool": "counterfact-train-sample", "k": 4}, "grace": {"n_iter": 5}}
+SMALL = {"ike": {"pool": "counterfact-train-sample", "k": 4}, "grace": {"n_iter": 5},
+         "wise": {"n_iter": 5, "context_templates": [[5, 1]], "irrelevant_pool": "counterfact-train-sample"}}
 
 
 def weights(model) -> dict[str, str]:
@@ -33,13 +34,13 @@ def weights(model) -> dict[str, str]:
 
 def hparams(method, bundle):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tiny models have no shipped GRACE layer: derived
+        warnings.simplefilter("ignore")  # tiny models have no shipped GRACE/WISE layer: derived
         return get_editor(method).load_hparams(bundle, overrides=SMALL.get(method))
 
 
 def test_the_new_editors_declare_their_kind():
     assert {n: EDITORS[n].kind for n in NON_WEIGHT} == {"grace": "memory", "ike": "context", "prompt": "context",
-                                                          "retrieval": "context"}
+                                                          "retrieval": "context", "wise": "memory"}
     assert all(e.kind == "weights" for n, e in EDITORS.items() if n not in NON_WEIGHT)
 
 

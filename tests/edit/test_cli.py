@@ -92,11 +92,12 @@ def test_score_json_holds_the_rank(capsys):
 def test_memory_and_context_edits_through_edit_patch_info_and_plan(tiny_bundles, tmp_path, capsys):
     """`editscope edit --save-patch` writes a memory or context edit; `patch info` describes it (no ΔW), `patch apply`
     refuses it in one line (no weight to write), and `plan` says it has no plan for such an editor."""
-    for method, kind in (("prompt", "context"), ("grace", "memory")):
+    small = {"wise": ["--set", "n_iter=3", "irrelevant_pool=counterfact-train-sample", "context_templates=[[5,1]]"]}
+    for method, kind in (("prompt", "context"), ("grace", "memory"), ("wise", "memory")):
         path = tmp_path / f"{method}.safetensors"
         assert main(["edit", "--model", "tiny-llama", "--method", method, "--prompt", "{} is a citizen of",
                      "--subject", "Danielle Darrieux", "--target", "Japan", "--save-patch", str(path),
-                     "--no-progress"]) == 0
+                     "--no-progress", *small.get(method, [])]) == 0
         capsys.readouterr()
         assert main(["patch", "info", str(path), "--json"]) == 0
         info = json.loads(capsys.readouterr().out)
@@ -104,8 +105,12 @@ def test_memory_and_context_edits_through_edit_patch_info_and_plan(tiny_bundles,
         assert info["requests"][0]["target_new"] == "Japan"
         if kind == "context":
             assert info["holds"]["facts"] == ["Danielle Darrieux is a citizen of Japan."]
-        else:
+        elif method == "grace":
             assert info["holds"]["keys"][0] == 1 and info["holds"]["replacement"] == "answer"
+        else:  # one side memory: the shard in progress, a copy of the down projection [d_out, d_in]
+            assert info["holds"]["labels"] == ["shard"] and info["holds"]["thresholds"] == [1]
+            assert main(["patch", "info", str(path)]) == 0
+            assert "side memory  1 at model.layers.0.mlp.down_proj: shard (ε " in capsys.readouterr().out
         assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err
         assert f"a {kind} edit ({method}) writes no weight" in err and len(err.strip().splitlines()) == 1

@@ -1,6 +1,7 @@
 """Memory and context editors in lifelong chains (the shipped lifelong config on tiny-llama, 3 rounds of 4): the store
-(GRACE's codebook, retrieval's facts) is the chain's state, saved at each checkpoint; a chain killed after its
-round-2 checkpoint resumes from the store and gives the rows of an uninterrupted run, and no weight ever changes."""
+(GRACE's codebook, WISE's side memories, retrieval's facts) is the chain's state, saved at each checkpoint; a chain
+killed after its round-2 checkpoint resumes from the store and gives the rows of an uninterrupted run, and no weight
+ever changes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from editscope.run.runner import timing_free
 from tests.run.helpers import close
 from tests.run.test_lifelong import Kill, lifelong_data
 
-STORES = [{"name": "retrieval", "overrides": {"k": 2}}, {"name": "grace", "overrides": {"n_iter": 3, "layers": [1]}}]
+STORES = [{"name": "retrieval", "overrides": {"k": 2}}, {"name": "grace", "overrides": {"n_iter": 3, "layers": [1]}},
+          # shards of 2 edits merged every 4: the killed chain's round-2 state holds a merged memory and a shard
+          {"name": "wise", "overrides": {"n_iter": 3, "layers": [1], "save_freq": 2, "merge_freq": 4,
+                                         "context_templates": [[5, 1]],
+                                         "irrelevant_pool": "counterfact-train-sample"}}]
 
 
 def store_data(method: dict, *, evk: bool | None = None) -> dict:
@@ -63,9 +68,12 @@ def test_a_store_chain_resumes_from_its_checkpointed_store(tiny_bundles, tmp_pat
     assert seen["round"] == 2 and seen["deltas"] == {}  # no weight in the checkpoint: the store is the state
     if name == "retrieval":
         assert seen["cls"] == "ContextStore" and len(seen["meta"]["facts"]) == 8
-    else:
+    elif name == "grace":
         assert seen["cls"] == "GraceCodebook" and seen["tensors"] == ["keys", "radii", "values"]
         assert 1 <= len(seen["meta"]["labels"]) <= 8
+    else:  # 8 edits: merges after 4 and 8, every shard saved, none in progress
+        assert seen["cls"] == "WiseMemory" and seen["tensors"] == ["merged"]
+        assert seen["meta"]["count"] == 8 and seen["meta"]["merges"] == 2
     logs: list[str] = []
     run(out, log=logs.append)
     assert sum(f"method {name} after round 2 (8 edits)" in m for m in logs) == 1, logs
@@ -73,7 +81,7 @@ def test_a_store_chain_resumes_from_its_checkpointed_store(tiny_bundles, tmp_pat
     assert len(got) == len(want) == 4 + 8 + 12
     for a, b in zip(got, want, strict=True):
         assert close(timing_free(a), timing_free(b)), (a["case_id"], a["edits_applied"])
-        assert a["edit_info"]["kind"] == {"retrieval": "context", "grace": "memory"}[name]
+        assert a["edit_info"]["kind"] == {"retrieval": "context", "grace": "memory", "wise": "memory"}[name]
     assert not (out / CHAINS_DIR).exists()
     assert {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()} == weights
     if name == "retrieval":  # the store grew round by round: 4, 8, 12 facts

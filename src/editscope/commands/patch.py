@@ -65,11 +65,7 @@ def _stored_info(args: argparse.Namespace, edit, strict_dumps) -> int:
     for r in edit.requests:
         print(f"request      {r['prompt'].replace('{}', r['subject'])!r} -> {r['target_new']!r}")
     print(f"hparams      {strict_dumps(edit.hparams, 'patch info: hparams', sort_keys=True)}")
-    if edit.kind == "context":
-        print(f"facts        {len(edit.facts)} stored; demonstrations {len(edit.demos)}; "
-              f"{'every fact' if edit.top_k is None else f'top {edit.top_k} by {edit.retriever}'} before each prompt")
-    else:
-        print(f"codebook     {edit.size} entries at {edit.module} (values replace its output: {edit.replacement})")
+    print(edit.describe())
     return 0
 
 

@@ -177,6 +177,10 @@ class ContextEdit(StoredEdit):
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"embeddings": self.embeddings} if self.embeddings is not None else {}
 
+    def describe(self) -> str:
+        chosen = "every fact" if self.top_k is None else f"top {self.top_k} by {self.retriever}"
+        return f"facts        {len(self.facts)} stored; demonstrations {len(self.demos)}; {chosen} before each prompt"
+
     @classmethod
     def load(cls, path: str | Path, *, trust_unverified: bool | None = None) -> ContextEdit:
         """Read a file :meth:`save` wrote (content digest checked first; one line naming the file and key)."""

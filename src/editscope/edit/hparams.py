@@ -336,7 +336,7 @@ DEFAULT_REFERENCE_FAMILY = "llama"
 #: and AlphaEdit's Llama-3 FT). KN and MEND have no rule: they need --hparams or a shipped file.
 LAYER_RULES: dict[str, str] = {"rome": "single", "ft": "single", "memit": "window", "alphaedit": "window",
                                "prune": "window", "rect": "window", "evk_edit": "window",
-                               "grace": "single"}
+                               "grace": "single", "wise": "single"}
 
 
 class DerivedHParamsWarning(UserWarning):

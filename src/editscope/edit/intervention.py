@@ -2,7 +2,8 @@
 
 - ``weights``: a weight delta, :class:`~editscope.edit.patch.Patch` (ΔW per parameter; ROME, MEMIT, ... UltraEdit);
 - ``memory``: a module memory, :class:`~editscope.edit.memory.MemoryEdit` (a layer's output governed by a store
-  beside the weights, installed as a forward hook; GRACE's codebook);
+  beside the weights, installed as a forward hook; GRACE's codebook) or
+  :class:`~editscope.edit.side_memory.SideMemoryEdit` (side copies of a layer's weight and a router; WISE);
 - ``context``: text before every prompt, :class:`~editscope.edit.context_edit.ContextEdit` (a stated fact, retrieved
   facts, demonstrations; PROMPT, IKE, retrieval).
 
@@ -81,10 +82,10 @@ def file_format(path: str | Path) -> str:
 def load_intervention(path: str | Path, *, trust_unverified: bool | None = None) -> Any:
     """Any saved edit — a patch, a memory edit or a context edit — read back by the ``format`` in its metadata,
     checked as each kind checks its files."""
-    from editscope.edit import context_edit, memory, patch
+    from editscope.edit import context_edit, memory, patch, side_memory
 
     loaders = {patch.FORMAT: patch.Patch.load, context_edit.FORMAT: context_edit.ContextEdit.load,
-               memory.FORMAT: memory.MemoryEdit.load}
+               memory.FORMAT: memory.MemoryEdit.load, side_memory.FORMAT: side_memory.SideMemoryEdit.load}
     if Path(path).is_dir():
         raise EditscopeError(f"{path}: is a folder, not a patch file")
     if not Path(path).is_file():
@@ -198,6 +199,10 @@ class StoredEdit(ABC):
     @abstractmethod
     def tensors(self) -> dict[str, Any]:
         """The kind's tensors (saved with the file, covered by its digest)."""
+
+    def describe(self) -> str:
+        """What the edit holds, in one line for ``editscope patch info`` (a 13-column label, then the text)."""
+        return f"holds        {', '.join(f'{k} {list(v.shape)}' for k, v in self.tensors().items())}"
 
     def _metadata(self) -> dict[str, str]:
         return {"format": self.FORMAT, "kind": self.kind, "method": self.method, "hparams": dumps(self.hparams),

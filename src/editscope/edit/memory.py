@@ -133,6 +133,9 @@ class MemoryEdit(StoredEdit):
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"keys": self.keys, "values": self.values, "radii": self.radii}
 
+    def describe(self) -> str:
+        return f"codebook     {self.size} entries at {self.module} (values replace its output: {self.replacement})"
+
     @classmethod
     def load(cls, path: str | Path, *, trust_unverified: bool | None = None) -> MemoryEdit:
         """Read a file :meth:`save` wrote (content digest checked first; one line naming the file and key)."""

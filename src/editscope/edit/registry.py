@@ -39,6 +39,7 @@ from editscope.edit import (
     retrieval,
     rome,
     ultraedit,
+    wise,
 )
 from editscope.edit.context import key_statistics
 from editscope.edit.context_edit import ContextStore
@@ -365,6 +366,9 @@ for _editor in (
     # a memory editor: a codebook beside one layer; the codebook is the sequential state
     Editor("grace", "GRACE", grace.GraceHParams, grace.compute, optimises=False, writes="",
            state_class=grace.GraceCodebook, kind="memory", reinstate=lambda b, hp, s: grace.edit_of(b, [], hp, s)),
+    # a memory editor: side copies of one layer's weight and a router; the side memories are the sequential state
+    Editor("wise", "WISE", wise.WiseHParams, wise.compute, optimises=False, writes="",
+           state_class=wise.WiseMemory, kind="memory", reinstate=lambda b, hp, s: wise.edit_of(b, [], hp, s)),
     # context editors: the facts live in the text before each prompt; the store is the sequential state
     Editor("prompt", "PROMPT", prompt.PromptHParams, prompt.compute, optimises=False, writes="",
            state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: prompt.edit_of(b, [], hp, s)),

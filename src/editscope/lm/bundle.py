@@ -67,11 +67,13 @@ class MemoryRead:
     """Where a module memory reads its query in the forward about to run (set by the scoring engine).
 
     ``positions`` [B]: each row's query token (its prompt's last token); the memory governs that position and every
-    later one (the answer's). None: a decoding step continuing the rows of the last forward that had positions; a
+    later one (the answer's); None: a decoding step continuing the rows of the last forward that had positions; a
     memory then applies to the new positions whatever it chose for that row there (``chosen``, which the memory
-    fills; :meth:`select` keeps the rows still decoding)."""
+    fills; :meth:`select` keeps the rows still decoding). ``starts`` [B]: each row's first real token (None:
+    position 0; left-padded rows start later), for a memory that reads the whole prompt (WISE's router)."""
 
     positions: torch.Tensor | None
+    starts: torch.Tensor | None = None
     chosen: dict[int, torch.Tensor] = field(default_factory=dict)  # id(memory) -> [B] entry index, -1: none
 
     def select(self, index: torch.Tensor) -> None:

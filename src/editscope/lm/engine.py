@@ -505,7 +505,7 @@ class ScoringEngine(Scorer):
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
             torch.from_numpy(~allowed).to(device), torch.finfo(dtype).min)
         queries = [offsets[b] + len(row.ctx_ids) - 1 for b, row in enumerate(batch)]  # each prompt's last token
-        with self.bundle.memory_read(self._reading(queries)):
+        with self.bundle.memory_read(self._reading(queries, offsets)):
             hidden = self._base(
                 input_ids=None if embeds is not None else ids,
                 inputs_embeds=embeds,
@@ -680,7 +680,7 @@ class ScoringEngine(Scorer):
         for start in range(0, len(rows), per_call):
             ids, mask, _, _ = self._inputs(rows[start:start + per_call], "left")
             # left padding: every prompt ends at the last column; decoding steps continue each row's memory choice
-            read = self._reading([ids.shape[1] - 1] * ids.shape[0])
+            read = self._reading([ids.shape[1] - 1] * ids.shape[0], (mask == 0).sum(-1))
             with self.bundle.memory_read(read):
                 for new in greedy_rows(self._continuing(read), ids, mask, max_new_tokens=max_new_tokens,
                                        ended=ended, eos_ids=self._eos_ids,
@@ -688,11 +688,15 @@ class ScoringEngine(Scorer):
                     answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop))
         return answers
 
-    def _reading(self, queries: Sequence[int] | torch.Tensor) -> MemoryRead | None:
-        """Where module memories read each row's query (None when no memory is in force: nothing to say)."""
+    def _reading(self, queries: Sequence[int] | torch.Tensor, starts: Sequence[int] | torch.Tensor | None = None
+                 ) -> MemoryRead | None:
+        """Where module memories read each row's query, and where its real tokens start (None: at 0); None when no
+        memory is in force: nothing to say."""
         if not self.bundle.has_memory:
             return None
-        return MemoryRead(torch.as_tensor(queries, dtype=torch.long, device=self.bundle.device))
+        device = self.bundle.device
+        return MemoryRead(torch.as_tensor(queries, dtype=torch.long, device=device),
+                          None if starts is None else torch.as_tensor(starts, dtype=torch.long, device=device))
 
     def _continuing(self, read: MemoryRead | None):
         """The decoding step: the first call reads the prompts' queries, later ones continue each row's choice."""

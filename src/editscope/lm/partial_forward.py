@@ -399,3 +399,24 @@ class SharedContextForward:
         fns = {entry: lambda _x: self.entry} if self.hook_point is not None else {}
         cont = self._run(self.ids, self.mask, self.position_ids, DynamicCache(ddp_cache_data=kv), fns)
         return out.index_put(self.targets, cont[0])
+
+
+class BlockForward:
+    """The final hidden states of a batch when only blocks S..n−1 can change between calls (a weight inside block S
+    or above trained step by step, as WISE's side memory): block S's input at every position is recorded by one
+    no-grad forward, and each call runs blocks S..n−1 only, with blocks 0..S−1 passed through. Equal to
+    ``engine.batch_hidden(batch)`` to float rounding (``tests/edit/test_wise.py``). Rows longer than a sliding
+    attention window are not special: every position is computed, under the model's own mask."""
+
+    def __init__(self, engine: ScoringEngine, batch: TokenBatch, start: int) -> None:
+        self.engine, self.batch, self.start = engine, batch, int(start)
+        entry = f"blocks.{self.start}.resid_pre"
+        _, self.as_tuple, store = _unedited_forward(engine, batch, [entry], None)
+        self.entry = store[entry]
+
+    def hidden(self) -> torch.Tensor:
+        """Final hidden states [B, T, d], differentiable in whatever blocks S..n−1 read."""
+        model, arch = self.engine.model, self.engine.arch
+        with hooks(model, arch, {f"blocks.{self.start}.resid_pre": lambda _x: self.entry}), \
+                _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
+            return self.engine.batch_hidden(self.batch)
