@@ -255,7 +255,8 @@ def part_u(bundle, args) -> None:
 
 
 def part_g(bundle, args) -> None:
-    """Seconds per edit of GRACE, retrieval and PROMPT against AlphaEdit on one batch; the context's probe overhead."""
+    """Seconds per edit of GRACE, WISE, retrieval and PROMPT against AlphaEdit on one batch; the probe overhead of a
+    context and of WISE's router."""
     from editscope.data import load_cases
     from editscope.lm.engine import ScoringEngine
     from editscope.suites import get_suite
@@ -264,7 +265,7 @@ def part_g(bundle, args) -> None:
     reqs = [c.requests[0] for c in cases]
     engine = ScoringEngine(bundle)
     per: dict[str, float] = {}
-    for name in ("alphaedit", "grace", "retrieval", "prompt"):
+    for name in ("alphaedit", "grace", "wise", "retrieval", "prompt"):
         editor = get_editor(name)
         hp, runtime = editor.load_hparams(bundle), EditRuntime()
         state = _fresh_state(editor, bundle, reqs, hp, runtime) if editor.kind == "weights" else editor.new_state()
@@ -274,13 +275,13 @@ def part_g(bundle, args) -> None:
         per[name] = (time.perf_counter() - t0) / len(reqs)
         print(f"(g) {name}: one batch of {len(reqs)} edits in {per[name] * len(reqs):.2f} s = {per[name]:.4f} s per "
               "edit", flush=True)
-    for name in ("grace", "retrieval", "prompt"):
+    for name in ("grace", "wise", "retrieval", "prompt"):
         print(f"(g) ratio {per['alphaedit'] / per[name]:.1f} (seconds per edit, AlphaEdit / {name}, same batch of "
               f"{len(reqs)})")
     probe_cases = load_cases("counterfact", limit=args.s_cases)
     suite = get_suite("counterfact")
     timings = {}
-    for name in ("none", "retrieval", "ike"):
+    for name in ("none", "retrieval", "ike", "wise"):
         edit = None
         if name != "none":
             editor = get_editor(name)
@@ -291,8 +292,9 @@ def part_g(bundle, args) -> None:
         if edit is not None:
             edit.revert(bundle)
         print(f"(s) counterfact probe of {len(probe_cases)} cases, {name}: {timings[name]:.2f} s", flush=True)
-    for name in ("retrieval", "ike"):
-        print(f"(s) ratio {timings[name] / timings['none']:.2f} (probe seconds with the {name} context / without)")
+    for name in ("retrieval", "ike", "wise"):
+        what = "router" if name == "wise" else "context"
+        print(f"(s) ratio {timings[name] / timings['none']:.2f} (probe seconds with the {name} {what} / without)")
 
 
 def _stream_mode(args):
