@@ -12,6 +12,7 @@ from editscope.data import load_cases
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.run.config import RunConfig
+from editscope.run.plan import order_label, order_permutation
 from editscope.run.suites import SuiteFactory, make_suite
 from editscope.suites.base import Suite
 
@@ -29,8 +30,10 @@ class Block:
 
 def load_blocks(config: RunConfig, *, limit: int | None = None,
                 suite_factories: Mapping[str, SuiteFactory] | None = None) -> list[Block]:
-    """Cases (validated: a malformed record fails here, before any work) and suites of every block."""
+    """Cases (validated: a malformed record fails here, before any work) and suites of every block; a lifelong
+    mode with ``orders: K`` adds each block in K − 1 seeded permutations of its cases (:func:`in_order`)."""
     blocks = []
+    orders = getattr(config.mode, "orders", 1)
     for spec in config.blocks:
         n = spec.limit if limit is None else (limit if spec.limit is None else min(limit, spec.limit))
         cases = load_cases(spec.dataset, offset=spec.offset, limit=n)
@@ -41,7 +44,16 @@ def load_blocks(config: RunConfig, *, limit: int | None = None,
             raise EditscopeError(f"dataset {spec.label}: case ids are not unique")
         suites = {s.name: make_suite(s.name, s.options, suite_factories) for s in spec.suites}
         blocks.append(Block(spec.label, cases, suites, [edit_requests(spec.label, suites, c) for c in cases]))
+        blocks += [in_order(blocks[-1], config.seed, k) for k in range(1, orders)]
     return blocks
+
+
+def in_order(block: Block, seed: int, order: int) -> Block:
+    """``block`` with its cases in edit order ``order`` (:func:`~editscope.run.plan.order_permutation`), labelled
+    ``LABEL~orderK``: a block of its own, so each order is its own chain, resumed and sharded like any."""
+    perm = order_permutation(len(block.cases), seed, order)
+    return Block(order_label(block.label, order), [block.cases[i] for i in perm], block.suites,
+                 [block.requests[i] for i in perm])
 
 
 def edit_requests(label: str, suites: Mapping[str, Suite], case: Case) -> tuple[EditRequest, ...]:
@@ -69,4 +81,4 @@ def assign_groups(blocks: Sequence[Block], group_size: int, shard: tuple[int, in
         block.groups = [(g, members) for g, members in groups if g % n == i]
 
 
-__all__ = ["Block", "assign_groups", "edit_requests", "load_blocks"]
+__all__ = ["Block", "assign_groups", "edit_requests", "in_order", "load_blocks"]

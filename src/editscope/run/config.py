@@ -19,7 +19,9 @@ Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) 
                                  #   one and re-probes the earlier ones: all up to N (1000), beyond a fixed
                                  #   random sample of N;
                                  #   sampled: true -> only the batch just written and that sample, at every
-                                 #   checkpoint and at the end: a long stream's evaluation stays bounded)
+                                 #   checkpoint and at the end: a long stream's evaluation stays bounded;
+                                 #   orders: K -> every block also in K-1 seeded permutations, each its own
+                                 #   chain labelled LABEL~orderK; summaries add the spread across orders)
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
     chat_template: false         # wrap prompts in the tokenizer's chat template (instruct models); --chat-template
     lm_eval:                     # sequential_batches only: lm-evaluation-harness tasks at chain checkpoints
@@ -65,7 +67,18 @@ from editscope.errors import EditscopeError
 from editscope.finite import non_finite
 from editscope.paths import config_path
 from editscope.run.lmeval import LmEvalSpec, parse_spec
-from editscope.run.plan import REPROBE, Batch, Lifelong, Mode, ProbeOnly, Sequential, Single, mode_from_dict
+from editscope.run.plan import (
+    ORDER_MARK,
+    REPROBE,
+    Batch,
+    Lifelong,
+    Mode,
+    ProbeOnly,
+    Sequential,
+    Single,
+    mode_from_dict,
+    order_label,
+)
 from editscope.typed import typed as fits  # _Checker.typed is the method of that name
 
 TOP_KEYS = {"model", "models", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice",
@@ -75,7 +88,7 @@ BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
 MODES = ("single", "batch", "sequential", "sequential_batches", "probe_only")
-SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe", "sampled"}
+SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe", "sampled", "orders"}
 NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
 #: fields of a config left out of its canonical form while at their default (they came after the first digests;
 #: an unset one keeps an older config's digest)
@@ -222,6 +235,10 @@ class RunConfig:
         except (TypeError, ValueError, AttributeError) as exc:
             raise EditscopeError(f"{path}: field 'config': {str(exc)[:120]}; the file is damaged") from None
 
+    def block_labels(self) -> list[str]:
+        """The labels of the blocks a run edits, in order: each block's, then its other edit orders' (``orders``)."""
+        return [order_label(b.label, k) for b in self.blocks for k in range(getattr(self.mode, "orders", 1))]
+
     def digest(self, runtime: dict[str, Any] | None = None, *, without: tuple[str, ...] = ()) -> str:
         """Identity of what is computed: everything but the output directory and the device, with ``runtime`` (the
         runtime settings in force) where they differ from the defaults (so older runs keep their digest).
@@ -313,6 +330,11 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     mode, method_specs = _methods(c, data, mode, known_methods, base_dir)
     blocks = [_block(c, raw, prefix, known_datasets, known_suites, base_dir) for raw, prefix in _raw_blocks(c, data)]
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
+    if getattr(mode, "orders", 1) > 1:
+        for i, b in enumerate(blocks):
+            if ORDER_MARK in b.label:
+                raise c.fail(f"datasets[{i}].label", f"{b.label!r}: '{ORDER_MARK}' marks the blocks of other edit "
+                                                     "orders; choose another label")
     chat_template = c.typed(data.get("chat_template", False), bool, "chat_template", "true or false")
     lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
     config = RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode,
@@ -483,8 +505,9 @@ def _mode(c: _Checker, raw: Any) -> Mode:
     checkpoints = _checkpoint_rounds(c, n.get("checkpoints", 0) or 0, rounds)
     reprobe = c.count(n.get("reprobe", REPROBE), "mode.sequential_batches.reprobe", 1)
     sampled = c.typed(n.get("sampled", False), bool, "mode.sequential_batches.sampled", "true or false")
+    orders = c.count(n.get("orders", 1), "mode.sequential_batches.orders", 1)
     # one group = one sequence of edits from the unedited model
-    return Lifelong(batch, rounds, checkpoints, reprobe, sampled)
+    return Lifelong(batch, rounds, checkpoints, reprobe, sampled, orders)
 
 
 def _checkpoint_rounds(c: _Checker, raw: Any, rounds: int) -> int | tuple[int, ...]:

@@ -40,7 +40,7 @@ from editscope.run.summary import SummaryRow, write_summary
 def row_order(config: RunConfig):
     """Sort key reproducing the order of an unsharded run: dataset block, group, method, checkpoint (edits
     applied; sequential_batches rows only), case."""
-    blocks = {b.label: i for i, b in enumerate(config.blocks)}
+    blocks = {label: i for i, label in enumerate(config.block_labels())}
     methods = {m.label: i for i, m in enumerate(config.methods)}
     return lambda r: (blocks.get(r["dataset"], len(blocks)), r["group"], methods.get(r["method"], len(methods)),
                       r.get("edits_applied", 0), r["index"])
@@ -67,7 +67,7 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
     write_results(out_dir / RESULTS, merged)
     summary = write_summary(out_dir, merged, specs=declared_metrics(first),
                             method_order=[m.label for m in config.methods],
-                            dataset_order=[b.label for b in config.blocks])
+                            dataset_order=config.block_labels())
     shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})
     n = shards[0][1] if shards else 1
     if len(shards) != n or any(s[1] != n for s in shards):

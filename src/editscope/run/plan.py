@@ -108,13 +108,19 @@ class Lifelong(Single):
     sample of ``reprobe`` earlier ones; the final rows are the same cut after the last round, and only the cases
     probed somewhere are probed before editing. Each row then records its stratum (the batch just written, or the
     earlier cases it was sampled from) with the stratum's size, so that tables and curves weigh the two by the
-    number of cases they stand for (:func:`editscope.run.summary.summarize`)."""
+    number of cases they stand for (:func:`editscope.run.summary.summarize`).
+
+    ``orders``: each dataset block is edited in this many orders, each its own chain: the block's own order and
+    ``orders − 1`` seeded permutations of its cases (:func:`order_permutation`), each run as a block of its own
+    labelled ``LABEL~orderK`` (:func:`editscope.run.blocks.load_blocks`); summaries add each checkpoint's spread
+    across the orders (:func:`editscope.run.summary.across_orders`)."""
 
     batch: int = 1
     rounds: int = 1
     checkpoints: int | tuple[int, ...] = 0
     reprobe: int = REPROBE
     sampled: bool = False
+    orders: int = 1
     name = "sequential_batches"
     chained = True
 
@@ -178,6 +184,8 @@ class Lifelong(Single):
             shape["reprobe"] = self.reprobe
         if self.sampled:
             shape["sampled"] = True
+        if self.orders > 1:
+            shape["orders"] = self.orders
         return super().to_dict() | shape
 
     def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
@@ -218,10 +226,33 @@ def mode_from_dict(data: Mapping[str, Any]) -> Mode:
     if name == "sequential_batches":
         every = data.get("checkpoints", 0)
         return Lifelong(data["batch"], data["rounds"], tuple(every) if isinstance(every, list) else every,
-                        data.get("reprobe", REPROBE), bool(data.get("sampled", False)))
+                        data.get("reprobe", REPROBE), bool(data.get("sampled", False)), int(data.get("orders", 1)))
     if name == "probe_only":
         return ProbeOnly(n)
     raise ValueError(f"unknown mode {name!r}")
+
+
+ORDER_MARK = "~order"
+"""Between a block's label and its order number in the label of a block edited in another order."""
+
+
+def order_permutation(n: int, seed: int, order: int) -> list[int]:
+    """The case order of edit order ``order`` of a block of ``n`` cases: order 0 is the block's own; order k ≥ 1 the
+    permutation numpy's ``default_rng([seed, k])`` draws (``seed``: the config's)."""
+    if order == 0:
+        return list(range(n))
+    return [int(i) for i in np.random.default_rng([int(seed), int(order)]).permutation(n)]
+
+
+def order_label(label: str, order: int) -> str:
+    """The label of ``label``'s block in edit order ``order`` (order 0 keeps the label)."""
+    return label if order == 0 else f"{label}{ORDER_MARK}{order}"
+
+
+def base_label(label: str) -> tuple[str, int]:
+    """(the block's own label, its edit order) of a block label :func:`order_label` made."""
+    head, mark, tail = label.rpartition(ORDER_MARK)
+    return (head, int(tail)) if mark and tail.isdigit() else (label, 0)
 
 
 def checkpoint_due(checkpoints: int | tuple[int, ...], r: int) -> bool:
@@ -248,4 +279,5 @@ def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, se
 
 
 __all__ = ["PROBE_GROUP", "REPROBE", "Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit",
-           "checkpoint_due", "mode_from_dict", "reprobe_positions"]
+           "checkpoint_due", "mode_from_dict", "reprobe_positions", "ORDER_MARK", "order_permutation", "order_label",
+           "base_label"]

@@ -20,6 +20,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import CHAT_NOTE
 from editscope.run.blocks import load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
+from editscope.run.plan import base_label
 from editscope.run.store import (
     RESULTS,
     ROW_CONFIG_KEY,
@@ -107,7 +108,9 @@ def _protocol(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
 
 def _judges(config: RunConfig) -> dict[str, dict[str, Any]]:
     """Each block's wild suite options as the source run had them."""
-    return {b.label: dict(s.options) for b in config.blocks for s in b.suites if s.name == WILD}
+    options = {b.label: dict(s.options) for b in config.blocks for s in b.suites if s.name == WILD}
+    return {label: options[base_label(label)[0]] for label in config.block_labels()
+            if base_label(label)[0] in options}
 
 
 __all__ = ["rejudge_run"]

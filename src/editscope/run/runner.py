@@ -60,7 +60,7 @@ from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
-from editscope.run.plan import Lifelong, Single, Unit
+from editscope.run.plan import Lifelong, Single, Unit, base_label
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
@@ -233,7 +233,9 @@ class Runner:
         bundle = self.bundle
         if self.config.chat_template:  # a tokenizer without one fails here, before any work
             ChatFormat.of(bundle.tokenizer, bundle.name)
-        for block, spec in zip(blocks, self.config.blocks, strict=True):  # before any edit: every text fits
+        specs = {b.label: b for b in self.config.blocks}
+        for block in blocks:  # before any edit: every text fits
+            spec = specs[base_label(block.label)[0]]
             check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
                           block.cases)
         methods = {}
@@ -435,7 +437,7 @@ class Runner:
             bar.close()
             rows = read_results(self.out_dir / RESULTS)
             summary = write_summary(self.out_dir, rows, specs=self._declared, method_order=methods,
-                                    dataset_order=[b.label for b in self.config.blocks])
+                                    dataset_order=self.config.block_labels())
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())
                                                              | planned | failure))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary,

@@ -40,6 +40,7 @@ from editscope.metrics.intervals import (
     stratified_mean_ci,
 )
 from editscope.metrics.registry import Declarations, MetricSpec
+from editscope.run.plan import base_label
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
 from editscope.suites import SUITES, measures_whole_model
 from editscope.suites.base import Suite
@@ -251,6 +252,73 @@ def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None 
         for r in summarize(point, specs=specs, method_order=method_order, dataset_order=dataset_order):
             out.setdefault((r.dataset, r.suite), {}).setdefault(edits, []).append(r)
     return {key: points for key, points in out.items() if len(points) >= 2}
+
+
+@dataclass(frozen=True)
+class OrderPoint:
+    """One metric of one method after ``edits`` edits, across the edit orders of a block (``orders``): ``values``
+    holds each order's mean (order 0 first), ``row`` their mean with a Student t interval over the orders (n = the
+    number of orders, ci ``orders``): the spread a reader needs where one chain is an anecdote."""
+
+    edits: int
+    row: SummaryRow
+    values: tuple[float, ...]
+
+
+OrderMap = dict[tuple[str, str], list[OrderPoint]]
+
+
+def across_orders(curves: CurveMap) -> OrderMap:
+    """For every (block, suite) whose curves (:func:`summarize_by_edits`) exist in two or more edit orders (block
+    labels ``LABEL~orderK``), each (method, metric, edits) point every order reached, keyed by the block's own label
+    (:class:`OrderPoint`)."""
+    by: dict[tuple[str, str], dict[tuple[int, str, str], dict[int, float]]] = {}
+    for (dataset, suite), points in curves.items():
+        base, order = base_label(dataset)
+        for edits, rs in points.items():
+            for r in rs:
+                by.setdefault((base, suite), {}).setdefault((edits, r.method, r.metric), {})[order] = r.mean
+    out: OrderMap = {}
+    for (base, suite), points in by.items():
+        orders = sorted({o for per in points.values() for o in per})
+        if len(orders) < 2:
+            continue
+        for (edits, method, metric), per in sorted(points.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            if sorted(per) != orders:
+                continue
+            values = tuple(per[o] for o in orders)
+            mean, low, high, sd = mean_ci(values)
+            row = SummaryRow(base, suite, method, metric, len(values), mean, low, high, sd, ci="orders")
+            out.setdefault((base, suite), []).append(OrderPoint(edits, row, values))
+    return out
+
+
+def orders_table(points: Sequence[OrderPoint], specs: Sequence[MetricSpec] | None) -> Table | None:
+    """One (block, suite) across edit orders: a row per (method, edits), per headline metric the mean over orders,
+    its 95% t interval over them and the orders' range, in the paper's units; None without headline metrics."""
+    cols = curve_columns(specs)
+    if not cols or not points:
+        return None
+    cells: dict[tuple[str, int], dict[str, OrderPoint]] = {}
+    for p in points:
+        cells.setdefault((p.row.method, p.edits), {})[p.row.metric] = p
+
+    def cell(p: OrderPoint | None, spec: MetricSpec) -> str:
+        if p is None or not math.isfinite(p.row.mean):
+            return "–"
+        low, high = clip_interval(p.row.ci95_low, p.row.ci95_high, spec.range)
+        lo, mean, hi, least, most = (paper_num(x, spec.paper_scale) for x in (
+            low, p.row.mean, high, min(p.values), max(p.values)))
+        return f"{mean}{f' [{lo}, {hi}]' if math.isfinite(p.row.ci95_low) else ''}; {least}–{most}"
+
+    body: list[list[Cell]] = [[m, e, len(next(iter(c.values())).values)] + [cell(c.get(s.post), s) for s in cols]
+                              for (m, e), c in cells.items()]
+    return Table(["method", "edits", "orders"] + [paper_header(s) for s in cols], body,
+                 notes=[ORDERS_NOTE])
+
+
+ORDERS_NOTE = ("Across edit orders: the mean of the orders' means, [its 95% Student t interval over the orders, "
+               "clipped to the metric's range]; the range of the orders' means.")
 
 
 def edit_info_curves(rows: Iterable[dict[str, Any]], suite: str, declared: Mapping[str, MetricSpec],
@@ -634,7 +702,8 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
                 title: str | None = "Summary", notes: NotesMap | None = None, curves: CurveMap | None = None) -> str:
     """One table per (dataset, suite): methods as rows, metrics as columns, ``mean ± 95% CI half-width``;
     ``notes`` (:func:`protocol_notes`) printed under each table; ``curves`` (:func:`summarize_by_edits`) add
-    the metric-vs-edits table of a sequential_batches run."""
+    the metric-vs-edits table of a sequential_batches run, and its spread across edit orders (:func:`across_orders`)
+    where a block was edited in several."""
     lines = [f"# {title}", ""] if title else []
     lines.append(TABLE_NOTE)
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
@@ -650,6 +719,11 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
         curve = curve_markdown((curves or {}).get((dataset, suite), {}), methods, (specs or {}).get((dataset, suite)))
         if curve:
             lines += ["", "After each number of edits (sequential batches):", ""] + curve
+    for (dataset, suite), points in across_orders(curves or {}).items():
+        table = orders_table(points, (specs or {}).get((dataset, suite)))
+        if table is not None:
+            lines += ["", f"## {suite} on {dataset}, across {len(points[0].values)} edit orders", ""]
+            lines += table.markdown().split("\n")
     return "\n".join(lines) + "\n"
 
 

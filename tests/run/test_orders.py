@@ -1,0 +1,115 @@
+"""Lifelong chains in several edit orders (``orders: K``): the permutations are the seeded shuffles numpy draws by
+hand, each order is a chain of its own (resumed like any), and the spread across orders in the summary equals a
+hand computation from the per-order rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as st
+
+from editscope.edit.patch import tensor_checksum
+from editscope.errors import EditscopeError
+from editscope.run import Runner, parse_config, read_results
+from editscope.run.blocks import load_blocks
+from editscope.run.plan import base_label, order_label
+from editscope.run.runner import timing_free
+from editscope.run.summary import across_orders, summarize_by_edits
+from tests.run.helpers import close
+from tests.run.test_lifelong import Kill, lifelong_data
+
+
+def orders_data(k: int, seed: int = 0) -> dict:
+    data = lifelong_data(["ultraedit"], seed=seed)
+    data["mode"]["sequential_batches"]["orders"] = k
+    return data
+
+
+def test_each_order_is_the_seeded_permutation_drawn_by_hand():
+    config = parse_config(orders_data(3, seed=7))
+    blocks = load_blocks(config)
+    base = blocks[0].cases
+    assert [b.label for b in blocks] == ["counterfact", "counterfact~order1", "counterfact~order2"]
+    assert config.block_labels() == [b.label for b in blocks]
+    for k, block in enumerate(blocks[1:], start=1):
+        perm = np.random.default_rng([7, k]).permutation(len(base))
+        assert [c.case_id for c in block.cases] == [base[i].case_id for i in perm]
+        assert block.requests == [blocks[0].requests[i] for i in perm]
+        assert base_label(block.label) == ("counterfact", k) and order_label("counterfact", k) == block.label
+    assert sorted(c.case_id for c in blocks[2].cases) == sorted(c.case_id for c in base)
+    assert [c.case_id for c in blocks[1].cases] != [c.case_id for c in base]
+
+
+def test_orders_leave_older_configs_as_they_were_and_refuse_bad_input():
+    plain = parse_config(lifelong_data(["ultraedit"]))
+    assert "orders" not in plain.to_dict() and plain.block_labels() == ["counterfact"]
+    assert parse_config(orders_data(1)).digest() == plain.digest()  # orders: 1 is the default
+    assert parse_config(orders_data(2)).to_dict()["orders"] == 2
+    with pytest.raises(EditscopeError, match=r"key 'mode.sequential_batches.orders'"):
+        parse_config(orders_data(0))
+    data = orders_data(2)
+    data["datasets"][0]["label"] = "cf~order1"
+    with pytest.raises(EditscopeError, match=r"key 'datasets\[0\].label': 'cf~order1'"):
+        parse_config(data)
+
+
+def test_two_orders_run_as_two_chains_resume_and_their_spread_matches_a_hand_computation(tiny_bundles, tmp_path):
+    bundle = tiny_bundles["llama"]
+    weights = {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()}
+    config = parse_config(orders_data(2))
+
+    def run(out, **kw):
+        return Runner(config, out_dir=out, bundle=bundle, progress=False, **kw).run()
+
+    want = read_results(run(tmp_path / "whole", log=lambda _m: None).out_dir / "results.jsonl")
+    assert {r["dataset"] for r in want} == {"counterfact", "counterfact~order1"}
+    # the second order's first checkpoint probes the first batch of its permutation
+    blocks = load_blocks(config)
+    first = {r["case_id"] for r in want if r["dataset"] == "counterfact~order1" and r["edits_applied"] == 4}
+    assert first == {c.case_id for c in blocks[1].cases[:4]}
+
+    # killed inside the second order's chain, resumed: the rows of the uninterrupted run
+    out = tmp_path / "killed"
+
+    def kill(row):
+        if row["dataset"] == "counterfact~order1" and row["edits_applied"] == 8:
+            raise Kill
+
+    with pytest.raises(Kill):
+        run(out, on_row=kill, log=lambda _m: None)
+    run(out, log=lambda _m: None)
+    got = read_results(out / "results.jsonl")
+    assert len(got) == len(want)
+    for a, b in zip(sorted(got, key=_key), sorted(want, key=_key), strict=True):
+        assert close(timing_free(a), timing_free(b)), _key(a)
+    assert {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()} == weights
+
+    # the spread across orders, by hand: each order's mean of ES at each number of edits, then their mean and a
+    # Student t interval over the two
+    spread = across_orders(summarize_by_edits(want))
+    points = {(p.row.method, p.edits): p for p in spread[("counterfact", "counterfact")] if p.row.metric == "ES_post"}
+    spread_seen = 0
+    for edits in (4, 8, 12):
+        per_order = []
+        for label in ("counterfact", "counterfact~order1"):
+            vals = [r["metrics"]["counterfact"]["ES_post"] for r in want
+                    if r["dataset"] == label and r["edits_applied"] == edits]
+            per_order.append(sum(vals) / len(vals))
+        p = points[("ultraedit", edits)]
+        mean = sum(per_order) / 2
+        sd = math.sqrt(sum((v - mean) ** 2 for v in per_order))  # n − 1 = 1
+        half = st.t.ppf(0.975, 1) * sd / math.sqrt(2)
+        assert p.values == pytest.approx(tuple(per_order)) and p.row.n == 2 and p.row.ci == "orders"
+        assert p.row.mean == pytest.approx(mean)
+        if sd:
+            spread_seen += 1
+            assert (p.row.ci95_low, p.row.ci95_high) == pytest.approx((mean - half, mean + half))
+    assert spread_seen  # the orders differ somewhere: the interval was checked
+    summary = (tmp_path / "whole" / "summary.md").read_text()
+    assert "## counterfact on counterfact, across 2 edit orders" in summary
+
+
+def _key(row: dict) -> tuple:
+    return row["dataset"], row["method"], row["edits_applied"] or 0, str(row["case_id"])
