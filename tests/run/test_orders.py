@@ -113,3 +113,27 @@ def test_two_orders_run_as_two_chains_resume_and_their_spread_matches_a_hand_com
 
 def _key(row: dict) -> tuple:
     return row["dataset"], row["method"], row["edits_applied"] or 0, str(row["case_id"])
+
+
+def _row(dataset: str, case: int, edits: int, es: float, sigma: float) -> dict:
+    return {"dataset": dataset, "method": "ultraedit", "group": 0, "case_id": case, "edits_applied": edits,
+            "metrics": {"counterfact": {"ES_post": es}, "weights": {"DeltaSigma": sigma}}}
+
+
+def test_break_points_follow_a_hand_example():
+    """Order 0: the batch just written holds ES 3/4 after 4 edits, 1/4 after 8 (below one half: the break), the
+    earlier cases re-probed at 8 do not count; σ₁ ratios 0.1, 0.15, 0.9: the largest rise (6x) at 12. Order 1 never
+    breaks; its σ₁ rises most at 8."""
+    from editscope.run.summary import break_points, break_table
+
+    rows = []
+    for edits, new_es, sigma in ((4, [1, 1, 0, 1], 0.1), (8, [0, 0, 1, 0], 0.15), (12, [1, 1, 1, 1], 0.9)):
+        start = edits - 4
+        rows += [_row("cf", start + i, edits, es, sigma) for i, es in enumerate(new_es)]
+        rows += [_row("cf", i, edits, 0.0, sigma) for i in range(start)]  # earlier cases, all failing now
+    rows += [_row("cf~order1", i, e, 1.0, s) for e, s in ((4, 0.2), (8, 0.8), (12, 1.0)) for i in range(e)]
+    got = {p.dataset: p for p in break_points(rows)}
+    assert (got["cf"].edits, got["cf"].sigma_jump, got["cf"].last) == (8, 12, 12)
+    assert (got["cf~order1"].edits, got["cf~order1"].sigma_jump) == (None, 8)
+    table = break_table(list(got.values()))
+    assert table.rows == [["cf", "ultraedit", 2, "1 of 2", "8; 8–8", "10; 8–12 [-15, 35]"]]

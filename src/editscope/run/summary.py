@@ -321,6 +321,90 @@ ORDERS_NOTE = ("Across edit orders: the mean of the orders' means, [its 95% Stud
                "clipped to the metric's range]; the range of the orders' means.")
 
 
+BREAK_SUITE, BREAK_METRIC, BREAK_SHARE = "counterfact", "ES_post", 0.5
+"""Where a lifelong chain breaks by default: the first checkpoint at which the cases first probed there (the batch
+just written) have a mean CounterFact ES below one half."""
+
+
+@dataclass(frozen=True)
+class BreakPoint:
+    """One chain (a block label, edit order included, and a method): ``edits``, the first checkpoint where the mean
+    of ``metric`` over the cases first probed there falls below ``share`` (None: it never does); ``sigma_jump``,
+    the checkpoint with the largest rise of σ₁(ΔW)/σ₁(W₀) (the weights suite's DeltaSigma) over the checkpoint
+    before (None: fewer than two finite, positive values)."""
+
+    dataset: str
+    method: str
+    edits: int | None
+    sigma_jump: int | None
+    last: int
+
+
+def break_points(rows: Iterable[dict[str, Any]], *, suite: str = BREAK_SUITE, metric: str = BREAK_METRIC,
+                 share: float = BREAK_SHARE) -> list[BreakPoint]:
+    """The :class:`BreakPoint` of every lifelong chain in ``rows`` that probed ``suite``'s ``metric``."""
+    rows = [r for r in rows if r.get("edits_applied") is not None]
+    first: dict[tuple, int] = {}
+    for r in rows:
+        key = (r["dataset"], r["method"], r.get("group"), str(r["case_id"]))
+        first[key] = min(first.get(key, r["edits_applied"]), r["edits_applied"])
+    new: dict[tuple[str, str], dict[int, list[float]]] = {}
+    sigma: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        chain, edits = (r["dataset"], r["method"]), int(r["edits_applied"])
+        value = r.get("metrics", {}).get(suite, {}).get(metric)
+        if value is not None and first[(*chain, r.get("group"), str(r["case_id"]))] == edits:
+            new.setdefault(chain, {}).setdefault(edits, []).append(float(value))
+        s = r.get("metrics", {}).get("weights", {}).get("DeltaSigma")
+        if s is not None and math.isfinite(s):
+            sigma.setdefault(chain, {}).setdefault(edits, float(s))
+    out = []
+    for chain, points in new.items():
+        below = [e for e in sorted(points) if sum(points[e]) / len(points[e]) < share]
+        out.append(BreakPoint(*chain, below[0] if below else None, _largest_rise(sigma.get(chain, {})),
+                              max(points)))
+    return out
+
+
+def _largest_rise(values: Mapping[int, float]) -> int | None:
+    """The key whose value rose most, as a ratio, over the value at the key before (positive values only)."""
+    keys = [k for k in sorted(values) if values[k] > 0]
+    rises = [(values[b] / values[a], b) for a, b in zip(keys, keys[1:], strict=False)]
+    return max(rises)[1] if rises else None
+
+
+def break_table(points: Sequence[BreakPoint], share: float = BREAK_SHARE) -> Table | None:
+    """The break points of each (block, method) across its edit orders: how many orders broke, the median, range
+    and 95% t interval of their break points, and the same of the σ₁ jump; None without chains."""
+    if not points:
+        return None
+    groups: dict[tuple[str, str], list[BreakPoint]] = {}
+    for p in points:
+        groups.setdefault((base_label(p.dataset)[0], p.method), []).append(p)
+    body: list[list[Cell]] = []
+    for (dataset, method), ps in groups.items():
+        body.append([dataset, method, len(ps), f"{sum(p.edits is not None for p in ps)} of {len(ps)}",
+                     _spread([p.edits for p in ps], ps[0].last), _spread([p.sigma_jump for p in ps], ps[0].last)])
+    return Table(["block", "method", "orders", "broke", "break point (edits)", "σ₁ jump (edits)"], body,
+                 notes=[f"Break point: the first checkpoint where the cases first probed there (the batch just "
+                        f"written) have a mean {BREAK_METRIC.removesuffix('_post')} below {share:g}; σ₁ jump: the "
+                        "checkpoint where σ₁(ΔW)/σ₁(W₀) rose most over the one before. Median, range and [95% t "
+                        "interval] over the orders that reached one."])
+
+
+def _spread(values: Sequence[int | None], last: int) -> str:
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return f"none by {last}"
+    median = float(np.median(reached))
+    text = f"{median:g}; {min(reached)}–{max(reached)}"
+    if len(reached) >= 2:
+        _, low, high, _ = mean_ci(reached)
+        if math.isfinite(low):
+            text += f" [{low:.0f}, {high:.0f}]"
+    return text
+
+
 def edit_info_curves(rows: Iterable[dict[str, Any]], suite: str, declared: Mapping[str, MetricSpec],
                      method_order: Sequence[str] = ()) -> dict[str, dict[int, list[SummaryRow]]]:
     """Per dataset, {edits on the model: summary rows} of the per-round quantities ``declared`` (``edit_info`` key ->
@@ -699,11 +783,12 @@ def protocol_notes(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list
 
 
 def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
-                title: str | None = "Summary", notes: NotesMap | None = None, curves: CurveMap | None = None) -> str:
+                title: str | None = "Summary", notes: NotesMap | None = None, curves: CurveMap | None = None,
+                breaks: Sequence[BreakPoint] = ()) -> str:
     """One table per (dataset, suite): methods as rows, metrics as columns, ``mean ± 95% CI half-width``;
     ``notes`` (:func:`protocol_notes`) printed under each table; ``curves`` (:func:`summarize_by_edits`) add
     the metric-vs-edits table of a sequential_batches run, and its spread across edit orders (:func:`across_orders`)
-    where a block was edited in several."""
+    where a block was edited in several; ``breaks`` (:func:`break_points`) the chains' break points."""
     lines = [f"# {title}", ""] if title else []
     lines.append(TABLE_NOTE)
     tables: dict[tuple[str, str], list[SummaryRow]] = {}
@@ -724,6 +809,9 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
         if table is not None:
             lines += ["", f"## {suite} on {dataset}, across {len(points[0].values)} edit orders", ""]
             lines += table.markdown().split("\n")
+    table = break_table(breaks)
+    if table is not None:
+        lines += ["", "## Where the chains break", ""] + table.markdown().split("\n")
     return "\n".join(lines) + "\n"
 
 
@@ -736,6 +824,7 @@ def write_summary(out_dir: str | Path, rows: Iterable[dict[str, Any]], *, specs:
     curves = summarize_by_edits(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
     atomic_write_text(Path(out_dir) / SUMMARY_CSV, to_csv(summary))
     gaps = protocol_gaps(rows, method_order)
-    markdown = to_markdown(summary, specs=specs, notes=protocol_notes(rows), curves=curves)
+    markdown = to_markdown(summary, specs=specs, notes=protocol_notes(rows), curves=curves,
+                           breaks=break_points(rows) if curves else ())
     atomic_write_text(Path(out_dir) / SUMMARY_MD, markdown + ("\n" + "\n".join(gaps) + "\n" if gaps else ""))
     return summary
