@@ -642,7 +642,13 @@ def curve_table(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
             if cell:
                 body.append([m, edits, max(r.n for r in cell.values())]
                             + [paper_cell(cell[s.post], s) if s.post in cell else "–" for s in cols])
-    return Table(["method", "edits", "n"] + [paper_header(s) for s in cols], body)
+    return Table(["method", "edits", "n"] + [paper_header(s) for s in cols], body, notes=[TIMING_NOTE])
+
+
+TIMING_NOTE = ("Evaluation timing: the point after N edits probes, with all N on the model, the cases first probed "
+               "there (the batch just written, probed just after writing it: AlphaEdit's code's timing) and the "
+               "earlier cases again (probed after every later edit); the last point is the evaluation after the "
+               "whole chain (UltraEdit's and EasyEdit's timing).")
 
 
 def curve_markdown(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str],
