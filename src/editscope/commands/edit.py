@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 
 from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
@@ -173,6 +174,8 @@ def _print_table(args: argparse.Namespace, result: dict, prompts: list[str], pre
 
 def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine | None) -> int:
     from editscope.edit import parse_overrides
+    from editscope.edit.hparams import DerivedHParamsWarning
+    from editscope.edit.quick_check import QuickCheck
     from editscope.edit.runtime import EditRuntime
     from editscope.lm import load
     from editscope.lm.engine import ScoringEngine
@@ -186,13 +189,21 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
     say(f"loading {args.model}")
     bundle = load(args.model, device=args.device, dtype=args.dtype, progress=say)
     editor.check_model(bundle)
-    hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
+    with warnings.catch_warnings(record=True) as caught:  # shown again below; noted to check a derived edit
+        warnings.simplefilter("always")
+        hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    check = QuickCheck() if any(issubclass(w.category, DerivedHParamsWarning) for w in caught) else None
     engine = ScoringEngine(bundle, chat_template=args.chat_template)
     runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]
     say(f"scoring {len(prompts)} prompt(s) before the edit")
     answers = [(a, "correct") for a in args.correct] + [(a, "hard_false") for a in args.hard_false]
     pre = _measure(engine, prompts, args, request, answers)
+    if check is not None:
+        say("derived hparams: checking known facts and neutral generations before the edit")
+        check.before(engine)
     say(f"editing with {editor.display(plugins)}")
     trial = Trial("cli", {}, Method(args.method, editor, hp, tuple(plugins)), runtime)
     t0 = time.perf_counter()
@@ -200,8 +211,13 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
         seconds = time.perf_counter() - t0
         say(f"edited in {seconds:.1f} s; scoring after the edit")
         post = _measure(engine, prompts, args, request, answers)
+        if check is not None:
+            check.after(engine)
     result = _result(args, editor.display(plugins), runtime, plugins, bundle, engine, request, prompts, answers,
                      pre, post, seconds)
+    if check is not None:
+        result["quick_check"] = check.to_dict()
+        print(f"edit: {check.line(args.method, args.model)}", file=sys.stderr, flush=True)
     if status is not None:
         status.close()
     # fails (before saving anything) on NaN/inf, also when the result is printed as a table
