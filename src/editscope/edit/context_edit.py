@@ -104,7 +104,7 @@ class ContextStore(EditState):
             self.embeddings = embeddings if old is None else torch.cat([old, embeddings.to(old)])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ContextEdit(StoredEdit):
     """The context a context editor put on a model (see the module docstring). ``top_k`` None: every fact before
     every prompt; else the ``top_k`` facts ``retriever`` ranks first for the prompt (fewer while the store holds
@@ -113,21 +113,12 @@ class ContextEdit(StoredEdit):
     kind: ClassVar[str] = "context"
     FORMAT: ClassVar[str] = FORMAT
 
-    method: str
-    hparams: dict[str, Any]
-    fingerprint: str
     facts: tuple[str, ...]
     instruction: str = ""
     demos: tuple[str, ...] = ()
     top_k: int | None = None
     retriever: str = "bm25"
     embeddings: torch.Tensor | None = field(default=None, repr=False)
-    model_name: str = ""
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    checksums: dict[str, str] = field(default_factory=dict)
-    superseded: StoredEdit | None = field(default=None, repr=False)
-    _target: Bundle | None = field(default=None, repr=False)
     _index: Any = field(default=None, repr=False)
     _chosen: dict[str, str] = field(default_factory=dict, repr=False)
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from safetensors import safe_open
 
@@ -101,27 +102,30 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+@dataclass(eq=False, kw_only=True)
 class StoredEdit(ABC):
-    """What memory and context edits share: recorded on the bundle, superseding the edit of the same method in
-    force, saved as a sealed safetensors file (metadata :meth:`fields` plus :meth:`tensors`).
+    """What memory and context edits share: the fields every edit file holds, recorded on the bundle, superseding
+    the edit of the same method in force, saved as a sealed safetensors file (metadata :meth:`fields` plus
+    :meth:`tensors`).
 
-    A subclass sets ``kind`` and ``FORMAT`` and implements :meth:`_attach` / :meth:`_detach` (install and remove
-    what acts on the model: a context provider, a forward hook), :meth:`fields`, :meth:`tensors` and
-    :meth:`from_file`. Base weights are never written."""
+    A subclass (a keyword-only dataclass adding its own fields) sets ``kind`` and ``FORMAT`` and implements
+    :meth:`_attach` / :meth:`_detach` (install and remove what acts on the model: a context provider, a forward
+    hook), :meth:`fields`, :meth:`tensors` and ``load``. Base weights are never written."""
 
-    kind: str = ""
-    FORMAT: str = ""
+    kind: ClassVar[str] = ""
+    FORMAT: ClassVar[str] = ""
 
     method: str
     hparams: dict[str, Any]
     fingerprint: str
-    model_name: str
-    requests: list[dict[str, Any]]
-    info: dict[str, Any]
-    checksums: dict[str, str]
+    model_name: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    #: pre-edit checksums of written parameters: none (the Intervention contract's field)
+    checksums: dict[str, str] = field(default_factory=dict)
     #: the edit of the same method this one replaced when applied (put back when this one is reverted)
-    superseded: StoredEdit | None
-    _target: Bundle | None
+    superseded: StoredEdit | None = field(default=None, repr=False)
+    _target: Bundle | None = field(default=None, repr=False)
 
     # -- what a bundle needs (AppliedPatch) ----------------------------------------------------------------
     @property

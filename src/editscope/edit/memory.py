@@ -15,6 +15,8 @@ value goes on governing the row's later positions.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -71,30 +73,48 @@ def govern(inputs: torch.Tensor, output: torch.Tensor, read: MemoryRead | None, 
     return torch.where(governed, values.to(output)[index][:, None, :].expand_as(output), output)
 
 
-@dataclass(eq=False)
-class MemoryEdit(StoredEdit):
+@dataclass(eq=False, kw_only=True)
+class ModuleMemory(StoredEdit):
+    """A memory at one module of the model (``module``, its dotted path), installed as a forward hook: a subclass
+    gives the hook (:meth:`_hook`); installing, removing and the one-line error for a module the model lacks are
+    here."""
+
+    kind: ClassVar[str] = "memory"
+
+    module: str
+    _handle: Any = field(default=None, repr=False)
+
+    @abstractmethod
+    def _hook(self, target: Bundle, module: torch.nn.Module) -> Callable[..., torch.Tensor]:
+        """The forward hook ``(module, args, output) -> output`` acting for this memory on ``target``."""
+
+    def _attach(self, target: Bundle) -> None:
+        try:
+            module = target.model.get_submodule(self.module)
+        except AttributeError:
+            raise EditscopeError(f"{self.method} memory: module {self.module!r} does not exist in "
+                                 f"{target.name}") from None
+        self._handle = module.register_forward_hook(self._hook(target, module))
+        target.count_memory(+1)
+
+    def _detach(self, target: Bundle) -> None:
+        self._handle.remove()
+        self._handle = None
+        target.count_memory(-1)
+
+
+@dataclass(eq=False, kw_only=True)
+class MemoryEdit(ModuleMemory):
     """A codebook at one module (see the module docstring): ``keys`` [N, d_in], ``values`` [N, d_out], ``radii``
     [N] (float64) and each entry's ``labels`` (the answer it was trained for)."""
 
-    kind: ClassVar[str] = "memory"
     FORMAT: ClassVar[str] = FORMAT
 
-    method: str
-    hparams: dict[str, Any]
-    fingerprint: str
-    module: str
     keys: torch.Tensor
     values: torch.Tensor
     radii: torch.Tensor
     labels: tuple[str, ...] = ()
     replacement: str = "answer"
-    model_name: str = ""
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    checksums: dict[str, str] = field(default_factory=dict)
-    superseded: StoredEdit | None = field(default=None, repr=False)
-    _target: Bundle | None = field(default=None, repr=False)
-    _handle: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.keys.shape[0]
@@ -108,24 +128,12 @@ class MemoryEdit(StoredEdit):
     def size(self) -> int:
         return int(self.keys.shape[0])
 
-    def _attach(self, target: Bundle) -> None:
-        try:
-            module = target.model.get_submodule(self.module)
-        except AttributeError:
-            raise EditscopeError(f"{self.method} memory: module {self.module!r} does not exist in "
-                                 f"{target.name}") from None
+    def _hook(self, target: Bundle, module: torch.nn.Module) -> Callable[..., torch.Tensor]:
         owner = id(self)
 
         def hook(_module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             return govern(args[0], output, target.read, self.keys, self.values, self.radii, owner, self.replacement)
-
-        self._handle = module.register_forward_hook(hook)
-        target.count_memory(+1)
-
-    def _detach(self, target: Bundle) -> None:
-        self._handle.remove()
-        self._handle = None
-        target.count_memory(-1)
+        return hook
 
     def fields(self) -> dict[str, Any]:
         return {"module": self.module, "labels": list(self.labels), "replacement": self.replacement}

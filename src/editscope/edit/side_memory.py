@@ -24,13 +24,13 @@ the engine (no read positions) every position of the row is routed on (the refer
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from editscope.edit.intervention import StoredEdit
+from editscope.edit.memory import ModuleMemory
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle, MemoryRead
 
@@ -103,31 +103,19 @@ def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return ACT2FN[name]
 
 
-@dataclass(eq=False)
-class SideMemoryEdit(StoredEdit):
+@dataclass(eq=False, kw_only=True)
+class SideMemoryEdit(ModuleMemory):
     """Side weights at one module (see the module docstring): ``weights`` [M, *module weight shape] (float32),
     ``thresholds`` [M] (float64), a name per memory (``labels``), the ``distance`` and, for the activation
     distance, the model's ``activation``."""
 
-    kind: ClassVar[str] = "memory"
     FORMAT: ClassVar[str] = FORMAT
 
-    method: str
-    hparams: dict[str, Any]
-    fingerprint: str
-    module: str
     weights: torch.Tensor
     thresholds: torch.Tensor
     labels: tuple[str, ...] = ()
     distance: str = "output"
     activation: str = ""
-    model_name: str = ""
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    checksums: dict[str, str] = field(default_factory=dict)
-    superseded: StoredEdit | None = field(default=None, repr=False)
-    _target: Bundle | None = field(default=None, repr=False)
-    _handle: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.weights.shape[0]
@@ -144,12 +132,7 @@ class SideMemoryEdit(StoredEdit):
     def size(self) -> int:
         return int(self.weights.shape[0])
 
-    def _attach(self, target: Bundle) -> None:
-        try:
-            module = target.model.get_submodule(self.module)
-        except AttributeError:
-            raise EditscopeError(f"{self.method} side memory: module {self.module!r} does not exist in "
-                                 f"{target.name}") from None
+    def _hook(self, target: Bundle, module: torch.nn.Module) -> Callable[..., torch.Tensor]:
         if tuple(self.weights.shape[1:]) != tuple(module.weight.shape):
             raise EditscopeError(f"{self.method} side memory: weights of shape {tuple(self.weights.shape[1:])} do not "
                                  f"fit {self.module} of {target.name} ({tuple(module.weight.shape)})")
@@ -160,14 +143,7 @@ class SideMemoryEdit(StoredEdit):
 
         def hook(_module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             return route(args[0], output, target.read, weights, self.thresholds, owner, transposed, bias, act)
-
-        self._handle = module.register_forward_hook(hook)
-        target.count_memory(+1)
-
-    def _detach(self, target: Bundle) -> None:
-        self._handle.remove()
-        self._handle = None
-        target.count_memory(-1)
+        return hook
 
     def fields(self) -> dict[str, Any]:
         return {"module": self.module, "labels": list(self.labels), "distance": self.distance,
