@@ -185,6 +185,16 @@ def test_inspect_command_and_report_cards(tiny_run, tmp_path, capsys):
         ["rewrite", "rewrite", "paraphrase", "paraphrase", "neighborhood", "neighborhood"]
     page = cli_json.with_suffix(".html").read_text()
     assert "cli True" not in page and "the command line (editscope inspect with a request, no run)" in page
+    assert "hparams were derived" not in page  # ROME has a shipped tiny-llama file
+    # an editor without one (GRACE): the card says its hparams were derived and points to tune
+    assert main(["inspect", "--model", "tiny-llama", "--method", "grace", "--prompt", "{} was born in",
+                 "--subject", "Toko Yasuda", "--target", "Paris", "--target-true", "Tokyo", "--set", "n_iter=2",
+                 "--facts", "5", "--facts-from", str(root / "facts.json"), "--out", str(tmp_path / "derived"),
+                 "--no-progress", "--json"]) == 0
+    (derived_json,) = (tmp_path / "derived").glob("*.json")
+    assert "no shipped grace hparams" in json.loads(derived_json.read_text())["source"]["derived_hparams"]
+    derived_page = derived_json.with_suffix(".html").read_text()
+    assert "its hparams were derived, not chosen" in derived_page and "editscope tune" in derived_page
     # the editor's diagnostics with four significant digits, not float repr
     import re
 

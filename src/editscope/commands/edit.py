@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 
 from editscope.commands._device import add_device_arguments
 from editscope.commands._runtime import add_runtime_arguments, runtime_settings
@@ -174,7 +173,7 @@ def _print_table(args: argparse.Namespace, result: dict, prompts: list[str], pre
 
 def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine | None) -> int:
     from editscope.edit import parse_overrides
-    from editscope.edit.hparams import DerivedHParamsWarning
+    from editscope.edit.hparams import noting_derived
     from editscope.edit.quick_check import QuickCheck
     from editscope.edit.runtime import EditRuntime
     from editscope.lm import load
@@ -189,12 +188,8 @@ def _edit(args: argparse.Namespace, editor, plugins, request, status: StatusLine
     say(f"loading {args.model}")
     bundle = load(args.model, device=args.device, dtype=args.dtype, progress=say)
     editor.check_model(bundle)
-    with warnings.catch_warnings(record=True) as caught:  # shown again below; noted to check a derived edit
-        warnings.simplefilter("always")
-        hp = editor.load_hparams(bundle, args.hparams, parse_overrides(args.set))
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    check = QuickCheck() if any(issubclass(w.category, DerivedHParamsWarning) for w in caught) else None
+    hp, derived = noting_derived(lambda: editor.load_hparams(bundle, args.hparams, parse_overrides(args.set)))
+    check = QuickCheck() if derived else None
     engine = ScoringEngine(bundle, chat_template=args.chat_template)
     runtime = EditRuntime.from_settings(runtime_settings(args), where="--forward/--vstar-batch")
     prompts = [request.text] + [p.replace("{}", args.subject) for p in args.check]

@@ -11,7 +11,7 @@ import dataclasses
 import re
 import typing
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,6 +337,17 @@ DEFAULT_REFERENCE_FAMILY = "llama"
 LAYER_RULES: dict[str, str] = {"rome": "single", "ft": "single", "memit": "window", "alphaedit": "window",
                                "prune": "window", "rect": "window", "evk_edit": "window",
                                "grace": "single", "wise": "single"}
+
+
+def noting_derived(load: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``load()`` (hparams), its warnings shown as usual, and the :class:`DerivedHParamsWarning` message when the
+    hparams were derived from the architecture (None: a shipped or given file): what an edit then reports."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hp = load()
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return hp, next((str(w.message) for w in caught if issubclass(w.category, DerivedHParamsWarning)), None)
 
 
 class DerivedHParamsWarning(UserWarning):

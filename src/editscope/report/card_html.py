@@ -192,7 +192,11 @@ def _shift_png(shifts: list[float], flipped: int) -> bytes:
 def _source(source: dict[str, Any]) -> str:
     """Where the card's edit comes from, in words: a run's row (its folder and config digest) or the command line."""
     if source.get("cli"):
-        return "the command line (editscope inspect with a request, no run)"
+        text = "the command line (editscope inspect with a request, no run)"
+        if source.get("derived_hparams"):
+            text += ("; its hparams were derived, not chosen — the collateral scan below shows what the edit did to "
+                     "facts the model knew; choose hparams with editscope tune. " + source["derived_hparams"])
+        return text
     return ", ".join(f"{k} {v}" for k, v in source.items())
 
 

@@ -179,11 +179,12 @@ def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, parap
                      seed: int = 0) -> CardJob:
     """An edit given as on ``editscope edit``: a one-request case measured by the CounterFact suite (its prompt,
     ``paraphrases`` and ``neighbours`` = ``(prompt, answer)``), plus the card's own suites."""
+    from editscope.edit.hparams import noting_derived
     from editscope.edit.registry import get_editor
     from editscope.edit.runtime import EditRuntime
     editor = get_editor(method)
     editor.check_model(bundle)
-    hp = editor.load_hparams(bundle, hparams, dict(overrides) if overrides else None)
+    hp, derived = noting_derived(lambda: editor.load_hparams(bundle, hparams, dict(overrides) if overrides else None))
     valid = list(dict.fromkeys([*request.correct_answers] + ([request.target_true] if request.target_true else [])))
     case = Case("edit", "cli", (request,), paraphrase_prompts=list(paraphrases), neighborhood=list(neighbours),
                 valid_answers=valid if request.correct_answers else [], hard_false=list(request.hard_false))
@@ -191,7 +192,8 @@ def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, parap
     trial = Trial("cli", {**suites, **_extras(case, suites, collateral_facts, collateral_sources)},
                   Method(editor.display(list(plugins)), editor, hp, tuple(plugins)),
                   runtime or EditRuntime.from_settings({}, where="card"), seed)
-    return CardJob(bundle, case, trial, tuple(suites), (request,), source={"cli": True})
+    source: dict[str, Any] = {"cli": True} | ({"derived_hparams": derived} if derived else {})
+    return CardJob(bundle, case, trial, tuple(suites), (request,), source=source)
 
 
 # -- measuring ---------------------------------------------------------------------------------------------------
