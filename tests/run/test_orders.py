@@ -109,6 +109,12 @@ def test_two_orders_run_as_two_chains_resume_and_their_spread_matches_a_hand_com
     assert spread_seen  # the orders differ somewhere: the interval was checked
     summary = (tmp_path / "whole" / "summary.md").read_text()
     assert "## counterfact on counterfact, across 2 edit orders" in summary
+    # the report: the same table, and a figure of the mean across orders with each order's curve
+    from editscope.report.build import build_report
+
+    html, md = build_report([tmp_path / "whole"], tmp_path / "report")
+    assert "Across 2 edit orders:" in md.read_text()
+    assert (tmp_path / "report" / "figures" / "orders-counterfact-counterfact.png").is_file()
 
 
 def _key(row: dict) -> tuple:

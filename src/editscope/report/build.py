@@ -35,11 +35,15 @@ from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics
 from editscope.run.summary import (
     TABLE_NOTE,
     CurveMap,
+    OrderMap,
+    OrderPoint,
     SummaryRow,
+    across_orders,
     compact_table,
     curve_markdown,
     edit_info_curves,
     metrics_table,
+    orders_table,
     protocol_gap_table,
     protocol_notes,
     retention,
@@ -239,6 +243,8 @@ class Analysis:
     missing: list[str] = field(default_factory=list)
     #: wild minus teacher-forced per case, where a block measured both protocols (None: no such block)
     gaps: Table | None = None
+    #: each checkpoint's spread across edit orders, where a block was edited in several (``orders``)
+    orders: OrderMap = field(default_factory=dict)
 
 
 def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mapping[str, SuiteFactory] | None = None,
@@ -268,8 +274,31 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
     figs += _retention_figures(rows, curves, specs, methods)
+    orders = across_orders(curves)
+    figs += [_orders_figure(dataset, suite, points, methods, specs.get((dataset, suite), ()))
+             for (dataset, suite), points in orders.items() if specs.get((dataset, suite))]
     return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing,
-                    protocol_gap_table(rows, methods))
+                    protocol_gap_table(rows, methods), orders)
+
+
+def _orders_figure(dataset: str, suite: str, points: Sequence[OrderPoint], methods: Sequence[str],
+                   specs: Sequence[MetricSpec]) -> Figure:
+    """The curves of a block edited in several orders: per method the mean across orders with its t band, each
+    order's curve faint beneath."""
+    means: dict[int, list[SummaryRow]] = {}
+    faint: dict[tuple[str, str], list[tuple[list[int], list[float]]]] = {}
+    for p in points:
+        means.setdefault(p.edits, []).append(p.row)
+    for key in {(p.row.method, p.row.metric) for p in points}:
+        mine = sorted((p for p in points if (p.row.method, p.row.metric) == key), key=lambda p: p.edits)
+        faint[key] = [([p.edits for p in mine], [p.values[k] for p in mine]) for k in range(len(mine[0].values))]
+    n = len(points[0].values)
+    shown = [m for m in methods if any(p.row.method == m for p in points)]
+    return Figure(f"orders-{dataset}-{suite}", f"{suite} on {dataset} across {n} edit orders",
+                  f"Each line: the mean across {n} edit orders of the mean over the cases edited so far; band: 95% t "
+                  "interval over the orders; faint: each order's own curve.",
+                  figures.edit_curves(dict(sorted(means.items())), shown, f"{suite} on {dataset}", specs,
+                                      faint=faint, caption=f"mean across {n} edit orders, band: 95% t interval"))
 
 
 def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[dict[str, Any]],
@@ -370,6 +399,11 @@ def _add_curve(doc: _Document, section: dict[str, Any], a: Analysis, bars: Mappi
     doc.add_figure(bars[f"curve-{dataset}-{suite}"], section["curve"]["figures"])
     if f"retention-{dataset}-{suite}" in bars:
         doc.add_figure(bars[f"retention-{dataset}-{suite}"], section["curve"]["figures"])
+    table = orders_table(a.orders.get((dataset, suite), []), a.specs.get((dataset, suite)))
+    if table is not None:
+        doc.md += [f"Across {len(a.orders[(dataset, suite)][0].values)} edit orders:", ""]
+        doc.md += table.markdown().split("\n") + [""]
+        doc.add_figure(bars[f"orders-{dataset}-{suite}"], section["curve"]["figures"])
 
 
 IN_PROGRESS_NOTE = ("No final rows yet (the sequential run is still going: `editscope run` resumes it); the "
@@ -400,7 +434,7 @@ def _add_section(doc: _Document, a: Analysis, bars: Mapping[str, Figure], datase
 
 def _add_case_studies(doc: _Document, figs: list[Figure]) -> None:
     """The suites' own figures (neither bars nor curves), under one heading."""
-    extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-", "retention-"))]
+    extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-", "retention-", "orders-"))]
     if not extra:
         return
     doc.md += ["## Case studies", ""]

@@ -186,11 +186,19 @@ def _method_curve(ax, spec: MetricSpec, cells: list[dict[str, SummaryRow]], edit
         ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0, zorder=2)
 
 
+Faint = Mapping[tuple[str, str], Sequence[tuple[Sequence[int], Sequence[float]]]]
+"""(method, metric) -> the (edits, means) of each of several curves drawn faintly under the method's own (one per
+edit order)."""
+
+
 def _curve_lines(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]], edits: list[int],
-                 methods: Sequence[str], colors: Mapping[str, str]) -> None:
-    """Every method's curve, then the unedited model's mean as a dashed line where the metric has a pre value."""
+                 methods: Sequence[str], colors: Mapping[str, str], faint: Faint | None = None) -> None:
+    """Every method's curve (and its ``faint`` ones), then the unedited model's mean as a dashed line where the
+    metric has a pre value."""
     pre_means: list[float] = []
     for m in methods:
+        for xs, ys in (faint or {}).get((m, spec.post), ()):
+            ax.plot(xs, np.array(ys) * spec.paper_scale, color=colors[m], alpha=0.3, linewidth=0.8, zorder=1)
         cells = [{r.metric: r for r in points[e] if r.method == m} for e in edits]
         if not any(spec.post in c for c in cells):
             continue
@@ -220,9 +228,9 @@ def spans_decades(values: Sequence[float], decades: float = 2.0) -> bool:
 
 
 def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]], edits: list[int],
-                 methods: Sequence[str], colors: Mapping[str, str], log_x: bool) -> None:
+                 methods: Sequence[str], colors: Mapping[str, str], log_x: bool, faint: Faint | None = None) -> None:
     """One metric's panel: the methods' curves, the y axis fit to the declared range and unit, the edits axis."""
-    _curve_lines(ax, spec, points, edits, methods, colors)
+    _curve_lines(ax, spec, points, edits, methods, colors, faint)
     low, high = spec.range if spec.range is not None else (-math.inf, math.inf)
     if math.isfinite(low) and math.isfinite(high):
         pad = 0.05 * (high - low) * spec.paper_scale
@@ -241,11 +249,13 @@ def _curve_panel(ax, spec: MetricSpec, points: Mapping[int, Sequence[SummaryRow]
 
 
 def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[str], title: str,
-                specs: Sequence[MetricSpec], *, log_x: bool | None = None) -> bytes:
+                specs: Sequence[MetricSpec], *, log_x: bool | None = None, faint: Faint | None = None,
+                caption: str = "mean over the cases edited so far, band: 95% CI") -> bytes:
     """Metric vs number of edits on the model (sequential batches): one panel per metric of
     :func:`~editscope.run.summary.curve_columns`, one line per method through the edited model's means, the 95% CI
     as a band (clipped to the metric's range), the unedited model's mean as a dashed line where the metric has a
-    pre-edit value. ``log_x`` (default: :func:`log_edits_axis`) draws the edits on a log scale."""
+    pre-edit value. ``log_x`` (default: :func:`log_edits_axis`) draws the edits on a log scale; ``faint`` adds thin
+    curves under each method's (its edit orders: ``points`` then hold the mean across them)."""
     cols = curve_columns(specs)
     colors = method_colors(methods)
     edits = sorted(points)
@@ -254,14 +264,14 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
     nrows = math.ceil(len(cols) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.3 * nrows + 0.8), squeeze=False)
     for ax, spec in zip(axes.flat, cols, strict=False):
-        _curve_panel(ax, spec, points, edits, methods, colors, log_x)
+        _curve_panel(ax, spec, points, edits, methods, colors, log_x, faint)
     for ax in axes.flat[len(cols):]:
         ax.set_visible(False)
     handles = [plt.Line2D([0], [0], color=colors[m], marker="o", markersize=3) for m in methods]
     labels = list(methods)
     handles.append(plt.Line2D([0], [0], color="#222222", linestyle="--", linewidth=1.0))
     labels.append("before edit")
-    return _finish(fig, title + " — mean over the cases edited so far, band: 95% CI", handles, labels)
+    return _finish(fig, f"{title} — {caption}", handles, labels)
 
 
 def retention_heatmap(matrices: Mapping[str, Mapping[tuple[int, int], float]], spec: MetricSpec, title: str) -> bytes:
