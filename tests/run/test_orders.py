@@ -115,6 +115,14 @@ def test_two_orders_run_as_two_chains_resume_and_their_spread_matches_a_hand_com
     html, md = build_report([tmp_path / "whole"], tmp_path / "report")
     assert "Across 2 edit orders:" in md.read_text()
     assert (tmp_path / "report" / "figures" / "orders-counterfact-counterfact.png").is_file()
+    # a measured block of a docs page: the same table and the chains' break points
+    from editscope.report.reproduction import regenerate
+
+    page = tmp_path / "page.md"
+    page.write_text("# Orders\n\n<!-- editscope:measured whole figures=none -->\n<!-- editscope:end -->\n")
+    regenerate(page, tmp_path)
+    text = page.read_text()
+    assert "counterfact on counterfact, across 2 edit orders:" in text and "Where the chains break:" in text
 
 
 def _key(row: dict) -> tuple:

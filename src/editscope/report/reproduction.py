@@ -38,7 +38,7 @@ from editscope.integrity import unverified, verify_folder
 from editscope.report.build import Analysis, analyse, png_name
 from editscope.run.archive import archive_run
 from editscope.run.store import MODELS_JSON, has_rows
-from editscope.run.summary import curve_markdown
+from editscope.run.summary import break_points, break_table, curve_markdown, orders_table
 
 START = re.compile(r"^<!-- editscope:measured (?P<args>.+?) -->\s*$")
 END = "<!-- editscope:end -->"
@@ -164,13 +164,21 @@ def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) 
         curve = curve_markdown(points, a.methods, a.specs.get((dataset, suite)))
         if curve:
             lines += [f"{suite} on {dataset}, after each number of edits:", "", *curve, ""]
+    for (dataset, suite), points in a.orders.items():
+        table = orders_table(points, a.specs.get((dataset, suite)))
+        if table is not None:
+            lines += [f"{suite} on {dataset}, across {len(points[0].values)} edit orders:", "",
+                      *table.markdown().split("\n"), ""]
+    breaks = break_table(break_points(a.rows)) if a.orders else None
+    if breaks is not None:
+        lines += ["Where the chains break:", "", *breaks.markdown().split("\n"), ""]
     notes = list(dict.fromkeys(n for ns in a.notes.values() for n in ns))
     notes += [f"Read from an archive without a content digest, unverified (--trust-unverified): {p}"
               for p in unverified() if Path(p).is_relative_to(figure_dir)]
     lines += [f"*{n}*  " for n in notes] + ([""] if notes else [])
     if block.options.get("figures", "curves") == "curves":
         for f in a.figures:
-            if f.slug.startswith(("curve-", "retention-")):
+            if f.slug.startswith(("curve-", "retention-", "orders-")):
                 name = png_name(f.slug)
                 atomic_write_bytes(figure_dir / name, f.png)
                 lines += [f"![{f.title}]({link_prefix}/{name})", ""]
