@@ -329,7 +329,8 @@ just written) have a mean CounterFact ES below one half."""
 @dataclass(frozen=True)
 class BreakPoint:
     """One chain (a block label, edit order included, and a method): ``edits``, the first checkpoint where the mean
-    of ``metric`` over the cases first probed there falls below ``share`` (None: it never does); ``sigma_jump``,
+    of ``metric`` over the batch just written (a sampled probe's recorded stratum; else the cases first probed
+    there) falls below ``share`` (None: it never does); ``sigma_jump``,
     the checkpoint with the largest rise of σ₁(ΔW)/σ₁(W₀) (the weights suite's DeltaSigma) over the checkpoint
     before (None: fewer than two finite, positive values)."""
 
@@ -353,7 +354,9 @@ def break_points(rows: Iterable[dict[str, Any]], *, suite: str = BREAK_SUITE, me
     for r in rows:
         chain, edits = (r["dataset"], r["method"]), int(r["edits_applied"])
         value = r.get("metrics", {}).get(suite, {}).get(metric)
-        if value is not None and first[(*chain, r.get("group"), str(r["case_id"]))] == edits:
+        stratum = r.get("stratum")  # a sampled probe records whether the row is of the batch just written
+        just_written = bool(stratum[0]) if stratum else first[(*chain, r.get("group"), str(r["case_id"]))] == edits
+        if value is not None and just_written:
             new.setdefault(chain, {}).setdefault(edits, []).append(float(value))
         s = r.get("metrics", {}).get("weights", {}).get("DeltaSigma")
         if s is not None and math.isfinite(s):
