@@ -180,7 +180,7 @@ class WiseMemory(EditState):
         if self.shard is not None:
             return
         generator = torch.Generator().manual_seed(hp.mask_seed * 1_000_003 + self.count // hp.save_freq)
-        self.mask = torch.rand(base.shape, generator=generator) < hp.mask_ratio
+        self.mask = torch.rand(base.shape, generator=generator) < hp.mask_ratio  # host: the state is kept there
         self.shard = base.detach().float().cpu().clone()
 
     def record(self, trained: torch.Tensor, score: float, base: torch.Tensor, hp: WiseHParams) -> None:
