@@ -164,15 +164,12 @@ class WiseMemory(EditState):
     # -- what the router sees -----------------------------------------------------------------------------
     def memories(self, hp: WiseHParams) -> tuple[list[torch.Tensor], list[float], list[str]]:
         """(side weights, their thresholds ε, their names) in force."""
-        weights, mins, names = [], [], []
-        if self.merged is not None:
-            weights.append(self.merged), mins.append(self.all_min), names.append("merged")
-        for i, (w, m) in enumerate(zip(self.saved, self.saved_min, strict=True)):
-            weights.append(w), mins.append(m if hp.retrieve else self.all_min), names.append(f"saved {i}")
-        if self.shard is not None:
-            weights.append(self.shard), mins.append(self.shard_min if hp.retrieve else self.all_min)
-            names.append("shard")
-        return weights, [hp.act_ratio * m for m in mins], names
+        held = [(self.merged, self.all_min, "merged")] if self.merged is not None else []
+        held += [(w, m, f"saved {i}") for i, (w, m) in enumerate(zip(self.saved, self.saved_min, strict=True))]
+        held += [(self.shard, self.shard_min, "shard")] if self.shard is not None else []
+        # WISE-Merge routes every memory with the one ε of all edits; WISE-Retrieve each with its own
+        return ([w for w, _, _ in held], [hp.act_ratio * (m if hp.retrieve else self.all_min) for _, m, _ in held],
+                [name for _, _, name in held])
 
     # -- the schedule (§2.3.2) ----------------------------------------------------------------------------
     def begin(self, base: torch.Tensor, hp: WiseHParams) -> None:
@@ -288,8 +285,9 @@ def train_shard(engine: ScoringEngine, module: torch.nn.Module, layer: int, rows
     seen: dict[str, torch.Tensor] = {}
 
     def swap(_module: torch.nn.Module, args: tuple, _output: torch.Tensor) -> torch.Tensor:
-        a = args[0]
-        seen["main"] = side_outputs(a, base[None], transposed, bias)[0].detach()
+        a = args[0]  # the same every step: only the side weight changes, and it acts after this input
+        if "main" not in seen:
+            seen["main"] = side_outputs(a, base[None], transposed, bias)[0].detach()
         seen["side"] = side_outputs(a, side[None], transposed, bias)[0]
         return seen["side"].to(a.dtype)
 
