@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from editscope.cli import COMMANDS, main
+from editscope.report.findings import slug
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -53,12 +54,6 @@ def test_docs_the_readme_links_exist():
     assert missing == []
 
 
-def _slug(heading: str) -> str:
-    """GitHub's anchor of a Markdown heading: lower case, punctuation but hyphens dropped, spaces to hyphens."""
-    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
-    return text.replace(" ", "-")
-
-
 def test_every_findings_line_links_to_an_existing_block():
     """The README's findings table: each line links to a heading of a docs page that exists."""
     readme = (ROOT / "README.md").read_text()
@@ -70,4 +65,4 @@ def test_every_findings_line_links_to_an_existing_block():
         assert links, f"a findings line without a link to its block: {row[:80]}"
         for page, anchor in links:
             headings = re.findall(r"^#+ (.+)$", (ROOT / page).read_text(), re.M)
-            assert anchor in {_slug(h) for h in headings}, f"{page}#{anchor}: no such heading"
+            assert anchor in {slug(h) for h in headings}, f"{page}#{anchor}: no such heading"

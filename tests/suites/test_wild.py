@@ -288,3 +288,22 @@ def test_a_registered_judge_that_raises_names_itself_and_the_case(monkeypatch):
         WildSuite(judge="failing").metrics(c, pre, pre)
     assert str(info.value) == ("wild suite: case c1, prompt 'Danielle Darrieux is a citizen of': judge 'failing': "
                                "raised TimeoutError: no answer from the judge")
+
+
+def test_target_true_judges_what_the_model_says_of_the_old_fact():
+    """``target: target_true``: the rewrite and paraphrase answers are judged against the true answer (what an
+    unedited model knows), the edit still writes target_new; a case without a true answer is one line."""
+    c = case(paraphrases=("p1", "p2"))
+    suite = WildSuite(target="target_true", judge="exact_match", locality_judge="unchanged")
+    assert [(role, gold) for _p, role, gold in suite.questions(c)] == \
+        [("rewrite", ["France"]), ("paraphrase", ["France"]), ("paraphrase", ["France"]),
+         ("neighborhood", ["Shakespeare"])]
+    assert suite.edit_requests(c) == list(c.requests) and c.request.target_new == "Japan"
+    said = {"prompts": [{"prompt": p, "role": r, "gold": g, "answer": a} for (p, r, g), a in
+                        zip(suite.questions(c), ["France", "France", "Japan", "Shakespeare"], strict=True)]}
+    row = suite.metrics(c, said, said)
+    assert row["Efficacy_pre"] == 1.0 and row["Generalization_pre"] == 0.5
+    qa = Case("q1", "test", (EditRequest("{} plays", "X", "piano", None),))
+    with pytest.raises(EditscopeError, match="case q1: target target_true needs the case's true answer"):
+        suite.questions(qa)
+    assert "against target_true" in suite.protocol["note"]

@@ -1,7 +1,8 @@
 """``editscope report RUN_DIR [RUN_DIR ...] [--out DIR] [--baseline METHOD]``: HTML + Markdown report of one or
 more runs, with ``tables.tex`` (booktabs tabulars of the pivot and every compact table) beside it;
 ``editscope report --reproduction PAGE [--runs-root DIR]``: the measured blocks of a reproduction page
-regenerated from the runs they name."""
+regenerated from the runs they name; ``editscope report --findings PAGE``: a findings page regenerated from the
+verdicts and measured blocks of the pages it quotes."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "distribution, and the probability shift of correct vs "
         "false answers (PEAK). With --reproduction: rewrite the measured blocks of a page such as "
         "docs/reproduction.md from the runs each block names (marked '<!-- editscope:measured RUN_DIR... "
-        "[baseline=METHOD[,METHOD...]] [figures=none] -->' ... '<!-- editscope:end -->'; see docs/reproduction.md).",
+        "[baseline=METHOD[,METHOD...]] [figures=none] -->' ... '<!-- editscope:end -->'; see docs/reproduction.md). "
+        "With --findings: rewrite a findings page such as docs/findings.md from the verdicts and measured blocks of "
+        "the pages its markers quote ('<!-- editscope:finding SOURCE.md claim=\"...\" [block=NAME rows=A,B "
+        "columns=\"X;Y\"] -->' ... '<!-- editscope:end -->').",
     )
     parser.add_argument("runs", metavar="RUN_DIR", nargs="*",
                         help="run output directories (the OUTPUT of a 'models' list: each model's run, keyed by model)")
@@ -43,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(figures go beside the page under reproduction/BLOCK/, and an archive of each run, its rows "
                         "without raw probes, under reproduction/BLOCK/runs/: a run no longer on disk is read from "
                         "there; a block with neither keeps its text); takes no RUN_DIR")
+    parser.add_argument("--findings", metavar="PAGE",
+                        help="regenerate the findings of this Markdown page, in place, from the pages beside it that "
+                        "each finding quotes (run --reproduction on those pages first); takes no RUN_DIR")
     parser.add_argument("--runs-root", metavar="DIR", default=".",
                         help="with --reproduction: the folder the blocks' run paths are relative to (default: .)")
     add_trust_argument(parser, "archived runs (reproduction archives); a block made from one says so")
@@ -72,6 +79,25 @@ def _reproduction(args: argparse.Namespace) -> int:
     return 0
 
 
+def _findings(args: argparse.Namespace) -> int:
+    import sys
+
+    from editscope.errors import EditscopeError
+    from editscope.report.findings import regenerate
+
+    if args.runs or args.reproduction:
+        print("editscope report: error: --findings takes no RUN_DIR and no --reproduction (regenerate the pages it "
+              "quotes first)", file=sys.stderr)
+        return 2
+    try:
+        n = regenerate(args.findings)
+    except EditscopeError as exc:
+        print(f"editscope report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.findings}: {n} findings regenerated from the pages they quote")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from editscope.integrity import trusting
 
@@ -83,6 +109,8 @@ def _report(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    if args.findings:
+        return _findings(args)
     if args.reproduction:
         return _reproduction(args)
     if not args.runs:

@@ -21,7 +21,9 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
   suite's prompts and is recorded with them);
 * ``target``: the answer the edit writes and the rewrite/paraphrase answers are judged against --
   ``target_new`` (the case's request) or ``answers0`` (MEND's ``answers[0]``, what the zsre suite edits by
-  default: use it beside that suite so both edit the same thing);
+  default: use it beside that suite so both edit the same thing) or ``target_true`` (the case's true answer: with
+  ``methods: [none]`` the unedited model's Efficacy/Generalization are the share of facts it *says*; with an editor
+  they count the answers the edit left at the old fact; the edit itself still writes ``target_new``);
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
   (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``contains``, the answer holds the gold
@@ -80,7 +82,7 @@ QA_TEMPLATE = "Question: {prompt}\nAnswer:"
 """The ``qa`` context: a question-answer wrapper (the answer is read after ``Answer:``)."""
 
 CONTEXTS = ("plain", "qa")
-TARGETS = ("target_new", "answers0")
+TARGETS = ("target_new", "answers0", "target_true")
 
 _P = "Mirage (Yang et al., ACL 2025), evaluation in the wild"
 METRICS: tuple[MetricSpec, ...] = (
@@ -138,7 +140,7 @@ class WildSuite(Suite):
     counterparts = COUNTERPARTS
 
     def __init__(self, *, context: Literal["plain", "qa"] = "plain",
-                 target: Literal["target_new", "answers0"] = "target_new", max_new_tokens: int = 50,
+                 target: Literal["target_new", "answers0", "target_true"] = "target_new", max_new_tokens: int = 50,
                  stop: Sequence[str] = (".", "\n"), judge: str = DEFAULT_JUDGE,
                  locality_judge: str = DEFAULT_LOCALITY_JUDGE, share: float = 1.0) -> None:
         check_choice(self.name, "context", context, CONTEXTS)
@@ -177,12 +179,18 @@ class WildSuite(Suite):
             f" (judge prompt {style.name} v{style.version})" if style is not None else "")
 
     def edit_target(self, case: Case) -> str:
+        """The answer the rewrite and paraphrase answers are judged against."""
+        if self.target == "target_true":
+            if not (case.request.target_true or "").strip():
+                raise EditscopeError(f"wild suite: case {case.case_id}: target target_true needs the case's true "
+                                     "answer (target_true), which this dataset's record does not give")
+            return case.request.target_true
         return case.request.target_new if self.target == "target_new" else answers0(case, self.name)
 
     def edit_requests(self, case: Case) -> list[EditRequest]:
         """The case's own requests, or (``target: answers0``) its prompt with MEND's answers[0], as the zsre suite
         edits it by default."""
-        return list(case.requests) if self.target == "target_new" else [answers0_request(case, self.name)]
+        return [answers0_request(case, self.name)] if self.target == "answers0" else list(case.requests)
 
     def shown(self, prompt: str) -> str:
         """A prompt as the model sees it in this suite's context."""
