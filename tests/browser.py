@@ -8,6 +8,9 @@ it is skipped with the reason (``.ci/run`` installs the browser with apt-get; el
         driver.get(path.as_uri())
         driver.execute_script("return document.title")
 
+The README's picture of a report is taken with the same browser (``python -m tests.browser PAGE PNG``, see
+:func:`screenshot`).
+
 Chromium starts with a fresh profile and its background services off: on a machine without internet its
 component updater, sync and first-run requests otherwise stall or fail the start."""
 
@@ -82,3 +85,39 @@ def headless_chromium(width: int = 1400, height: int = 900) -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def screenshot(page: Path, png: Path, width: int = 1400, height: int = 900) -> Path:
+    """The first ``width`` × ``height`` CSS pixels of the HTML ``page`` as a reader's browser shows them, saved as the
+    PNG ``png`` (its folder made)."""
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with headless_chromium(width=width, height=height) as driver:
+        driver.get(page.resolve().as_uri())
+        if not driver.save_screenshot(str(png)):
+            raise RuntimeError(f"chromium wrote no screenshot of {page}")
+    return png
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.browser", description="Screenshot an HTML page (the "
+                                     "README's report picture: python -m tests.browser runs/demo/report.html "
+                                     "docs/img/report.png) in headless Chromium.")
+    parser.add_argument("page", type=Path)
+    parser.add_argument("png", type=Path)
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--height", type=int, default=900)
+    args = parser.parse_args(argv)
+    if missing() is not None:
+        parser.error(str(missing()))
+    if not args.page.is_file():
+        parser.error(f"{args.page}: no such page")
+    print(screenshot(args.page, args.png, args.width, args.height))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -66,3 +66,16 @@ def test_every_findings_line_links_to_an_existing_block():
         for page, anchor in links:
             headings = re.findall(r"^#+ (.+)$", (ROOT / page).read_text(), re.M)
             assert anchor in {slug(h) for h in headings}, f"{page}#{anchor}: no such heading"
+
+
+def test_every_picture_the_readme_shows_is_there():
+    """The README's images (the report screenshot, ``python -m tests.browser``) exist and are PNGs a browser draws at
+    the report's 1,400 px."""
+    from PIL import Image
+
+    readme = (ROOT / "README.md").read_text()
+    pictures = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", readme)
+    assert pictures
+    for path in pictures:
+        with Image.open(ROOT / path) as im:
+            assert im.format == "PNG" and im.size[0] == 1400, path

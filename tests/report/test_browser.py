@@ -55,3 +55,26 @@ def test_report_fits_1400px_and_every_figure_names_its_axes(two_method_run):
                               "'<table class=\"probe\"><tr>' + '<td>0.123 ± 0.045</td>'.repeat(40) + '</tr></table>';"
                               "document.body.appendChild(d);")
         assert [t["cls"] for t in driver.execute_script(OVERFLOWING)] == ["probe"]
+
+
+def test_the_readme_screenshot_is_the_page_as_chromium_draws_it(two_method_run, tmp_path):
+    """``python -m tests.browser PAGE PNG`` (the README's report picture): the PNG is the viewport, pixel for pixel
+    what the page paints (a page painted one colour gives that colour everywhere), and a report gives a picture
+    with text and tables in it."""
+    from PIL import Image
+
+    from tests.browser import _main, screenshot
+
+    red = tmp_path / "red.html"
+    red.write_text("<html><body style='margin:0;background:#c81e1e'></body></html>")
+    png = screenshot(red, tmp_path / "shots" / "red.png", width=320, height=200)
+    with Image.open(png) as im:
+        assert im.size == (320, 200)
+        assert set(im.convert("RGB").getdata()) == {(200, 30, 30)}
+    _, report = two_method_run
+    assert _main([str(report / "report.html"), str(tmp_path / "report.png")]) == 0
+    with Image.open(tmp_path / "report.png") as im:
+        assert im.size == (WIDTH, 900)
+        assert len(set(im.convert("L").getdata())) > 16  # text and rules, not a blank page
+    with pytest.raises(SystemExit):
+        _main([str(tmp_path / "none.html"), str(tmp_path / "none.png")])
