@@ -279,3 +279,16 @@ def test_hidden_states_kind_comes_from_the_hook_point_map(tiny_bundles):
     assert heads.shape == (1, 2, 4, 16)
     with pytest.raises(EditscopeError, match="resid_pre.*not 'bogus'"):
         engine.hidden_states(["The capital"], [0], kind="bogus")
+
+
+def test_progress_counts_every_request_once_and_changes_no_score(tiny):
+    """``score(..., progress=)``: called after each batched forward with the requests scored so far (a duplicated
+    pair counts each time it was asked), ending at all of them; the scores are bit-equal to a call without it."""
+    asked = pairs() + pairs()[:3]  # three duplicates, computed once
+    engine = ScoringEngine(tiny, token_budget=8)  # one context row per batch: three batches
+    calls: list[int] = []
+    scores = engine.score(asked, progress=calls.append)
+    assert len(calls) >= 3 and calls == sorted(calls) and calls[-1] == len(asked)
+    assert len(set(calls)) == len(calls)  # each batch adds requests
+    plain = engine.score(asked)
+    assert [list(s.token_logprobs) for s in scores] == [list(s.token_logprobs) for s in plain]

@@ -153,3 +153,22 @@ def test_one_fact_pool_policy_for_every_known_fact_set(tmp_path):
     general = GeneralAbilitySuite(fact_dataset=str(a), fact_pool=2)
     assert general.pool == FactPool((str(a),), tail=2)
     assert [f.prompt for f in general.pool.facts()] == ["Bob lives in", "Cid lives in"]  # unique within its file
+
+
+def test_a_long_scan_reports_inside_its_chunk(tiny_bundles, monkeypatch, tmp_path):
+    """Choosing a known-fact set calls ``progress`` inside a chunk too (every PROGRESS_EVERY seconds; here always),
+    with the scanned count rising to the pool's size, and chooses the same facts as a scan without progress."""
+    from editscope.suites import known_facts as kf
+
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "a"))
+    monkeypatch.setattr(kf, "PROGRESS_EVERY", 0.0)
+    engine = ScoringEngine(tiny_bundles["llama"], token_budget=64)  # several batches in one chunk
+    pool = [kf.Fact(f"{s} works in the field of", " physics") for s in SUBJECTS] * 3
+    pool = [kf.Fact(f"{f.prompt} {i}", f.answer) for i, f in enumerate(pool)]
+    seen: list[tuple[int, int, int]] = []
+    chosen = kf.choose_known(engine, pool, len(pool), "test rule", who="test", progress=lambda *a: seen.append(a))
+    assert len(seen) >= 3 and [s for s, _, _ in seen] == sorted(s for s, _, _ in seen)
+    assert seen[-1][:2] == (len(pool), len(pool)) and all(total == len(pool) for _, total, _ in seen)
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "b"))  # no cache: chosen again, silently
+    quiet = kf.choose_known(engine, pool, len(pool), "test rule", who="test")
+    assert quiet.facts == chosen.facts and quiet.logprobs == chosen.logprobs

@@ -33,7 +33,7 @@ empty context is not a prompt: unconditional text is scored raw, from the start 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -421,8 +421,10 @@ class ScoringEngine(Scorer):
 
     # -- scoring ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def score(self, requests: Sequence[ScoreRequest | tuple[str, str]]) -> list[ContinuationScore]:
-        """Log-probs of each continuation given its context, in request order."""
+    def score(self, requests: Sequence[ScoreRequest | tuple[str, str]], *,
+              progress: Callable[[int], None] | None = None) -> list[ContinuationScore]:
+        """Log-probs of each continuation given its context, in request order; ``progress(done)`` after each
+        batched forward (the batches do not depend on it), with the number of requests scored so far."""
         encoded = self._encode_all(requests)
         # Identical (context, continuation) pairs are computed once; groups share one context forward.
         unique: dict[tuple, _Encoded] = {}
@@ -436,13 +438,17 @@ class ScoringEngine(Scorer):
             key = (enc.ctx_ids, id(enc.embeds) if enc.embeds is not None else None)
             groups.setdefault(key, []).append(enc)
         results: list[ContinuationScore | None] = [None] * len(encoded)
+        done = 0
         for batch in self._pack(self._rows(list(groups.values()))):
             for enc, lps, is_max, arg in self._score_batch(batch):
+                done += len(duplicates[enc.index])
                 for index in duplicates[enc.index]:
                     req = requests[index]
                     ctx, cont = (req.context, req.continuation) if isinstance(req, ScoreRequest) else req
                     results[index] = ContinuationScore(ctx, cont, list(enc.cont_ids), lps.copy(), is_max.copy(),
                                                        arg.copy())
+            if progress is not None:
+                progress(done)
         return results  # type: ignore[return-value]
 
     def _rows(self, groups: list[list[_Encoded]]) -> list[_TreeRow]:

@@ -7,7 +7,7 @@ Editor-only helpers (context templates, subject positions) live in :mod:`editsco
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -98,8 +98,10 @@ class Scorer(Protocol):
         """Input embeddings [n_tokens, d] of a text or token ids (EVK perturbs them, paper 004 eq 4)."""
         ...
 
-    def score(self, requests: Sequence[ScoreRequest | tuple[str, str]]) -> list[ContinuationScore]:
-        """Log-probs of each continuation given its context, in request order."""
+    def score(self, requests: Sequence[ScoreRequest | tuple[str, str]], *,
+              progress: Callable[[int], None] | None = None) -> list[ContinuationScore]:
+        """Log-probs of each continuation given its context, in request order; ``progress(done)`` after each
+        batched forward, with the number of requests scored so far."""
         ...
 
     def next_token_logprobs(self, contexts: Sequence[str], *, top_k: int | None = None,

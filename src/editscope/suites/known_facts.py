@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from editscope.paths import home
 from editscope.suites._common import read_json, write_json_atomic
 
 CHUNK = 1000  # facts scored per engine call while scanning a pool
+PROGRESS_EVERY = 5.0  # seconds between progress calls inside a chunk (found: the count before the chunk)
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,9 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
                  who: str, progress: Callable[[int, int, int], None] | None = None) -> KnownSet:
     """The first ``n`` facts of ``pool`` the model answers top-1 (cached; see the module docstring). ``pool`` may be a
     callable, called only when the cache misses; ``who`` names the caller in errors; ``progress(scanned, pool,
-    found)`` is called after each chunk. The set belongs to the unedited model: cached under its fingerprint, it is
-    read back while patches are applied (a run that took its pre-edit probes from elsewhere first asks after an
-    edit), but a set not chosen yet is refused then."""
+    found)`` is called after each chunk and every few seconds inside one. The set belongs to the unedited model:
+    cached under its fingerprint, it is read back while patches are applied (a run that took its pre-edit probes
+    from elsewhere first asks after an edit), but a set not chosen yet is refused then."""
     key = hashlib.blake2b(f"{engine.base_fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
     path = home() / "known_facts" / f"{key}.json"
     cached = read_json(path)
@@ -68,12 +70,21 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
         facts = list(pool() if callable(pool) else pool)
         known: list[tuple[Fact, float]] = []
         scanned = 0
+        shown = time.monotonic()
+
+        def within(done: int) -> None:  # inside a chunk: every few seconds, so a long chunk is not silent
+            nonlocal shown
+            if progress is not None and time.monotonic() - shown >= PROGRESS_EVERY:
+                shown = time.monotonic()
+                progress(scanned + done, len(facts), min(len(known), n))
+
         while scanned < len(facts) and len(known) < n:
             chunk = facts[scanned:scanned + CHUNK]
-            scores = engine.score([(f.prompt, f.answer) for f in chunk])
+            scores = engine.score([(f.prompt, f.answer) for f in chunk], progress=within)
             known += [(f, s.sum) for f, s in zip(chunk, scores, strict=True) if all(s.token_is_argmax)]
             scanned += len(chunk)
             if progress is not None:
+                shown = time.monotonic()
                 progress(scanned, len(facts), min(len(known), n))
         known = known[:n]
         cached = {"rule": rule, "facts": [[f.prompt, f.answer] for f, _ in known],
