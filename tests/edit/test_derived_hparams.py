@@ -33,6 +33,11 @@ PUBLISHED = {
 }
 
 
+def R(method: str):
+    """The hparams class of ``method``: it declares the layer rule (LAYER_RULE) derived_layers follows."""
+    return get_editor(method).hparams_class
+
+
 def _hand(layer: int, ref_depth: int, n_layers: int) -> int:
     """floor(layer * n / D) by repeated subtraction, independent of the code's integer division."""
     product, out = layer * n_layers, 0
@@ -69,28 +74,29 @@ def test_tiny_models_get_derived_layers(tiny_bundles, family, depth):
 
 def test_hand_values_of_the_rule():
     # tiny GPT-2: floor(17*4/48) = 1, window floor(13*4/48)..floor(17*4/48) = 1..1
-    assert derived_layers("rome", "gpt2", 4)[0] == [1] and derived_layers("memit", "gpt2", 4)[0] == [1]
+    assert derived_layers(R("rome"), "gpt2", 4)[0] == [1] and derived_layers(R("memit"), "gpt2", 4)[0] == [1]
     # tiny GPT-J: floor(5*4/28) = 0; window floor(12/28)..floor(32/28) = 0..1
-    assert derived_layers("rome", "gptj", 4)[0] == [0] and derived_layers("memit", "gptj", 4)[0] == [0, 1]
+    assert derived_layers(R("rome"), "gptj", 4)[0] == [0] and derived_layers(R("memit"), "gptj", 4)[0] == [0, 1]
     # SmolLM2 (llama, 30 layers): floor(150/32) = 4 (its shipped ROME layer); window floor(120/32)..floor(240/32)
-    assert derived_layers("rome", "llama", 30)[0] == [4] and derived_layers("memit", "llama", 30)[0] == [3, 4, 5, 6, 7]
+    assert derived_layers(R("rome"), "llama", 30)[0] == [4]
+    assert derived_layers(R("memit"), "llama", 30)[0] == [3, 4, 5, 6, 7]
     # the rule reproduces ROME's own published layers of GPT-2 medium (8 of 24) and large (12 of 36)
-    assert derived_layers("rome", "gpt2", 24)[0] == [8] and derived_layers("rome", "gpt2", 36)[0] == [12]
+    assert derived_layers(R("rome"), "gpt2", 24)[0] == [8] and derived_layers(R("rome"), "gpt2", 36)[0] == [12]
     # and every published choice on its own reference model
     for (method, model), layers in PUBLISHED.items():
         family = {"gpt2-xl": "gpt2", "gpt-j-6b": "gptj", "llama3-8b": "llama"}[model]
         if method != "ft":
-            assert derived_layers(method, family, PAPER_DEPTHS[model])[0] == layers
-    assert derived_layers("kn", "llama", 30) is None and derived_layers("mend", "gpt2", 12) is None
+            assert derived_layers(R(method), family, PAPER_DEPTHS[model])[0] == layers
+    assert derived_layers(R("kn"), "llama", 30) is None and derived_layers(R("mend"), "gpt2", 12) is None
     # GPT-NeoX-20B's own published layers (ROME 15 of 44, MEMIT 6-10), and Pythia-1.4B (24 layers) from them:
     # floor(15*24/44) = 8, window floor(144/44)..floor(240/44) = 3..5
-    assert derived_layers("rome", "gpt_neox", 44)[0] == [15] and derived_layers("memit", "gpt_neox", 44)[0] == [
-        6, 7, 8, 9, 10]
-    assert derived_layers("rome", "gpt_neox", 24)[0] == [8] and derived_layers("alphaedit", "gpt_neox", 24)[0] == [
-        3, 4, 5]
+    assert derived_layers(R("rome"), "gpt_neox", 44)[0] == [15]
+    assert derived_layers(R("memit"), "gpt_neox", 44)[0] == [6, 7, 8, 9, 10]
+    assert derived_layers(R("rome"), "gpt_neox", 24)[0] == [8]
+    assert derived_layers(R("alphaedit"), "gpt_neox", 24)[0] == [3, 4, 5]
     # a family without published layers of its own follows Llama-3-8B's: Qwen3-0.6B (28 layers) gets floor(140/32)
-    assert derived_layers("rome", "qwen3", 28) == derived_layers("rome", "llama", 28) and derived_layers(
-        "rome", "qwen3", 28)[0] == [4]
+    assert derived_layers(R("rome"), "qwen3", 28) == derived_layers(R("rome"), "llama", 28)
+    assert derived_layers(R("rome"), "qwen3", 28)[0] == [4]
 
 
 def test_no_rule_or_unknown_depth_names_hparams():
@@ -138,3 +144,14 @@ def test_every_paper_model_file_validates_within_depth():
         assert "hparams/" in text and ".json" in text  # cites the original repo file
     with pytest.raises(EditscopeError, match="out of range"):  # the depth check bites on a smaller model
         load_yaml(config_root() / "rome" / "gpt2-xl.yaml", get_editor("rome").hparams_class, None, 12)
+
+
+def test_every_editor_declares_its_layer_rule_on_its_hparams_class():
+    """The rule lives with the editor: the ROME-like single-layer editors, the MEMIT family's window, none for KN,
+    MEND, UltraEdit and the layerless context editors (which need no layers)."""
+    from editscope.edit.registry import EDITORS
+
+    rules = {name: EDITORS[name].hparams_class.LAYER_RULE for name in EDITORS.names()}
+    assert rules == {"rome": "single", "ft": "single", "grace": "single", "wise": "single", "memit": "window",
+                     "prune": "window", "rect": "window", "alphaedit": "window", "evk_edit": "window", "kn": None,
+                     "mend": None, "ultraedit": None, "prompt": None, "ike": None, "retrieval": None}

@@ -32,6 +32,7 @@ from editscope.stats import second_moments
 
 @dataclass
 class AlphaEditHParams(VStarHParams):
+    LAYER_RULE = "window"  # derived layers follow MEMIT's window (hparams.derived_layers)
     method = "alphaedit"
     clamp_norm_factor: float = 0.75
     nullspace_threshold: float = 2e-2

@@ -31,6 +31,7 @@ from editscope.progress import report
 
 @dataclass
 class FTHParams(HParams):
+    LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
     method = "ft"
     lr: float = 5e-4
     steps: int = 25

@@ -50,6 +50,7 @@ CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"replacement": "answer"}, "r
 class GraceHParams(HParams):
     """One layer; ``eps_init``: the initial deferral radius ε (in the down projection's input space); ``n_iter``
     and ``lr``: the value's training; ``stop_loss``: stop training once the target NLL (mean per token) is below."""
+    LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
 
     method = "grace"
     layers: list[int] = field(default_factory=lambda: [0])

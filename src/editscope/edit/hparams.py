@@ -145,6 +145,9 @@ class HParams(Params):
     #: True for an editor that writes no layer (a context editor): with no shipped file its defaults hold on any
     #: model, with no derived-hparams warning
     LAYERLESS: typing.ClassVar[bool] = False
+    #: which published choice the layers derived for a model without a shipped file follow
+    #: (:func:`derived_layers`): ROME's single layer, MEMIT's window, or None (no rule: a file is needed)
+    LAYER_RULE: typing.ClassVar[typing.Literal["single", "window"] | None] = None
     layers: list[int] = field(default_factory=lambda: [0])
 
     @classmethod
@@ -330,15 +333,6 @@ LAYER_REFERENCES: dict[str, LayerReference] = {
 }
 DEFAULT_REFERENCE_FAMILY = "llama"
 
-#: Which published choice each method's derived layers follow: ROME's single layer or MEMIT's window (the
-#: MEMIT-based editors share MEMIT's layers in their original configs). FT follows ROME's layer, as editscope's
-#: shipped FT configs do (the published FT configs disagree: layer 0 in ROME's FT-L, 21 in MEMIT's GPT-J FT-W
-#: and AlphaEdit's Llama-3 FT). KN and MEND have no rule: they need --hparams or a shipped file.
-LAYER_RULES: dict[str, str] = {"rome": "single", "ft": "single", "memit": "window", "alphaedit": "window",
-                               "prune": "window", "rect": "window", "evk_edit": "window",
-                               "grace": "single", "wise": "single"}
-
-
 def noting_derived(load: Callable[[], Any]) -> tuple[Any, str | None]:
     """``load()`` (hparams), its warnings shown as usual, and the :class:`DerivedHParamsWarning` message when the
     hparams were derived from the architecture (None: a shipped or given file): what an edit then reports."""
@@ -360,10 +354,14 @@ def scaled_layer(layer: int, ref_depth: int, n_layers: int) -> int:
     return layer * n_layers // ref_depth
 
 
-def derived_layers(method: str, family: str, n_layers: int) -> tuple[list[int], str] | None:
-    """The edit layers of ``method`` on a ``family`` model of ``n_layers`` layers, by proportional depth from
-    the family's published choice (:data:`LAYER_REFERENCES`), with a sentence saying how; None without a rule."""
-    rule = LAYER_RULES.get(method)
+def derived_layers(cls: type[HParams], family: str, n_layers: int) -> tuple[list[int], str] | None:
+    """The edit layers of the editor whose hparams class is ``cls`` on a ``family`` model of ``n_layers`` layers,
+    by proportional depth from the family's published choice (:data:`LAYER_REFERENCES`) of the class's
+    ``LAYER_RULE``, with a sentence saying how; None without a rule. The MEMIT-based editors follow MEMIT's window
+    (their original configs share MEMIT's layers); FT follows ROME's layer, as editscope's shipped FT configs do
+    (the published FT configs disagree: layer 0 in ROME's FT-L, 21 in MEMIT's GPT-J FT-W and AlphaEdit's Llama-3
+    FT); KN and MEND declare no rule."""
+    rule = cls.LAYER_RULE
     if rule is None or n_layers < 1:
         return None
     ref = LAYER_REFERENCES.get(family, LAYER_REFERENCES[DEFAULT_REFERENCE_FAMILY])
@@ -410,7 +408,7 @@ def resolve_hparams(method: str, cls: type[HParams], model: str, arch: tuple[str
         return load_yaml(path, cls, overrides, n_layers, overrides_label)
     if cls.LAYERLESS:  # nothing about it depends on the model's depth
         return _validate(cls, {}, f"<{method} hparams>", overrides, n_layers, overrides_label)
-    derived = derived_layers(method, *arch) if arch else None
+    derived = derived_layers(cls, *arch) if arch else None
     if derived is None:
         folder = config_root() / method
         have = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []

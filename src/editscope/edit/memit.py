@@ -47,6 +47,7 @@ Solver = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class MemitHParams(VStarHParams):
+    LAYER_RULE = "window"  # derived layers follow MEMIT's window (hparams.derived_layers)
     method = "memit"
     clamp_norm_factor: float = 0.75
     mom2_update_weight: float = 15000.0

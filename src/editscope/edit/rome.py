@@ -44,6 +44,7 @@ from editscope.lm.engine import ScoringEngine
 
 @dataclass
 class RomeHParams(VStarHParams):
+    LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
     method = "rome"
     mom2_adjustment: bool = True
 

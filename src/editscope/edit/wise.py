@@ -64,6 +64,7 @@ MERGED_WEIGHT = 0.6  # an earlier merged memory's TIES weight in a later merge (
 class WiseHParams(HParams):
     """One layer (its MLP down projection); the routing margins α < β and γ; the shard and merge schedule; the
     side memory's training (``lr``, ``n_iter``, ``weight_decay``, ``norm_constraint``)."""
+    LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
 
     method = "wise"
     layers: list[int] = field(default_factory=lambda: [0])

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from editscope.edit.hparams import TUNE_LAYERS, derived_layers
+from editscope.edit.registry import get_editor
 from editscope.errors import EditscopeError
 
 
@@ -52,7 +53,7 @@ def layer_candidates(method: str, family: str, n_layers: int, curve: Sequence[fl
     corrupted subject embedding itself), the layer at the published relative depth, the current layer, and each
     ±``neighbourhood``. A window method: windows of the current width placed at the published position, centred
     on the peak, and the current one, each shifted by ±``neighbourhood``."""
-    derived = derived_layers(method, family, n_layers)
+    derived = derived_layers(get_editor(method).hparams_class, family, n_layers)
     published = derived[0] if derived else None
     peak = None
     if curve is not None and len(curve) > 1 and np.isfinite(np.asarray(curve[1:], dtype=float)).any():
