@@ -354,3 +354,26 @@ def test_a_method_without_hparams_costs_its_own_plan_only(tmp_path, capsys, monk
     assert captured.err.strip() == ("editscope plan: no plan for ultraedit: no hparams for ultraedit on this model")
     assert cli.main(["plan", "--model", str(CONFIGS / "gpt2-xl"), "--method", "ultraedit", "--no-time"]) != 0
     assert "no plan for ultraedit" in capsys.readouterr().err
+
+
+def test_each_editor_declares_its_cost_model_and_an_undeclared_one_gets_no_plan(shapes):
+    """``plan`` asks the editor (``Editor.cost``): every declared model exists, the MEMIT family shares MEMIT's, the
+    memory and context editors declare none, and an editor registered without one gets "no plan", never another's."""
+    from dataclasses import replace
+
+    from editscope.edit.budget import COST_MODELS, NoPlan, plan_edit
+    from editscope.edit.registry import EDITORS, register_editor
+
+    costs = {name: EDITORS[name].cost for name in EDITORS.names()}
+    assert {c for c in costs.values() if c is not None} == set(COST_MODELS)
+    assert costs["prune"] == costs["rect"] == "memit" and costs["evk_edit"] == "alphaedit"
+    assert {n for n, c in costs.items() if c is None} == {"grace", "wise", "prompt", "ike", "retrieval"}
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, _ = B.plan_hparams("memit", shape, shape.name)
+    assert plan_edit(shape, "memit", hp).peak > 0
+    register_editor(replace(EDITORS["memit"], name="memit_copy", cost=None))
+    try:
+        with pytest.raises(NoPlan, match="no plan for memit_copy: the editor declares no cost model"):
+            plan_edit(shape, "memit_copy", hp)
+    finally:
+        del EDITORS["memit_copy"]

@@ -115,4 +115,5 @@ def test_memory_and_context_edits_through_edit_patch_info_and_plan(tiny_bundles,
         err = capsys.readouterr().err
         assert f"a {kind} edit ({method}) writes no weight" in err and len(err.strip().splitlines()) == 1
     assert main(["plan", "--model", "tiny-llama", "--method", "grace", "--method", "rome"]) == 0
-    assert "no plan for grace: editscope has no memory model of a memory editor's edit" in capsys.readouterr().err
+    assert ("no plan for grace: the editor declares no cost model (Editor.cost), so editscope has no memory model of "
+            "its memory edit") in capsys.readouterr().err

@@ -97,9 +97,6 @@ STATS_BATCH_ROWS, STATS_SEQ_LEN = 8, 256
 #: flops of a full SVD of an n × n matrix with both singular vector sets (gesdd, order of magnitude)
 SVD_FLOPS_PER_N3 = 12.0
 
-#: how each editor's memory and time are computed (editors not listed are planned as the one they extend)
-METHOD_KIND = {"rome": "rome", "memit": "memit", "prune": "memit", "rect": "memit", "alphaedit": "alphaedit",
-               "evk_edit": "alphaedit", "ft": "ft", "kn": "kn", "mend": "mend", "ultraedit": "ultraedit"}
 
 
 # -- the model's shape ---------------------------------------------------------------------------------------------
@@ -548,10 +545,12 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     if requests < 1:
         raise EditscopeError(f"requests must be >= 1, got {requests}")
     editor = get_editor(method)
-    if method not in METHOD_KIND:  # never another editor's plan: a new editor's memory is not FT's or MEMIT's
-        raise NoPlan(f"no plan for {method}: editscope has no memory model of a {editor.kind} editor's edit yet "
-                     "(its run is not checked against the memory available)")
-    kind = METHOD_KIND[method]
+    kind = editor.cost  # the editor declares its cost model; never another editor's plan
+    if kind is None:
+        raise NoPlan(f"no plan for {method}: the editor declares no cost model (Editor.cost), so editscope has no "
+                     f"memory model of its {editor.kind} edit (its run is not checked against the memory available)")
+    if kind not in COST_MODELS:
+        raise EditscopeError(f"{method}: cost model {kind!r} is not one of {', '.join(sorted(COST_MODELS))}")
     b = DTYPE_BYTES[dtype]
     group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
     edit = _Edit(shape, method, hp, b, requests, sorted(hp.layers), editor.stats_dtype(hp), group, per_request,
@@ -568,7 +567,7 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     stats_layers = editor.stats_layers(hp)
     if stats_layers and not stats_cached:
         _statistics(edit, stats_layers, editor.stats_tokens(hp), terms, flops)
-    _KIND_TERMS[kind](edit, terms, flops)
+    COST_MODELS[kind](edit, terms, flops)
     if kind != "kn":
         terms.append(Term("patch", edit.n_edit * shape.hidden * shape.mlp * (4 + b + 8), "edit", "device",
                           f"{edit.n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
@@ -710,8 +709,8 @@ def _mend(edit: _Edit, terms: list[Term], flops: dict) -> None:
     flops["forward/backward"] = tokens * (6.0 * shape.block_params * edit.after + 4.0 * d * shape.vocab)
 
 
-#: the editor-specific terms of each method kind (:data:`METHOD_KIND`)
-_KIND_TERMS = {"rome": _vstar_editor("rome"), "memit": _vstar_editor("memit"), "alphaedit": _vstar_editor("alphaedit"),
+#: the editor-specific memory terms and FLOPs of each cost model an editor may declare (``Editor.cost``)
+COST_MODELS = {"rome": _vstar_editor("rome"), "memit": _vstar_editor("memit"), "alphaedit": _vstar_editor("alphaedit"),
                "ultraedit": _ultraedit, "ft": _ft, "kn": _kn, "mend": _mend}
 
 

@@ -118,6 +118,10 @@ class Editor:
     default: ``compute`` returns ΔW per parameter and the edit is a :class:`Patch`), ``memory`` or ``context``
     (``compute`` returns the :class:`~editscope.edit.intervention.StoredEdit` itself, which supersedes the edit of
     the same method in force; ``reinstate`` rebuilds it from the sequential state for a resumed chain).
+
+    ``cost`` names the memory and time model ``editscope plan`` uses for its edits (a key of
+    :data:`editscope.edit.budget.COST_MODELS`: ``rome``, ``memit``, ``alphaedit``, ``ft``, ``kn``, ``mend``,
+    ``ultraedit``); None: ``plan`` says it has no plan for the editor rather than give another editor's.
     """
 
     name: str
@@ -133,6 +137,7 @@ class Editor:
     presolve: PresolveFn | None = None
     kind: str = "weights"
     reinstate: ReinstateFn | None = None
+    cost: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -345,24 +350,26 @@ def get_editor(method: str) -> Editor:
 
 
 for _editor in (
-    Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True, presolve=key_statistics),
+    Editor("rome", "ROME", rome.RomeHParams, rome.compute, optimises=True, presolve=key_statistics, cost="rome"),
     Editor("memit", "MEMIT", memit.MemitHParams, memit.compute, optimises=True,
-           needs_linear_residual=True, presolve=key_statistics),
+           needs_linear_residual=True, presolve=key_statistics, cost="memit"),
     Editor("alphaedit", "AlphaEdit", alphaedit.AlphaEditHParams, alphaedit.compute, optimises=True,
-           state_class=alphaedit.AlphaEditState, needs_linear_residual=True, presolve=alphaedit.presolve),
+           state_class=alphaedit.AlphaEditState, needs_linear_residual=True, presolve=alphaedit.presolve,
+           cost="alphaedit"),
     Editor("prune", "PRUNE", prune.PruneHParams, prune.compute, optimises=True, state_class=prune.PruneState,
-           needs_linear_residual=True, presolve=key_statistics),
+           needs_linear_residual=True, presolve=key_statistics, cost="memit"),
     Editor("rect", "RECT", rect.RectHParams, rect.compute, optimises=True, needs_linear_residual=True,
-           presolve=key_statistics),
-    Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True),
+           presolve=key_statistics, cost="memit"),
+    Editor("ft", "FT-L", ft.FTHParams, ft.compute, optimises=True, cost="ft"),
     Editor("evk_edit", "EVK-Edit", evk_edit.EvkEditHParams, evk_edit.compute, optimises=True,
-           state_class=alphaedit.AlphaEditState, needs_linear_residual=True, presolve=alphaedit.presolve),
-    Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False),
+           state_class=alphaedit.AlphaEditState, needs_linear_residual=True, presolve=alphaedit.presolve,
+           cost="alphaedit"),
+    Editor("kn", "KN", kn.KNHParams, kn.compute, optimises=False, cost="kn"),
     Editor("mend", "MEND", mend.MendHParams, mend.compute, optimises=True,  # its editing loss takes terms
-           prepare=mend_prepare),
+           prepare=mend_prepare, cost="mend"),
     # one gradient and one solve per turn, no optimised loss; its lifelong normaliser is the sequential state
     Editor("ultraedit", "UltraEdit", ultraedit.UltraEditHParams, ultraedit.compute, optimises=False,
-           state_class=ultraedit.UltraEditState),
+           state_class=ultraedit.UltraEditState, cost="ultraedit"),
     # a memory editor: a codebook beside one layer; the codebook is the sequential state
     Editor("grace", "GRACE", grace.GraceHParams, grace.compute, optimises=False, writes="",
            state_class=grace.GraceCodebook, kind="memory", reinstate=lambda b, hp, s: grace.edit_of(b, [], hp, s)),
