@@ -34,7 +34,7 @@ def installed(tmp_path_factory):
           str(dist)], cwd=tmp_path)
     (wheel,) = dist.glob("editscope-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "editscope/configs/hparams/rome/tiny-llama.yaml" in names and "editscope/configs/demo.yaml" in names
+    assert "editscope/configs/hparams/rome/tiny.yaml" in names and "editscope/configs/demo.yaml" in names
     assert "editscope/corpus/wikitext-2-raw_wiki.test.raw.txt.gz" in names and "editscope/corpus/NOTICE" in names
     assert {"editscope/sample/counterfact-edit-sample.json", "editscope/sample/zsre-sample.json",
             "editscope/sample/counterfact-train-sample.json", "editscope/sample/NOTICE",
@@ -76,7 +76,7 @@ def test_wheel_installs_and_edits_outside_the_repo(tmp_path, installed):
                 "--target-true", " France", "--json", "--save-patch", "p.safetensors"], cwd=work, env=env)
     result = json.loads(out.stdout[out.stdout.index("{"):])
     assert result["method"] == "rome" and result["post"]["target"] > result["pre"]["target"]
-    shipped = yaml.safe_load((REPO / "src/editscope/configs/hparams/rome/tiny-llama.yaml").read_text())
+    shipped = yaml.safe_load((REPO / "src/editscope/configs/hparams/rome/tiny.yaml").read_text())
     hparams = Patch.load(work / "p.safetensors").hparams
     assert {k: hparams[k] for k in shipped} == shipped  # it found and used the shipped hparams
     assert str(REPO) not in out.stdout + out.stderr

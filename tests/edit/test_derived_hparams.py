@@ -120,7 +120,7 @@ def test_shipped_file_wins_without_warning(tiny_bundles):
     bundle = tiny_bundles["gpt2"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", DerivedHParamsWarning)
-        hp = get_editor("rome").load_hparams(bundle)  # configs/hparams/rome/tiny-gpt2.yaml
+        hp = get_editor("rome").load_hparams(bundle)  # configs/hparams/rome/tiny.yaml
     assert hp.layers == [1] and hp.v_steps == 5
 
 
@@ -155,3 +155,14 @@ def test_every_editor_declares_its_layer_rule_on_its_hparams_class():
     assert rules == {"rome": "single", "ft": "single", "grace": "single", "wise": "single", "memit": "window",
                      "prune": "window", "rect": "window", "alphaedit": "window", "evk_edit": "window", "kn": None,
                      "mend": None, "ultraedit": None, "prompt": None, "ike": None, "retrieval": None}
+
+
+def test_tiny_models_share_one_file_per_method_unless_they_have_their_own():
+    """``tiny.yaml`` holds every tiny test model's hparams; a ``tiny-NAME.yaml`` beside it wins for that model (KN's
+    threshold on the families whose post-MLP norm flattens the attributions); no other model reads it."""
+    assert shipped_hparams_path("rome", "tiny-qwen3") == config_root() / "rome" / "tiny.yaml"
+    assert shipped_hparams_path("kn", "tiny-llama") == config_root() / "kn" / "tiny.yaml"
+    assert shipped_hparams_path("kn", "tiny-gemma2") == config_root() / "kn" / "tiny-gemma2.yaml"
+    own = load_yaml(shipped_hparams_path("kn", "tiny-gemma2"), get_editor("kn").hparams_class)
+    assert own.adaptive_threshold == 0.1
+    assert shipped_hparams_path("rome", "tinyllama-1.1b") is None and shipped_hparams_path("grace", "tiny-llama") is None

@@ -34,7 +34,7 @@ def test_nan_or_inf_in_an_hparams_file_names_the_key(tmp_path, text, key):
 
 def test_overrides_are_blamed_for_their_own_errors(tiny_llama):
     rome = get_editor("rome")
-    with pytest.raises(EditscopeError, match=r"^--set layers=\[7\] \(over .*tiny-llama.yaml\): key 'layers': "
+    with pytest.raises(EditscopeError, match=r"^--set layers=\[7\] \(over .*tiny.yaml\): key 'layers': "
                                              r"layer 7 out of range 0..3"):
         rome.load_hparams(tiny_llama, None, {"layers": [7]})
     with pytest.raises(EditscopeError, match=r"^--set v_lr=\.nan \(over .*\): key 'v_lr': must be a finite number"):

@@ -286,10 +286,15 @@ def hparams_path(method: str, model: str) -> Path:
     return config_root() / method / f"{model}.yaml"
 
 
+TINY_HPARAMS = "tiny"
+"""The hparams file name every ``tiny-*`` test model reads when it has no file of its own."""
+
+
 def shipped_hparams_path(method: str, model: str) -> Path | None:
     """The shipped hparams file of ``method`` for ``model``: ``{method}/{model}.yaml`` (``org/name`` for a hub
-    id), else the file of a paper model named by hub id or folder name (:data:`editscope.lm.hub.HPARAMS_NAMES`);
-    None when there is neither."""
+    id), else the file of a paper model named by hub id or folder name (:data:`editscope.lm.hub.HPARAMS_NAMES`),
+    else for a tiny test model (``tiny-*``) the method's ``tiny.yaml`` (one file for every tiny model); None when
+    there is none."""
     from editscope.lm.hub import hparams_name
 
     path = hparams_path(method, model)
@@ -298,6 +303,8 @@ def shipped_hparams_path(method: str, model: str) -> Path | None:
     alias = hparams_name(model)
     if alias is not None and hparams_path(method, alias).is_file():
         return hparams_path(method, alias)
+    if model.startswith("tiny-") and hparams_path(method, TINY_HPARAMS).is_file():
+        return hparams_path(method, TINY_HPARAMS)
     return None
 
 
