@@ -165,4 +165,5 @@ def test_tiny_models_share_one_file_per_method_unless_they_have_their_own():
     assert shipped_hparams_path("kn", "tiny-gemma2") == config_root() / "kn" / "tiny-gemma2.yaml"
     own = load_yaml(shipped_hparams_path("kn", "tiny-gemma2"), get_editor("kn").hparams_class)
     assert own.adaptive_threshold == 0.1
-    assert shipped_hparams_path("rome", "tinyllama-1.1b") is None and shipped_hparams_path("grace", "tiny-llama") is None
+    assert shipped_hparams_path("rome", "tinyllama-1.1b") is None
+    assert shipped_hparams_path("grace", "tiny-llama") is None
