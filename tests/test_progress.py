@@ -95,3 +95,21 @@ def test_models_names_the_default_model_exactly(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "SmolLM2-135M-Instruct" in out and "Q4_1 GGUF" in out and "float32" in out
     assert "smollm2-135m is HuggingFaceTB's SmolLM2-135M-Instruct" in out
+
+
+def test_a_run_names_each_suite_while_it_probes(tmp_path, tiny_bundles, monkeypatch):
+    """With several suites, the run's status line names the suite at work while it probes (a slow one is not hidden
+    behind one line)."""
+    from editscope.run import Runner, parse_config
+
+    config = parse_config({"model": "tiny-llama", "methods": [{"name": "rome", "overrides": {"v_steps": 2}}],
+                           "dataset": "counterfact", "slice": {"offset": 0, "limit": 1},
+                           "suites": ["counterfact", {"name": "wild", "options": {"max_new_tokens": 2}}]})
+    heard: list[str] = []  # what the trial tells the status line (which shows at most one a second)
+    monkeypatch.setattr("editscope.run.trial.report", heard.append)
+    Runner(config, out_dir=tmp_path, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+    assert [m for m in heard if "probing" in m] == [
+        "counterfact: probing 1 case(s) before editing: counterfact",
+        "counterfact: probing 1 case(s) before editing: wild",
+        "counterfact, rome: probing 1 case(s) after the edits: counterfact",
+        "counterfact, rome: probing 1 case(s) after the edits: wild"]

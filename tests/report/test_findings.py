@@ -164,7 +164,7 @@ def test_docs_findings_is_up_to_date_and_leaves_no_verdict_out():
     assert new == text, "docs/findings.md differs from its sources: run editscope report --findings docs/findings.md"
     quoted = set(re.findall(r'claim=(?:"([^"]+)"|\'([^\']+)\')', text))
     quoted = {a or b for a, b in quoted}
-    for source in ("reproduction.md", "scale.md", "orders.md"):
+    for source in ("reproduction.md", "scale.md", "orders.md", "second-model.md"):
         claims = _glance_claims(DOCS / source)
         assert claims, source
         assert not set(claims) - quoted, f"{source}: verdicts missing from docs/findings.md"

@@ -286,9 +286,12 @@ class Trial:
             raise ValueError(f"stage {stage!r}: expected 'pre' or 'post'")
         t0 = time.perf_counter()
         torch.manual_seed(self.pre_seed(group) if stage == "pre" else self.post_seed(group, *tag))
-        report(f"{self.dataset}: probing {len(cases)} case(s) before editing" if stage == "pre" else
-               f"{self.dataset}, {self.label}: probing {len(cases)} case(s) after the edits")
-        by_suite = {name: probe_cases(s, engine, cases) for name, s in self.suites.items()}
+        head = (f"{self.dataset}: probing {len(cases)} case(s) before editing" if stage == "pre" else
+                f"{self.dataset}, {self.label}: probing {len(cases)} case(s) after the edits")
+        by_suite = {}
+        for name, suite in self.suites.items():  # one status per suite: a slow suite is named while it runs
+            report(f"{head}: {name}" if len(self.suites) > 1 else head)
+            by_suite[name] = probe_cases(suite, engine, cases)
         return Probes(by_suite, (time.perf_counter() - t0) / max(len(cases), 1))
 
     @contextmanager
