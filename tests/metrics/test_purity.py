@@ -29,3 +29,12 @@ def test_groups_layouts():
     assert [g.tolist() for g in as_groups(np.ones((2, 1)), "x")] == [[1.0], [1.0]]
     with pytest.raises(ValueError, match=r"^x\[1\]: is empty"):
         as_groups([[1], []], "x")
+
+
+@pytest.mark.parametrize("module", ["editscope.tables", "editscope.run.store", "editscope.run.archive",
+                                    "editscope.integrity"])
+def test_the_results_store_and_tables_load_no_model_library(module):
+    """The results store, the run archives and the table model are read without torch or transformers (the run
+    package loads its runner on first use only); the summary and the report still do, through the suites."""
+    code = f"import sys, {module}; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
