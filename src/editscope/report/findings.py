@@ -29,7 +29,7 @@ from pathlib import Path
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
-from editscope.report.reproduction import END, parse_blocks
+from editscope.report.reproduction import END, marked_regions, parse_blocks
 
 START = re.compile(r"^<!-- editscope:finding (?P<args>.+?) -->\s*$")
 OPTIONS = {"claim", "paper", "block", "rows", "columns"}
@@ -56,35 +56,25 @@ def slug(heading: str) -> str:
 def parse_findings(text: str, page: str | Path = "page") -> list[Finding]:
     """The finding markers of a page, with a ``page:line`` error for a marker without its end, an unknown option
     or one without ``claim``."""
-    found, open_f = [], None
-    for i, line in enumerate(text.split("\n")):
-        m = START.match(line)
-        where = f"{page}:{i + 1}"
-        if m:
-            if open_f is not None:
-                raise EditscopeError(f"{where}: a finding starts inside the one opened at line {open_f.line}")
-            try:
-                words = shlex.split(m["args"])
-            except ValueError as exc:
-                raise EditscopeError(f"{where}: finding marker: {exc}") from None
-            options = {}
-            for word in words[1:]:
-                key, eq, value = word.partition("=")
-                if not eq or key not in OPTIONS:
-                    raise EditscopeError(f"{where}: option {word!r}: expected KEY=VALUE with KEY one of "
-                                         f"{', '.join(sorted(OPTIONS))}")
-                options[key] = value
-            if not words or "=" in words[0]:
-                raise EditscopeError(f"{where}: a finding names its source page first")
-            if "claim" not in options:
-                raise EditscopeError(f"{where}: a finding needs claim=\"...\" (the verdict it quotes)")
-            open_f = Finding(i + 1, i, -1, words[0], options)
-        elif line.strip() == END and open_f is not None:
-            open_f.end = i
-            found.append(open_f)
-            open_f = None
-    if open_f is not None:
-        raise EditscopeError(f"{page}:{open_f.line}: finding has no '{END}' after it")
+    found = []
+    for first, last, m in marked_regions(text, START, page, "finding"):
+        where = f"{page}:{first + 1}"
+        try:
+            words = shlex.split(m["args"])
+        except ValueError as exc:
+            raise EditscopeError(f"{where}: finding marker: {exc}") from None
+        if not words or "=" in words[0]:
+            raise EditscopeError(f"{where}: a finding names its source page first")
+        options = {}
+        for word in words[1:]:
+            key, eq, value = word.partition("=")
+            if not eq or key not in OPTIONS:
+                raise EditscopeError(f"{where}: option {word!r}: expected KEY=VALUE with KEY one of "
+                                     f"{', '.join(sorted(OPTIONS))}")
+            options[key] = value
+        if "claim" not in options:
+            raise EditscopeError(f"{where}: a finding needs claim=\"...\" (the verdict it quotes)")
+        found.append(Finding(first + 1, first, last, words[0], options))
     return found
 
 

@@ -98,27 +98,35 @@ def _block_arguments(args: str, where: str) -> tuple[list[str], dict[str, str]]:
     return patterns, options
 
 
+def marked_regions(text: str, start: re.Pattern, page: str | Path, what: str) -> list[tuple[int, int, re.Match]]:
+    """Each region of ``text`` opened by a line ``start`` matches and closed by an :data:`END` line: (the opening
+    line's index, the end line's index, the opening match). A ``page:line`` error names a region opened inside
+    another, an end without an opening and an opening without its end (``what`` names the region)."""
+    regions, opened = [], None
+    for i, line in enumerate(text.split("\n")):
+        m = start.match(line)
+        if m:
+            if opened is not None:
+                raise EditscopeError(f"{page}:{i + 1}: a {what} starts inside the one opened at line "
+                                     f"{opened[0] + 1} (close it with '{END}')")
+            opened = (i, m)
+        elif line.strip() == END:
+            if opened is None:
+                raise EditscopeError(f"{page}:{i + 1}: '{END}' without a {what} before it")
+            regions.append((opened[0], i, opened[1]))
+            opened = None
+    if opened is not None:
+        raise EditscopeError(f"{page}:{opened[0] + 1}: {what} has no '{END}' after it")
+    return regions
+
+
 def parse_blocks(text: str, page: str | Path = "page") -> list[Block]:
     """The measured blocks of a page, with a ``page:line`` error for a block without its end, a nested block or
     an unknown option."""
-    lines = text.split("\n")
-    blocks, open_block = [], None
-    for i, line in enumerate(lines):
-        m = START.match(line)
-        if m:
-            if open_block is not None:
-                raise EditscopeError(f"{page}:{i + 1}: a measured block starts inside the one opened at line "
-                                     f"{open_block.line} (close it with '{END}')")
-            patterns, options = _block_arguments(m["args"], f"{page}:{i + 1}")
-            open_block = Block(i + 1, i, -1, patterns, options)
-        elif line.strip() == END:
-            if open_block is None:
-                raise EditscopeError(f"{page}:{i + 1}: '{END}' without a measured block before it")
-            open_block.end = i
-            blocks.append(open_block)
-            open_block = None
-    if open_block is not None:
-        raise EditscopeError(f"{page}:{open_block.line}: measured block has no '{END}' after it")
+    blocks = []
+    for first, last, m in marked_regions(text, START, page, "measured block"):
+        patterns, options = _block_arguments(m["args"], f"{page}:{first + 1}")
+        blocks.append(Block(first + 1, first, last, patterns, options))
     return blocks
 
 
