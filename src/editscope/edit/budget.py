@@ -98,7 +98,6 @@ STATS_BATCH_ROWS, STATS_SEQ_LEN = 8, 256
 SVD_FLOPS_PER_N3 = 12.0
 
 
-
 # -- the model's shape ---------------------------------------------------------------------------------------------
 #: the largest size a plan accepts per config key group: ten times the largest published model's (GPT-3/PaLM-class
 #: 96-118 layers, hidden 18,432, vocabularies ~256k); beyond, a config is a typo, and a plan that loops over layers
@@ -711,7 +710,7 @@ def _mend(edit: _Edit, terms: list[Term], flops: dict) -> None:
 
 #: the editor-specific memory terms and FLOPs of each cost model an editor may declare (``Editor.cost``)
 COST_MODELS = {"rome": _vstar_editor("rome"), "memit": _vstar_editor("memit"), "alphaedit": _vstar_editor("alphaedit"),
-               "ultraedit": _ultraedit, "ft": _ft, "kn": _kn, "mend": _mend}
+                "ultraedit": _ultraedit, "ft": _ft, "kn": _kn, "mend": _mend}
 
 
 def _float32_stats_saving(plan: Plan, hp) -> int:

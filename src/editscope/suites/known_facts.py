@@ -74,13 +74,14 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
 
         def within(done: int) -> None:  # inside a chunk: every few seconds, so a long chunk is not silent
             nonlocal shown
-            if progress is not None and time.monotonic() - shown >= PROGRESS_EVERY:
+            if time.monotonic() - shown >= PROGRESS_EVERY:
                 shown = time.monotonic()
                 progress(scanned + done, len(facts), min(len(known), n))
 
         while scanned < len(facts) and len(known) < n:
             chunk = facts[scanned:scanned + CHUNK]
-            scores = engine.score([(f.prompt, f.answer) for f in chunk], progress=within)
+            scores = engine.score([(f.prompt, f.answer) for f in chunk],
+                                  progress=within if progress is not None else None)
             known += [(f, s.sum) for f, s in zip(chunk, scores, strict=True) if all(s.token_is_argmax)]
             scanned += len(chunk)
             if progress is not None:
