@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from editscope.errors import EditscopeError
 from editscope.lm import load
+from editscope.lm.archs import ARCHS, MATRIX_POINTS
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import capture, hooks, point_names, run_until
 
@@ -35,15 +36,40 @@ def hook_counts(model) -> list[int]:
 def test_every_point_captures_a_tensor_of_the_declared_shape(tiny):
     arch, config = tiny.arch, tiny.config
     names = point_names(arch, tiny.n_layers)
-    assert len(names) == 2 + 6 * tiny.n_layers  # embed, final and six per block
+    per_block = 8 + (2 if arch.mlp_gate else 0)  # residual x2, attention x2, MLP key/out, up in/out, gate in/out
+    assert len(names) == 2 + per_block * tiny.n_layers  # and embed, final
     store, _ = capture_all(tiny)
     n_tokens = ids_of(tiny).shape[1]
     d, mlp, heads, head_dim = tiny.hidden_size, arch.mlp_size(config), arch.n_heads(config), arch.head_dim(config)
     for name in names:
         kind = name.rsplit(".", 1)[-1]
-        shapes = {"mlp_key": (1, n_tokens, mlp), "attn_heads": (1, n_tokens, heads, head_dim)}
+        shapes = {"mlp_key": (1, n_tokens, mlp), "attn_heads": (1, n_tokens, heads, head_dim),
+                  "up_out": (1, n_tokens, mlp * arch.mlp_in_parts), "gate_out": (1, n_tokens, mlp)}
         expected = shapes.get(kind, (1, n_tokens, d))
         assert tuple(store[name].shape) == expected, name
+
+
+def test_matrix_points_are_the_input_and_output_of_their_weights(tiny):
+    """Each MLP matrix's output point is its weight applied to its key point (plus a bias where it has one),
+    computed here from the stored parameters."""
+    arch = tiny.arch
+    store, _ = capture_all(tiny)
+    params = dict(tiny.model.named_parameters())
+    for matrix in arch.matrices():
+        key, out = (p.replace("{i}", "1") for p in MATRIX_POINTS[matrix])
+        part = arch.matrix_part(matrix)
+        weight = arch.as_out_in(params[arch.weight_name(1, part)])
+        bias = params.get(arch.layer_module_path(1, part) + ".bias")
+        expected = store[key] @ weight.T + (0 if bias is None else bias)
+        torch.testing.assert_close(store[out], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_matrix_the_family_lacks_is_named():
+    gpt2 = ARCHS["gpt2"]
+    assert gpt2.matrices() == ["up", "down"]
+    with pytest.raises(EditscopeError, match="gpt2 architecture has no separate gate projection"):
+        gpt2.matrix_part("gate")
+    assert ARCHS["phi3"].matrices() == ["up", "down"] and ARCHS["llama"].matrices() == ["gate", "up", "down"]
 
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])

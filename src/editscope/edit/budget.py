@@ -518,8 +518,14 @@ class _Edit:
     width: int
 
     @property
+    def matrices(self) -> list[str]:
+        """The MLP matrices written at each layer (the down projection unless the hparams name others)."""
+        return self.hp.matrices() or ["down"]
+
+    @property
     def n_edit(self) -> int:
-        return len(self.layers)
+        """Edited weight matrices (gate, up and down projections are all d x d_ff)."""
+        return len(self.layers) * len(self.matrices)
 
     @property
     def after(self) -> int:
@@ -649,13 +655,16 @@ def _vstar_editor(kind: str):
 
 
 def _ultraedit(edit: _Edit, terms: list[Term], flops: dict) -> None:
-    shape, ff = edit.shape, edit.shape.mlp
-    terms.append(Term("solve", 3 * ff * ff * 8, "edit", "device", "3 x d_ff^2 x 8 B (K^T K + I and its LU, float64)"))
+    shape = edit.shape
+    n_in = {m: shape.mlp if m == "down" else shape.hidden for m in edit.matrices}  # each matrix's key width
+    widest = max(n_in.values())
+    terms.append(Term("solve", 3 * widest * widest * 8, "edit", "device",
+                      "3 x in^2 x 8 B (K^T K + I and its LU, float64; in = d_ff for down, d for gate/up)"))
     tokens = edit.requests * (PROMPT_TOKENS + TARGET_TOKENS)
     terms.append(Term("vstar", tokens * edit.after * _act_per_token_layer(shape, edit.width) * edit.b
                       + tokens * shape.vocab * 12, "edit", "device", "one forward/backward of the edit prompts"))
     flops["forward/backward"] = tokens * (6.0 * shape.block_params * edit.after)
-    flops["solve fp64"] = edit.n_edit * (2.0 / 3.0) * float(ff) ** 3
+    flops["solve fp64"] = len(edit.layers) * sum((2.0 / 3.0) * float(n) ** 3 for n in n_in.values())
 
 
 def _ft(edit: _Edit, terms: list[Term], flops: dict) -> None:

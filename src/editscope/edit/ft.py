@@ -1,7 +1,7 @@
 """FT-L — constrained fine-tuning of one MLP down projection (Zhu et al. 2020; the FT-L baseline of ROME,
 Meng et al. 2022, §4 / App. G).
 
-W of ``blocks.L`` MLP down projection is trained with Adam on the target NLL of each request's prompt
+W of ``blocks.L`` MLP down projection (or each MLP matrix named in ``modules``: gate, up, down) is trained with Adam on the target NLL of each request's prompt
 (the :class:`~editscope.edit.objective.terms.TargetNLL` term plus any plug-in terms); after each step every entry
 is clamped to ‖W − W₀‖_∞ ≤ ``norm_constraint`` (the L∞ constraint of FT-L). The model is restored on return;
 the patch holds W_final − W₀.
@@ -16,12 +16,12 @@ float rounding; a batch of 100 short CounterFact prompts runs in a few forwards 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import TUNE_LAYERS, HParams
+from editscope.edit.hparams import TUNE_LAYERS, HParams, check_modules, default_modules, without_default_modules
 from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms, weights_context
 from editscope.edit.objective.optimise import concat_batches, request_groups
 from editscope.edit.runtime import EditRuntime
@@ -37,6 +37,8 @@ class FTHParams(HParams):
     steps: int = 25
     norm_constraint: float = 5e-4
     stop_loss: float = 1e-2
+    #: the MLP matrices trained at each of ``layers`` (gate, up, down; FT-L's is the down projection)
+    modules: list[str] = field(default_factory=default_modules)
 
     #: norm_constraint: the L∞ bound on each weight's change (a shipped config uses 1e9 for "unconstrained").
     RANGES = {"lr": "(0, 10]", "steps": "[1, 10000]", "norm_constraint": "(0, inf)", "stop_loss": "[0, 1e6]"}
@@ -45,6 +47,18 @@ class FTHParams(HParams):
     #: low end is for models whose MLP rows are long or large: on Gemma3-270M 1e-3 already flipped neighbours.
     TUNABLE = {"layers": TUNE_LAYERS, "lr": (1e-4, 5e-4, 1e-3),
                "norm_constraint": (1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2)}
+
+    def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
+        super().check(where, n_layers)
+        check_modules(self.modules, where)
+
+    def matrices(self) -> list[str]:
+        return list(self.modules)
+
+    def to_dict(self) -> dict:
+        """The fields, without ``modules`` while it holds the default (rows made before it existed keep their
+        bytes)."""
+        return without_default_modules(super().to_dict())
 
 
 def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:
@@ -69,7 +83,7 @@ def _group_loss(engine: ScoringEngine, ctxs: Sequence[VContext], terms: Sequence
 def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, *, engine: ScoringEngine,
             runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
-    names = [bundle.arch.weight_name(layer) for layer in hp.layers]
+    names = [bundle.arch.weight_name(layer, bundle.arch.matrix_part(m)) for layer in hp.layers for m in hp.modules]
     originals = {n: params[n].detach().clone() for n in names}
     terms = [TargetNLL(), *extra_terms]
     ctxs = [weights_context(engine, r, terms, forward=runtime.strategy) for r in requests]

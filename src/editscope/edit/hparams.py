@@ -21,6 +21,7 @@ import yaml
 from editscope import yamlio
 from editscope.errors import EditscopeError
 from editscope.finite import non_finite
+from editscope.lm.archs import MLP_MATRICES
 from editscope.paths import configs_dir
 from editscope.ranges import Range
 from editscope.stats.second_moment import DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPES
@@ -181,6 +182,39 @@ class HParams(Params):
     def protocol(self) -> dict[str, str]:
         """The named conventions these hparams compute under (recorded with every result; none by default)."""
         return {}
+
+    def matrices(self) -> list[str] | None:
+        """The MLP matrices an edit writes at each layer (keys of :data:`editscope.lm.archs.MLP_MATRICES`), for an
+        editor with a ``modules`` key; None: the one its registration declares (``Editor.writes``)."""
+        return None
+
+
+#: What an editor with a ``modules`` key writes unless told otherwise: the MLP's output projection at each layer.
+DEFAULT_MODULES = ("down",)
+
+
+def default_modules() -> list[str]:
+    return list(DEFAULT_MODULES)
+
+
+def check_modules(modules: list[str], where: str) -> None:
+    """``modules`` names MLP matrices (gate, up, down), at least one, none twice; one line naming the key otherwise
+    (a matrix the model's family lacks is refused when the edit meets the model)."""
+    if not modules:
+        raise EditscopeError(f"{where}: key 'modules': at least one of {', '.join(MLP_MATRICES)} is required")
+    bad = [m for m in modules if m not in MLP_MATRICES]
+    if bad:
+        raise EditscopeError(f"{where}: key 'modules': {bad[0]!r} is not one of {', '.join(MLP_MATRICES)}")
+    if len(set(modules)) != len(modules):
+        raise EditscopeError(f"{where}: key 'modules': a matrix is named twice in {modules}")
+
+
+def without_default_modules(data: dict) -> dict:
+    """``data`` without its ``modules`` key while it holds the default (what rows and patches made before the key
+    existed recorded: they keep their bytes, and an absent key reads as the down projection)."""
+    if data.get("modules") == list(DEFAULT_MODULES):
+        del data["modules"]
+    return data
 
 
 #: Editor conventions (DESIGN rule 10): presets of the three switches where the reference code computes otherwise

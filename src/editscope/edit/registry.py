@@ -159,7 +159,9 @@ class Editor:
         """Names of the parameters an edit with ``hp`` writes (none for a memory or context editor)."""
         if self.kind != "weights":
             return []
-        return [bundle.arch.weight_name(layer, self.writes) for layer in hp.layers]
+        matrices = hp.matrices()
+        parts = [self.writes] if matrices is None else [bundle.arch.matrix_part(m) for m in matrices]
+        return [bundle.arch.weight_name(layer, part) for layer in hp.layers for part in parts]
 
     def stats_layers(self, hp: HParams) -> list[int]:
         """Layers whose key statistics an edit with ``hp`` reads (computed up front by the runner)."""

@@ -4,10 +4,11 @@ Subject-, and Memory-Free Lifelong Editing in Language Models"; reference code X
 One turn (one call, a batch of requests) is one forward and one backward pass, then one linear solve per edited
 module; there is no covariance statistic, no v*/z optimisation and no subject position:
 
-1. Features (§3, "editing features"): for every edited module W (an MLP down projection, out × in, at each of
-   ``layers``) and every position t that predicts an answer token (the prompt's last token and the answer's tokens
-   but the last), the module's input k_t (the key, ``blocks.L.mlp_key``) and the gradient g_t = ∂L/∂(W k_t) of
-   the turn's loss L = Σ_requests −log P(o* | p) w.r.t. the module's output (``blocks.L.mlp_out``);
+1. Features (§3, "editing features"): for every edited module W (out × in: an MLP matrix named in ``modules`` —
+   the down projection by default, the gate and up projections as the reference's Qwen2.5/LLaMA-3 configs — at
+   each of ``layers``) and every position t that predicts an answer token (the prompt's last token and the answer's
+   tokens but the last), the module's input k_t (the key; ``blocks.L.mlp_key`` for the down projection) and the
+   gradient g_t = ∂L/∂(W k_t) of the turn's loss L = Σ_requests −log P(o* | p) w.r.t. the module's output;
    z_t = [k_t ‖ g_t] ∈ R^{in+out}.
 2. Lifelong normalisation (§3, "lifelong normalization"): running mean μ and standard deviation σ of z over every
    turn so far, one pair per module shape (modules of equal shape share it), updated with this turn's features
@@ -38,11 +39,19 @@ from typing import Any
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import TUNE_LAYERS, HParams, check_convention
+from editscope.edit.hparams import (
+    TUNE_LAYERS,
+    HParams,
+    check_convention,
+    check_modules,
+    default_modules,
+    without_default_modules,
+)
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
 from editscope.edit.state import EditState, expect_keys, meta_field
 from editscope.errors import EditscopeError
+from editscope.lm.archs import MATRIX_POINTS
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.hooks import capture
 from editscope.progress import report
@@ -76,8 +85,10 @@ class UltraEditHParams(HParams):
     loss: str | None = None
     variance: str | None = None
     sub_batch: int = 10
+    modules: list[str] = field(default_factory=default_modules)
 
-    #: lr: η of the pseudo values v = −η ‖k̂‖² ĝ (the reference config's 1e-6 on 7-8B models; SmolLM2 ships 1e-3);
+    #: modules: the MLP matrices written at each of ``layers`` (gate, up, down; the paper's and editscope's default
+    #: is the down projection; the reference's Qwen2.5 and LLaMA-3 configs edit gate and up). lr: η of the pseudo values v = −η ‖k̂‖² ĝ (the reference config's 1e-6 on 7-8B models; SmolLM2 ships 1e-3);
     #: ridge: λ of the solve (KᵀK + λI)⁻¹ (1 in the paper and the reference; > 0 keeps it invertible).
     RANGES = {"lr": "(0, 10]", "ridge": "(0, 1e12]"}
     #: η spans the scale between the reference's 7-8B value and SmolLM2's (a hand grid there: 1e-4 ES 62 %, 1e-3
@@ -89,6 +100,10 @@ class UltraEditHParams(HParams):
         check_convention(self, where, ULTRA_CONVENTIONS, ULTRA_SWITCHES)
         if isinstance(self.sub_batch, bool) or not isinstance(self.sub_batch, int) or self.sub_batch < 1:
             raise EditscopeError(f"{where}: key 'sub_batch': must be a positive integer, got {self.sub_batch!r}")
+        check_modules(self.modules, where)
+
+    def matrices(self) -> list[str]:
+        return list(self.modules)
 
     def switches(self) -> dict[str, str]:
         """The switches in force: the preset of ``convention``, overridden by any switch given."""
@@ -98,14 +113,14 @@ class UltraEditHParams(HParams):
     def protocol(self) -> dict[str, str]:
         """The conventions in force; nothing under the paper's defaults (rows and patches of runs made before the
         switches existed stay as they were)."""
-        if self.to_dict().keys() <= {"layers", "lr", "ridge"}:
+        if all(getattr(self, k) == v for k, v in _CONVENTION_FIELDS.items()):
             return {}
         return {"convention": self.convention, **self.switches(), "sub_batch": str(self.sub_batch)}
 
     def to_dict(self) -> dict:
-        """The fields, without the convention fields while they hold the paper's defaults (what runs before the
-        switches existed recorded: their rows and patches keep their bytes)."""
-        data = super().to_dict()
+        """The fields, without the convention fields and ``modules`` while they hold the defaults (what runs before
+        the switches existed recorded: their rows and patches keep their bytes)."""
+        data = without_default_modules(super().to_dict())
         if all(data[k] == v for k, v in _CONVENTION_FIELDS.items()):
             for k in _CONVENTION_FIELDS:
                 del data[k]
@@ -241,24 +256,42 @@ def _chunks(engine: ScoringEngine, pairs: list[tuple[str, str]]) -> list[list[in
     return chunks
 
 
-def turn_features(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], layers: Sequence[int]
-                  ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor, torch.Tensor, float]:
-    """Keys K [n, in] and output gradients G [n, out] per layer at the answer positions of every request (rows in
-    request order), from one forward and one backward of L = Σ_r −log P(o*_r | p_r) (UltraEdit §3, editing
-    features); also each row's NLL, the index of the request each row belongs to, and L."""
+Target = tuple[int, str]
+"""One edited matrix: (layer, MLP matrix name: gate, up or down)."""
+
+
+def targets(hp: UltraEditHParams) -> list[Target]:
+    """Every matrix a turn writes, layer by layer (each of ``modules`` at each of ``layers``)."""
+    return [(layer, matrix) for layer in hp.layers for matrix in hp.modules]
+
+
+def target_label(target: Target) -> int | str:
+    """How diagnostics name a matrix: the layer alone for the down projection (as before ``modules`` existed),
+    ``"L.gate"`` / ``"L.up"`` otherwise."""
+    layer, matrix = target
+    return layer if matrix == "down" else f"{layer}.{matrix}"
+
+
+def turn_features(bundle, engine: ScoringEngine, requests: Sequence[EditRequest], where: Sequence[Target]
+                  ) -> tuple[dict[Target, torch.Tensor], dict[Target, torch.Tensor], torch.Tensor, torch.Tensor,
+                             float]:
+    """Keys K [n, in] (the matrix's input) and output gradients G [n, out] per edited matrix at the answer positions
+    of every request (rows in request order), from one forward and one backward of L = Σ_r −log P(o*_r | p_r)
+    (UltraEdit §3, editing features); also each row's NLL, the index of the request each row belongs to, and L."""
     pairs = [(r.text, r.target_new) for r in requests]
-    key_points = [f"blocks.{layer}.mlp_key" for layer in layers]
-    out_points = [f"blocks.{layer}.mlp_out" for layer in layers]
-    keys: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
-    grads: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    points = {t: tuple(p.replace("{i}", str(t[0])) for p in MATRIX_POINTS[t[1]]) for t in where}
+    key_points = list(dict.fromkeys(k for k, _ in points.values()))
+    out_points = list(dict.fromkeys(o for _, o in points.values()))
+    keys: dict[Target, list[torch.Tensor]] = {t: [] for t in where}
+    grads: dict[Target, list[torch.Tensor]] = {t: [] for t in where}
     row_nll: list[torch.Tensor] = []
     owner: list[int] = []
     chunk_sums: list[float] = []
     for chunk in _chunks(engine, pairs):
         batch = engine.prepare([pairs[i] for i in chunk])
-        where = answer_positions(batch)
-        rows = torch.tensor([r for r, _ in where], device=batch.input_ids.device)
-        pos = torch.tensor([p for _, p in where], device=batch.input_ids.device)
+        at = answer_positions(batch)
+        rows = torch.tensor([r for r, _ in at], device=batch.input_ids.device)
+        pos = torch.tensor([p for _, p in at], device=batch.input_ids.device)
         with torch.enable_grad(), capture(bundle.model, bundle.arch, key_points) as k_store, \
                 capture(bundle.model, bundle.arch, out_points, grad=True) as g_store:
             hidden = engine.batch_hidden(batch)
@@ -268,11 +301,11 @@ def turn_features(bundle, engine: ScoringEngine, requests: Sequence[EditRequest]
             per_row.sum().backward()
         row_nll.append(per_row.detach().double())
         chunk_sums.append(float(per_row.detach().sum()))
-        owner += [chunk[r] for r, _ in where]
-        for layer, kp, op in zip(layers, key_points, out_points, strict=True):
-            keys[layer].append(k_store[kp][rows, pos].detach().double())
-            grads[layer].append(g_store.grads[op][rows, pos].detach().double())
-    return ({la: torch.cat(keys[la]) for la in layers}, {la: torch.cat(grads[la]) for la in layers},
+        owner += [chunk[r] for r, _ in at]
+        for t, (kp, op) in points.items():
+            keys[t].append(k_store[kp][rows, pos].detach().double())
+            grads[t].append(g_store.grads[op][rows, pos].detach().double())
+    return ({t: torch.cat(keys[t]) for t in where}, {t: torch.cat(grads[t]) for t in where},
             torch.cat(row_nll), torch.tensor(owner), sum(chunk_sums))
 
 
@@ -280,12 +313,14 @@ def compute(bundle, requests: Sequence[EditRequest], hp: UltraEditHParams, state
             engine: ScoringEngine, runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()
             ) -> tuple[dict[str, torch.Tensor], dict]:
     """One UltraEdit turn over ``requests``: features on the current weights, the normaliser updated with them
-    (every layer, in ``layers`` order), then each layer's ΔW from its normalised features; the model is unchanged
-    on return (every layer's ΔW comes from the same forward, as in the reference)."""
+    (every edited matrix, layer by layer), then each matrix's ΔW from its normalised features; the model is
+    unchanged on return (every ΔW comes from the same forward, as in the reference)."""
     state = state if state is not None else UltraEditState()
     switches = hp.switches()
+    where = targets(hp)
+    parts = {matrix: bundle.arch.matrix_part(matrix) for matrix in hp.modules}  # refuses a matrix the family lacks
     report(f"ultraedit: forward and backward of {len(requests)} request(s)")
-    keys, grads, row_nll, owner, total = turn_features(bundle, engine, requests, hp.layers)
+    keys, grads, row_nll, owner, total = turn_features(bundle, engine, requests, where)
     n_rows = int(row_nll.numel())
     sub = owner // hp.sub_batch  # the sub-batch of each row (the reference's batches of sub_batch requests)
     if switches["loss"] == "subbatch_mean":
@@ -295,25 +330,26 @@ def compute(bundle, requests: Sequence[EditRequest], hp: UltraEditHParams, state
         loss = float(sum(row_nll[sub == b].mean() for b in range(len(tokens))))
     else:
         loss = total
-    shapes = {layer: shape_key(keys[layer].shape[1], grads[layer].shape[1]) for layer in hp.layers}
+    # one normaliser per matrix shape: a gate and an up projection share theirs, as in the reference
+    shapes = {t: shape_key(keys[t].shape[1], grads[t].shape[1]) for t in where}
     if switches["variance"] == "subbatch_unbiased":
         for b in range(int(sub.max()) + 1):
-            for layer in hp.layers:
-                state.update(shapes[layer], torch.cat([keys[layer], grads[layer]], -1)[sub == b], unbiased=True)
+            for t in where:
+                state.update(shapes[t], torch.cat([keys[t], grads[t]], -1)[sub == b], unbiased=True)
     else:
-        for layer in hp.layers:
-            state.update(shapes[layer], torch.cat([keys[layer], grads[layer]], -1))
+        for t in where:
+            state.update(shapes[t], torch.cat([keys[t], grads[t]], -1))
     params = dict(bundle.model.named_parameters())
     deltas, norms, conds = {}, {}, {}
-    for layer in hp.layers:
-        n_in = keys[layer].shape[1]
-        z_hat = state.normalise(shapes[layer], torch.cat([keys[layer], grads[layer]], -1))
+    for t in where:
+        n_in = keys[t].shape[1]
+        z_hat = state.normalise(shapes[t], torch.cat([keys[t], grads[t]], -1))
         values = pseudo_values(z_hat[:, :n_in], z_hat[:, n_in:], hp.lr)
-        delta = ridge_update(keys[layer], values, hp.ridge)
-        name = bundle.arch.weight_name(layer)
+        delta = ridge_update(keys[t], values, hp.ridge)
+        name = bundle.arch.weight_name(t[0], parts[t[1]])
         deltas[name] = bundle.arch.from_out_in(delta.to(params[name].dtype)).contiguous()
-        norms[layer] = float(delta.norm())
-        conds[layer] = ridge_condition(keys[layer], hp.ridge)
+        norms[target_label(t)] = float(delta.norm())
+        conds[target_label(t)] = ridge_condition(keys[t], hp.ridge)
     state.n_edits += len(requests)
     state.n_turns += 1
     info = {"loss": loss, "answer_tokens": n_rows, "delta_norms": norms, "solve_cond": conds,

@@ -38,8 +38,13 @@ class HookPoint(NamedTuple):
 BLOCK_POINT_PREFIX = "blocks.{i}."
 
 
-def _hook_points(embed: str, attn_out: str, mlp: str, mlp_out: str, final_norm: str) -> dict[str, HookPoint]:
-    """The hook points every family has, from its module paths (see :mod:`editscope.lm.hooks` for meanings)."""
+def _hook_points(embed: str, attn_out: str, mlp: str, mlp_in: str, mlp_out: str, final_norm: str,
+                 mlp_gate: str | None) -> dict[str, HookPoint]:
+    """The hook points every family has, from its module paths (see :mod:`editscope.lm.hooks` for meanings), plus
+    the input and output of the MLP's up projection and, in a gated MLP, of its gate projection (what an editor of
+    those matrices reads: its keys and the gradient at its output)."""
+    gate = {} if mlp_gate is None else {"blocks.{i}.gate_key": HookPoint(mlp_gate, "input"),
+                                        "blocks.{i}.gate_out": HookPoint(mlp_gate, "output")}
     return {
         "embed": HookPoint(embed, "output"),
         "final": HookPoint(final_norm, "output"),
@@ -49,7 +54,23 @@ def _hook_points(embed: str, attn_out: str, mlp: str, mlp_out: str, final_norm: 
         "blocks.{i}.attn_heads": HookPoint(attn_out, "input", heads=True),
         "blocks.{i}.mlp_key": HookPoint(mlp_out, "input"),
         "blocks.{i}.mlp_out": HookPoint(mlp, "output"),
+        "blocks.{i}.up_key": HookPoint(mlp_in, "input"),
+        "blocks.{i}.up_out": HookPoint(mlp_in, "output"),
+        **gate,
     }
+
+
+#: The MLP matrices an editor may write, by the names hparams use (``modules: [gate, up, down]``) -> the
+#: :class:`ArchMap` field holding each one's path: ``down`` the output projection (LLaMA's down_proj, GPT-2's
+#: c_proj), whose input is the key ROME/MEMIT edit against; ``up`` the input projection (up_proj, c_fc; Phi-3's fused
+#: gate_up_proj); ``gate`` the gate projection of a gated MLP (gate_proj; none in GPT-2, GPT-J, GPT-NeoX or Phi-3).
+MLP_MATRICES: dict[str, str] = {"gate": "mlp_gate", "up": "mlp_in", "down": "mlp_out"}
+
+#: Each matrix's (key, output) hook points: its input and the tensor whose gradient an update is computed from
+#: (for ``down``, the MLP's output, which is the down projection's output in every family).
+MATRIX_POINTS: dict[str, tuple[str, str]] = {"gate": ("blocks.{i}.gate_key", "blocks.{i}.gate_out"),
+                                            "up": ("blocks.{i}.up_key", "blocks.{i}.up_out"),
+                                            "down": ("blocks.{i}.mlp_key", "blocks.{i}.mlp_out")}
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,8 @@ class ArchMap:
     from (BOS, else EOS: GPT-2's <|endoftext|> convention, as lm-evaluation-harness's rolling log-likelihood).
     ``mlp_in_parts`` is how many matrices the MLP input projection stacks along its output rows (2: Phi-3's fused
     ``gate_up_proj`` holds the gate and up projections, so its weight is (2 * mlp_size, d));
-    ``n_kv_heads_keys`` the config keys of the key/value head count (grouped-query attention; unset: n_heads).
+    ``n_kv_heads_keys`` the config keys of the key/value head count (grouped-query attention; unset: n_heads);
+    ``mlp_gate`` the gate projection of a gated MLP (None where the family has none or fuses it into ``mlp_in``).
     """
 
     family: str
@@ -98,13 +120,15 @@ class ArchMap:
     start_token_keys: tuple[str, ...] = ("bos_token_id", "eos_token_id")
     mlp_in_parts: int = 1
     n_kv_heads_keys: tuple[str, ...] = ("num_key_value_heads",)
+    mlp_gate: str | None = None
     notes: str = ""
 
     @cached_property
     def hook_points(self) -> Mapping[str, HookPoint]:
         """Name template -> where (``blocks.{i}.`` names are per block), derived from the module paths above, so a
         map states each path once."""
-        return _hook_points(self.embed, self.attn_out, self.mlp, self.mlp_out, self.final_norm)
+        return _hook_points(self.embed, self.attn_out, self.mlp, self.mlp_in, self.mlp_out, self.final_norm,
+                            self.mlp_gate)
 
     # -- dimensions ---------------------------------------------------------------------------------
     def _config_value(self, config, keys: tuple[str, ...]) -> int | None:
@@ -170,8 +194,23 @@ class ArchMap:
     def block_path(self, layer: int) -> str:
         return f"{self.blocks}.{layer}"
 
+    def matrix_part(self, matrix: str) -> str:
+        """The field (``part``) holding the MLP matrix ``matrix`` (a key of :data:`MLP_MATRICES`); one line naming
+        the family where it has no such matrix."""
+        part = MLP_MATRICES.get(matrix)
+        if part is None:
+            raise EditscopeError(f"unknown MLP matrix {matrix!r}; known: {', '.join(MLP_MATRICES)}")
+        if getattr(self, part) is None:
+            raise EditscopeError(f"the {self.family} architecture has no separate {matrix} projection "
+                                 f"(its MLP matrices: {', '.join(self.matrices())})")
+        return part
+
+    def matrices(self) -> list[str]:
+        """The MLP matrices (keys of :data:`MLP_MATRICES`) this family has."""
+        return [m for m, part in MLP_MATRICES.items() if getattr(self, part) is not None]
+
     def layer_module_path(self, layer: int, part: str) -> str:
-        """Full path of a per-layer part: ``part`` is one of attn, attn_out, mlp, mlp_in, mlp_out."""
+        """Full path of a per-layer part: ``part`` is one of attn, attn_out, mlp, mlp_in, mlp_gate, mlp_out."""
         return f"{self.block_path(layer)}.{getattr(self, part)}"
 
     def weight_name(self, layer: int, part: str = "mlp_out") -> str:
@@ -204,6 +243,7 @@ _ROTARY_DECODER = dict(
     attn_out="self_attn.o_proj",
     mlp="mlp",
     mlp_in="mlp.up_proj",
+    mlp_gate="mlp.gate_proj",
     mlp_out="mlp.down_proj",
     final_norm="model.norm",
     lm_head="lm_head",
@@ -290,7 +330,7 @@ for _arch in (
     # (gate_up_proj, (2 * mlp_size, d)); the down projection is LLaMA's. Phi-3-mini-4k sets a window.
     ArchMap(family="phi3", model_types=("phi3",), sliding_window_key="sliding_window", mlp_in_parts=2,
             notes="Phi-3, Phi-4: fused qkv_proj and gate_up_proj",
-            **{**_ROTARY_DECODER, "mlp_in": "mlp.gate_up_proj"}),
+            **{**_ROTARY_DECODER, "mlp_in": "mlp.gate_up_proj", "mlp_gate": None}),
     # Pythia / GPT-NeoX: attention and MLP both read the block input and add to the residual (use_parallel_residual,
     # Pythia's setting; the MLP output still adds linearly), partial rotary embeddings, an untied LM head
     # (embed_out in the checkpoints, lm_head in transformers 5).

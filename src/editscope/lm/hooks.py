@@ -11,6 +11,9 @@ architecture map (:attr:`ArchMap.hook_points`, pyvene style):
   functions, [.., n_heads, head_dim] in :func:`capture`
 - ``blocks.{i}.mlp_key``     input of block i's MLP down/out projection (the key k of ROME/MEMIT)
 - ``blocks.{i}.mlp_out``     output of block i's MLP (the residual update, except after Gemma3's post-MLP norm)
+- ``blocks.{i}.up_key``, ``blocks.{i}.up_out``     input and output of block i's MLP up/input projection
+- ``blocks.{i}.gate_key``, ``blocks.{i}.gate_out`` input and output of a gated MLP's gate projection (where the
+  family has one: :attr:`ArchMap.mlp_gate`)
 - ``final``                  output of the final norm: the state the LM head reads at every position, which is
   HF's ``output_hidden_states[-1]`` in every supported family (GPT-2/GPT-J ``ln_f``, LLaMA/Gemma ``norm``)
 
