@@ -1,10 +1,10 @@
 """FT-L — constrained fine-tuning of one MLP down projection (Zhu et al. 2020; the FT-L baseline of ROME,
 Meng et al. 2022, §4 / App. G).
 
-W of ``blocks.L`` MLP down projection (or each MLP matrix named in ``modules``: gate, up, down) is trained with Adam on the target NLL of each request's prompt
-(the :class:`~editscope.edit.objective.terms.TargetNLL` term plus any plug-in terms); after each step every entry
-is clamped to ‖W − W₀‖_∞ ≤ ``norm_constraint`` (the L∞ constraint of FT-L). The model is restored on return;
-the patch holds W_final − W₀.
+W of ``blocks.L`` MLP down projection (or each MLP matrix named in ``modules``: gate, up, down) is trained with
+Adam on the target NLL of each request's prompt (the :class:`~editscope.edit.objective.terms.TargetNLL` term plus
+any plug-in terms); after each step every entry is clamped to ‖W − W₀‖_∞ ≤ ``norm_constraint`` (the L∞
+constraint of FT-L). The model is restored on return; the patch holds W_final − W₀.
 
 Every term's ``setup`` runs once per request before training (unedited weights); each step runs one forward per
 group of requests (their rows stacked and right-padded up to the engine's token budget, as the v*/z optimiser groups

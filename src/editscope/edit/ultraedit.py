@@ -88,7 +88,8 @@ class UltraEditHParams(HParams):
     modules: list[str] = field(default_factory=default_modules)
 
     #: modules: the MLP matrices written at each of ``layers`` (gate, up, down; the paper's and editscope's default
-    #: is the down projection; the reference's Qwen2.5 and LLaMA-3 configs edit gate and up). lr: η of the pseudo values v = −η ‖k̂‖² ĝ (the reference config's 1e-6 on 7-8B models; SmolLM2 ships 1e-3);
+    #: is the down projection; the reference's Qwen2.5 and LLaMA-3 configs edit gate and up).
+    #: lr: η of the pseudo values v = −η ‖k̂‖² ĝ (the reference config's 1e-6 on 7-8B models; SmolLM2 ships 1e-3);
     #: ridge: λ of the solve (KᵀK + λI)⁻¹ (1 in the paper and the reference; > 0 keeps it invertible).
     RANGES = {"lr": "(0, 10]", "ridge": "(0, 1e12]"}
     #: η spans the scale between the reference's 7-8B value and SmolLM2's (a hand grid there: 1e-4 ES 62 %, 1e-3
