@@ -17,7 +17,7 @@ def write(tmp_path, text: str):
 
 
 #: the layer counts of the real registry models with shipped files (from their configs)
-REAL_DEPTHS = {"smollm2-135m": 30, "gemma3-270m": 18}
+REAL_DEPTHS = {"smollm2-135m": 30, "gemma3-270m": 18, "qwen2.5-coder-1.5b": 28}
 
 
 def test_every_shipped_config_validates(tiny_bundles):

