@@ -32,9 +32,12 @@ def test_groups_layouts():
 
 
 @pytest.mark.parametrize("module", ["editscope.tables", "editscope.run.store", "editscope.run.archive",
-                                    "editscope.integrity"])
-def test_the_results_store_and_tables_load_no_model_library(module):
-    """The results store, the run archives and the table model are read without torch or transformers (the run
-    package loads its runner on first use only); the summary and the report still do, through the suites."""
+                                    "editscope.integrity", "editscope.run.summary", "editscope.run.merge",
+                                    "editscope.suites", "editscope.report", "editscope.report.findings",
+                                    "editscope.report.reproduction", "editscope.commands.report"])
+def test_the_results_and_report_load_no_model_library(module):
+    """The results (store, archives, merge, summary), the suite registry, the table model and the report (with its
+    command) are read without torch or transformers: the run and model packages load their modules on first use,
+    and a suite imports torch only inside what runs on a model."""
     code = f"import sys, {module}; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

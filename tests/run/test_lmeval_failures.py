@@ -163,12 +163,16 @@ def test_a_broken_task_yaml_is_reported_as_broken_not_unknown(tmp_path):
     assert f"broken task YAML under include_path: {yaml_file}: " in str(err.value)
 
 
-def test_unreachable_checkpoints_and_a_repeated_task_are_refused_at_config_load(tmp_path):
+def test_unreachable_checkpoints_are_refused_when_the_run_starts_and_a_repeated_task_at_config_load(tmp_path):
+    """Parsing a config reads no cases; the run refuses a checkpoint no chain reaches before it loads a model
+    (no bundle is given: the error comes first)."""
     tasks = write_task(tmp_path / "tasks")
+    config = parse_config(lifelong(tmp_path, tasks, checkpoints=[0, 2, 5]), where="exp.yaml")
     with pytest.raises(EditscopeError) as err:  # 2 cases, one request each: the chain applies 2 edits
-        parse_config(lifelong(tmp_path, tasks, checkpoints=[0, 2, 5]), where="exp.yaml")
+        Runner(config, progress=False, log=lambda _m: None).run()
     assert str(err.value) == ("exp.yaml: key 'lm_eval.checkpoints[2]': 5 edits: no chain reaches it (the longest "
                               "applies 2 edits: batch 1 x rounds 2 cases and their requests)")
+    assert not (tmp_path / "run" / "results.jsonl").exists()
     assert parse_config(lifelong(tmp_path, tasks, checkpoints=[0, 2])).lm_eval.checkpoints == (0, 2)
     with pytest.raises(EditscopeError) as err:
         parse_config(lifelong(tmp_path, tasks, tasks=[TASK, TASK]), where="exp.yaml")

@@ -19,11 +19,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer
+
+if TYPE_CHECKING:
+    import torch
 
 DRIFTS = ("subject", "relation", "all")
 """The drift types of eq 8, in the paper's order."""
@@ -95,6 +97,8 @@ def instance_seed(seed: int, *parts: object) -> int:
 def drift_embeddings(embeds: torch.Tensor, span: Sequence[int], sigma: float, generator: torch.Generator
                      ) -> torch.Tensor:
     """Ẽ (eq 8): a copy of ``embeds`` [n, d] with Δ ~ N(0, σ²I) (eq 7) added to the rows in ``span`` only."""
+    import torch  # here: the evk suite imports this module, and the summary and the report import every suite
+
     if sigma < 0:
         raise EditscopeError(f"drift strength sigma must be >= 0, got {sigma}")
     out = embeds.detach().clone()
@@ -121,6 +125,8 @@ def evk_instances(engine: Scorer, template: str, subject: str, *, sigma: float, 
                   drifts: Sequence[str] = DRIFTS, seed: int = 0, key: object = "") -> list[EvkInstance]:
     """``n`` EVK instances per drift type of one prompt (paper 004, eqs 4-8), seeded by
     (``seed``, ``key``, prompt, drift, σ, index): ``key`` names the case so different cases draw different noise."""
+    import torch  # as in drift_embeddings
+
     if n < 0:
         raise EditscopeError(f"number of EVK instances must be >= 0, got {n}")
     spans = prompt_spans(engine, template, subject)

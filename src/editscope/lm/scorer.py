@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # the protocol names tensors; importing it (as every suite does) must not load torch
+    import torch
 
 
 @dataclass(frozen=True)

@@ -340,26 +340,7 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     config = RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode,
                        **settings, runtime=runtime, plugin_modules=plugin_modules, chat_template=chat_template,
                        lm_eval=lm_eval, source=where)
-    if lm_eval is not None and lm_eval.checkpoints:
-        _check_reach(c, config, data["lm_eval"]["checkpoints"])
     return config
-
-
-def _check_reach(c: _Checker, config: RunConfig, listed: list[int]) -> None:
-    """Every ``lm_eval.checkpoints`` count is reached by some chain (the edits a chain applies are its cases'
-    requests: the config's cases are read). A config whose cases or suites cannot be had here is left to the run."""
-    from editscope.run.planned import plan_run
-
-    one = config.for_model(config.models[0]) if config.models else config
-    try:
-        longest = plan_run(one).longest_chain
-    except EditscopeError:
-        return
-    for c_edits in sorted(set(listed)):
-        if c_edits > longest:
-            raise c.fail(f"lm_eval.checkpoints[{listed.index(c_edits)}]",
-                         f"{c_edits} edits: no chain reaches it (the longest applies {longest} edits: batch "
-                         f"{config.mode.batch} x rounds {config.mode.rounds} cases and their requests)")
 
 
 def _known(methods: Iterable[str] | None, suites: Iterable[str] | None,

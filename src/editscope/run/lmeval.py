@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
@@ -104,6 +103,8 @@ def evaluate(model, tokenizer, tasks: Sequence[str], *, include_path: str | None
     ``chat_template`` is lm-eval's ``apply_chat_template`` (instruct models; editscope's ``--chat-template``).
     Task data must be reachable: local files (``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}``)
     work offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1)."""
+    import torch  # here: the config parser reads this module's spec, and must not load torch
+
     lm_eval = require_lm_eval()
     from lm_eval.models.huggingface import HFLM
 

@@ -28,14 +28,16 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from editscope.atomic import atomic_write_text
 from editscope.errors import EditscopeError
 from editscope.finite import strict_dumps
 from editscope.run.config import RunConfig, model_slug
-from editscope.run.runner import Runner, RunResult
 from editscope.run.store import MODELS_JSON, RUN_JSON, SUMMARY_CSV, SUMMARY_MD, read_json, run_lock
+
+if TYPE_CHECKING:  # the report reads models runs through this module: it must not load the runner and torch
+    from editscope.run.runner import RunResult
 
 FORMAT = "editscope-models-1"
 
@@ -58,6 +60,8 @@ def run_models(config: RunConfig, *, out_dir: str | Path | None = None, shard: t
                make_runner: Callable[[RunConfig, Path], _Runs] | None = None, **kwargs: Any) -> list[ModelRun]:
     """Run (or resume) every entry of ``config.models`` into ``OUT/<slug>/`` (see the module docstring).
     ``kwargs`` go to each :class:`Runner`; ``make_runner(sub_config, sub_dir)`` replaces it (the Ray executor)."""
+    from editscope.run.runner import Runner
+
     if not config.models:
         raise EditscopeError(f"{config.where}: the config names one 'model', not a 'models' list")
     out = Path(out_dir if out_dir is not None else config.output)

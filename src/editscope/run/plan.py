@@ -11,6 +11,7 @@ final rows, plus a lifelong chain's checkpoint rows) and its keys in the config'
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,18 @@ PROBE_GROUP = 16  # cases probed together in probe_only mode (one resume unit)
 
 #: a row a method writes for a group: (case index in the block, edits applied when probed; None: the final row)
 Unit = tuple[int, "int | None"]
+
+
+def derived_seed(*parts: object) -> int:
+    """A 63-bit seed from the config seed and the identity of a unit of work (not from the order of work)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def reprobe_seed(seed: int, dataset: str, group: int) -> int:
+    """The seed of a lifelong group's re-probe sample: no method in it, so every method samples alike (and the
+    planner draws the same sample as the trial, with no model)."""
+    return derived_seed(seed, dataset, group, "reprobe")
 
 
 @dataclass(frozen=True)

@@ -14,20 +14,20 @@ of missing rows and the torn line of a shard (:mod:`editscope.run.merge`), and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from editscope.errors import EditscopeError
 from editscope.jsonl import read_lines, torn_line
 from editscope.rowdigest import damage, required_in
 from editscope.run.blocks import assign_groups, load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LM_EVAL_FILE, due_points
-from editscope.run.plan import Lifelong, Unit
+from editscope.run.plan import Lifelong, Unit, reprobe_seed
 from editscope.run.store import RESULTS, read_sound_results, row_key, unit_key
 from editscope.run.suites import SuiteFactory
-from editscope.run.trial import Trial
 
 RowKey = tuple[str, str, str]
 #: an lm_eval.jsonl row: (dataset, group, method, edits applied, task); the unedited model's has dataset None
@@ -50,17 +50,12 @@ def plan_run(config: RunConfig, *, limit: int | None = None, shard: tuple[int, i
     an unknown suite or dataset is the loader's :class:`~editscope.errors.EditscopeError`)."""
     mode = config.mode
     blocks = load_blocks(config, limit=limit, suite_factories=suite_factories)
-    longest = 0
-    if isinstance(mode, Lifelong):
-        for block in blocks:
-            for s in range(0, len(block.cases), config.mode.group_size):
-                longest = max(longest, sum(len(r) for r in block.requests[s:s + config.mode.group_size]))
+    longest = longest_chain(config, blocks)
     assign_groups(blocks, config.mode.group_size, shard)
     labels = [m.label for m in config.methods]
 
     def units(b: Any, g: int, members: list[int]) -> list[Unit]:  # the runner's units of a group
-        return mode.units(members, lambda i: len(b.requests[i]), Trial(b.label, {}, None, None, config.seed)
-                          .reprobe_seed(g))
+        return mode.units(members, lambda i: len(b.requests[i]), reprobe_seed(config.seed, b.label, g))
 
     rows = tuple(unit_key(b.label, b.cases[i].case_id, label, e) for b in blocks for g, members in b.groups
                  for label in labels for i, e in units(b, g, members))
@@ -75,6 +70,31 @@ def plan_run(config: RunConfig, *, limit: int | None = None, shard: tuple[int, i
                 lm += [(b.label, g, label, applied, t) for label in labels for _r, applied in points
                        for t in spec.tasks]
     return Plan(rows, tuple(lm), longest)
+
+
+def longest_chain(config: RunConfig, blocks: Sequence[Any]) -> int:
+    """The most edits any chain of ``config`` applies over ``blocks`` (their cases' requests, before sharding;
+    0 outside ``sequential_batches``)."""
+    if not isinstance(config.mode, Lifelong):
+        return 0
+    size = config.mode.group_size
+    return max((sum(len(r) for r in b.requests[s:s + size]) for b in blocks for s in range(0, len(b.cases), size)),
+               default=0)
+
+
+def check_reach(config: RunConfig, blocks: Sequence[Any]) -> None:
+    """Every ``lm_eval.checkpoints`` count is reached by some chain over ``blocks``: one line naming the first that
+    is not. Checked when a run starts, not when the config is parsed (it reads the cases)."""
+    spec = config.lm_eval
+    if spec is None or not spec.checkpoints:
+        return
+    longest = longest_chain(config, blocks)
+    unreached = sorted((edits, i) for i, edits in enumerate(spec.checkpoints) if edits > longest)
+    if unreached:
+        edits, i = unreached[0]
+        raise EditscopeError(f"{config.where}: key 'lm_eval.checkpoints[{i}]': {edits} edits: no chain reaches it "
+                                 f"(the longest applies {longest} edits: batch {config.mode.batch} x rounds "
+                                 f"{config.mode.rounds} cases and their requests)")
 
 
 def lm_eval_key(row: Mapping[str, Any]) -> LmEvalKey:

@@ -61,6 +61,7 @@ from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
 from editscope.run.plan import Lifelong, Single, Unit, base_label
+from editscope.run.planned import check_reach
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
@@ -220,6 +221,8 @@ class Runner:
         """Load what the run needs, checked before any work: the blocks' cases and suites (cut into this shard's
         groups), the model, each method's editor and hparams, the scoring engine."""
         blocks = load_blocks(self.config, limit=self.limit, suite_factories=self.suite_factories)
+        if self.limit is None:  # a --limit trial run stops short of the config's checkpoints by design
+            check_reach(self.config, blocks)
         self._declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
         # editors report what a suite's curves show of their rounds (a solve's condition number) only when asked
         self.runtime.diagnostics = any(s.edit_info_curves for b in blocks for s in b.suites.values())

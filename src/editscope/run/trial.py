@@ -22,7 +22,6 @@ sharded or replayed trial edits and probes exactly as the uninterrupted run did.
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,6 +35,7 @@ import torch
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.progress import report
+from editscope.run.plan import derived_seed, reprobe_seed
 from editscope.run.store import clean_metrics
 from editscope.run.suites import probe_cases
 
@@ -45,12 +45,6 @@ if TYPE_CHECKING:
     from editscope.lm.engine import Scorer
     from editscope.lm.loading import Bundle
     from editscope.suites.base import Suite
-
-
-def derived_seed(*parts: object) -> int:
-    """A 63-bit seed from the config seed and the identity of a unit of work (not from the order of work)."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 @contextmanager
@@ -274,8 +268,8 @@ class Trial:
         return derived_seed(self.seed, self.dataset, self.label, group, "post", *tag)
 
     def reprobe_seed(self, group: int) -> int:
-        """The seed of a lifelong group's re-probe sample: no method in it, so every method samples alike."""
-        return derived_seed(self.seed, self.dataset, group, "reprobe")
+        """The seed of a lifelong group's re-probe sample (:func:`editscope.run.plan.reprobe_seed`)."""
+        return reprobe_seed(self.seed, self.dataset, group)
 
     # -- the steps ------------------------------------------------------------------------------------------
     def probe(self, engine: Scorer, cases: Sequence[Case], group: int, stage: str = "post",

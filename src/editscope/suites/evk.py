@@ -54,12 +54,14 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from editscope.data.evk import DRIFTS, evk_instances
+
+if TYPE_CHECKING:  # tensors only in signatures: importing the suite must not load torch
+    import torch
 from editscope.data.records import Case
 from editscope.errors import EditscopeError
 from editscope.lm.scorer import Scorer

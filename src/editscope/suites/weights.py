@@ -31,14 +31,15 @@ model, every case of it carries the same numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from editscope.data.records import Case
 from editscope.lm.scorer import Scorer
 from editscope.metrics.registry import MetricSpec
 from editscope.suites.base import Suite
+
+if TYPE_CHECKING:
+    import torch
 
 _NAS = "NAS (arXiv 2602.02543), norm growth of the edited weights"
 _PRUNE = "PRUNE (Ma et al., ICLR 2025; paper 004's baseline), σ_max of the accumulated ΔW vs W₀'s"
@@ -67,6 +68,8 @@ SOLVE_COND = MetricSpec(
 
 def matrix_drift(current: torch.Tensor, original: torch.Tensor) -> dict[str, float]:
     """``delta`` ‖W − W₀‖_F/‖W₀‖_F, ``norm`` ‖W‖_F/‖W₀‖_F and ``sigma`` σ₁(W − W₀)/σ₁(W₀) of one matrix (float64)."""
+    import torch  # here, not at the top: the summary and the report import every suite and must not load torch
+
     w, w0 = current.detach().double(), original.detach().double()
     delta = w - w0
     if w0.dim() < 2:  # a vector (bias, norm weight): the spectral norm of a vector is its 2-norm
