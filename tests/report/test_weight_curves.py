@@ -132,7 +132,7 @@ def test_the_weights_curve_carries_the_solves_condition_number(run_dir):
     rows = read_results(run_dir / "results.jsonl")
     analysis = analyse([run_dir])
     specs = analysis.specs[("counterfact-sample", "weights")]
-    assert specs[-1] is SOLVE_COND
+    assert specs[-1] == SOLVE_COND  # as recorded in run.json
     points = analysis.curves[("counterfact-sample", "weights")]
     table = curve_table(points, ["ultraedit"], specs)
     assert table.headers[-1] == "SolveCond ↓ (ratio)"

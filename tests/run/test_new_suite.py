@@ -78,7 +78,8 @@ def test_summary_uses_the_declarations(run_dir):
     assert "logp_new_post ↑ (log-prob)" in md and "drop ↓ (nats)" in md
     stored = json.loads((run_dir / "run.json").read_text())["metrics"]
     assert stored == [{"dataset": "counterfact", "suite": "logp_new",
-                       "metrics": [s.to_dict() for s in LogpSuite.metrics_declared]}]
+                       "metrics": [s.to_dict() for s in LogpSuite.metrics_declared],
+                       "facts": {"whole_model": False, "counterparts": {}, "edit_info_curves": {}}}]
 
 
 def test_report_shows_the_new_suite(run_dir, tmp_path):

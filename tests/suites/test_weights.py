@@ -12,7 +12,8 @@ import torch
 
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.run import Runner, parse_config, read_results
-from editscope.suites import get_suite, measures_whole_model
+from editscope.run.suites import live_facts
+from editscope.suites import get_suite
 from editscope.suites.weights import matrix_drift, summarize
 
 
@@ -50,7 +51,7 @@ def test_summary_means_and_maxima_and_the_unedited_model():
     assert summarize(m) == pytest.approx({"DeltaNorm": 0.2, "DeltaNormMax": 0.3, "NormGrowth": 1.1,
                                           "DeltaSigma": 0.5})
     assert summarize({}) == {"DeltaNorm": 0.0, "DeltaNormMax": 0.0, "NormGrowth": 1.0, "DeltaSigma": 0.0}
-    assert measures_whole_model("weights")
+    assert live_facts("weights").whole_model
 
 
 def test_a_loose_patch_is_measured_and_the_weights_come_back_bit_exact(tiny_llama):

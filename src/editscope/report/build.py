@@ -31,7 +31,16 @@ from editscope.run.config import check_stored_config
 from editscope.run.models import expand_run_dirs
 from editscope.run.planned import planned_count, rows_text
 from editscope.run.store import RESULTS, ROW_CONFIG_KEY, RUN_JSON, read_json, row_key, run_rows
-from editscope.run.suites import DeclaredMetrics, SuiteFactory, declared_metrics, make_suite
+from editscope.run.suites import (
+    DeclaredMetrics,
+    FactsMap,
+    SuiteFactory,
+    SuiteFacts,
+    declared_metrics,
+    facts_of,
+    make_suite,
+    recorded_facts,
+)
 from editscope.run.summary import (
     TABLE_NOTE,
     CurveMap,
@@ -51,8 +60,6 @@ from editscope.run.summary import (
     summarize,
     summarize_by_edits,
 )
-from editscope.suites import edit_info_curves as declared_info_curves
-from editscope.suites import measures_whole_model
 from editscope.suites.base import Suite, SuiteFigure
 from editscope.tables import Table
 
@@ -154,6 +161,16 @@ def _suites(runs: list[Run], suite_factories: Mapping[str, SuiteFactory] | None)
                     out[key] = make_suite(spec["name"], spec.get("options") or {}, suite_factories)
                 except EditscopeError:
                     continue
+    return out
+
+
+def _facts(runs: list[Run]) -> dict[str, SuiteFacts]:
+    """The suite facts the runs' ``run.json`` files record (the first run wins); a suite none records is looked up
+    in the registry (:func:`editscope.run.suites.facts_of`)."""
+    out: dict[str, SuiteFacts] = {}
+    for run in runs:
+        for name, facts in recorded_facts(run.meta).items():
+            out.setdefault(name, facts)
     return out
 
 
@@ -259,12 +276,13 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
     datasets = _ordered(runs, "dataset", "blocks")
     rows = [r for run in runs for r in run.rows]
     specs = _specs(runs, suite_factories)
-    summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets)
+    facts = _facts(runs)
+    summary = summarize(rows, specs=specs, method_order=methods, dataset_order=datasets, facts=facts)
     pivot = build_pivot(rows, summary, specs, methods, baseline=baseline,
-                        model_level=_model_level({(r.dataset, r.suite) for r in summary}))
+                        model_level=_model_level({(r.dataset, r.suite) for r in summary}, facts))
     figs = build_figures(runs, summary, methods, seed=seed, specs=specs, suite_factories=suite_factories)
-    curves = summarize_by_edits(rows, specs=specs, method_order=methods, dataset_order=datasets)
-    _add_edit_info_curves(curves, specs, rows, methods)
+    curves = summarize_by_edits(rows, specs=specs, method_order=methods, dataset_order=datasets, facts=facts)
+    _add_edit_info_curves(curves, specs, rows, methods, facts)
     figs += [Figure(f"curve-{dataset}-{suite}", f"{suite} on {dataset} vs number of edits",
                     "Sequential batches: each point is the mean over the cases edited so far when the model held "
                     "that many edits (checkpoint rows; the last point is the final evaluation); band: 95% CI; "
@@ -273,12 +291,12 @@ def analyse(run_dirs: list[str | Path], *, seed: int = 0, suite_factories: Mappi
                                                                            for r in rs)],
                                         f"{suite} on {dataset}", specs.get((dataset, suite), ())))
              for (dataset, suite), points in curves.items() if specs.get((dataset, suite))]
-    figs += _retention_figures(rows, curves, specs, methods)
+    figs += _retention_figures(rows, curves, specs, methods, facts)
     orders = across_orders(curves)
     figs += [_orders_figure(dataset, suite, points, methods, specs.get((dataset, suite), ()))
              for (dataset, suite), points in orders.items() if specs.get((dataset, suite))]
     return Analysis(runs, methods, rows, specs, summary, pivot, protocol_notes(rows), curves, figs, missing,
-                    protocol_gap_table(rows, methods), orders)
+                    protocol_gap_table(rows, methods, facts), orders)
 
 
 def _orders_figure(dataset: str, suite: str, points: Sequence[OrderPoint], methods: Sequence[str],
@@ -302,12 +320,12 @@ def _orders_figure(dataset: str, suite: str, points: Sequence[OrderPoint], metho
 
 
 def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[dict[str, Any]],
-                          methods: list[str]) -> None:
+                          methods: list[str], facts: FactsMap) -> None:
     """The per-round quantities of the editors that a suite's curves show beside its own metrics (the condition
     number of the solve beside the weight drift: why an editor collapses, read off one figure)."""
     by_suite: dict[str, dict[str, dict[int, list[SummaryRow]]]] = {}  # one pass over the rows per suite
     for dataset, suite in list(curves):
-        declared = declared_info_curves(suite)
+        declared = facts_of(facts, suite).edit_info_curves
         if not declared:
             continue
         if suite not in by_suite:
@@ -500,18 +518,18 @@ def png_name(slug: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", slug) + ".png"
 
 
-def _model_level(keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+def _model_level(keys: Iterable[tuple[str, str]], facts: FactsMap) -> set[tuple[str, str]]:
     """The (dataset, suite) pairs whose suite measures the model as a whole."""
-    return {(dataset, suite) for dataset, suite in keys if measures_whole_model(suite)}
+    return {(dataset, suite) for dataset, suite in keys if facts_of(facts, suite).whole_model}
 
 
-def _retention_figures(rows, curves, specs, methods) -> list[Figure]:
+def _retention_figures(rows, curves, specs, methods, facts: FactsMap) -> list[Figure]:
     """The retention heatmap of each (dataset, suite) with curves: its first headline metric that is measured
     per case after the edit and has a direction (ES for counterfact, Efficacy for zsRE); none for suites that
     measure the model as a whole (``chooses_edits = False``)."""
     out = []
     for dataset, suite in curves:
-        if measures_whole_model(suite):
+        if facts_of(facts, suite).whole_model:
             continue  # a model-level suite (general): every batch carries the same value, nothing to retain
         spec = next((s for s in specs.get((dataset, suite), ()) if s.headline and s.aggregate is None
                      and s.higher_is_better is not None), None)

@@ -33,7 +33,7 @@ from editscope.run.store import (
     run_lock,
     write_results,
 )
-from editscope.run.suites import SuiteFactory, declared_metrics
+from editscope.run.suites import SuiteFactory, declared_metrics, recorded_facts
 from editscope.run.summary import SummaryRow, write_summary
 
 
@@ -65,7 +65,7 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
     rows, problems = _gather(shard_dirs)
     merged = sorted(rows.values(), key=row_order(config))
     write_results(out_dir / RESULTS, merged)
-    summary = write_summary(out_dir, merged, specs=declared_metrics(first),
+    summary = write_summary(out_dir, merged, specs=declared_metrics(first), facts=recorded_facts(first),
                             method_order=[m.label for m in config.methods],
                             dataset_order=config.block_labels())
     shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})

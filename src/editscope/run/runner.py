@@ -77,7 +77,7 @@ from editscope.run.store import (
     unit_key,
     write_results,
 )
-from editscope.run.suites import SuiteFactory, declarations_to_json
+from editscope.run.suites import SuiteFactory, SuiteFacts, declarations_to_json
 from editscope.run.summary import SummaryRow, results_text, write_summary
 from editscope.run.trial import Edits, Method, PreProbeCache, Probes, Trial
 
@@ -205,6 +205,7 @@ class Runner:
         self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime")
         self._state_templates: dict[str, Any] = {}
         self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by prepare)
+        self._facts: dict[str, SuiteFacts] = {}  # suite name -> what the summary needs of it (set by prepare)
         self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
         self._row_digests = True  # whether run.json says every row carries a digest (set by _check_existing)
         self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
@@ -224,6 +225,7 @@ class Runner:
         if self.limit is None:  # a --limit trial run stops short of the config's checkpoints by design
             check_reach(self.config, blocks)
         self._declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
+        self._facts = {name: SuiteFacts.of(s) for b in blocks for name, s in b.suites.items()}
         # editors report what a suite's curves show of their rounds (a solve's condition number) only when asked
         self.runtime.diagnostics = any(s.edit_info_curves for b in blocks for s in b.suites.values())
         assign_groups(blocks, self.mode.group_size, self.shard)
@@ -273,7 +275,7 @@ class Runner:
             "status": status,
             "rows": rows,
             "argv": sys.argv,
-            "metrics": declarations_to_json(self._declared),
+            "metrics": declarations_to_json(self._declared, self._facts),
         } | ({"prompt_format": self._prompt_format} if self._prompt_format else {}) | (
             {"unverified_files": unverified()} if unverified() else {}) | (
             {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {}) | (
@@ -439,8 +441,8 @@ class Runner:
         finally:
             bar.close()
             rows = read_results(self.out_dir / RESULTS)
-            summary = write_summary(self.out_dir, rows, specs=self._declared, method_order=methods,
-                                    dataset_order=self.config.block_labels())
+            summary = write_summary(self.out_dir, rows, specs=self._declared, facts=self._facts,
+                                    method_order=methods, dataset_order=self.config.block_labels())
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())
                                                              | planned | failure))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary,

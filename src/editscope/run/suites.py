@@ -1,11 +1,13 @@
 """How the runner finds suites: the registry of :mod:`editscope.suites` plus any factories the caller passes
-(a Python API user, or a test, can run a suite that is not registered); and the metric declarations of a
-run's suites, as stored in ``run.json`` (what the summary and the report read)."""
+(a Python API user, or a test, can run a suite that is not registered); and the metric declarations and the facts
+of a run's suites, as stored in ``run.json`` (what the summary and the report read: a run scored with a plug-in
+suite is summarised without importing it)."""
 
 from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from editscope.data.records import Case
@@ -78,9 +80,62 @@ DeclaredMetrics = dict[tuple[str, str], tuple[MetricSpec, ...]]
 """(dataset label, suite name) -> metric declarations."""
 
 
-def declarations_to_json(declared: Mapping[tuple[str, str], Sequence[MetricSpec]]) -> list[dict[str, Any]]:
-    """The ``run.json`` form: ``[{"dataset", "suite", "metrics": [spec, ...]}, ...]``."""
-    return [{"dataset": d, "suite": s, "metrics": specs_to_json(specs)} for (d, s), specs in declared.items()]
+@dataclass(frozen=True)
+class SuiteFacts:
+    """What the summary and the report need to know of a suite beyond its metric declarations (recorded in
+    ``run.json`` beside them): ``whole_model``, whether it measures the model as a whole (``chooses_edits`` False:
+    every case of a probe carries the same value, so no interval over cases); ``counterparts``, the teacher-forced
+    columns its own columns pair with (:attr:`Suite.counterparts`); ``edit_info_curves``, the per-round editor
+    quantities its curves show (:attr:`Suite.edit_info_curves`)."""
+
+    whole_model: bool = False
+    counterparts: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    edit_info_curves: Mapping[str, MetricSpec] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, suite: Suite | type[Suite]) -> SuiteFacts:
+        return cls(not suite.chooses_edits, dict(suite.counterparts), dict(suite.edit_info_curves))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"whole_model": self.whole_model,
+                "counterparts": {s: [list(p) for p in pairs] for s, pairs in self.counterparts.items()},
+                "edit_info_curves": {k: spec.to_dict() for k, spec in self.edit_info_curves.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SuiteFacts:
+        pairs = data.get("counterparts") or {}
+        return cls(bool(data.get("whole_model", False)),
+                   {s: tuple((str(a), str(b)) for a, b in cols) for s, cols in pairs.items()},
+                   {k: MetricSpec.from_dict(d) for k, d in (data.get("edit_info_curves") or {}).items()})
+
+
+FactsMap = Mapping[str, SuiteFacts]
+"""Suite name -> its :class:`SuiteFacts` (a suite's facts do not depend on its options)."""
+
+
+def live_facts(name: str) -> SuiteFacts:
+    """The facts the registered suite class ``name`` declares (empty facts for an unregistered suite or a factory
+    function): for runs recorded before ``run.json`` held them."""
+    factory = SUITES.get(name, None)
+    return SuiteFacts.of(factory) if isinstance(factory, type) and issubclass(factory, Suite) else SuiteFacts()
+
+
+def facts_of(facts: FactsMap | None, name: str) -> SuiteFacts:
+    """``name``'s recorded facts, else the live registry's."""
+    return facts[name] if facts is not None and name in facts else live_facts(name)
+
+
+def recorded_facts(meta: Mapping[str, Any]) -> dict[str, SuiteFacts]:
+    """The suite facts a run's ``run.json`` (``meta``) records (none for a run made before they were recorded)."""
+    return {e["suite"]: SuiteFacts.from_json(e["facts"]) for e in meta.get("metrics", []) if "facts" in e}
+
+
+def declarations_to_json(declared: Mapping[tuple[str, str], Sequence[MetricSpec]],
+                         facts: FactsMap | None = None) -> list[dict[str, Any]]:
+    """The ``run.json`` form: ``[{"dataset", "suite", "metrics": [spec, ...], "facts": {...}}, ...]``."""
+    return [{"dataset": d, "suite": s, "metrics": specs_to_json(specs)}
+            | ({"facts": facts[s].to_json()} if facts is not None and s in facts else {})
+            for (d, s), specs in declared.items()]
 
 
 def declared_metrics(meta: Mapping[str, Any], suite_factories: Mapping[str, SuiteFactory] | None = None,

@@ -42,8 +42,7 @@ from editscope.metrics.intervals import (
 from editscope.metrics.registry import Declarations, MetricSpec
 from editscope.run.plan import base_label
 from editscope.run.store import SUMMARY_CSV, SUMMARY_MD
-from editscope.suites import SUITES, measures_whole_model
-from editscope.suites.base import Suite
+from editscope.run.suites import FactsMap, facts_of
 from editscope.suites.wild import recorded_judges
 from editscope.tables import Cell, Table
 
@@ -153,14 +152,14 @@ def _mean_and_interval(vals: list[float], spec: MetricSpec | None, strata: Strat
 
 
 def _metric_row(key: tuple[str, str, str], column: str, spec: MetricSpec | None, per_case: list[dict[str, Any]],
-                case_strata: list[tuple[Hashable, int] | None]) -> SummaryRow | None:
+                case_strata: list[tuple[Hashable, int] | None], whole_model: bool = False) -> SummaryRow | None:
     """One stored metric's mean and CI over the cases that hold it (cut to the declared range); None where none
     does."""
     vals = [_value(m[column]) for m in per_case if column in m]
     if not vals:
         return None
     strata = _strata([h for m, h in zip(per_case, case_strata, strict=True) if column in m])
-    mean, lo, hi, sd, kind = _mean_and_interval(vals, spec, strata, measures_whole_model(key[1]))
+    mean, lo, hi, sd, kind = _mean_and_interval(vals, spec, strata, whole_model)
     if spec is not None:
         lo, hi = clip_interval(lo, hi, spec.range)
     n = sum(1 for v in vals if math.isfinite(v))
@@ -168,10 +167,11 @@ def _metric_row(key: tuple[str, str, str], column: str, spec: MetricSpec | None,
 
 
 def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, method_order: Sequence[str] = (),
-              dataset_order: Sequence[str] = ()) -> list[SummaryRow]:
+              dataset_order: Sequence[str] = (), facts: FactsMap | None = None) -> list[SummaryRow]:
     """Aggregate results rows (order: datasets and methods as given, else first seen; metrics in declaration
     order, undeclared ones after them as stored; checkpoint rows left out). Aggregate metrics of ``specs`` are
-    computed from the dataset-level means of their components (:func:`bootstrap_aggregate`)."""
+    computed from the dataset-level means of their components (:func:`bootstrap_aggregate`). ``facts``: the suites'
+    recorded facts (:func:`editscope.run.suites.recorded_facts`), else the registry's."""
     cases, strata_of, stored = _group_cases(rows)
     out = []
     for key in _ordered_groups(cases, method_order, dataset_order):
@@ -180,7 +180,8 @@ def summarize(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None, m
             if spec is not None and spec.aggregate is not None:
                 row = _aggregate_row(key, column, spec, cases[key], strata_of[key])
             else:
-                row = _metric_row(key, column, spec, cases[key], strata_of[key])
+                row = _metric_row(key, column, spec, cases[key], strata_of[key],
+                                  facts_of(facts, suite).whole_model)
             if row is not None:
                 out.append(row)
     return out
@@ -232,7 +233,8 @@ CurveMap = dict[tuple[str, str], dict[int, list[SummaryRow]]]
 
 
 def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None,
-                       method_order: Sequence[str] = (), dataset_order: Sequence[str] = ()) -> CurveMap:
+                       method_order: Sequence[str] = (), dataset_order: Sequence[str] = (),
+                       facts: FactsMap | None = None) -> CurveMap:
     """The curves of metric vs number of edits of ``sequential_batches`` runs: rows grouped by
     ``edits_applied`` (checkpoint rows and the final rows alike: what was on the model when they were probed),
     each group summarised like :func:`summarize`. Only (dataset, suite) pairs with two or more points. A point whose
@@ -249,7 +251,7 @@ def summarize_by_edits(rows: Iterable[dict[str, Any]], *, specs: SpecMap | None 
     out: CurveMap = {}
     for edits in sorted(by_edits):
         point = _checkpoint_strata(by_edits[edits], first, edits)
-        for r in summarize(point, specs=specs, method_order=method_order, dataset_order=dataset_order):
+        for r in summarize(point, specs=specs, method_order=method_order, dataset_order=dataset_order, facts=facts):
             out.setdefault((r.dataset, r.suite), {}).setdefault(edits, []).append(r)
     return {key: points for key, points in out.items() if len(points) >= 2}
 
@@ -694,7 +696,8 @@ def _judge_of(row: dict[str, Any], suite: str, column: str) -> str:
     return "–" if judges is None else judges[1 if column == "Locality" else 0]
 
 
-def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> Table | None:
+def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = (),
+                       facts: FactsMap | None = None) -> Table | None:
     """The protocol-minus-teacher-forced table of every dataset whose rows hold a suite of another protocol
     (``wild``, or any registered suite declaring ``counterparts``) and a teacher-forced suite it declares a
     counterpart for (:attr:`editscope.suites.base.Suite.counterparts`): per method and column pair, the mean over
@@ -706,7 +709,7 @@ def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[st
         if row.get("checkpoint"):
             continue
         for name in metrics:
-            for suite, columns in _counterparts(name).items():
+            for suite, columns in facts_of(facts, name).counterparts.items():
                 for tf, own in columns:
                     if tf in metrics.get(suite, {}) and own in metrics[name]:
                         label = f"{name} {own}" if name != "wild" else own
@@ -731,19 +734,13 @@ def protocol_gap_table(rows: Iterable[dict[str, Any]], method_order: Sequence[st
                  align="lllllrrrl", caption=GAPS_TITLE, notes=[GAPS_NOTE])
 
 
-def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = ()) -> list[str]:
+def protocol_gaps(rows: Iterable[dict[str, Any]], method_order: Sequence[str] = (),
+                  facts: FactsMap | None = None) -> list[str]:
     """Markdown lines of :func:`protocol_gap_table` under its heading; empty without such a dataset."""
-    table = protocol_gap_table(rows, method_order)
+    table = protocol_gap_table(rows, method_order, facts)
     if table is None:
         return []
     return [f"## {GAPS_TITLE}", "", GAPS_NOTE, "", *replace(table, caption="", notes=[]).markdown().split("\n")]
-
-
-def _counterparts(suite: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
-    """The counterparts the registered suite class ``suite`` declares (none for an unregistered one or a factory
-    function)."""
-    cls = SUITES.get(suite, None)
-    return cls.counterparts if isinstance(cls, type) and issubclass(cls, Suite) else {}
 
 
 NotesMap = Mapping[tuple[str, str], Sequence[str]]
@@ -825,14 +822,16 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
 
 
 def write_summary(out_dir: str | Path, rows: Iterable[dict[str, Any]], *, specs: SpecMap | None = None,
-                  method_order: Sequence[str] = (), dataset_order: Sequence[str] = ()) -> list[SummaryRow]:
+                  method_order: Sequence[str] = (), dataset_order: Sequence[str] = (),
+                  facts: FactsMap | None = None) -> list[SummaryRow]:
     """Write ``summary.csv`` and ``summary.md`` (with the protocol notes under each table) atomically; return
     the summary."""
     rows = list(rows)
-    summary = summarize(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
-    curves = summarize_by_edits(rows, specs=specs, method_order=method_order, dataset_order=dataset_order)
+    summary = summarize(rows, specs=specs, method_order=method_order, dataset_order=dataset_order, facts=facts)
+    curves = summarize_by_edits(rows, specs=specs, method_order=method_order, dataset_order=dataset_order,
+                                facts=facts)
     atomic_write_text(Path(out_dir) / SUMMARY_CSV, to_csv(summary))
-    gaps = protocol_gaps(rows, method_order)
+    gaps = protocol_gaps(rows, method_order, facts)
     markdown = to_markdown(summary, specs=specs, notes=protocol_notes(rows), curves=curves,
                            breaks=break_points(rows) if curves else ())
     atomic_write_text(Path(out_dir) / SUMMARY_MD, markdown + ("\n" + "\n".join(gaps) + "\n" if gaps else ""))

@@ -20,11 +20,10 @@ are documented in each module:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from editscope.errors import EditscopeError
-from editscope.metrics.registry import MetricSpec
 from editscope.registry import Registry
 from editscope.suites.base import Suite, SuiteFigure
 from editscope.suites.collateral import CollateralSuite
@@ -76,20 +75,6 @@ def get_suite(name: str, **options: Any) -> Suite:
         raise EditscopeError(f"suite {name!r}: bad options {sorted(options)}: {exc}") from None
 
 
-def measures_whole_model(name: str) -> bool:
-    """Whether the registered suite ``name`` measures the model as a whole (``chooses_edits = False``: every case of
-    a probe carries the same value, so an interval over cases says nothing)."""
-    factory = SUITES.get(name, None)
-    return isinstance(factory, type) and issubclass(factory, Suite) and not factory.chooses_edits
-
-
-def edit_info_curves(name: str) -> Mapping[str, MetricSpec]:
-    """The ``edit_info`` quantities the registered suite ``name`` shows with its curves (:attr:`Suite.edit_info_curves`;
-    empty for a suite registered as a plain factory)."""
-    factory = SUITES.get(name, None)
-    return factory.edit_info_curves if isinstance(factory, type) and issubclass(factory, Suite) else {}
-
-
 __all__ = ["SUITES", "CollateralSuite", "CounterFactSuite", "EvkSuite", "OneToNSuite", "PeakSuite",
-           "PortabilitySuite", "Suite", "SuiteFigure", "WeightDriftSuite", "WildSuite", "ZsreSuite", "edit_info_curves",
-           "get_suite", "measures_whole_model", "register_suite"]
+           "PortabilitySuite", "Suite", "SuiteFigure", "WeightDriftSuite", "WildSuite", "ZsreSuite", "get_suite",
+           "register_suite"]
