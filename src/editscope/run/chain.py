@@ -1,9 +1,12 @@
-"""Lifelong chains (runner ``mode: sequential_batches``): the rounds of one group, edited with one method, with a
-checkpoint file after every checkpoint round so that a killed run resumes at its last checkpoint.
+"""The edits of one group with one method, in every mode: one loop over the mode's steps (:class:`GroupChain`).
+
+A single or batch group is one step; a ``sequential`` group one step per case, each on the model the previous ones
+left; a lifelong chain (``mode: sequential_batches``) one round per batch, with a checkpoint file after every
+checkpoint round so that a killed run resumes at its last checkpoint (the mode says which: ``resumable``).
 
 Round t applies one edit of the requests of cases (t-1)·B..t·B-1, the editor's sequential state carried through
 the rounds; after each checkpoint round (every k-th round, or the listed rounds; never the last round, whose probe
-is the final rows: :meth:`editscope.run.plan.Lifelong.is_checkpoint`) :meth:`LifelongChain.rounds`
+is the final rows: :meth:`editscope.run.plan.Lifelong.is_checkpoint`) :meth:`GroupChain.rounds`
 yields a checkpoint probe: the runner turns it into rows and writes them (flush + fsync) before asking for the
 next round, and only then is the chain's state saved to ``chains/<dataset>-g<group>-<method>-<hash>.safetensors``
 (:class:`ChainCheckpoint`; temp file + rename, one file per chain, overwritten at each checkpoint, deleted when
@@ -52,7 +55,7 @@ from editscope.integrity import seal, verify
 
 if TYPE_CHECKING:
     from editscope.lm.bundle import Bundle
-    from editscope.run.plan import Lifelong
+    from editscope.run.plan import Single
     from editscope.run.trial import Edits, Probes, Trial
 
 FORMAT = "editscope-chain-1"
@@ -233,14 +236,15 @@ class ChainHost:
     log: Callable[[str], None] = print
 
 
-class LifelongChain:
-    """The rounds of one ``sequential_batches`` group with one method (see the module docstring).
+class GroupChain:
+    """The steps of one group with one method, in any mode (see the module docstring).
 
-    ``trial`` edits and probes (its seeds); ``mode`` (:class:`~editscope.run.plan.Lifelong`) cuts the group into
-    rounds and picks each checkpoint's cases; ``log`` is the group's :class:`~editscope.run.trial.Edits`; ``todo``
-    the (case index, edits_applied) units whose rows are still missing."""
+    ``trial`` edits and probes (its seeds); ``mode`` (:mod:`editscope.run.plan`) cuts the group into steps, seeds
+    each, says which end with a checkpoint probe and picks its cases, and whether the chain saves and resumes a
+    checkpoint file; ``log`` is the group's :class:`~editscope.run.trial.Edits`; ``todo`` the (case index,
+    edits_applied) units whose rows are still missing."""
 
-    def __init__(self, trial: Trial, mode: Lifelong, block: Any, g: int, members: list[int], engine: Any,
+    def __init__(self, trial: Trial, mode: Single, block: Any, g: int, members: list[int], engine: Any,
                  log: Edits, todo: set[tuple[int, int | None]], host: ChainHost) -> None:
         self.trial, self.mode, self.block, self.g, self.members = trial, mode, block, g, members
         self.engine, self.log, self.todo, self.host = engine, log, todo, host
@@ -302,20 +306,20 @@ class LifelongChain:
         ChainCheckpoint.capture(self.log.bundle, self.state, meta).save(self.path)
 
     def rounds(self, new_state: Callable[[], Any]) -> Iterator[tuple[int, int, list[int], Probes]]:
-        """Edit round after round (from the last checkpoint, if any); yield each checkpoint's probe
-        ``(round, edits applied, positions in members of the cases probed, probes)`` whose rows are wanted, and save
-        the checkpoint file once the caller asks for the next (its rows are written by then)."""
+        """Edit step after step (from the last checkpoint, if any); yield each checkpoint's probe ``(round, edits
+        applied, positions in members of the cases probed, probes)`` whose rows are wanted, and save the checkpoint
+        file once the caller asks for the next (its rows are written by then)."""
         block, trial, hook = self.block, self.trial, self.host.lm_eval_hook
-        done = self._resume()
+        done = self._resume() if self.mode.resumable else 0
         if done == 0:
             self.state = new_state()
         applied = self._applied_after(done)
         for r, chunk in enumerate(self.chunks[done:], start=done + 1):
             requests = [req for i in chunk for req in block.requests[i]]
-            first, last = block.cases[chunk[0]].case_id, block.cases[chunk[-1]].case_id
-            # seeded per round: a resumed chain edits round r exactly as an uninterrupted one
+            seeded, round_ = self.mode.edit_seeding(r)
             trial.edit(self.log, requests, self.state, engine=self.engine, group=self.g, n_cases=len(chunk),
-                       where=f"round {r} (cases {first}..{last})", round_=(r,))
+                       where=self.mode.step_name(r, [block.cases[i].case_id for i in chunk]), round_=round_,
+                       seeded=seeded)
             applied += len(requests)
             if hook is not None:  # lm-eval tasks when this many edits is a chosen checkpoint
                 hook.checkpoint(self.log.bundle, dataset=block.label, group=self.g, method=trial.label, round_=r,
@@ -327,7 +331,8 @@ class LifelongChain:
             if any((self.members[k], applied) in self.todo for k in positions):
                 cases = [block.cases[self.members[k]] for k in positions]
                 yield r, applied, positions, trial.probe(self.engine, cases, self.g, "post", f"round {r}")
-            self._save(r, applied)  # after its rows are written: a kill from here on resumes after round r
+            if self.mode.resumable:
+                self._save(r, applied)  # after its rows are written: a kill from here on resumes after round r
 
     def finished(self) -> None:
         """The chain's final rows are written: its checkpoint file is no longer needed."""

@@ -44,6 +44,8 @@ class Single:
     name = "single"
     chained = False
     edits = True
+    #: whether a group's chain saves a checkpoint file after each checkpoint round and resumes from it
+    resumable = False
 
     @property
     def group_size(self) -> int:
@@ -71,6 +73,26 @@ class Single:
 
     def stratum(self, position: int, n_edited: int, group_size: int) -> tuple[bool, int] | None:
         """The stratum a probed row stands for where a probe took a sample (None: the rows are no sample)."""
+        return None
+
+    def is_checkpoint(self, r: int, n_rounds: int) -> bool:
+        """Whether step ``r`` (1-based) of ``n_rounds`` ends with a probe before the group's last step: never here
+        (:class:`Lifelong` probes between rounds)."""
+        return False
+
+    def edit_seeding(self, r: int) -> tuple[bool, tuple[int, ...]]:
+        """How step ``r`` (1-based) of a group is seeded: (seeded by its identity, the round tag of that seed). The
+        first step is; a ``sequential`` group's later edits continue the group's random stream."""
+        return r == 1, ()
+
+    def step_name(self, r: int, case_ids: Sequence[str]) -> str:
+        """The cases of step ``r``, as an editor's error names them."""
+        return f"case {case_ids[0]}" if len(case_ids) == 1 else f"cases {case_ids[0]}..{case_ids[-1]}"
+
+    def row_fields(self, position: int, rnd: int, edits: int, checkpoint: bool, group_size: int
+                   ) -> dict[str, Any] | None:
+        """What a row records of the probe that made it (None here; :class:`Lifelong`: the round, the edits on the
+        model, whether it is a checkpoint row and, for a sampled probe, its stratum)."""
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,7 +132,7 @@ class Sequential(Batch):
 
 @dataclass(frozen=True)
 class Lifelong(Single):
-    """``rounds`` edits of ``batch`` cases each, chained (:class:`editscope.run.chain.LifelongChain`); after each
+    """``rounds`` edits of ``batch`` cases each, chained (:class:`editscope.run.chain.GroupChain`); after each
     checkpoint round the cases edited so far are probed (the earlier ones: a fixed random sample of ``reprobe``
     once there are more). ``checkpoints`` names the checkpoint rounds: an int k, every k-th round (0: none), or a
     tuple of round numbers (1-based, increasing), e.g. a log scale that follows the first rounds closely and a long
@@ -136,6 +158,7 @@ class Lifelong(Single):
     orders: int = 1
     name = "sequential_batches"
     chained = True
+    resumable = True
 
     @property
     def group_size(self) -> int:
@@ -186,6 +209,21 @@ class Lifelong(Single):
             return None
         new = self._new(n_edited)
         return (True, new) if position >= n_edited - new else (False, n_edited - new)
+
+    def edit_seeding(self, r: int) -> tuple[bool, tuple[int, ...]]:
+        """Every round seeded by its identity: a resumed chain edits round r exactly as an uninterrupted one."""
+        return True, (r,)
+
+    def step_name(self, r: int, case_ids: Sequence[str]) -> str:
+        return f"round {r} (cases {case_ids[0]}..{case_ids[-1]})"
+
+    def row_fields(self, position: int, rnd: int, edits: int, checkpoint: bool, group_size: int
+                   ) -> dict[str, Any] | None:
+        fields: dict[str, Any] = {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
+        stratum = self.stratum(position, min(rnd * self.batch, group_size), group_size)
+        if stratum is not None:  # a sampled probe: the row stands for the cases of its stratum
+            fields["stratum"] = list(stratum)
+        return fields
 
     def to_dict(self) -> dict[str, Any]:
         """``reprobe`` is recorded where it changes what is probed (so older runs keep their digest), ``sampled``

@@ -13,7 +13,7 @@ edit of the requests of cases (t-1)·B..t·B-1 with the editor's sequential stat
 every k-th round (k > 0; or the rounds a list names) the cases edited so far are probed (checkpoint rows,
 ``checkpoint: true``, written as soon as the probe ends), after the last round every case of the group (the rows
 summaries use); rows record ``edits_applied`` (requests on the model when it was probed) and ``round``. The rounds
-are :class:`editscope.run.chain.LifelongChain`, which saves the chain's state after each checkpoint's rows and
+are :class:`editscope.run.chain.GroupChain`, which saves the chain's state after each checkpoint's rows and
 resumes a killed chain there. ``probe_only`` (``methods: [none]``): no edit; one row per case with method ``none``
 holding only the pre-edit (``NAME_pre``) metrics and ``post: {}``. Pre-edit probes always come from the unedited
 model (before the group's first edit), so locality compares against the unedited model's answers in every mode.
@@ -56,7 +56,7 @@ from editscope.progress import listening
 from editscope.rowdigest import FORMAT as ROW_FORMAT
 from editscope.rowdigest import RUN_FLAG as ROW_RUN_FLAG
 from editscope.run.blocks import Block, assign_groups, load_blocks
-from editscope.run.chain import ChainHost, LifelongChain, remove_chain_files
+from editscope.run.chain import ChainHost, GroupChain, remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
@@ -494,29 +494,18 @@ class Runner:
         assert trial.method is not None
         label, editor, mode = trial.label, trial.method.editor, self.mode
         save_to = self.out_dir / "patches" / label if self.config.save_patches else None
-        chain = None
         with trial.edits(self.bundle, chained=mode.chained, save_to=save_to, stem=f"{block.label}-g{g:05d}") as log:
-            if isinstance(mode, Lifelong):
-                chain = LifelongChain(trial, mode, block, g, members, engine, log, todo, self._chain_host())
-                for probe in chain.rounds(lambda: self._new_state(label, editor)):
-                    yield from self._rows(trial, block, g, members, pre, log, probe, todo, checkpoint=True)
-                state = chain.state
-            else:
-                state = self._new_state(label, editor)
-                for step, cases in enumerate(mode.steps(members)):
-                    ids = [block.cases[i].case_id for i in cases]
-                    where = f"case {ids[0]}" if len(ids) == 1 else f"cases {ids[0]}..{ids[-1]}"
-                    # one seed per group: the edits after the first continue the group's random stream
-                    trial.edit(log, [r for i in cases for r in block.requests[i]], state, engine=engine, group=g,
-                               n_cases=len(cases), where=where, seeded=step == 0)
+            chain = GroupChain(trial, mode, block, g, members, engine, log, todo, self._chain_host())
+            for probe in chain.rounds(lambda: self._new_state(label, editor)):  # one loop for every mode
+                yield from self._rows(trial, block, g, members, pre, log, probe, todo, checkpoint=True)
+            state = chain.state
             if label not in self._state_templates:
                 self._state_templates[label] = state.without_edits()
             positions = mode.final_positions(len(members), trial.reprobe_seed(g))
             final = (len(log.records), sum(len(block.requests[i]) for i in members), positions,
                      trial.probe(engine, [block.cases[members[k]] for k in positions], g))
         yield from self._rows(trial, block, g, members, pre, log, final, todo)
-        if chain is not None:
-            chain.finished()
+        chain.finished()
 
     def _rows(self, trial: Trial, block: Block, g: int, members: list[int], pre: Probes, log: Edits | None,
               probe: tuple[int, int, list[int], Probes], todo: set[Unit], *, checkpoint: bool = False
@@ -529,7 +518,7 @@ class Runner:
             i = members[k]
             if (i, edits if checkpoint else None) not in todo:
                 continue
-            lifelong = self._lifelong_fields(k, rnd, edits, checkpoint, len(members))
+            lifelong = self.mode.row_fields(k, rnd, edits, checkpoint, len(members))
             row = trial.row(block.cases[i], i, model=self.bundle.name, mode=self.mode.label, group=g,
                             group_size=len(members), requests=block.requests[i], pre=pre.of(k),
                             post=post.of(j) if log is not None else None, eval_seconds=post.seconds,
@@ -537,17 +526,6 @@ class Runner:
                             edit_info=log.info(k) if log is not None else None, lifelong=lifelong)
             rows.append(row.to_dict())
         return rows
-
-    def _lifelong_fields(self, k: int, rnd: int, edits: int, checkpoint: bool, size: int) -> dict[str, Any] | None:
-        """What a ``sequential_batches`` row records of the probe that made it (None in other modes): the position
-        ``k`` of its case in a group of ``size`` probed after round ``rnd``."""
-        if not isinstance(self.mode, Lifelong):
-            return None
-        fields: dict[str, Any] = {"checkpoint": checkpoint, "edits_applied": edits, "round": rnd}
-        stratum = self.mode.stratum(k, min(rnd * self.mode.batch, size), size)
-        if stratum is not None:  # a sampled probe: the row stands for the cases of its stratum
-            fields["stratum"] = list(stratum)
-        return fields
 
     def _chain_host(self) -> ChainHost:
         return ChainHost(self.out_dir, self.config.digest(self.runtime.settings()), self.lm_eval_hook, self.log)
