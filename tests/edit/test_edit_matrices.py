@@ -139,6 +139,8 @@ def test_a_matrix_the_family_lacks_or_an_unknown_name_is_one_line(tiny_bundles):
     hp = editor.load_hparams(gpt2).replace(modules=["gate"])
     with pytest.raises(EditscopeError, match="gpt2 architecture has no separate gate projection"):
         editor.compute_patch(gpt2, TURN[:1], hp)
+    with pytest.raises(EditscopeError, match="gpt2 architecture has no separate gate projection"):
+        editor.load_hparams(gpt2, overrides={"modules": ["gate"]})  # before any work, where a run loads them
     with pytest.raises(EditscopeError, match="key 'modules': 'fc' is not one of gate, up, down"):
         hp.replace(modules=["fc"])
     with pytest.raises(EditscopeError, match="key 'modules': a matrix is named twice"):

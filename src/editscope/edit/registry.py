@@ -224,8 +224,12 @@ class Editor:
             if isinstance(model, Bundle) and shipped_hparams_path(self.name, model_name) is None:
                 # a local folder holding a registry model's weights (same fingerprint) gets that model's hparams
                 model_name = registry_name_of(model.base_fingerprint) or model_name
-            return resolve_hparams(self.name, self.hparams_class, model_name, arch, overrides, overrides_label)
-        return load_yaml(path, self.hparams_class, overrides, n_layers, overrides_label)
+            hp = resolve_hparams(self.name, self.hparams_class, model_name, arch, overrides, overrides_label)
+        else:
+            hp = load_yaml(path, self.hparams_class, overrides, n_layers, overrides_label)
+        if isinstance(model, Bundle):
+            self.param_names(model, hp)  # a matrix the family lacks (``modules: [gate]`` on GPT-2) fails before work
+        return hp
 
     def apply(self, bundle: Bundle, requests: Sequence[EditRequest] | EditRequest, hparams: HParams | None = None,
               state: EditState | None = None, *, engine: ScoringEngine | None = None,
