@@ -5,9 +5,9 @@ The driver is an ordinary :class:`~editscope.run.runner.Runner` with a :class:`R
 lock, warms the layer statistics (cached on disk, so actors on the same machine read them), finds the rows still
 to do (resume) and appends every row with the usual writer. Only where the tasks run differs: each task —
 one group, so a sequential chain stays on one actor — goes to an idle one of N actors; each actor loads the model,
-statistics and hparams once (its own in-process Runner) and returns the group's rows, which the driver appends in
-group order as groups complete. Rows equal the in-process run's (per-group seeds are derived from the config, not
-from the order groups run in or the actor that runs them).
+statistics and hparams once (its own :class:`~editscope.run.worker.GroupWorker`) and returns the group's rows, which
+the driver appends in group order as groups complete. Rows equal the in-process run's (per-group seeds are derived
+from the config, not from the order groups run in or the actor that runs them).
 
 A worker that dies (killed, out of memory, its node lost) costs only its group in flight: the group goes back to
 the front of the queue for a surviving worker, at most :data:`MAX_ATTEMPTS` times per group. When no worker is
@@ -31,8 +31,9 @@ from editscope.errors import EditscopeError
 from editscope.integrity import note_unverified, trusted, trusting
 from editscope.run.blocks import Block
 from editscope.run.config import RunConfig
-from editscope.run.runner import Runner, Task, Work
+from editscope.run.runner import Runner, Task
 from editscope.run.store import RESULTS
+from editscope.run.worker import GroupWorker, Work
 
 #: how long a local raylet waits for its helper agents' port files: Ray's default aborts the node when a loaded
 #: machine starts the agents' Python slower than that (ray-project/ray#65983; measured here: 40 s at load 12 on 2
@@ -59,7 +60,8 @@ def _ray():
 
 
 class _GroupWorker:
-    """One actor: a Runner on its own copy of the model, executing whole groups.
+    """One actor: a :class:`~editscope.run.worker.GroupWorker` on its own copy of the model, executing whole groups
+    (the driver's Runner keeps the plan, the lock and the results file).
 
     ``trust`` is the driver's ``--trust-unverified`` (:func:`editscope.integrity.trusted`): the actor is another
     process, which the driver's trust context does not reach, and it reads the files a group continues from (chain
@@ -73,19 +75,19 @@ class _GroupWorker:
         self.trust = trust
         # The driver's output directory: the actor writes only the patches of ``save_patches`` there (the driver
         # holds the lock and appends the rows); on a cluster it must be a path every node shares.
-        self.runner = Runner(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
-                             suite_factories=suite_factories)
+        self.worker = GroupWorker(config, out_dir=out_dir, limit=limit, progress=False, log=lambda _msg: None,
+                                  suite_factories=suite_factories)
         with trusting(trust) as used:
-            self.work = self.runner.prepare()
+            self.work = self.worker.prepare()
         self.pending = list(used)  # accepted unverified while preparing: reported with the first group's rows
 
     def fingerprint(self) -> str:
-        return self.runner.bundle.fingerprint
+        return self.worker.bundle.fingerprint
 
     def run_group(self, b: int, g: int, members: list[int], todo: dict[str, set]) -> dict[str, Any]:
         """The group's rows, and the files accepted unverified since the last call."""
         with trusting(self.trust) as used:
-            rows = list(self.runner.group_rows(self.work, b, g, members, todo))
+            rows = list(self.worker.group_rows(self.work, b, g, members, todo))
         unverified, self.pending = [*self.pending, *used], []
         return {"rows": rows, "unverified": unverified}
 

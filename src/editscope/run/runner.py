@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,26 +42,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from editscope.atomic import atomic_write_text
-from editscope.data import DATASETS, dataset_path
-from editscope.data.records import Case
 from editscope.edit.objective import independent_edits
-from editscope.edit.registry import get_editor
 from editscope.edit.runtime import ENV, EditRuntime
 from editscope.errors import EditscopeError
 from editscope.finite import REASONS_KEY
 from editscope.integrity import unverified
-from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.progress import listening
 from editscope.rowdigest import FORMAT as ROW_FORMAT
 from editscope.rowdigest import RUN_FLAG as ROW_RUN_FLAG
-from editscope.run.blocks import Block, assign_groups, load_blocks
-from editscope.run.chain import ChainHost, GroupChain, remove_chain_files
+from editscope.run.blocks import Block, load_blocks
+from editscope.run.chain import remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
-from editscope.run.lengths import check_lengths
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
-from editscope.run.plan import Lifelong, Single, Unit, base_label
-from editscope.run.planned import check_reach
+from editscope.run.plan import Lifelong, Single, Unit
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
@@ -77,9 +71,10 @@ from editscope.run.store import (
     unit_key,
     write_results,
 )
-from editscope.run.suites import SuiteFactory, SuiteFacts, declarations_to_json
+from editscope.run.suites import SuiteFactory, declarations_to_json
 from editscope.run.summary import SummaryRow, results_text, write_summary
-from editscope.run.trial import Edits, Method, PreProbeCache, Probes, Trial
+from editscope.run.trial import PreProbeCache, Trial
+from editscope.run.worker import GroupWorker, Work
 
 FORMAT = "editscope-run-1"
 VERSION_PACKAGES = ("editscope", "torch", "transformers", "numpy")
@@ -126,16 +121,6 @@ def _now() -> str:
 
 #: one unit the executor runs: (block index, group index, the group's case indices, the units to do per method)
 Task = tuple[int, int, list[int], dict[str, set[Unit]]]
-
-
-@dataclass
-class Work:
-    """What :meth:`Runner.prepare` loaded: the blocks (cut into this shard's groups), each method by label, the
-    engine."""
-
-    blocks: list[Block]
-    methods: dict[str, Method]
-    engine: ScoringEngine
 
 
 class Executor(Protocol):
@@ -199,62 +184,35 @@ class Runner:
         self.progress = progress
         self.on_row = on_row
         self.suite_factories = dict(suite_factories or {})
-        self.bundle = bundle
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
-        #: how edits are computed: the config's runtime settings, the environment's defaults for the others
-        self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime")
-        self._state_templates: dict[str, Any] = {}
-        self._declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by prepare)
-        self._facts: dict[str, SuiteFacts] = {}  # suite name -> what the summary needs of it (set by prepare)
-        self.lm_eval_hook = None  # LmEvalHook of the config's lm_eval key (set by _run_locked)
+        #: executes the groups in this process (an executor hands it the tasks; a Ray actor holds its own)
+        self.worker = GroupWorker(config, out_dir=self.out_dir, limit=limit, shard=shard,
+                                  suite_factories=self.suite_factories, bundle=bundle, log=self.log,
+                                  progress=progress, pre_probes=pre_probes)
         self._row_digests = True  # whether run.json says every row carries a digest (set by _check_existing)
-        self._prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
         self._threads: list[int] = []  # the torch thread counts rows were computed with (set by _check_existing)
         self.mode = config.mode
         #: where the tasks run: in this process (:class:`LocalExecutor`), or e.g. on Ray actors
         self.executor = executor or LocalExecutor()
         self.executor.check(config)
-        #: the unedited model's probes shared with other runs of the same cases (a tune's candidates), or None
-        self.pre_probes = pre_probes
 
-    # -- set-up -------------------------------------------------------------------------------------------
+    @property
+    def bundle(self) -> Bundle | None:
+        """The model (loaded by :meth:`GroupWorker.prepare` unless given)."""
+        return self.worker.bundle
+
+    @property
+    def runtime(self) -> EditRuntime:
+        return self.worker.runtime
+
     def prepare(self) -> Work:
-        """Load what the run needs, checked before any work: the blocks' cases and suites (cut into this shard's
-        groups), the model, each method's editor and hparams, the scoring engine."""
-        blocks = load_blocks(self.config, limit=self.limit, suite_factories=self.suite_factories)
-        if self.limit is None:  # a --limit trial run stops short of the config's checkpoints by design
-            check_reach(self.config, blocks)
-        self._declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
-        self._facts = {name: SuiteFacts.of(s) for b in blocks for name, s in b.suites.items()}
-        # editors report what a suite's curves show of their rounds (a solve's condition number) only when asked
-        self.runtime.diagnostics = any(s.edit_info_curves for b in blocks for s in b.suites.values())
-        assign_groups(blocks, self.mode.group_size, self.shard)
-        if self.bundle is None:
-            from editscope.lm import load
+        """What the run needs, loaded and checked before any work (:meth:`GroupWorker.prepare`)."""
+        return self.worker.prepare()
 
-            self.log(f"loading model {self.config.model}")
-            self.bundle = load(self.config.model, progress=self.log, device=self.config.device,
-                               dtype=self.config.dtype)
-        bundle = self.bundle
-        if self.config.chat_template:  # a tokenizer without one fails here, before any work
-            ChatFormat.of(bundle.tokenizer, bundle.name)
-        specs = {b.label: b for b in self.config.blocks}
-        for block in blocks:  # before any edit: every text fits
-            spec = specs[base_label(block.label)[0]]
-            check_lengths(bundle, str(dataset_path(spec.dataset)) if spec.dataset in DATASETS else spec.dataset,
-                          block.cases)
-        methods = {}
-        for spec in self.config.methods:
-            if not self.mode.edits:  # method "none": nothing to load
-                continue
-            editor = get_editor(spec.name)
-            editor.check_model(bundle)  # an unsupported family fails here, before any work
-            hp = editor.load_hparams(bundle, spec.hparams, spec.overrides or None, f"method {spec.label!r}: override")
-            methods[spec.label] = Method(spec.label, editor, hp, tuple(spec.attached_plugins()))
-            _check_context_suites(spec.label, editor, blocks)
-        engine = ScoringEngine(bundle, chat_template=self.config.chat_template)
-        self._prompt_format = engine.prompt_format
-        return Work(blocks, methods, engine)
+    def group_rows(self, work: Work, b: int, g: int, members: list[int], todo: dict[str, set[Unit]]
+                   ) -> Iterator[dict[str, Any]]:
+        """One task's rows (:meth:`GroupWorker.group_rows`)."""
+        return self.worker.group_rows(work, b, g, members, todo)
 
     def _run_json(self, started: str, status: str, rows: int, finished: str | None = None) -> dict[str, Any]:
         bundle = self.bundle
@@ -275,8 +233,8 @@ class Runner:
             "status": status,
             "rows": rows,
             "argv": sys.argv,
-            "metrics": declarations_to_json(self._declared, self._facts),
-        } | ({"prompt_format": self._prompt_format} if self._prompt_format else {}) | (
+            "metrics": declarations_to_json(self.worker.declared, self.worker.facts),
+        } | ({"prompt_format": self.worker.prompt_format} if self.worker.prompt_format else {}) | (
             {"unverified_files": unverified()} if unverified() else {}) | (
             {"lm_eval_version": _lm_eval_version()} if self.config.lm_eval else {}) | (
             {ROW_RUN_FLAG: ROW_FORMAT} if self._row_digests else {})
@@ -393,25 +351,25 @@ class Runner:
         methods = [m.label for m in self.config.methods]
 
         def missing(block: Block, g: int, members: list[int], label: str) -> set[Unit]:
-            return {(i, e) for i, e in self._units(block, g, members)
+            return {(i, e) for i, e in self.worker.units(block, g, members)
                     if unit_key(block.label, block.cases[i].case_id, label, e) not in done}
 
         pending = sum(len(missing(b, g, members, m)) for b in blocks for g, members in b.groups for m in methods)
-        total = sum(len(self._units(b, g, members)) for b in blocks for g, members in b.groups) * len(methods)
+        total = sum(len(self.worker.units(b, g, members)) for b in blocks for g, members in b.groups) * len(methods)
         planned = {"planned_rows": total}  # what the report and a models rerun count the rows against
         atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, "running", len(existing)) | planned))
         if done:
             self.log(f"resuming {self.out_dir}: {total - pending} of {total} rows done")
         if pending:
-            self._warm_stats(work.methods.values())
+            self.worker.warm_stats(work.methods.values())
         if self.config.lm_eval is not None:  # lm-evaluation-harness at chain checkpoints (editscope.run.lmeval)
             from editscope.run.lmeval import LmEvalHook
 
             every, batch = (self.mode.checkpoints, self.mode.batch) if isinstance(self.mode, Lifelong) else (0, 0)
-            self.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=every,
-                                           batch=batch, chat_template=self.config.chat_template,
-                                           log=self.log)
-            self.lm_eval_hook.baseline(bundle)
+            self.worker.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=every,
+                                                  batch=batch, chat_template=self.config.chat_template,
+                                                  log=self.log)
+            self.worker.lm_eval_hook.baseline(bundle)
         written, status, failure = 0, "interrupted", {}
         own = self.config.digest(self.runtime.settings())
         from tqdm import tqdm
@@ -421,7 +379,7 @@ class Runner:
             with ResultsWriter(self.out_dir / RESULTS) as writer:
                 tasks = [(b, g, members, todo) for b, block in enumerate(blocks) for g, members in block.groups
                          if any((todo := {m: missing(block, g, members, m) | lm_eval_units(
-                             self.lm_eval_hook, block, g, members, m) for m in methods}).values())]
+                             self.worker.lm_eval_hook, block, g, members, m) for m in methods}).values())]
                 # closing(): on an error here the edit generators restore the weights now, not when the
                 # traceback holding their frames is collected
                 with closing(self.executor.run(self, work, tasks)) as produced, \
@@ -441,129 +399,12 @@ class Runner:
         finally:
             bar.close()
             rows = read_results(self.out_dir / RESULTS)
-            summary = write_summary(self.out_dir, rows, specs=self._declared, facts=self._facts,
+            summary = write_summary(self.out_dir, rows, specs=self.worker.declared, facts=self.worker.facts,
                                     method_order=methods, dataset_order=self.config.block_labels())
             atomic_write_text(self.out_dir / RUN_JSON, _json(self._run_json(started, status, len(rows), _now())
                                                              | planned | failure))
         return RunResult(self.out_dir, written, total - pending, len(rows), summary,
-                         results_text(summary, self._declared))
-
-    def group_rows(self, work: Work, b: int, g: int, members: list[int], todo: dict[str, set[Unit]]
-                   ) -> Iterator[dict[str, Any]]:
-        """One task (block ``b``'s group ``g``): pre probes from the unedited model, then each method's rows (edit,
-        probe, restore) of the units in ``todo[method]``."""
-        block, engine = work.blocks[b], work.engine
-        trial = self._trial(block)
-        positions = self.mode.pre_positions(len(members), trial.reprobe_seed(g))
-        cases = [block.cases[members[k]] for k in positions]
-
-        def probe() -> Probes:
-            return trial.probe(engine, cases, g, "pre").at(positions, len(members))
-
-        pre = probe() if self.pre_probes is None else self.pre_probes.get(
-            self.pre_key(engine, block, g, cases, positions, len(members)), probe)
-        for label in [m.label for m in self.config.methods]:
-            if not todo[label]:
-                continue
-            if not self.mode.edits:  # probe_only: the unedited model's rows
-                probe = (0, 0, list(range(len(members))), pre)
-                yield from self._rows(self._trial(block), block, g, members, pre, None, probe, todo[label])
-            else:
-                yield from self._edit_group(self._trial(block, work.methods[label]), block, g, members, pre, engine,
-                                            todo[label])
-
-    def pre_key(self, engine: ScoringEngine, block: Block, g: int, cases: Sequence[Case], positions: Sequence[int],
-                size: int) -> tuple:
-        """Everything a group's pre probe depends on: the config but its methods (model, seed, datasets, suites,
-        mode), the runtime settings, the weights, the group and the cases probed at their positions."""
-        return (self.config.digest(self.runtime.settings(), without=("methods",)), engine.fingerprint, block.label, g,
-                tuple(c.case_id for c in cases), tuple(positions), size)
-
-    def _trial(self, block: Block, method: Method | None = None) -> Trial:
-        """The trial of ``method`` (None: the unedited model) on ``block``."""
-        return Trial(block.label, block.suites, method, self.runtime, self.config.seed, self._prompt_format)
-
-    def _units(self, block: Block, g: int, members: list[int]) -> list[Unit]:
-        """The rows one method writes for a group (:meth:`editscope.run.plan.Single.units`)."""
-        return self.mode.units(members, lambda i: len(block.requests[i]), self._trial(block).reprobe_seed(g))
-
-    def _edit_group(self, trial: Trial, block: Block, g: int, members: list[int], pre: Probes,
-                    engine: ScoringEngine, todo: set[Unit]) -> Iterator[dict[str, Any]]:
-        """Edit the group with one method, probe, restore; the rows of the units in ``todo``, each yielded as soon
-        as its probe is done (a lifelong chain's checkpoint rows while the chain goes on)."""
-        assert trial.method is not None
-        label, editor, mode = trial.label, trial.method.editor, self.mode
-        save_to = self.out_dir / "patches" / label if self.config.save_patches else None
-        with trial.edits(self.bundle, chained=mode.chained, save_to=save_to, stem=f"{block.label}-g{g:05d}") as log:
-            chain = GroupChain(trial, mode, block, g, members, engine, log, todo, self._chain_host())
-            for probe in chain.rounds(lambda: self._new_state(label, editor)):  # one loop for every mode
-                yield from self._rows(trial, block, g, members, pre, log, probe, todo, checkpoint=True)
-            state = chain.state
-            if label not in self._state_templates:
-                self._state_templates[label] = state.without_edits()
-            positions = mode.final_positions(len(members), trial.reprobe_seed(g))
-            final = (len(log.records), sum(len(block.requests[i]) for i in members), positions,
-                     trial.probe(engine, [block.cases[members[k]] for k in positions], g))
-        yield from self._rows(trial, block, g, members, pre, log, final, todo)
-        chain.finished()
-
-    def _rows(self, trial: Trial, block: Block, g: int, members: list[int], pre: Probes, log: Edits | None,
-              probe: tuple[int, int, list[int], Probes], todo: set[Unit], *, checkpoint: bool = False
-              ) -> list[dict[str, Any]]:
-        """The rows in ``todo`` of one probe ``(round, edits applied, positions in members of the cases probed,
-        probes)`` (the probes' j-th case is the one at the j-th position); ``log`` None: the unedited model's."""
-        rnd, edits, positions, post = probe
-        rows = []
-        for j, k in enumerate(positions):
-            i = members[k]
-            if (i, edits if checkpoint else None) not in todo:
-                continue
-            lifelong = self.mode.row_fields(k, rnd, edits, checkpoint, len(members))
-            row = trial.row(block.cases[i], i, model=self.bundle.name, mode=self.mode.label, group=g,
-                            group_size=len(members), requests=block.requests[i], pre=pre.of(k),
-                            post=post.of(j) if log is not None else None, eval_seconds=post.seconds,
-                            edit_seconds=log.seconds(k) if log is not None else 0.0,
-                            edit_info=log.info(k) if log is not None else None, lifelong=lifelong)
-            rows.append(row.to_dict())
-        return rows
-
-    def _chain_host(self) -> ChainHost:
-        return ChainHost(self.out_dir, self.config.digest(self.runtime.settings()), self.lm_eval_hook, self.log)
-
-    def _new_state(self, label: str, editor) -> Any:
-        """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;
-        AlphaEdit keeps its projectors, so the expensive part is computed once per method)."""
-        template = self._state_templates.get(label)
-        return template.without_edits() if template is not None else editor.new_state()
-
-    def _warm_stats(self, methods: Iterable[Method]) -> None:
-        """Compute the layer statistics every method will need in one pass per token budget and precision (instead
-        of one pass per method and layer set); they are cached on disk, so a later run reads them."""
-        from editscope.stats import second_moments
-
-        by_setting: dict[tuple[int, str], set[int]] = {}
-        for method in methods:
-            layers = method.editor.stats_layers(method.hp)
-            if layers:
-                key = (method.editor.stats_tokens(method.hp), method.editor.stats_dtype(method.hp))
-                by_setting.setdefault(key, set()).update(layers)
-        for (budget, dtype), layers in sorted(by_setting.items()):
-            self.log(f"layer statistics for layers {sorted(layers)} ({budget} tokens, {dtype}; cached after the "
-                     "first run)")
-            second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress,
-                           stats_dtype=dtype)
-
-def _check_context_suites(label: str, editor, blocks: Sequence[Block]) -> None:
-    """A context editor cannot be measured by a suite that perturbs prompt embeddings: one line before any work."""
-    if editor.kind != "context":
-        return
-    for block in blocks:
-        bad = [name for name, suite in block.suites.items() if suite.reads_prompt_embeddings]
-        if bad:
-            raise EditscopeError(f"method {label!r} is a context editor, and suite {bad[0]} of block {block.label} "
-                                 "scores prompts from perturbed embeddings, which cannot hold its context; drop the "
-                                 "suite for this method (a separate block or run)")
-
+                         results_text(summary, self.worker.declared))
 
 def bar_status(bar, every: float = 0.5) -> Callable[[str], None]:
     """A progress listener that shows the latest news after a tqdm bar, redrawn at most every ``every`` seconds:
