@@ -41,3 +41,15 @@ def test_the_results_and_report_load_no_model_library(module):
     and a suite imports torch only inside what runs on a model."""
     code = f"import sys, {module}; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lazy_package_names_are_the_defining_modules_objects():
+    code = ("import sys, editscope.lm as lm, editscope.run as run\n"
+            "assert 'torch' not in sys.modules\n"
+            "from editscope.lm.archs import ARCHS\n"
+            "from editscope.run.runner import Runner\n"
+            "assert lm.ARCHS is ARCHS and run.Runner is Runner and 'ARCHS' in vars(lm)\n"
+            "try:\n    lm.no_such_name\nexcept AttributeError as e:\n"
+            "    assert str(e) == \"module 'editscope.lm' has no attribute 'no_such_name'\"\n"
+            "else:\n    raise AssertionError('no error')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

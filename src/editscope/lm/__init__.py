@@ -5,8 +5,9 @@ protocol, which suites name in their signatures) does not load torch and transfo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from editscope.lazy import lazy_exports
 
 #: public name -> the module that defines it
 _WHERE = {"ARCHS": "editscope.lm.archs", "ArchMap": "editscope.lm.archs", "arch_for_config": "editscope.lm.archs",
@@ -18,12 +19,7 @@ if TYPE_CHECKING:
     from editscope.lm.loading import DEFAULT_MODEL, Bundle, load, prepare
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'editscope.lm' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = ["ARCHS", "ArchMap", "Bundle", "DEFAULT_MODEL", "arch_for_config", "load", "prepare"]

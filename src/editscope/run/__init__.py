@@ -5,8 +5,9 @@ summary) does not load the runner and the models behind it."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from editscope.lazy import lazy_exports
 
 #: public name -> the module that defines it
 _WHERE = {
@@ -25,12 +26,7 @@ if TYPE_CHECKING:
     from editscope.run.summary import summarize, write_summary
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'editscope.run' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = ["RunConfig", "RunResult", "Runner", "load_config", "merge_runs", "parse_config", "read_results",
