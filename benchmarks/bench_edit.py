@@ -7,7 +7,7 @@ For each method (its shipped hparams for the model) and each record, one edit's 
     only where the loss reads, no weight gradients; key forwards stop after the highest layer needed.
 (b) the reference algorithms' cost structure (kmeng01/rome ``compute_v``, kmeng01/memit ``compute_z``): every
     step a full forward of every row from the embeddings and a log-softmax over the full vocabulary at every
-    position (``EditRuntime(forward="plain")``).
+    position (``EditRuntime(RuntimeSettings(forward="plain"))``).
 
 (c) for ROME and MEMIT (``--batched``): the N records as runner ``mode: single`` edits them with
     runtime ``vstar_batch: N``: the v*/z of all N optimised together, one batched forward per step (each record
@@ -40,7 +40,7 @@ from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
 from editscope.edit.objective import independent_edits
-from editscope.edit.runtime import EditRuntime
+from editscope.edit.runtime import EditRuntime, RuntimeSettings
 from editscope.lm import load
 from editscope.lm.engine import ScoringEngine
 from editscope.paths import data_file
@@ -74,7 +74,7 @@ def bench_method(bundle, method: str, reqs: list[EditRequest], top: int, batched
     editor = get_editor(method)
     hp = editor.load_hparams(bundle)
     engine = ScoringEngine(bundle)
-    runtimes = {path: EditRuntime(forward=path) for path in ("fast", "plain")}
+    runtimes = {path: EditRuntime(RuntimeSettings(forward=path)) for path in ("fast", "plain")}
     for runtime in runtimes.values():  # ROME's template cache, per runtime
         context_templates(engine, hp.context_templates, hp.template_seed, cache=runtime.templates)
     # Warm-up outside the timing: statistics on disk, first-call costs, the state template (as the runner's).

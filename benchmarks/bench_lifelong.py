@@ -7,8 +7,9 @@
 (b) One batch of ``--z-batch`` requests: the ΔW of one batch edit computed as editscope does (the one optimiser,
     requests batched, the suffix-only forward) and with the reference code's cost structure (memit / AlphaEdit
     ``compute_z``: one request at a time, a full forward from the embeddings, a full-vocabulary log-softmax at every
-    position: ``EditRuntime(forward="plain", vstar_batch=1)``), and with editscope's forward one request at a time
-    (what batching alone buys; EVK-Edit ran so before its copies joined the main batch), same hparams, same process.
+    position: ``EditRuntime(RuntimeSettings(forward="plain", vstar_batch=1))``), and with editscope's forward one
+    request at a time (what batching alone buys; EVK-Edit ran so before its copies joined the main batch), same
+    hparams, same process.
     The two one-at-a-time structures may be timed on ``--ref-sample`` of the requests (their cost per request does
     not depend on the batch). Prints ``ratio X.XX`` = z seconds per request, reference / editscope, and the
     relative ΔW differences on a batch of the sampled requests (must be <= 1e-4).
@@ -48,7 +49,7 @@ from pathlib import Path
 import torch
 
 from editscope.data.counterfact import load_counterfact
-from editscope.edit import EditRuntime, get_editor
+from editscope.edit import EditRuntime, RuntimeSettings, get_editor
 from editscope.edit import registry as registry_module
 from editscope.edit.objective import solve as solve_module
 from editscope.lm import load
@@ -198,8 +199,8 @@ def part_b(bundle, args) -> None:
     k = min(args.ref_sample or len(reqs), len(reqs))
     sample = reqs if k == len(reqs) else [reqs[i] for i in sorted(random.Random(0).sample(range(len(reqs)), k))]
     editor.compute_patch(bundle, reqs[:1], hp.replace(v_steps=1))  # warm-up: statistics, first-call costs
-    runtimes = {"editscope": EditRuntime(), "one at a time": EditRuntime(vstar_batch=1),
-                "reference": EditRuntime(forward="plain", vstar_batch=1)}
+    runtimes = {"editscope": EditRuntime(), "one at a time": EditRuntime(RuntimeSettings(vstar_batch=1)),
+                "reference": EditRuntime(RuntimeSettings(forward="plain", vstar_batch=1))}
     deltas, edit_s, z_s = {}, {}, {}
     deltas["editscope"], edit_s["editscope"], z_s["editscope"] = _timed_patch(editor, bundle, reqs, hp,
                                                                               runtimes["editscope"])

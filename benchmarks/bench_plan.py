@@ -14,7 +14,8 @@ measured. Usage (CPU; one measurement at a time):
 hidden 1024, 28 layers, d_ff 3072, 16/8 heads of 128, vocab 151,936, tied embeddings; float32 safetensors and the
 SmolLM2 tokenizer, whose ids are < that vocab), built once under ``--real-size-dir``. After the measured edit (so
 the peak is its), each child times the same edit again with the statistics cached, under the default runtime and
-under the reference cost structure ``EditRuntime(forward="plain", vstar_batch=1)``; the row gives their ratio:
+under the reference cost structure ``EditRuntime(RuntimeSettings(forward="plain", vstar_batch=1))``; the row gives
+their ratio:
 
     python benchmarks/bench_plan.py --real-size qwen3-0.6b --set mom2_tokens=2048 --set v_steps=5
 """
@@ -65,7 +66,7 @@ def child(args: argparse.Namespace) -> None:
     from editscope.edit.budget import peak_rss
     from editscope.edit.hparams import parse_overrides
     from editscope.edit.registry import get_editor
-    from editscope.edit.runtime import EditRuntime
+    from editscope.edit.runtime import EditRuntime, RuntimeSettings
     from editscope.lm import load
 
     requests = _requests(args.requests)
@@ -77,7 +78,8 @@ def child(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - t0
     row = {"maxrss": peak_rss(), "seconds": seconds}
     if args.baseline:  # after the peak is read, statistics cached: the default runtime again, then the reference
-        for key, runtime in (("warm_seconds", EditRuntime()), ("baseline_seconds", EditRuntime("plain", 1))):
+        reference = EditRuntime(RuntimeSettings("plain", 1))
+        for key, runtime in (("warm_seconds", EditRuntime()), ("baseline_seconds", reference)):
             t0 = time.perf_counter()
             with edited(bundle, args.method, requests, hparams=hp, runtime=runtime):
                 pass

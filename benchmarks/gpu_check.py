@@ -7,8 +7,8 @@ no knowledge to preserve, so the statistics come from a small token budget (``--
 UltraEdit and AlphaEdit (that order: MEMIT's first edit computes the statistics of layers 4-8, which hold ROME's
 layer 5): the first edit's seconds (statistics, AlphaEdit's projectors), the peak device memory of the editor's
 edits, ``editscope plan``'s prediction of both beside them, then one more edit under the default runtime and the
-same edit under the reference code's cost structure ``EditRuntime(forward="plain", vstar_batch=1)``, their ratio,
-and whether the reverts left the edited matrices bit-equal.
+same edit under the reference code's cost structure ``EditRuntime(RuntimeSettings(forward="plain", vstar_batch=1))``,
+their ratio, and whether the reverts left the edited matrices bit-equal.
 
 ``--part lifelong``: SmolLM2, sequential batches of 100 CounterFact-stream edits (batched z, a small sampled
 re-probe at every checkpoint) through the runner, one method per call, until ``--seconds`` pass; the rows are the
@@ -140,7 +140,7 @@ def big_row(bundle, shape, rates, method: str, n: int, args) -> dict:
     """One editor on the 8B-shaped model: measured first edit, peak, warm default vs plain, against the plan."""
     from editscope.edit.budget import MiB, plan_edit
     from editscope.edit.registry import get_editor
-    from editscope.edit.runtime import EditRuntime
+    from editscope.edit.runtime import EditRuntime, RuntimeSettings
 
     hp, note = big_hparams(method, shape, args.stats_tokens, args.v_steps)
     cached = method != "memit"  # MEMIT runs first and computes layers 4-8's statistics
@@ -154,7 +154,8 @@ def big_row(bundle, shape, rates, method: str, n: int, args) -> dict:
     first = timed_edit(bundle, method, requests(n), hp, state=state)
     warm = timed_edit(bundle, method, requests(n, offset=n), hp, EditRuntime(), state=state)
     peak = torch.cuda.max_memory_allocated(bundle.device) / MiB if bundle.device.type == "cuda" else None
-    plain = timed_edit(bundle, method, requests(n, offset=n), hp, EditRuntime("plain", 1), state=state)
+    reference = EditRuntime(RuntimeSettings("plain", 1))
+    plain = timed_edit(bundle, method, requests(n, offset=n), hp, reference, state=state)
     exact = all(torch.equal(p, dict(bundle.model.named_parameters())[k]) for k, p in before.items())
     return {"method": method, "requests": n, "layers": list(hp.layers), "hparams": note,
             "stats_cached_before": cached, "first_edit_s": round(first, 2),

@@ -91,6 +91,31 @@ def test_plain_prompt_equals_template_and_keep_leaves_edits_applied(tiny_bundles
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(bundle), strict=True))
 
 
+def test_keep_probes_each_request_right_after_its_own_edit(tiny_bundles):
+    """keep=True: request i is scored on the model holding edits 0..i (not the last edit too), each edit made on the
+    model the earlier ones left; checked against the same two ROME edits made by hand, scored after each."""
+    bundle = tiny_bundles["llama"]
+    hp = get_editor("rome").load_hparams(bundle).replace(v_steps=4)
+    requests = [EditRequest("{} is a citizen of", SUBJECTS[0], NEW[0], TRUE[0]),
+                EditRequest("The mother tongue of {} is", SUBJECTS[1], NEW[1], TRUE[1])]
+    engine, runtime, patches, want = ScoringEngine(bundle), EditRuntime(), [], []
+    try:
+        for r in requests:
+            patches.append(get_editor("rome").apply(bundle, r, hp, runtime=runtime, engine=engine))
+            new, true = engine.score([(r.text, r.target_new), (r.text, r.target_true)])
+            want.append((float(new.mean > true.mean), sum(new.token_is_argmax) / len(new.token_is_argmax)))
+    finally:
+        for patch in reversed(patches):
+            patch.revert(bundle)
+    kept = editscope.edit_and_evaluate(bundle, "rome", prompts=PROMPTS, subject=SUBJECTS, target_new=NEW,
+                                       ground_truth=TRUE, hparams=hp, keep=True, wild=False, progress=False)
+    try:
+        got = [(m["paper"]["ES"], m["easyedit"]["Edit_Succ"]) for m in kept.metrics]
+    finally:
+        kept.session.revert_all()
+    assert got == [(a, pytest.approx(b)) for a, b in want]
+
+
 def test_bad_input_is_a_one_line_error_naming_the_field(tiny_bundles):
     bundle = tiny_bundles["llama"]
     with pytest.raises(EditscopeError, match=r"prompts\[0\]: the subject 'Marie Curie' does not occur"):

@@ -109,7 +109,7 @@ def test_every_package_has_a_level():
 
 def test_tables_sits_at_the_bottom():
     """``editscope/tables.py`` (the Table model every package renders with) imports the standard library and
-    top-level editscope modules that import no package, so that ``run/summary.py`` and anything below it may use
+    top-level editscope modules that import no package, so that ``run/summary_tables.py`` and anything below it may use
     it."""
     import sys
 

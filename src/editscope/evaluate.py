@@ -25,8 +25,9 @@ plain prompt containing the subject (its first occurrence is the subject's place
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from editscope.data.records import Case, EditRequest
@@ -36,6 +37,9 @@ from editscope.edit.plugins import PluginLike
 from editscope.errors import EditscopeError
 from editscope.lm.loading import Bundle
 from editscope.progress import StatusLine, listening, report
+from editscope.run.blocks import Block
+from editscope.run.chain import ChainHost, GroupChain
+from editscope.run.plan import Lifelong, Single
 from editscope.run.trial import Edits, Method, Trial
 from editscope.suites.counterfact import CounterFactSuite
 from editscope.suites.portability import PortabilitySuite
@@ -102,15 +106,57 @@ def _suites(paper: bool, wild: bool, wild_tokens: int) -> dict[str, Any]:
     return suites
 
 
-def _edit_and_probe(trial: Trial, bundle: Bundle, kept: Edits, case: Case, state: Any, engine: Any, i: int,
-                    keep: bool) -> tuple[Patch, Any]:
-    """Edit request ``i`` and probe it after its edit; the edit stays on the model with ``keep`` only."""
+class _Requests:
+    """How an editor's error names the step: by the request's index (the API's words)."""
+
+    def step_name(self, r: int, case_ids: Sequence[str]) -> str:
+        return f"request {case_ids[0]}"
+
+
+@dataclass(frozen=True)
+class Alone(_Requests, Single):
+    """``keep=False``: each request edited on the model as given (``mode: single``)."""
+
+
+@dataclass(frozen=True)
+class EachProbed(_Requests, Lifelong):
+    """``keep=True``: the requests edited one after another, each on the model the earlier ones left and probed right
+    after its own edit -- a lifelong chain of batch 1 whose checkpoint after every round probes only the case just
+    written (``reprobe`` 0); its patches stay applied (``result.patches`` revert them) and no file is saved."""
+
+    checkpoints: int | tuple[int, ...] = 1
+    reprobe: int = 0
+    sampled: bool = True
+    chained = False
+    resumable = False
+
+
+def _each_request(trial: Trial, block: Block, engine: Any, bundle: Bundle, keep: bool
+                  ) -> Iterator[tuple[Patch, Any]]:
+    """Per request, its patch and its probes after its own edit, from the edit loop of every run mode
+    (:class:`~editscope.run.chain.GroupChain`): ``keep`` one chain over all requests (:class:`EachProbed`), else
+    each request a group of its own (``mode: single``), its edit undone once probed."""
+    assert trial.method is not None
+    editor, n = trial.method.editor, len(block.cases)
+    host = ChainHost(Path("."), "")  # nothing is saved: neither mode resumes from a file
+    report(f"request 1/{n}: editing")
     if keep:
-        patch = trial.edit(kept, case.requests, state, engine=engine, group=i, n_cases=1, where=f"request {i}")
-        return patch, trial.probe(engine, [case], i).of(0)
-    with trial.edited(bundle, case.requests, engine=engine, group=i) as patch:
-        post = trial.probe(engine, [case], i).of(0)
-    return patch, post
+        mode, members, log = EachProbed(rounds=n), list(range(n)), Edits(bundle)
+        chain = GroupChain(trial, mode, block, 0, members, engine, log,
+                           set(mode.units(members, lambda i: len(block.requests[i]), trial.reprobe_seed(0))), host)
+        for r, _applied, _positions, probes in chain.rounds(editor.new_state):
+            yield log.loose[r - 1], probes.of(0)
+            report(f"request {r + 1}/{n}: editing")
+        yield log.loose[-1], trial.probe(engine, [block.cases[-1]]).of(0)
+        return
+    for i, case in enumerate(block.cases):
+        with trial.edits(bundle) as log:
+            for _ in GroupChain(trial, Alone(), block, i, [i], engine, log, set(), host).rounds(editor.new_state):
+                pass  # a single edit has no checkpoint
+            post = trial.probe(engine, [case]).of(0)
+        yield log.loose[0], post
+        if i + 1 < n:
+            report(f"request {i + 2}/{n}: editing")
 
 
 def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequence[str],
@@ -129,7 +175,6 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
     ``wild``: also measure in the wild (the ``wild`` block: greedy answers of at most ``wild_tokens`` tokens judged
     whole, :mod:`editscope.suites.wild`), each request's answers before and after in ``row["wild_answers"]``."""
     prompts, target_new, subject = _listed(prompts), _listed(target_new), _listed(subject)
-    n = len(prompts)
     cases = _cases(prompts, target_new, subject, ground_truth, rephrase_prompts, locality_inputs, portability_inputs)
 
     status = StatusLine("edit_and_evaluate: ") if progress else None
@@ -141,13 +186,11 @@ def edit_and_evaluate(model: str | Bundle, method: str, *, prompts: str | Sequen
         suites = _suites(ground_truth is not None, wild, wild_tokens)
         trial = Trial("edit_and_evaluate", suites, Method(method, editor, hp, tuple(plugins)), session.runtime)
         engine = session.engine
-        pre = trial.probe(engine, cases, 0, "pre")
-        kept = Edits(bundle)  # keep=True: the edits stay on the model (result.patches / the session revert them)
-        state = editor.new_state()
+        pre = trial.probe(engine, cases, "pre")
+        block = Block("edit_and_evaluate", cases, suites, [case.requests for case in cases])
         patches, metrics = [], []
-        for i, case in enumerate(cases):
-            report(f"request {i + 1}/{n}: editing")
-            patch, post = _edit_and_probe(trial, bundle, kept, case, state, engine, i, keep)
+        for i, (patch, post) in enumerate(_each_request(trial, block, engine, bundle, keep)):
+            case = cases[i]
             patches.append(patch)
             metrics.append(_row(case, patch, trial.metrics(case, pre.of(i), post), pre.of(i), post, wild))
         if status is not None:

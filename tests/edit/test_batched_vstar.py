@@ -29,7 +29,7 @@ from editscope.edit.objective import (
     setup_terms,
 )
 from editscope.edit.plugins.evk_align import EvkAlign, EvkAlignHParams
-from editscope.edit.runtime import EditRuntime
+from editscope.edit.runtime import EditRuntime, RuntimeSettings
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks
 from tests.edit.l2_plugin import L2Term
@@ -230,9 +230,9 @@ def test_rome_patches_of_a_single_mode_window_equal_one_at_a_time(tiny_bundles, 
     bundle = tiny_bundles[family]
     editor = get_editor("rome")
     hp = editor.load_hparams(bundle).replace(v_steps=STEPS, context_templates=[[5, 3]])
-    alone = EditRuntime(vstar_batch=1)
+    alone = EditRuntime(RuntimeSettings(vstar_batch=1))
     want = [editor.compute_patch(bundle, r, hp, runtime=alone).deltas for r in REQUESTS]
-    runtime = EditRuntime(vstar_batch=3)
+    runtime = EditRuntime(RuntimeSettings(vstar_batch=3))
     with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
         window = runtime.window
         got = [editor.compute_patch(bundle, r, hp, runtime=runtime).deltas for r in REQUESTS]
@@ -253,8 +253,9 @@ def test_evk_edit_patches_of_a_single_mode_window_equal_one_at_a_time(tiny_bundl
     evk, alpha = get_editor("evk_edit"), get_editor("alphaedit")
     hp = evk.load_hparams(bundle).replace(v_steps=STEPS, context_templates=[[5, 3]], evk_sigma=0.5, evk_lam=2.0)
     alpha_hp = alpha.load_hparams(bundle).replace(**{f: getattr(hp, f) for f in VSTAR_FIELDS})
-    want = [evk.compute_patch(bundle, r, hp, runtime=EditRuntime(vstar_batch=1)).deltas for r in REQUESTS]
-    runtime = EditRuntime(vstar_batch=3)
+    one = EditRuntime(RuntimeSettings(vstar_batch=1))
+    want = [evk.compute_patch(bundle, r, hp, runtime=one).deltas for r in REQUESTS]
+    runtime = EditRuntime(RuntimeSettings(vstar_batch=3))
     with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
         window = runtime.window
         got = [evk.compute_patch(bundle, r, hp, runtime=runtime).deltas for r in REQUESTS]
@@ -276,7 +277,7 @@ def test_methods_with_equal_evk_align_plugins_share_a_window(tiny_bundles):
     hp = memit.load_hparams(bundle).replace(v_steps=3, context_templates=[[5, 3]])
     prune_hp = prune.load_hparams(bundle).replace(**{f: getattr(hp, f) for f in VSTAR_FIELDS})
     align = {"sigma": 0.5, "lam": 2.0, "n": 2}
-    runtime = EditRuntime(vstar_batch=3)
+    runtime = EditRuntime(RuntimeSettings(vstar_batch=3))
     with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
         memit.compute_patch(bundle, REQUESTS[0], hp, runtime=runtime, plugins=[("evk_align", dict(align))])
         assert len(runtime.window.solved) == 3
@@ -292,7 +293,7 @@ def test_memit_batch_edit_z_batched_equal_one_at_a_time(tiny_bundles, family):
     bundle = tiny_bundles[family]
     editor = get_editor("memit")
     hp = editor.load_hparams(bundle).replace(v_steps=STEPS, context_templates=[[5, 3]])
-    want = editor.compute_patch(bundle, REQUESTS, hp, runtime=EditRuntime(vstar_batch=1))
+    want = editor.compute_patch(bundle, REQUESTS, hp, runtime=EditRuntime(RuntimeSettings(vstar_batch=1)))
     got = editor.compute_patch(bundle, REQUESTS, hp, runtime=EditRuntime())
     assert want.deltas.keys() == got.deltas.keys()
     assert all(_rel(got.deltas[k], want.deltas[k]) < 1e-5 for k in want.deltas)
@@ -304,7 +305,7 @@ def test_window_is_not_used_once_the_model_changed(tiny_bundles):
     bundle = tiny_bundles["llama"]
     editor = get_editor("rome")
     hp = editor.load_hparams(bundle).replace(v_steps=3, context_templates=[[5, 3]])
-    runtime = EditRuntime(vstar_batch=3)
+    runtime = EditRuntime(RuntimeSettings(vstar_batch=3))
     with independent_edits(runtime, bundle.fingerprint, [[r] for r in REQUESTS]):
         patch = editor.apply(bundle, REQUESTS[2], hp, runtime=runtime)  # fills the window for all three
         try:
@@ -314,7 +315,7 @@ def test_window_is_not_used_once_the_model_changed(tiny_bundles):
             on_edited = editor.compute_patch(bundle, REQUESTS[0], hp, runtime=runtime)
         finally:
             patch.revert(bundle)
-    fresh = editor.compute_patch(bundle, REQUESTS[0], hp, runtime=EditRuntime(vstar_batch=1))
+    fresh = editor.compute_patch(bundle, REQUESTS[0], hp, runtime=EditRuntime(RuntimeSettings(vstar_batch=1)))
     v_star = on_edited.info["vectors"]["v_star"][0]
     assert _rel(v_star, fresh.info["vectors"]["v_star"][0]) > 1e-3  # computed on the edited model, not taken
     assert before.norm() > 0

@@ -159,6 +159,17 @@ def test_kn_and_mend_terms(shapes):
     assert _term(mend, "mend") == nets + 3 * 4096 * 14336 * (2 + 4)
 
 
+def test_only_editors_that_declare_plan_layers_plan_without_a_file_or_a_rule():
+    """Each editor's hparams class declares the layers a plan assumes when no file and no layer rule gives them (KN:
+    every layer, as Dai et al.; MEND: the last three); every other editor declares none."""
+    from editscope.edit.hparams import plan_layers
+    from editscope.edit.registry import EDITORS
+
+    want = {"kn": list(range(12)), "mend": [9, 10, 11]}
+    for name, editor in EDITORS.items():
+        assert plan_layers(editor.hparams_class, 12) == want.get(name), name
+
+
 def test_a_family_editscope_cannot_edit_is_still_planned(tmp_path):
     from transformers import OPTConfig
 
@@ -193,7 +204,10 @@ def test_advice_when_it_does_not_fit(shapes):
     f32 = B.plan_edit(shape, "alphaedit", hp.replace(mom2_dtype="float32"), dtype="float32", available=40 * GiB,
                       stats_cached=True)
     assert not any("mom2_dtype" in a for a in f32.advice)
-    assert any("fewer edited layers" in a for a in over.advice)
+    # per edited layer: float64 C, P and K_p K_p^T, each d_ff^2 x 8 B (3 x 14336^2 x 8 B = 4.6 GiB); C in float32: 3.8
+    assert any(a.startswith("fewer edited layers (5 now") and a.endswith("each holds 4.6 GiB of C, P and K_p K_p^T")
+               for a in over.advice)
+    assert any(a.endswith("each holds 3.8 GiB of C, P and K_p K_p^T") for a in f32.advice)
     assert B.plan_edit(shape, "alphaedit", hp, available=None).fits is None
 
 

@@ -164,3 +164,51 @@ def test_the_plan_counts_every_written_matrix():
     gate_up = plan_edit(shape, "ultraedit", hp.replace(modules=["gate", "up"]))
     assert {p.name: p.bytes for p in gate_up.terms}["solve"] == 3 * shape.hidden ** 2 * 8
     assert {p.name: p.bytes for p in one.terms}["solve"] == 3 * shape.mlp ** 2 * 8
+
+
+def test_a_layer_set_per_matrix_writes_each_matrix_at_its_own_layers(tiny_bundles):
+    """``modules: {gate: [1], up: [2]}`` (the reference's LLaMA-3 split, in small): the turn writes the gate
+    projection of block 1 and the up projection of block 2 and nothing else, each equal to the plain ridge solve on
+    its own keys (the two share one normaliser: one shape); ``layers`` is their union, filled in when left out."""
+    bundle = copy.deepcopy(tiny_bundles["llama"])
+    bundle.model.double()
+    editor = get_editor("ultraedit")
+    split = {"gate": [1], "up": [2]}
+    hp = editor.load_hparams(bundle).replace(layers=[1, 2], lr=3e-3, ridge=0.5, modules=split)
+    assert type(hp).from_dict({"modules": split}).layers == [1, 2]  # implied by the mapping
+    layers = bundle.model.model.layers
+    mods = {"model.layers.1.mlp.gate_proj.weight": layers[1].mlp.gate_proj,
+            "model.layers.2.mlp.up_proj.weight": layers[2].mlp.up_proj}
+    engine = ScoringEngine(bundle, token_budget=24)
+    want = plain_turn(bundle.model, engine, TURN, mods, hp.lr, hp.ridge)
+    patch, state = editor.compute_edit(bundle, TURN, hp, editor.new_state(), engine=engine)
+    assert list(patch.deltas) == list(mods) == editor.param_names(bundle, hp)
+    for name, delta in patch.deltas.items():
+        assert want[name].abs().max() > 1e-4
+        assert (delta - want[name]).abs().max() <= 1e-7 * want[name].abs().max(), name
+    assert state.counts == {shape_key(bundle.hidden_size, bundle.arch.mlp_size(bundle.config)):
+                            2 * patch.info["answer_tokens"]}
+    assert set(patch.info["solve_cond"]) == {"1.gate", "2.up"} and hp.to_dict()["modules"] == split
+    ft = get_editor("ft")
+    trained = ft.compute_patch(bundle, TURN[:1], ft.load_hparams(bundle).replace(layers=[1, 3], steps=2,
+                                                                                  modules={"gate": [1], "down": [3]}))
+    assert list(trained.deltas) == ["model.layers.1.mlp.gate_proj.weight", "model.layers.3.mlp.down_proj.weight"]
+    shape = model_shape("tiny-llama")
+    one = {p.name: p.bytes for p in plan_edit(shape, "ultraedit", hp.replace(modules=["gate"], layers=[1])).terms}
+    split_plan = plan_edit(shape, "ultraedit", hp.replace(modules={"gate": [1], "up": [1, 2]}))
+    assert {p.name: p.bytes for p in split_plan.terms}["patch"] == 3 * one["patch"]
+
+
+def test_a_bad_layer_set_per_matrix_is_one_line(tiny_bundles):
+    hp = get_editor("ultraedit").load_hparams(tiny_bundles["llama"])
+    with pytest.raises(EditscopeError, match=r"key 'layers': with a layer set per matrix in 'modules' it is their "
+                                             r"union \[1, 2\] \(or leave it out\), got \[0\]"):
+        hp.replace(layers=[0], modules={"gate": [1], "up": [2]})
+    with pytest.raises(EditscopeError, match=r"key 'modules.up': its layers must be increasing without repeats"):
+        hp.replace(layers=[1, 2], modules={"gate": [1], "up": [2, 1]})
+    with pytest.raises(EditscopeError, match=r"key 'modules.up': .*at least one, got \[\]"):
+        hp.replace(layers=[1], modules={"gate": [1], "up": []})
+    with pytest.raises(EditscopeError, match=r"key 'modules': 'fc' is not one of"):
+        hp.replace(layers=[1], modules={"fc": [1]})
+    with pytest.raises(EditscopeError, match=r"key 'layers'.*layer 9"):
+        get_editor("ultraedit").load_hparams(tiny_bundles["llama"], overrides={"layers": [9], "modules": {"up": [9]}})

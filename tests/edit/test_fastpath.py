@@ -10,7 +10,7 @@ from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.edit.context import context_templates
 from editscope.edit.objective import FORWARDS, EssenceKL, build_context, setup_terms
-from editscope.edit.runtime import EditRuntime
+from editscope.edit.runtime import EditRuntime, RuntimeSettings
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.full_forward import FullForward
 from editscope.lm.partial_forward import SuffixForward, lanes_of, start_block
@@ -149,7 +149,7 @@ def test_start_block():
 def _patch(bundle, method: str, request, path: str, **changes):
     editor = get_editor(method)
     hp = editor.load_hparams(bundle).replace(**changes)
-    return editor.compute_patch(bundle, request, hp, runtime=EditRuntime(forward=path))
+    return editor.compute_patch(bundle, request, hp, runtime=EditRuntime(RuntimeSettings(forward=path)))
 
 
 #: end to end on the first four families and on the new ones whose blocks differ most (a window and soft-capping,

@@ -32,9 +32,10 @@ def test_groups_layouts():
 
 
 @pytest.mark.parametrize("module", ["editscope.tables", "editscope.run.store", "editscope.run.archive",
-                                    "editscope.integrity", "editscope.run.summary", "editscope.run.merge",
-                                    "editscope.suites", "editscope.report", "editscope.report.findings",
-                                    "editscope.report.reproduction", "editscope.commands.report"])
+                                    "editscope.integrity", "editscope.run.summary", "editscope.run.summary_tables",
+                                    "editscope.run.merge", "editscope.suites", "editscope.report",
+                                    "editscope.report.findings", "editscope.report.reproduction",
+                                    "editscope.commands.report"])
 def test_the_results_and_report_load_no_model_library(module):
     """The results (store, archives, merge, summary), the suite registry, the table model and the report (with its
     command) are read without torch or transformers: the run and model packages load their modules on first use,

@@ -201,6 +201,7 @@ def test_report_of_a_models_list_names_the_model_it_lacks(models_run, tmp_path, 
     md = (out / "report.md").read_text()
     assert "counterfact on counterfact" in md and "tiny-llama" in md  # the other model is reported
     assert "Not in this report: model 'tiny-gpt2'" in md
+    assert "Not in this report: model &#39;tiny-gpt2&#39;" in (out / "report.html").read_text()  # the page says it too
     shutil.rmtree(out / "tiny-llama")  # no model left with rows: one error line naming both
     one_error(capsys, main(["report", str(out)]), str(out), "none of whose models has rows", "'tiny-llama'",
               "'tiny-gpt2'")

@@ -10,7 +10,8 @@ import pytest
 from scipy import stats as st
 
 from editscope.metrics.registry import MetricSpec
-from editscope.run.summary import compact_table, summarize
+from editscope.run.summary import summarize
+from editscope.run.summary_tables import compact_table
 
 SPECS = (
     MetricSpec("ES", "002", "eq 24", True, paper_scale=100),

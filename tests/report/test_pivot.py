@@ -13,7 +13,8 @@ from scipy import stats as st
 from editscope.errors import EditscopeError
 from editscope.metrics.registry import MetricSpec, hmean_of
 from editscope.report.pivot import build_pivot
-from editscope.run.summary import UNEDITED, fmt_mean_ci, summarize
+from editscope.run.summary import summarize
+from editscope.run.summary_tables import UNEDITED, fmt_mean_ci
 
 SPECS = (
     MetricSpec("ES", "002", "eq 24", True, paper_scale=100),

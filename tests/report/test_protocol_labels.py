@@ -9,7 +9,8 @@ import pytest
 
 from editscope.report import build_report
 from editscope.run import Runner, parse_config
-from editscope.run.summary import protocol_notes, summarize, to_markdown
+from editscope.run.summary import summarize
+from editscope.run.summary_tables import protocol_notes, to_markdown
 
 CONFIG = {
     "model": "tiny-llama",

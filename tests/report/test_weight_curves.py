@@ -11,7 +11,8 @@ import pytest
 from editscope.report import figures
 from editscope.report.build import analyse
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.summary import curve_columns, curve_table, edit_info_curves
+from editscope.run.summary import edit_info_curves
+from editscope.run.summary_tables import curve_columns, curve_table
 from editscope.suites import get_suite
 from editscope.suites.weights import SOLVE_COND
 
@@ -148,7 +149,8 @@ def test_the_weights_curve_carries_the_solves_condition_number(run_dir):
 def test_a_run_still_in_progress_reports_its_checkpoints_curves(run_dir, tmp_path):
     """Only checkpoint rows (the final rows not written yet): every suite still gets its section, with the curves
     of the checkpoints so far and a note saying the run goes on; no bars (they need final rows)."""
-    from editscope.report.build import IN_PROGRESS_NOTE, build_report
+    from editscope.report.build import build_report
+    from editscope.report.document import IN_PROGRESS_NOTE
 
     partial = tmp_path / "partial"
     partial.mkdir()

@@ -125,6 +125,53 @@ def test_suite_metric_equals_the_engine_before_and_after_the_edit(run, tiny_llam
         assert not math.isclose(metrics["p_new_pre"], metrics["p_new_post"], rel_tol=1e-3)  # the edit did something
 
 
+def _report_and_cards(out: Path, rows: list[dict], bundle, into: Path) -> None:
+    """The report of the run names every method and suite; each method's card, replayed from the run directory,
+    gives the run's own metric rows for the case (its edit is the run's edit)."""
+    from editscope.report import build_report
+    from editscope.report.card import write_card
+    from editscope.run.inspect import compute_card, job_from_run
+    from tests.suites.test_collateral import known_fact_file
+
+    build_report([out], into)
+    text = (into / "report.md").read_text()
+    assert all(r["method"] in text for r in rows)
+    assert all(f"## {suite} on counterfact" in text for r in rows for suite in r["metrics"])
+    facts = into / "facts.json"  # facts the random tiny model "knows" (its own greedy answers), for the card's scan
+    known_fact_file(facts, ScoringEngine(bundle))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        row = next(r for r in rows if r["method"] == method)
+        job = job_from_run(out, row["case_id"], method=method, bundle=bundle, collateral_facts=5,
+                           collateral_sources=[str(facts)])
+        card = compute_card(job, generate_tokens=2, trace=False, progress=False)
+        for name in job.run_suites:
+            assert card["suites"][name]["metrics"] == row["metrics"][name], (method, name)
+        assert "<h1>" in write_card(card, into / f"card-{method}.html").read_text()
+    assert not bundle.applied and not bundle.contexts and not bundle.has_memory
+
+
+def test_the_editor_plugin_suite_and_protocol_reach_the_report_the_card_and_tune(run, tiny_llama, tmp_path):
+    """The example's editor with its plug-in, scored by its suite and its protocol: the report and the cards read the
+    run; ``tune`` searches the extension editor's knob with the plug-in attached, each candidate an ordinary run of
+    that editor."""
+    from editscope.tune import Tuner, TuneSettings
+
+    _report_and_cards(run["out"], run["rows"], tiny_llama, tmp_path / "report")
+    settings = TuneSettings(model="tiny-llama", method="half_rome", out=str(tmp_path / "tune"),
+                            hparams=run["rome_hparams"], overrides=OVERRIDES, plugins=[("ridge", {"weight": WEIGHT})],
+                            knobs=["v_lr"], grid={"v_lr": (0.1, 0.5)}, first=2, eta=2, max_cases=2)
+    result = Tuner(settings, bundle=tiny_llama, progress=False, log=lambda _m: None).run()
+    assert result.chosen is not None and result.chosen.to_dict()["hparams"]["v_lr"] in (0.1, 0.5)
+    for folder in sorted((tmp_path / "tune" / "candidates").iterdir()):
+        meta = json.loads((folder / "run.json").read_text())
+        (method,) = meta["config"]["methods"]
+        assert method["name"] == "half_rome" and method["plugins"][0]["name"] == "ridge"
+
+
+def test_the_context_and_memory_editors_reach_the_report_and_the_card(kinds_run, tiny_llama, tmp_path):
+    _report_and_cards(kinds_run["out"], kinds_run["rows"], tiny_llama, tmp_path / "report")
+
+
 def test_a_taken_name_is_refused(run):
     from tests.run.extension_example import HALF_ROME
 

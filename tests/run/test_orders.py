@@ -138,7 +138,8 @@ def test_break_points_follow_a_hand_example():
     """Order 0: the batch just written holds ES 3/4 after 4 edits, 1/4 after 8 (below one half: the break), the
     earlier cases re-probed at 8 do not count; σ₁ ratios 0.1, 0.15, 0.9: the largest rise (6x) at 12. Order 1 never
     breaks; its σ₁ rises most at 8."""
-    from editscope.run.summary import break_points, break_table
+    from editscope.run.summary import break_points
+    from editscope.run.summary_tables import break_table
 
     rows = []
     for edits, new_es, sigma in ((4, [1, 1, 0, 1], 0.1), (8, [0, 0, 1, 0], 0.15), (12, [1, 1, 1, 1], 0.9)):

@@ -53,6 +53,9 @@ def test_steps_cut_a_group_as_each_mode_edits_it():
     assert Sequential(5).steps(members) == [[10], [11], [12], [13], [14]]
     assert Lifelong(2, 3).steps(members) == [[10, 11], [12, 13], [14]]
     assert Sequential(5).chained and Lifelong(2, 3).chained and not Batch(5).chained
+    # only a single group edits each case alone from the unedited model (a card replays it; v* windows open)
+    assert [m.alone for m in (Single(), Batch(5), Sequential(5), Lifelong(2, 3), ProbeOnly(16))] == \
+        [True, False, False, False, False]
 
 
 def test_lifelong_units_are_the_final_rows_and_each_checkpoints_cases():

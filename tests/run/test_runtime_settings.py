@@ -4,11 +4,12 @@ supply defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from editscope.edit.runtime import EditRuntime
+from editscope.edit.runtime import EditRuntime, RuntimeSettings
 from editscope.errors import EditscopeError
 from editscope.run import Runner, parse_config, read_results
 from tests.run.helpers import SUITES, base_config
@@ -55,4 +56,16 @@ def test_bad_settings_are_one_line_errors(monkeypatch):
     monkeypatch.setenv("EDITSCOPE_FORWARD", "quick")
     with pytest.raises(EditscopeError, match=r"EDITSCOPE_FORWARD: must be one of"):
         EditRuntime.from_settings()
-    assert EditRuntime.from_settings({"forward": "full"}).forward == "full"  # the caller's value wins
+    assert EditRuntime.from_settings({"forward": "full"}).settings.forward == "full"  # the caller's value wins
+
+
+def test_a_config_parses_its_settings_once_into_frozen_values(monkeypatch):
+    monkeypatch.setenv("EDITSCOPE_VSTAR_BATCH", "3")
+    cfg = parse_config(base_config(runtime={"forward": "full"}), suites=SUITES)
+    settings = cfg.settings
+    assert settings == RuntimeSettings(forward="full", vstar_batch=3)  # the config's key, the environment's default
+    monkeypatch.setenv("EDITSCOPE_VSTAR_BATCH", "5")
+    assert cfg.settings is settings  # parsed once: later reads (runner, worker, plan, card) see the same values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.forward = "fast"  # type: ignore[misc]
+    assert dataclasses.replace(cfg, seed=1).settings.vstar_batch == 5  # another config parses its own

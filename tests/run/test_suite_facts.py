@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from editscope.run.suites import SuiteFacts, declarations_to_json, live_facts, recorded_facts
-from editscope.run.summary import protocol_gap_table, summarize
+from editscope.run.summary import summarize
+from editscope.run.summary_tables import protocol_gap_table
 from editscope.suites import SUITES
 from editscope.suites.base import Suite
 

@@ -10,7 +10,8 @@ import pytest
 
 from editscope.metrics.registry import MetricSpec, harmonic_mean, hmean_of, specs_from_json, specs_to_json
 from editscope.run.suites import declarations_to_json, declared_metrics
-from editscope.run.summary import summarize, to_markdown
+from editscope.run.summary import summarize
+from editscope.run.summary_tables import to_markdown
 from editscope.suites import CounterFactSuite, ZsreSuite
 
 ES = (1.0, 0.0, 1.0, 1.0)

@@ -196,7 +196,7 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
 def test_protocol_gap_table_by_hand():
     from scipy import stats
 
-    from editscope.run.summary import protocol_gaps
+    from editscope.run.summary_tables import protocol_gaps
 
     def row(method, es, eff, ps=None, gen=None, checkpoint=False, judge="first_object"):
         cf, wild = {"ES_post": es}, {"Efficacy_post": eff}

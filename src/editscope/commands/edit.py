@@ -128,7 +128,7 @@ def _result(args: argparse.Namespace, label: str, runtime, plugins, bundle, engi
     result = {
         "method": args.method,
         "label": label,
-        "runtime": runtime.settings(),
+        "runtime": runtime.settings.recorded(),
         "plugins": [p.to_dict() for p in plugins],
         "model": bundle.name,
         "prompt": request.text,

@@ -82,7 +82,7 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
     """One plan per ``--method`` for ``--model`` (ROME when none is named)."""
     from editscope.edit.budget import NoPlan, available_memory, model_shape, plan_edit, plan_hparams, stats_cached
     from editscope.edit.hparams import parse_overrides
-    from editscope.edit.runtime import EditRuntime
+    from editscope.edit.runtime import RuntimeSettings
     from editscope.errors import EditscopeError
     from editscope.lm.device import resolve_device
 
@@ -90,7 +90,7 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
         raise EditscopeError("--model or --config is required")
     device = str(resolve_device(args.device))
     dtype = args.dtype or "float32"
-    runtime = EditRuntime.from_settings({"vstar_batch": args.vstar_batch}, where="--vstar-batch")
+    settings = RuntimeSettings.resolve({"vstar_batch": args.vstar_batch}, where="--vstar-batch")
     shape = model_shape(args.model)
     if available is None:
         available, host = available_memory(device)
@@ -107,7 +107,7 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
             continue
         try:
             plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
-                                   vstar_batch=runtime.vstar_batch,
+                                   vstar_batch=settings.vstar_batch,
                                    stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
                                    hparams_note=note, available=available, host_available=host))
         except NoPlan as exc:

@@ -64,9 +64,9 @@ def _run_trusting(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, chat_template=True)
     given = {k: v for k, v in runtime_settings(args).items() if v is not None}
     if given:  # the flags win over the config's runtime settings
-        from editscope.edit.runtime import EditRuntime
+        from editscope.edit.runtime import RuntimeSettings
 
-        EditRuntime.from_settings(given, where="--forward/--vstar-batch")  # a bad value fails here, in one line
+        RuntimeSettings.resolve(given, where="--forward/--vstar-batch")  # a bad value fails here, in one line
         merged = {**dict(config.runtime), **given}
         config = dataclasses.replace(config, runtime=tuple(merged.items()))
     from editscope.run.budget import check_fits

@@ -6,7 +6,7 @@ from editscope.edit.objective import EssenceKL, NormPenalty, ObjectiveTerm, Targ
 from editscope.edit.patch import Patch
 from editscope.edit.plugins import PLUGINS, Plugin, PluginHParams, PluginSpec, register_plugin
 from editscope.edit.registry import EDITORS, Editor, apply, edited, get_editor, register_editor
-from editscope.edit.runtime import EditRuntime
+from editscope.edit.runtime import EditRuntime, RuntimeSettings
 from editscope.edit.session import EditSession
 from editscope.edit.state import EditState, NoState
 
@@ -14,6 +14,7 @@ __all__ = [
     "EDITORS",
     "PLUGINS",
     "EditRuntime",
+    "RuntimeSettings",
     "EditSession",
     "EditState",
     "Editor",

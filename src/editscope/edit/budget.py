@@ -294,12 +294,12 @@ def model_shape(name_or_path: str) -> ModelShape:
 def plan_hparams(method: str, shape: ModelShape, model: str, path: str | None = None,
                  overrides: Mapping[str, Any] | None = None):
     """The hparams an edit of ``model`` with ``method`` would use: ``path``, else the shipped file, else the derived
-    defaults (layers by relative depth; families without a published reference take LLaMA's). KN and MEND, which
-    have no derivation rule, fall back to their defaults over all layers (KN, as Dai et al.) or the last three
-    (MEND's default edit layers), with a note saying so. Returns (hparams, note)."""
+    defaults (layers by relative depth; families without a published reference take LLaMA's). An editor with no
+    derivation rule plans with the layers its hparams class declares for that case (``PLAN_LAYERS``: KN all layers,
+    as Dai et al.; MEND the last three, its default edit layers), with a note saying so. Returns (hparams, note)."""
     import warnings
 
-    from editscope.edit.hparams import DerivedHParamsWarning, load_yaml, resolve_hparams
+    from editscope.edit.hparams import DerivedHParamsWarning, load_yaml, plan_layers, resolve_hparams
     from editscope.edit.registry import get_editor
 
     editor = get_editor(method)
@@ -312,10 +312,9 @@ def plan_hparams(method: str, shape: ModelShape, model: str, path: str | None = 
             hp = resolve_hparams(method, editor.hparams_class, model, (shape.family or "llama", shape.n_layers),
                                  overrides or None)
         except EditscopeError:
-            if method not in ("kn", "mend"):
+            layers = plan_layers(editor.hparams_class, shape.n_layers)
+            if layers is None:
                 raise
-            layers = list(range(shape.n_layers)) if method == "kn" else \
-                list(range(max(0, shape.n_layers - 3), shape.n_layers))
             hp = editor.hparams_class.from_dict({"layers": layers, **overrides}, f"<{method} defaults>")
             return hp, f"no {method} hparams for this model: {method}'s defaults with layers {_span(layers)}"
     derived = [str(w.message) for w in caught if issubclass(w.category, DerivedHParamsWarning)]
@@ -518,14 +517,19 @@ class _Edit:
     width: int
 
     @property
+    def targets(self) -> list[tuple[int, str]]:
+        """Every (layer, MLP matrix) written (the down projection at each layer unless the hparams name others)."""
+        return self.hp.written() or [(layer, "down") for layer in self.layers]
+
+    @property
     def matrices(self) -> list[str]:
-        """The MLP matrices written at each layer (the down projection unless the hparams name others)."""
-        return self.hp.matrices() or ["down"]
+        """The MLP matrices written (the down projection unless the hparams name others)."""
+        return list(dict.fromkeys(m for _, m in self.targets))
 
     @property
     def n_edit(self) -> int:
         """Edited weight matrices (gate, up and down projections are all d x d_ff)."""
-        return len(self.layers) * len(self.matrices)
+        return len(self.targets)
 
     @property
     def after(self) -> int:
@@ -573,10 +577,6 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     if stats_layers and not stats_cached:
         _statistics(edit, stats_layers, editor.stats_tokens(hp), terms, flops)
     COST_MODELS[kind](edit, terms, flops)
-    if kind != "kn":
-        terms.append(Term("patch", edit.n_edit * shape.hidden * shape.mlp * (4 + b + 8), "edit", "device",
-                          f"{edit.n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
-                          "float64 solve result)"))
     plan = Plan(model=shape, method=method, dtype=dtype, device=str(device), requests=requests,
                 vstar_batch=vstar_batch, stats_cached=stats_cached, hparams_note=hparams_note, layers=edit.layers,
                 terms=terms, editable=editable, notes=notes, available=available, host_available=host_available,
@@ -616,6 +616,14 @@ _SOLVES = {"rome": "LU copy of C", "memit": "lambda C, K K^T, sum, LU",
            "alphaedit": "SVD of C: A's copy, U, V^T, gesdd's 4 n^2 workspace, the kept columns"}
 
 
+def _patch(edit: _Edit, terms: list[Term]) -> None:
+    """The patch of an editor that writes whole matrices (KN writes rows of neurons: none)."""
+    shape = edit.shape
+    terms.append(Term("patch", edit.n_edit * shape.hidden * shape.mlp * (4 + edit.b + 8), "edit", "device",
+                      f"{edit.n_edit} edited weight(s) x (float32 ΔW + the pre-edit copy a patch carries + the "
+                      "float64 solve result)"))
+
+
 def _vstar_editor(kind: str):
     """ROME, MEMIT (and PRUNE, RECT), AlphaEdit (and EVK-Edit): C, projector, solve, the v*/z optimisation."""
 
@@ -650,6 +658,7 @@ def _vstar_editor(kind: str):
                                "alphaedit": n_edit * ((2.0 / 3.0) * n3 + 2.0 * n3)}[kind]
         if kind == "alphaedit":
             flops["once: projector fp64"] = n_edit * SVD_FLOPS_PER_N3 * n3
+        _patch(edit, terms)
 
     return terms_of
 
@@ -664,7 +673,8 @@ def _ultraedit(edit: _Edit, terms: list[Term], flops: dict) -> None:
     terms.append(Term("vstar", tokens * edit.after * _act_per_token_layer(shape, edit.width) * edit.b
                       + tokens * shape.vocab * 12, "edit", "device", "one forward/backward of the edit prompts"))
     flops["forward/backward"] = tokens * (6.0 * shape.block_params * edit.after)
-    flops["solve fp64"] = len(edit.layers) * sum((2.0 / 3.0) * float(n) ** 3 for n in n_in.values())
+    flops["solve fp64"] = sum((2.0 / 3.0) * float(n_in[m]) ** 3 for _, m in edit.targets)
+    _patch(edit, terms)
 
 
 def _ft(edit: _Edit, terms: list[Term], flops: dict) -> None:
@@ -679,6 +689,7 @@ def _ft(edit: _Edit, terms: list[Term], flops: dict) -> None:
     steps = int(getattr(edit.hp, "steps", 25))
     flops["training steps"] = steps * tokens * (4.0 * shape.block_params * edit.after
                                                 + 4.0 * shape.hidden * shape.vocab + 2.0 * weight * n_edit)
+    _patch(edit, terms)
 
 
 def _kn(edit: _Edit, terms: list[Term], flops: dict) -> None:
@@ -715,6 +726,7 @@ def _mend(edit: _Edit, terms: list[Term], flops: dict) -> None:
     terms.append(Term("vstar", act + tokens * shape.vocab * 12, "edit", "device",
                       "one forward/backward of the edit prompt"))
     flops["forward/backward"] = tokens * (6.0 * shape.block_params * edit.after + 4.0 * d * shape.vocab)
+    _patch(edit, terms)
 
 
 #: the editor-specific memory terms and FLOPs of each cost model an editor may declare (``Editor.cost``)
@@ -749,10 +761,10 @@ def advice(plan: Plan, hp) -> list[str]:
     if vstar is not None and group > 1:
         out.append(f"--vstar-batch 1: one request per v*/z forward instead of {group} "
                    f"(-{gb(vstar.bytes - vstar.bytes // group)})")
-    if plan.method in ("alphaedit", "evk_edit", "memit", "prune", "rect") and len(plan.layers) > 1:
-        per = plan.model.mlp ** 2 * 8 * (3 if plan.method in ("alphaedit", "evk_edit") else 1)
+    per_layer = {t.name: t.bytes // len(plan.layers) for t in plan.terms if t.name in ("C", "projector")}
+    if per_layer.get("C") and len(plan.layers) > 1:  # the plan's own terms: whatever editor holds C per layer
         out.append(f"fewer edited layers ({len(plan.layers)} now, --set layers=[...]): each holds "
-                   f"{gb(per)} of float64 C{', P and K_p K_p^T' if per > plan.model.mlp ** 2 * 8 else ''}")
+                   f"{gb(sum(per_layer.values()))} of C{', P and K_p K_p^T' if 'projector' in per_layer else ''}")
     if plan.peak_phase == "statistics":
         out.append("compute the statistics once where they fit (editscope stats compute) and import them "
                    "(editscope stats import): the statistics pass is the peak; a smaller statistics budget "

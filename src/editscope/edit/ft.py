@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import TUNE_LAYERS, HParams, check_modules, default_modules, without_default_modules
+from editscope.edit.hparams import (
+    TUNE_LAYERS,
+    HParams,
+    Modules,
+    check_modules,
+    default_modules,
+    implied_layers,
+    module_targets,
+    without_default_modules,
+)
 from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms, weights_context
 from editscope.edit.objective.optimise import concat_batches, request_groups
 from editscope.edit.runtime import EditRuntime
@@ -37,8 +46,9 @@ class FTHParams(HParams):
     steps: int = 25
     norm_constraint: float = 5e-4
     stop_loss: float = 1e-2
-    #: the MLP matrices trained at each of ``layers`` (gate, up, down; FT-L's is the down projection)
-    modules: list[str] = field(default_factory=default_modules)
+    #: the MLP matrices trained at each of ``layers`` (gate, up, down; FT-L's is the down projection), or a layer set
+    #: per matrix (:data:`~editscope.edit.hparams.Modules`)
+    modules: Modules = field(default_factory=default_modules)
 
     #: norm_constraint: the L∞ bound on each weight's change (a shipped config uses 1e9 for "unconstrained").
     RANGES = {"lr": "(0, 10]", "steps": "[1, 10000]", "norm_constraint": "(0, inf)", "stop_loss": "[0, 1e6]"}
@@ -50,10 +60,17 @@ class FTHParams(HParams):
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
-        check_modules(self.modules, where)
+        check_modules(self.modules, self.layers, where)
+
+    @classmethod
+    def implied(cls, data: dict) -> dict:
+        return implied_layers(data)
 
     def matrices(self) -> list[str]:
         return list(self.modules)
+
+    def written(self) -> list[tuple[int, str]]:
+        return module_targets(self.modules, self.layers)
 
     def to_dict(self) -> dict:
         """The fields, without ``modules`` while it holds the default (rows made before it existed keep their
@@ -83,10 +100,10 @@ def _group_loss(engine: ScoringEngine, ctxs: Sequence[VContext], terms: Sequence
 def compute(bundle, requests: Sequence[EditRequest], hp: FTHParams, state=None, *, engine: ScoringEngine,
             runtime: EditRuntime, extra_terms: Sequence[ObjectiveTerm] = ()) -> tuple[dict[str, torch.Tensor], dict]:
     params = dict(bundle.model.named_parameters())
-    names = [bundle.arch.weight_name(layer, bundle.arch.matrix_part(m)) for layer in hp.layers for m in hp.modules]
+    names = [bundle.arch.weight_name(layer, bundle.arch.matrix_part(m)) for layer, m in hp.written()]
     originals = {n: params[n].detach().clone() for n in names}
     terms = [TargetNLL(), *extra_terms]
-    ctxs = [weights_context(engine, r, terms, forward=runtime.strategy) for r in requests]
+    ctxs = [weights_context(engine, r, terms, forward=runtime.settings.strategy) for r in requests]
     for ctx in ctxs:
         setup_terms(ctx, terms)
     if all(term.batched for term in terms):

@@ -117,9 +117,15 @@ class Params:
             bad = next(non_finite(value, key), None)
             if bad:  # YAML's .nan / .inf are floats: no step size, weight or threshold may be one
                 raise EditscopeError(f"{where}: key {bad[0]!r}: must be a finite number, got {bad[1]}")
+        data = cls.implied(data)
         hp = cls(**{k: (float(v) if hints[k] is float else v) for k, v in data.items()})
         hp.check(where)
         return hp
+
+    @classmethod
+    def implied(cls, data: dict) -> dict:
+        """``data`` with the keys its other keys imply filled in where it leaves them out (none by default)."""
+        return data
 
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         """Value checks: every key with a declared range (:attr:`RANGES`) lies in it."""
@@ -149,6 +155,9 @@ class HParams(Params):
     #: which published choice the layers derived for a model without a shipped file follow
     #: (:func:`derived_layers`): ROME's single layer, MEMIT's window, or None (no rule: a file is needed)
     LAYER_RULE: typing.ClassVar[typing.Literal["single", "window"] | None] = None
+    #: the layers ``plan`` assumes on a model with neither a file nor a rule (:func:`plan_layers`): every layer, the
+    #: last three, or None (no plan without a file)
+    PLAN_LAYERS: typing.ClassVar[typing.Literal["all", "last3"] | None] = None
     layers: list[int] = field(default_factory=lambda: [0])
 
     @classmethod
@@ -184,29 +193,67 @@ class HParams(Params):
         return {}
 
     def matrices(self) -> list[str] | None:
-        """The MLP matrices an edit writes at each layer (keys of :data:`editscope.lm.archs.MLP_MATRICES`), for an
-        editor with a ``modules`` key; None: the one its registration declares (``Editor.writes``)."""
+        """The MLP matrices an edit writes (keys of :data:`editscope.lm.archs.MLP_MATRICES`), for an editor with a
+        ``modules`` key; None: the one its registration declares (``Editor.writes``), at each of ``layers``."""
+        return None
+
+    def written(self) -> list[tuple[int, str]] | None:
+        """Every (layer, MLP matrix) an edit writes, layer by layer, for an editor with a ``modules`` key
+        (:func:`module_targets`); None: its registration's matrix at each of ``layers``."""
         return None
 
 
 #: What an editor with a ``modules`` key writes unless told otherwise: the MLP's output projection at each layer.
 DEFAULT_MODULES = ("down",)
 
+Modules = list[str] | dict[str, list[int]]
+"""An editor's ``modules`` key: the MLP matrices written at each of its ``layers`` (``[gate, up]``), or each matrix
+with a layer set of its own (``{gate: [11, 12], up: [18, 19]}``: the reference's LLaMA-3 choice edits gate and up in
+different blocks), ``layers`` then being their union (filled in when left out: :func:`implied_layers`)."""
+
 
 def default_modules() -> list[str]:
     return list(DEFAULT_MODULES)
 
 
-def check_modules(modules: list[str], where: str) -> None:
-    """``modules`` names MLP matrices (gate, up, down), at least one, none twice; one line naming the key otherwise
-    (a matrix the model's family lacks is refused when the edit meets the model)."""
-    if not modules:
+def implied_layers(data: dict) -> dict:
+    """``data`` with ``layers`` = the union of the per-matrix layer sets of its ``modules`` mapping, where the
+    mapping is given and ``layers`` is not."""
+    modules = data.get("modules")
+    if isinstance(modules, dict) and "layers" not in data and all(isinstance(v, list) for v in modules.values()):
+        return {**data, "layers": sorted({layer for layers in modules.values() for layer in layers})}
+    return data
+
+
+def check_modules(modules: Modules, layers: list[int], where: str) -> None:
+    """``modules`` names MLP matrices (gate, up, down), at least one, none twice; a mapping gives each a non-empty
+    layer set, increasing, whose union is ``layers``. One line naming the key otherwise (a matrix the model's family
+    lacks is refused when the edit meets the model; a layer it lacks by the ``layers`` check)."""
+    names = list(modules)
+    if not names:
         raise EditscopeError(f"{where}: key 'modules': at least one of {', '.join(MLP_MATRICES)} is required")
-    bad = [m for m in modules if m not in MLP_MATRICES]
+    bad = [m for m in names if m not in MLP_MATRICES]
     if bad:
         raise EditscopeError(f"{where}: key 'modules': {bad[0]!r} is not one of {', '.join(MLP_MATRICES)}")
-    if len(set(modules)) != len(modules):
+    if len(set(names)) != len(names):
         raise EditscopeError(f"{where}: key 'modules': a matrix is named twice in {modules}")
+    if not isinstance(modules, dict):
+        return
+    for name, own in modules.items():
+        if not own or sorted(set(own)) != list(own):
+            raise EditscopeError(f"{where}: key 'modules.{name}': its layers must be increasing without repeats, at "
+                                 f"least one, got {own}")
+    union = sorted({layer for own in modules.values() for layer in own})
+    if list(layers) != union:
+        raise EditscopeError(f"{where}: key 'layers': with a layer set per matrix in 'modules' it is their union "
+                             f"{union} (or leave it out), got {layers}")
+
+
+def module_targets(modules: Modules, layers: list[int]) -> list[tuple[int, str]]:
+    """Every (layer, matrix) ``modules`` writes, layer by layer, matrices in their given order."""
+    if isinstance(modules, dict):
+        return [(layer, m) for layer in layers for m, own in modules.items() if layer in own]
+    return [(layer, m) for layer in layers for m in modules]
 
 
 def without_default_modules(data: dict) -> dict:
@@ -415,6 +462,16 @@ def derived_layers(cls: type[HParams], family: str, n_layers: int) -> tuple[list
         published = f"MEMIT's layers {ref.window[0]}-{ref.window[1]} of {ref.depth} on {ref.model}"
     how = f"floor(layer * {n_layers} / {ref.depth}) from {published} ({ref.source})"
     return layers, how
+
+
+def plan_layers(cls: type[HParams], n_layers: int) -> list[int] | None:
+    """The layers a memory plan assumes for the editor of ``cls`` on a model of ``n_layers`` layers that has neither
+    a hparams file nor a :attr:`~HParams.LAYER_RULE` (:attr:`~HParams.PLAN_LAYERS`); None: the editor declares none."""
+    if cls.PLAN_LAYERS == "all":
+        return list(range(n_layers))
+    if cls.PLAN_LAYERS == "last3":
+        return list(range(max(0, n_layers - 3), n_layers))
+    return None
 
 
 def _validate(cls: type[HParams], data: dict, where: str, overrides: dict | None, n_layers: int | None,

@@ -69,6 +69,7 @@ class KNHParams(HParams):
     attribution; None: no cap)."""
 
     method = "kn"
+    PLAN_LAYERS = "all"  # a plan without a file: neurons searched in every layer, as Dai et al.
     steps: int = 20
     adaptive_threshold: float = 0.2
     share: float = 0.5

@@ -89,8 +89,8 @@ def compute_targets(bundle, engine: ScoringEngine, runtime: EditRuntime, request
     """z_i = h_i + δ_i at ``blocks.{last layer}.resid_post`` (MEMIT eq. 16), [n, hidden] float64.
 
     The δ_i of one edit are independent (each on the unedited model): they are optimised together, several
-    requests per batched forward (:func:`~editscope.edit.objective.solve_requests`; ``runtime.vstar_batch``), and
-    in runner ``mode: single`` with the other cases' requests of the open window of independent edits."""
+    requests per batched forward (:func:`~editscope.edit.objective.solve_requests`; ``runtime.settings.vstar_batch``),
+    and in runner ``mode: single`` with the other cases' requests of the open window of independent edits."""
     spec = VSpec.of(hp, f"blocks.{hp.layers[-1]}.resid_post", templates)
     solved = solve_requests(engine, runtime, requests, spec, extra_terms, peers=every_request)
     for s in solved:

@@ -159,9 +159,10 @@ class Editor:
         """Names of the parameters an edit with ``hp`` writes (none for a memory or context editor)."""
         if self.kind != "weights":
             return []
-        matrices = hp.matrices()
-        parts = [self.writes] if matrices is None else [bundle.arch.matrix_part(m) for m in matrices]
-        return [bundle.arch.weight_name(layer, part) for layer in hp.layers for part in parts]
+        written = hp.written()
+        if written is None:
+            return [bundle.arch.weight_name(layer, self.writes) for layer in hp.layers]
+        return [bundle.arch.weight_name(layer, bundle.arch.matrix_part(m)) for layer, m in written]
 
     def stats_layers(self, hp: HParams) -> list[int]:
         """Layers whose key statistics an edit with ``hp`` reads (computed up front by the runner)."""
@@ -286,7 +287,7 @@ class Editor:
         update = state.fork()
         deltas, info = self.compute(bundle, list(requests), hp, update, engine=engine, runtime=runtime,
                                     extra_terms=[p.term() for p in attached], **presolved)
-        info["runtime"] = runtime.settings()
+        info["runtime"] = runtime.settings.recorded()
         info["seconds"] = time.perf_counter() - t0
         if self.kind != "weights":  # compute returned the memory or context edit itself
             deltas.info.update(info, kind=self.kind)

@@ -1,12 +1,14 @@
 """How edits are computed, as opposed to what is computed: the settings an editor's caller owns.
 
-An :class:`EditRuntime` holds
+:class:`RuntimeSettings` are the settings, frozen once parsed:
 - ``forward``: the forward strategy of the v*/z optimisation (:mod:`editscope.edit.objective.forward`: ``fast``,
   ``full``, ``plain``). The strategies agree to float rounding, so ΔW moves in its last bits;
 - ``vstar_batch``: how many requests' v*/z share one batched forward per step (None: as many as fit the engine's
   token budget in a MEMIT-family batch edit; N: at most N, also across the cases of runner ``mode: single``,
   where N > 1 optimises a window of N cases' first requests on the unedited model together; 1: one at a time).
-  Batching changes ΔW in its last bits too;
+  Batching changes ΔW in its last bits too.
+
+An :class:`EditRuntime` is the state of a run's edits under those settings:
 - the context-template cache (prefixes generated once per model from the model as it is then, as ROME/MEMIT's
   template cache) and the open window of independent edits: state of a run, never of a scoring engine;
 - ``diagnostics``: whether editors also report what costs extra time and changes no update (the condition number of
@@ -14,10 +16,10 @@ An :class:`EditRuntime` holds
   quantities (:attr:`~editscope.suites.base.Suite.edit_info_curves`: the ``weights`` suite). Not a setting: rows
   carry the values, and results do not depend on it.
 
-The caller creates one from config keys (run config ``runtime:``, ``editscope edit --forward/--vstar-batch``, Python
-arguments); ``EDITSCOPE_FORWARD`` and ``EDITSCOPE_VSTAR_BATCH`` only supply defaults. :meth:`EditRuntime.settings`
-are the values in force: the runner writes them into ``run.json`` and the config digest and refuses a resume
-under other values.
+The caller parses the settings once from config keys (run config ``runtime:``, ``editscope edit
+--forward/--vstar-batch``, Python arguments); ``EDITSCOPE_FORWARD`` and ``EDITSCOPE_VSTAR_BATCH`` only supply
+defaults. :meth:`RuntimeSettings.recorded` are the values in force: the runner writes them into ``run.json`` and the
+config digest and refuses a resume under other values.
 """
 
 from __future__ import annotations
@@ -46,27 +48,22 @@ def parse_vstar_batch(value: Any, where: str = "vstar_batch") -> int | None:
     return int(text)
 
 
-@dataclass
-class EditRuntime:
-    """The runtime settings and state of a sequence of edits (see the module docstring)."""
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """The settings in force (see the module docstring), parsed once into frozen values: a run config's
+    (:attr:`editscope.run.config.RunConfig.settings`), a command's flags or a Python caller's."""
 
     forward: str = "fast"
     vstar_batch: int | None = None
-    #: generated context templates, keyed by (model name, template spec, seed, start)
-    templates: dict = field(default_factory=dict, repr=False)
-    #: the window of independent edits runner ``mode: single`` opens (objective.solve.independent_edits)
-    window: Any = field(default=None, repr=False)
-    #: report the diagnostics that cost extra time (module docstring)
-    diagnostics: bool = False
 
     def __post_init__(self) -> None:
         if self.forward not in FORWARDS:
             raise EditscopeError(f"forward: must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
-        self.vstar_batch = parse_vstar_batch(self.vstar_batch)
+        object.__setattr__(self, "vstar_batch", parse_vstar_batch(self.vstar_batch))
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any] | None = None, where: str = "runtime") -> EditRuntime:
-        """A runtime from ``settings`` (keys of :data:`DEFAULT_SETTINGS`; a missing or None one from its
+    def resolve(cls, settings: Mapping[str, Any] | None = None, where: str = "runtime") -> RuntimeSettings:
+        """The settings from ``settings`` (keys of :data:`DEFAULT_SETTINGS`; a missing or None one from its
         environment variable, else its default). An unknown key or a bad value is a one-line error."""
         settings = dict(settings or {})
         unknown = set(settings) - set(DEFAULT_SETTINGS)
@@ -89,6 +86,26 @@ class EditRuntime:
     def strategy(self) -> ForwardStrategy:
         return forward_strategy(self.forward)
 
-    def settings(self) -> dict[str, Any]:
+    def recorded(self) -> dict[str, Any]:
         """The values in force, as recorded with results (``vstar_batch``: ``"auto"`` or N)."""
         return {"forward": self.forward, "vstar_batch": self.vstar_batch or "auto"}
+
+
+@dataclass
+class EditRuntime:
+    """The state of a sequence of edits under frozen :class:`RuntimeSettings` (see the module docstring): what a
+    run's edits share and nothing else: the context-template cache, the open window of independent edits, and
+    whether editors report their costly diagnostics."""
+
+    settings: RuntimeSettings = field(default_factory=RuntimeSettings)
+    #: generated context templates, keyed by (model name, template spec, seed, start)
+    templates: dict = field(default_factory=dict, repr=False)
+    #: the window of independent edits runner ``mode: single`` opens (objective.solve.independent_edits)
+    window: Any = field(default=None, repr=False)
+    #: report the diagnostics that cost extra time (module docstring); fixed when the runtime is made
+    diagnostics: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any] | None = None, where: str = "runtime") -> EditRuntime:
+        """A fresh runtime under :meth:`RuntimeSettings.resolve` of ``settings``."""
+        return cls(RuntimeSettings.resolve(settings, where))

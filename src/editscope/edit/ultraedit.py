@@ -42,9 +42,12 @@ from editscope.data.records import EditRequest
 from editscope.edit.hparams import (
     TUNE_LAYERS,
     HParams,
+    Modules,
     check_convention,
     check_modules,
     default_modules,
+    implied_layers,
+    module_targets,
     without_default_modules,
 )
 from editscope.edit.objective import ObjectiveTerm
@@ -85,10 +88,11 @@ class UltraEditHParams(HParams):
     loss: str | None = None
     variance: str | None = None
     sub_batch: int = 10
-    modules: list[str] = field(default_factory=default_modules)
+    modules: Modules = field(default_factory=default_modules)
 
     #: modules: the MLP matrices written at each of ``layers`` (gate, up, down; the paper's and editscope's default
-    #: is the down projection; the reference's Qwen2.5 and LLaMA-3 configs edit gate and up).
+    #: is the down projection; the reference's Qwen2.5 config edits gate and up in layers 18-26), or a layer set per
+    #: matrix (the reference's LLaMA-3 config: gate in 11-15, up in 18-24; :data:`~editscope.edit.hparams.Modules`).
     #: lr: η of the pseudo values v = −η ‖k̂‖² ĝ (the reference config's 1e-6 on 7-8B models; SmolLM2 ships 1e-3);
     #: ridge: λ of the solve (KᵀK + λI)⁻¹ (1 in the paper and the reference; > 0 keeps it invertible).
     RANGES = {"lr": "(0, 10]", "ridge": "(0, 1e12]"}
@@ -101,10 +105,17 @@ class UltraEditHParams(HParams):
         check_convention(self, where, ULTRA_CONVENTIONS, ULTRA_SWITCHES)
         if isinstance(self.sub_batch, bool) or not isinstance(self.sub_batch, int) or self.sub_batch < 1:
             raise EditscopeError(f"{where}: key 'sub_batch': must be a positive integer, got {self.sub_batch!r}")
-        check_modules(self.modules, where)
+        check_modules(self.modules, self.layers, where)
+
+    @classmethod
+    def implied(cls, data: dict) -> dict:
+        return implied_layers(data)
 
     def matrices(self) -> list[str]:
         return list(self.modules)
+
+    def written(self) -> list[tuple[int, str]]:
+        return module_targets(self.modules, self.layers)
 
     def switches(self) -> dict[str, str]:
         """The switches in force: the preset of ``convention``, overridden by any switch given."""
@@ -262,8 +273,9 @@ Target = tuple[int, str]
 
 
 def targets(hp: UltraEditHParams) -> list[Target]:
-    """Every matrix a turn writes, layer by layer (each of ``modules`` at each of ``layers``)."""
-    return [(layer, matrix) for layer in hp.layers for matrix in hp.modules]
+    """Every matrix a turn writes, layer by layer (each of ``modules`` at each of ``layers``, or at its own layer
+    set)."""
+    return hp.written()
 
 
 def target_label(target: Target) -> int | str:

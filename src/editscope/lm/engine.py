@@ -652,7 +652,8 @@ class ScoringEngine(Scorer):
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 20, top_k: int | None = None,
                  seed: int | None = None) -> list[str]:
-        """Continuations of each prompt: greedy, or top-k sampled with a seed (reproducible)."""
+        """Continuations of each prompt: greedy, or top-k sampled with a seed (reproducible: drawn from a generator of
+        the call's own, :class:`~editscope.lm.sampling.HostTopK`; torch's global stream is not touched)."""
         rows = self._context_forward(prompts, None)
         ids, mask, _, _ = self._inputs(rows, "left")
         # do_sample stays off: top-k draws are made by HostTopK, the same on every device
@@ -662,8 +663,8 @@ class ScoringEngine(Scorer):
 
             from editscope.lm.sampling import HostTopK
 
-            kwargs.update(logits_processor=LogitsProcessorList([HostTopK(top_k)]))
-            torch.manual_seed(0 if seed is None else seed)
+            draws = torch.Generator().manual_seed(0 if seed is None else seed)  # host
+            kwargs.update(logits_processor=LogitsProcessorList([HostTopK(top_k, draws)]))
         out = self.model.generate(ids, **kwargs)
         return [self.tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
 

@@ -1,35 +1,34 @@
 """``report``: one self-contained ``report.html`` (figures embedded as base64 PNG), a ``report.md`` (figures
 written next to it under ``figures/``) and ``tables.tex`` (booktabs) from one or more run directories.
 
-It opens with the pivot of every method against every headline metric (:mod:`editscope.report.pivot`: best bold,
-paired differences against a named baseline, † where significant); every table sits in its own scroll box and is
-kept narrow enough (pivot split by columns, "All metrics" transposed and split by methods) that none scrolls on a
-1,400 px screen.
+This module reads the runs and analyses them once (:func:`analyse`: the summary, the pivot of every method
+against every headline metric (:mod:`editscope.report.pivot`: best bold, paired differences against a named
+baseline, † where significant), the curves of sequential runs, the protocol gaps and notes, the figures);
+:func:`build_report` turns the :class:`Analysis` into one document (:func:`editscope.report.document.
+build_document`: what appears) and writes it three times (:mod:`editscope.report.writers`: how it looks in
+Markdown, LaTeX and HTML).
 
 Everything suite-specific comes from declarations: the metric declarations stored in each run's
 ``run.json`` (directions, units, ranges, pre/post pairing, aggregates) and each suite's ``figures`` hook
 (suites built from the run's config through the registry or ``suite_factories``). Under every table it prints
-the protocol its numbers follow and the editors' conventions (:func:`editscope.run.summary.protocol_notes`)."""
+the protocol its numbers follow and the editors' conventions (:func:`editscope.run.summary_tables.protocol_notes`)."""
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from editscope.atomic import atomic_write_bytes, atomic_write_text, make_dirs
 from editscope.errors import EditscopeError
 from editscope.metrics.registry import MetricSpec
-from editscope.plotting import png_axes
-from editscope.report import figures
-from editscope.report.pages import png_src, render
-from editscope.report.pivot import Pivot, best_in_compact, build_pivot
+from editscope.report import figures, writers
+from editscope.report.document import Cards, Figure, build_document
+from editscope.report.pivot import Pivot, build_pivot
+from editscope.report.writers import png_name
 from editscope.run.config import check_stored_config
 from editscope.run.models import expand_run_dirs
-from editscope.run.planned import planned_count, rows_text
 from editscope.run.store import RESULTS, ROW_CONFIG_KEY, RUN_JSON, read_json, row_key, run_rows
 from editscope.run.suites import (
     DeclaredMetrics,
@@ -42,36 +41,32 @@ from editscope.run.suites import (
     recorded_facts,
 )
 from editscope.run.summary import (
-    TABLE_NOTE,
     CurveMap,
     OrderMap,
     OrderPoint,
     SummaryRow,
     across_orders,
-    compact_table,
-    curve_markdown,
     edit_info_curves,
-    metrics_table,
-    orders_table,
-    protocol_gap_table,
-    protocol_notes,
     retention,
     spec_of,
     summarize,
     summarize_by_edits,
 )
-from editscope.suites.base import Suite, SuiteFigure
+from editscope.run.summary_tables import protocol_gap_table, protocol_notes
+from editscope.suites.base import Suite
 from editscope.tables import Table
+
+__all__ = ["TABLES_TEX", "Analysis", "Figure", "Run", "analyse", "build_figures", "build_report", "load_runs",
+           "png_name"]
 
 
 @dataclass
 class Run:
+    """One run as the report reads it: its folder, its ``run.json`` and its rows (labels as the report keys them:
+    :func:`load_runs`)."""
     path: Path
     meta: dict[str, Any]
     rows: list[dict[str, Any]]
-
-
-Figure = SuiteFigure  # slug, title, caption, png
 
 
 def load_runs(run_dirs: list[str | Path], missing: list[str] | None = None) -> list[Run]:
@@ -135,6 +130,8 @@ def _key_by_model(run: Run) -> None:
 
 
 def _ordered(runs: list[Run], field: str, config_key: str) -> list[str]:
+    """The labels in the runs' rows' ``field`` (method or dataset), each once: run by run, in the order of the run's
+    config list ``config_key`` (a label's part before `` [`` counts), labels the config lacks after its own."""
     out: list[str] = []
     for run in runs:
         labels = [x["label"] for x in run.meta.get("config", {}).get(config_key, [])]
@@ -175,6 +172,7 @@ def _facts(runs: list[Run]) -> dict[str, SuiteFacts]:
 
 
 def _specs(runs: list[Run], suite_factories: Mapping[str, SuiteFactory] | None) -> DeclaredMetrics:
+    """The metric declarations of each (dataset, suite) the runs hold (the first run wins)."""
     out: DeclaredMetrics = {}
     for run in runs:
         for key, specs in declared_metrics(run.meta, suite_factories).items():
@@ -204,43 +202,6 @@ def build_figures(runs: list[Run], summary: list[SummaryRow], methods: list[str]
         if drows:
             out += suite.figures(dataset, drows, methods, seed=seed)
     return out
-
-
-def _with_best(table: Table, rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec]) -> Table:
-    """A compact table (:func:`compact_table`) with the best method per column bold (:func:`best_in_compact`)."""
-    best = best_in_compact(rs, methods, specs)
-    return replace(table, bold={(i, j) for i, cells in enumerate(table.rows) for j in range(len(cells))
-                                if (cells[0], j) in best})
-
-
-BOLD_NOTE = "Bold: the best method per column (direction from the metric's declaration)."
-
-
-ALL_METRICS_METHODS = 5
-"""Methods per 'All metrics' table: the table is transposed (a row per metric, a column per method), and more
-methods than this are split over several tables, so none is wider than a 1,400 px screen."""
-
-
-def _transposed(table: Table) -> list[Table]:
-    """The 'All metrics' table of the HTML page: a row per metric (the first row: n), a column per method, at most
-    :data:`ALL_METRICS_METHODS` methods per table."""
-    out = []
-    for start in range(0, len(table.rows), ALL_METRICS_METHODS):
-        part = table.rows[start:start + ALL_METRICS_METHODS]
-        out.append(Table(["metric", *(cells[0] for cells in part)],
-                         [[table.headers[k], *(cells[k] for cells in part)] for k in range(1, len(table.headers))]))
-    return out
-
-
-def _run_meta(run: Run) -> list[tuple[str, str]]:
-    m = run.meta
-    versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())
-    mode = m["config"]["mode"] + ("" if m["config"]["mode"] == "single" else f" {m['config']['group_size']}")
-    return [("run", str(run.path)), ("model", f"{m['model']['name']} (fingerprint {m['model']['fingerprint']})"),
-            ("mode", mode),
-            ("rows", rows_text(len(run.rows), planned_count(m))), ("status", str(m.get("status"))),
-            ("time", f"{m.get('started')} – {m.get('finished')}"), ("versions", versions)] + (
-        [("torch threads", "/".join(map(str, m["torch_threads"])))] if m.get("torch_threads") else [])
 
 
 @dataclass
@@ -340,140 +301,10 @@ def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[d
         specs[(dataset, suite)] = (*specs.get((dataset, suite), ()), *declared.values())
 
 
-@dataclass
-class _Document:
-    """The report's texts as they are built: Markdown lines, LaTeX lines and the HTML page's fields."""
-    md: list[str]
-    tex: list[str]
-    page: dict[str, Any]
-
-    def add_figure(self, f: Figure, into: list[dict[str, Any]]) -> None:
-        """``f`` in the Markdown (a link to its PNG) and in the page's list ``into`` (embedded, with its axes)."""
-        self.md.extend([f"![{f.title}](figures/{png_name(f.slug)})", "", f"*{f.caption}*", ""])
-        axes = png_axes(f.png) or []
-        alt = f.title + "".join(f"; panel {i + 1}: y axis {a['y'] or '(none)'}, x axis {a['x'] or '(ticks)'}"
-                                for i, a in enumerate(axes) if not a["colorbar"])
-        into.append({"title": f.title, "alt": alt, "axes": json.dumps(axes), "src": png_src(f.png),
-                     "caption": f.caption})
-
-
-def _start_document(runs: list[Run], missing: Sequence[str] = ()) -> _Document:
-    """The title, each run's facts, each listed model the report lacks and the note on the tables, in every
-    text."""
-    title = "editscope report"
-    note = ("Per suite, first the paper's columns in the paper's units (×100 where the paper prints percentages; "
-            "row 'unedited' = the pre-edit values), then every metric. " + TABLE_NOTE
-            + " Metrics are recomputable from the raw probes in each run's results.jsonl.")
-
-    md = [f"# {title}", ""]
-    for run in runs:
-        md += [f"- **{k}**: {v}" for k, v in _run_meta(run)] + [""]
-    md += [line for m in missing for line in (f"*Not in this report: {m}.*", "")]
-    md += [note, ""]
-    page: dict[str, Any] = {"title": title, "runs": [_run_meta(run) for run in runs], "note": note, "pivot": None,
-                            "gaps": None, "sections": [], "case_studies": [], "cards": None,
-                            "configs": [json.dumps(run.meta["config"], indent=2) for run in runs]}
-    tex = ["% editscope report: booktabs tables (\\usepackage{booktabs}); paste into a paper.", ""]
-    return _Document(md, tex, page)
-
-
-def _add_pivot(doc: _Document, pivot: Pivot) -> None:
-    """Every method against every headline metric, with the baseline of the differences."""
-    baseline_line = f"Baseline of the differences: {pivot.baseline}."
-    doc.md += ["## All methods × headline metrics", "", baseline_line, ""] + pivot.markdown()
-    doc.page["pivot"] = {"baseline_line": baseline_line, "note": pivot.baseline_note,
-                         "tables": [pivot.table(chunk) for chunk in pivot.chunks()]}
-    doc.tex += [f"% pivot: all methods x headline metrics; {baseline_line}"] + pivot.latex() + [""]
-
-
-def _add_gaps(doc: _Document, gaps: Table) -> None:
-    """Both protocols of the same edits side by side, with the paired gap (evaluation in the wild beside the
-    teacher-forced suite of the same block)."""
-    doc.md += [f"## {gaps.caption}", "", *gaps.markdown().split("\n"), ""]
-    doc.page["gaps"] = gaps
-    doc.tex += [f"% {gaps.caption}", gaps.latex(), ""]
-
-
-def _add_compact(doc: _Document, rs: list[SummaryRow], methods: list[str], specs: Sequence[MetricSpec],
-                 dataset: str, suite: str) -> Table | None:
-    """The paper's columns in Markdown and LaTeX; the page's version of them (the best bold), or None."""
-    compact = compact_table(rs, methods, specs)
-    if compact is None:
-        return None
-    doc.md += compact.markdown().split("\n") + ["", "All metrics:", ""]  # as summary.md prints it: no bold
-    best = _with_best(compact, rs, methods, specs)
-    doc.tex += [f"% {suite} on {dataset}", replace(best, caption=f"{suite} on {dataset}.").latex(), ""]
-    return replace(best, notes=[*best.notes, BOLD_NOTE]) if best.bold else best
-
-
-def _add_curve(doc: _Document, section: dict[str, Any], a: Analysis, bars: Mapping[str, Figure], dataset: str,
-               suite: str) -> None:
-    """A sequential run's table and figures of the metrics after each number of edits, where it has them."""
-    curve = curve_markdown(a.curves.get((dataset, suite), {}), a.methods, a.specs.get((dataset, suite)))
-    if not curve:
-        return
-    doc.md += ["After each number of edits (sequential batches):", ""] + curve + [""]
-    section["curve"] = {"title": f"{suite} on {dataset} vs number of edits", "figures": []}
-    doc.add_figure(bars[f"curve-{dataset}-{suite}"], section["curve"]["figures"])
-    if f"retention-{dataset}-{suite}" in bars:
-        doc.add_figure(bars[f"retention-{dataset}-{suite}"], section["curve"]["figures"])
-    table = orders_table(a.orders.get((dataset, suite), []), a.specs.get((dataset, suite)))
-    if table is not None:
-        doc.md += [f"Across {len(a.orders[(dataset, suite)][0].values)} edit orders:", ""]
-        doc.md += table.markdown().split("\n") + [""]
-        doc.add_figure(bars[f"orders-{dataset}-{suite}"], section["curve"]["figures"])
-
-
-IN_PROGRESS_NOTE = ("No final rows yet (the sequential run is still going: `editscope run` resumes it); the "
-                    "checkpoints written so far:")
-
-
-def _add_section(doc: _Document, a: Analysis, bars: Mapping[str, Figure], dataset: str, suite: str,
-                 rs: list[SummaryRow]) -> None:
-    """One suite on one dataset: the paper's columns, every metric, the protocol notes, the bars and curves. A
-    sequential run still in progress has no final rows (``rs`` empty) yet: its checkpoints' curves alone."""
-    lines = a.notes.get((dataset, suite), [])
-    doc.md += [f"## {suite} on {dataset}", ""]
-    section: dict[str, Any] = {"title": f"{suite} on {dataset}", "compact": None, "all": [], "notes": lines,
-                               "figures": [], "curve": None}
-    if rs:
-        section["compact"] = _add_compact(doc, rs, a.methods, a.specs.get((dataset, suite), ()), dataset, suite)
-        everything = metrics_table(rs, a.methods, a.specs)
-        doc.md += everything.markdown().split("\n") + [""]
-        section["all"] = _transposed(everything)
-    else:
-        lines = section["notes"] = [IN_PROGRESS_NOTE, *lines]
-    doc.page["sections"].append(section)
-    doc.md += [f"*{n}*  " for n in lines] + ([""] if lines else [])
-    if rs:
-        doc.add_figure(bars[f"bars-{dataset}-{suite}"], section["figures"])
-    _add_curve(doc, section, a, bars, dataset, suite)
-
-
-def _add_case_studies(doc: _Document, figs: list[Figure]) -> None:
-    """The suites' own figures (neither bars nor curves), under one heading."""
-    extra = [f for f in figs if not f.slug.startswith(("bars-", "curve-", "retention-", "orders-"))]
-    if not extra:
-        return
-    doc.md += ["## Case studies", ""]
-    for f in extra:
-        doc.md += [f"### {f.title}", ""]
-        doc.add_figure(f, doc.page["case_studies"])
-
-
-def _add_cards(doc: _Document, cards: Mapping[tuple[str, str, str], str]) -> None:
-    """Links to the edit cards of chosen cases (editscope report --cards), a column per method."""
-    card_methods = list(dict.fromkeys(m for _, _, m in cards))
-    doc.page["cards"] = {"methods": card_methods, "rows": [
-        (d, c, [cards.get((d, c, m)) for m in card_methods])
-        for d, c in dict.fromkeys((d, c) for d, c, _ in cards)]}
-    doc.md += ["## Edit cards", ""] + [f"- [{d} {c} {m}]({link})" for (d, c, m), link in cards.items()] + [""]
-
-
 def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *, seed: int = 0,
                  suite_factories: Mapping[str, SuiteFactory] | None = None,
                  baseline: str | None = None,
-                 cards: Mapping[tuple[str, str, str], str] | None = None,
+                 cards: Cards | None = None,
                  log: Callable[[str], None] = lambda _m: None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (plus ``figures/*.png``) and ``tables.tex`` (the pivot and every
     compact table as booktabs tabulars) to ``out_dir`` (default: the first run directory); return the paths of
@@ -481,41 +312,23 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, 
     unedited model). ``suite_factories`` supplies suites that are not registered (for their figures and, in
     runs without stored declarations, their metric declarations). ``cards``: (dataset, case id, method) -> the
     path of its edit card relative to ``out_dir`` (:func:`editscope.report.card.make_cards`), linked from an
-    "Edit cards" section. ``log`` gets one line per listed model the report lacks (also said on the page)."""
+    "Edit cards" section. ``log`` gets one line per listed model the report lacks (also said on the page and in
+    ``report.md``)."""
     a = analyse(run_dirs, seed=seed, suite_factories=suite_factories, baseline=baseline)
     out = make_dirs(Path(out_dir if out_dir is not None else run_dirs[0]), "report folder")
     for f in a.figures:
         atomic_write_bytes(out / "figures" / png_name(f.slug), f.png)
 
-    tables: dict[tuple[str, str], list[SummaryRow]] = {}
-    for r in a.summary:
-        tables.setdefault((r.dataset, r.suite), []).append(r)
-    bars = {f.slug: f for f in a.figures}
     for line in a.missing:  # the user sees at once that a model is missing, not only when reading the page
         log(f"report: {line}; reported without it")
-    doc = _start_document(a.runs, a.missing)
-    if a.pivot is not None:
-        _add_pivot(doc, a.pivot)
-    if a.gaps is not None:
-        _add_gaps(doc, a.gaps)
-    for dataset, suite in [*tables, *(key for key in a.curves if key not in tables)]:
-        _add_section(doc, a, bars, dataset, suite, tables.get((dataset, suite), []))
-    _add_case_studies(doc, a.figures)
-    if cards:  # edit cards of chosen cases (editscope report --cards)
-        _add_cards(doc, cards)
-    html_path = atomic_write_text(out / "report.html", render("report.html", **doc.page))
-    md_path = atomic_write_text(out / "report.md", "\n".join(doc.md) + "\n")
-    atomic_write_text(out / TABLES_TEX, "\n".join(doc.tex) + "\n")
+    doc = build_document(a, cards)
+    html_path = atomic_write_text(out / "report.html", writers.html(doc))
+    md_path = atomic_write_text(out / "report.md", writers.markdown(doc))
+    atomic_write_text(out / TABLES_TEX, writers.latex(doc))
     return html_path, md_path
 
 
 TABLES_TEX = "tables.tex"
-
-
-def png_name(slug: str) -> str:
-    """A figure's file name: labels such as ``counterfact [smollm2-135m]`` (runs of several models) hold spaces and
-    brackets, which a Markdown image link cannot."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", slug) + ".png"
 
 
 def _model_level(keys: Iterable[tuple[str, str]], facts: FactsMap) -> set[tuple[str, str]]:

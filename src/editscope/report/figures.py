@@ -12,7 +12,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from editscope.metrics.registry import MetricSpec
 from editscope.plotting import method_colors, plt, png
-from editscope.run.summary import LOG_UNITS, SummaryRow, curve_columns
+from editscope.run.summary import LOG_UNITS, SummaryRow
+from editscope.run.summary_tables import curve_columns
 
 UNIT_TEXT = {"share": "share (0–1)", "prob": "probability (0–1)", "ppl": "perplexity (ppl)",
              "prob-diff": "probability difference", "log-prob": "log-probability (nats)", "flag": "flag (0/1)"}
@@ -252,9 +253,9 @@ def edit_curves(points: Mapping[int, Sequence[SummaryRow]], methods: Sequence[st
                 specs: Sequence[MetricSpec], *, log_x: bool | None = None, faint: Faint | None = None,
                 caption: str = "mean over the cases edited so far, band: 95% CI") -> bytes:
     """Metric vs number of edits on the model (sequential batches): one panel per metric of
-    :func:`~editscope.run.summary.curve_columns`, one line per method through the edited model's means, the 95% CI
-    as a band (clipped to the metric's range), the unedited model's mean as a dashed line where the metric has a
-    pre-edit value. ``log_x`` (default: :func:`log_edits_axis`) draws the edits on a log scale; ``faint`` adds thin
+    :func:`~editscope.run.summary_tables.curve_columns`, one line per method through the edited model's means, the
+    95% CI as a band (clipped to the metric's range), the unedited model's mean as a dashed line where the metric has
+    a pre-edit value. ``log_x`` (default: :func:`log_edits_axis`) draws the edits on a log scale; ``faint`` adds thin
     curves under each method's (its edit orders: ``points`` then hold the mean across them)."""
     cols = curve_columns(specs)
     colors = method_colors(methods)

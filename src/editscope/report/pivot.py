@@ -30,16 +30,8 @@ import numpy as np
 from editscope.errors import EditscopeError
 from editscope.metrics.intervals import clip_interval, paired_bootstrap_aggregate, paired_mean_ci
 from editscope.metrics.registry import MetricSpec
-from editscope.run.summary import (
-    LOG_UNITS,
-    MIN_CI_N,
-    UNEDITED,
-    SpecMap,
-    SummaryRow,
-    paper_cell,
-    paper_header,
-    paper_num,
-)
+from editscope.run.summary import LOG_UNITS, SpecMap, SummaryRow
+from editscope.run.summary_tables import MIN_CI_N, UNEDITED, paper_cell, paper_header, paper_num
 from editscope.tables import Table
 
 MAX_COLUMNS = 6
@@ -390,7 +382,7 @@ def build_pivot(rows: Sequence[dict[str, Any]], summary: Sequence[SummaryRow], s
 def best_in_compact(rs: Sequence[SummaryRow], methods: Sequence[str], specs: Sequence[MetricSpec],
                     no_edit: str = "none") -> set[tuple[str, int]]:
     """(row label, column index in the compact table's headers) of the best method per headline column of
-    :func:`~editscope.run.summary.compact_table` (means as printed; ties all bold; needs two methods)."""
+    :func:`~editscope.run.summary_tables.compact_table` (means as printed; ties all bold; needs two methods)."""
     cell = {(r.method, r.metric): r for r in rs}
     out: set[tuple[str, int]] = set()
     for k, s in enumerate(_headline(specs)):

@@ -38,7 +38,8 @@ from editscope.integrity import unverified, verify_folder
 from editscope.report.build import Analysis, analyse, png_name
 from editscope.run.archive import archive_run
 from editscope.run.store import MODELS_JSON, has_rows
-from editscope.run.summary import break_points, break_table, curve_markdown, orders_table
+from editscope.run.summary import break_points
+from editscope.run.summary_tables import break_table, curve_markdown, orders_table
 
 START = re.compile(r"^<!-- editscope:measured (?P<args>.+?) -->\s*$")
 END = "<!-- editscope:end -->"

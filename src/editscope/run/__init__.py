@@ -15,7 +15,7 @@ _WHERE = {
     "merge_runs": "editscope.run.merge", "Runner": "editscope.run.runner", "RunResult": "editscope.run.runner",
     "recompute_metrics": "editscope.run.runner", "run": "editscope.run.runner",
     "read_results": "editscope.run.store", "summarize": "editscope.run.summary",
-    "write_summary": "editscope.run.summary",
+    "write_summary": "editscope.run.summary_tables",
 }
 
 if TYPE_CHECKING:
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from editscope.run.merge import merge_runs
     from editscope.run.runner import Runner, RunResult, recompute_metrics, run
     from editscope.run.store import read_results
-    from editscope.run.summary import summarize, write_summary
+    from editscope.run.summary import summarize
+    from editscope.run.summary_tables import write_summary
 
 
 __getattr__ = lazy_exports(__name__, _WHERE)

@@ -25,7 +25,6 @@ from editscope.edit.budget import (
 )
 from editscope.errors import EditscopeError
 from editscope.run.config import RunConfig
-from editscope.run.plan import Single
 
 #: environment variable that turns the check off (``0``, ``off``, ``false``, ``no``)
 ENV = "EDITSCOPE_PLAN_CHECK"
@@ -40,12 +39,11 @@ def _requests_per_edit(config: RunConfig) -> int:
 def plans_for_config(config, *, device: str | None = None, dtype: str | None = None,
                      available: int | None = None, host_available: int | None = None) -> list[Plan]:
     """One plan per method of a single-model run config (``methods: [none]`` plans nothing)."""
-    from editscope.edit.runtime import EditRuntime
     from editscope.lm.device import resolve_device
 
     device = str(resolve_device(device or config.device))
     dtype = dtype or config.dtype or "float32"
-    runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime")
+    settings = config.settings
     shape = model_shape(config.model)
     if available is None and host_available is None:
         available, host_available = available_memory(device)
@@ -57,11 +55,11 @@ def plans_for_config(config, *, device: str | None = None, dtype: str | None = N
             continue
         hp, note = plan_hparams(spec.name, shape, config.model, spec.hparams, spec.overrides)
         requests = _requests_per_edit(config)
-        if type(config.mode) is Single and runtime.vstar_batch:  # a window of N cases optimised together
-            requests = runtime.vstar_batch
+        if config.mode.alone and settings.vstar_batch:  # a window of N cases optimised together
+            requests = settings.vstar_batch
         try:
             plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
-                                   vstar_batch=runtime.vstar_batch,
+                                   vstar_batch=settings.vstar_batch,
                                    stats_cached=stats_cached(config.model, hp, dtype), hparams_note=note,
                                    available=available, host_available=host_available))
         except NoPlan:  # a method with no memory model is not checked (never with another method's plan)

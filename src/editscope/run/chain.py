@@ -330,7 +330,7 @@ class GroupChain:
             positions = self.mode.probed(self.log.n_cases, len(self.members), trial.reprobe_seed(self.g))
             if any((self.members[k], applied) in self.todo for k in positions):
                 cases = [block.cases[self.members[k]] for k in positions]
-                yield r, applied, positions, trial.probe(self.engine, cases, self.g, "post", f"round {r}")
+                yield r, applied, positions, trial.probe(self.engine, cases)
             if self.mode.resumable:
                 self._save(r, applied)  # after its rows are written: a kill from here on resumes after round r
 

@@ -57,8 +57,9 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from editscope import yamlio
 from editscope.data.hf import hf_source, is_hf_source
@@ -80,6 +81,9 @@ from editscope.run.plan import (
     order_label,
 )
 from editscope.typed import typed as fits  # _Checker.typed is the method of that name
+
+if TYPE_CHECKING:
+    from editscope.edit.runtime import RuntimeSettings
 
 TOP_KEYS = {"model", "models", "seed", "output", "mode", "save_patches", "methods", "datasets", "dataset", "slice",
             "suites", "plugin_modules", "device", "dtype", "runtime", "chat_template", "lm_eval"}
@@ -235,20 +239,29 @@ class RunConfig:
         except (TypeError, ValueError, AttributeError) as exc:
             raise EditscopeError(f"{path}: field 'config': {str(exc)[:120]}; the file is damaged") from None
 
+    @cached_property
+    def settings(self) -> RuntimeSettings:
+        """The runtime settings in force: the config's ``runtime`` keys, the environment's defaults for the others
+        (:meth:`~editscope.edit.runtime.RuntimeSettings.resolve`), parsed once per config."""
+        from editscope.edit.runtime import RuntimeSettings
+
+        return RuntimeSettings.resolve(dict(self.runtime), where=f"{self.where}: runtime")
+
     def block_labels(self) -> list[str]:
         """The labels of the blocks a run edits, in order: each block's, then its other edit orders' (``orders``)."""
         return [order_label(b.label, k) for b in self.blocks for k in range(getattr(self.mode, "orders", 1))]
 
     def digest(self, runtime: dict[str, Any] | None = None, *, without: tuple[str, ...] = ()) -> str:
         """Identity of what is computed: everything but the output directory and the device, with ``runtime`` (the
-        runtime settings in force) where they differ from the defaults (so older runs keep their digest).
+        runtime settings recorded with results; None: :attr:`settings`) where they differ from the defaults (so
+        older runs keep their digest).
         ``without``: fields left out too (``("methods",)``: what the unedited model's probes depend on)."""
         from editscope.edit.runtime import DEFAULT_SETTINGS
 
         data = self.to_dict()
         for name in ("output", "device", "runtime", *without):
             data.pop(name, None)
-        changed = {k: v for k, v in (runtime or dict(self.runtime)).items() if DEFAULT_SETTINGS.get(k) != v}
+        changed = {k: v for k, v in (runtime or self.settings.recorded()).items() if DEFAULT_SETTINGS.get(k) != v}
         if changed:
             data["runtime"] = changed
         return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()

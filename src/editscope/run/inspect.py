@@ -39,7 +39,6 @@ from editscope.lm.engine import ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.metrics.registry import specs_to_json
 from editscope.run.blocks import load_blocks
-from editscope.run.plan import Single
 from editscope.run.store import RESULTS, RUN_JSON, read_json, read_results
 from editscope.run.trial import Method, Trial, request_dicts
 from editscope.suites.base import Suite
@@ -77,9 +76,10 @@ class CardJob:
 
 
 def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int,
-            collateral_sources: Sequence[str] | None) -> dict[str, Suite]:
-    """The card's suites beyond the run's: the ones whose edit is the case's own request (so the edit is the same)
-    and whose data the case has."""
+            collateral_sources: Sequence[str] | None, editor: Any) -> dict[str, Suite]:
+    """The card's suites beyond the run's: the ones whose edit is the case's own request (so the edit is the same),
+    whose data the case has, and that can measure ``editor``'s edit (none that perturbs prompt embeddings for a
+    context editor: its context cannot ride on them)."""
     def has(kind: type) -> bool:
         return any(isinstance(s, kind) for s in present.values())
 
@@ -92,6 +92,8 @@ def _extras(case: Case, present: Mapping[str, Suite], collateral_facts: int,
         out[OneToNSuite.name] = OneToNSuite(edits="append")  # append: edits the case's request, like the others
     if not has(CollateralSuite):
         out[CollateralSuite.name] = CollateralSuite(facts=collateral_facts, sources=collateral_sources or SOURCES)
+    if editor.kind == "context":
+        out = {name: suite for name, suite in out.items() if not suite.reads_prompt_embeddings}
     return out
 
 
@@ -113,7 +115,7 @@ def not_replayable(run_dir: str | Path) -> str | None:
     if not (run_dir / RUN_JSON).is_file():
         return f"{run_dir}: no {RUN_JSON} (not a run directory)"
     config = RunConfig.from_run_json(read_json(run_dir / RUN_JSON).get("config"), run_dir / RUN_JSON)
-    if type(config.mode) is not Single:
+    if not config.mode.alone:
         return (f"{run_dir}: mode {config.mode.label}: a card replays one case's edit alone, which is what the run "
                 "did only in mode single")
     return None
@@ -161,10 +163,10 @@ def job_from_run(run_dir: str | Path, case_id: str, *, method: str | None = None
     editor = get_editor(spec.name)
     editor.check_model(bundle)
     hp = editor.load_hparams(bundle, spec.hparams, spec.overrides or None, f"method {spec.label!r}: override")
-    runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{run_dir}: runtime")
+    runtime = EditRuntime(config.settings)
     row = next((r for r in read_results(run_dir / RESULTS) if r["dataset"] == block.label
                 and r["case_id"] == case_id and r["method"] == method and not r.get("checkpoint")), None)
-    suites = {**block.suites, **_extras(block.cases[index], block.suites, collateral_facts, collateral_sources)}
+    suites = {**block.suites, **_extras(block.cases[index], block.suites, collateral_facts, collateral_sources, editor)}
     trial = Trial(block.label, suites, Method(method, editor, hp, tuple(spec.attached_plugins())), runtime,
                   config.seed, meta.get("prompt_format"))
     return CardJob(bundle, block.cases[index], trial, tuple(block.suites), tuple(block.requests[index]),
@@ -189,7 +191,7 @@ def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, parap
     case = Case("edit", "cli", (request,), paraphrase_prompts=list(paraphrases), neighborhood=list(neighbours),
                 valid_answers=valid if request.correct_answers else [], hard_false=list(request.hard_false))
     suites: dict[str, Suite] = {CounterFactSuite.name: CounterFactSuite()} if request.target_true else {}
-    trial = Trial("cli", {**suites, **_extras(case, suites, collateral_facts, collateral_sources)},
+    trial = Trial("cli", {**suites, **_extras(case, suites, collateral_facts, collateral_sources, editor)},
                   Method(editor.display(list(plugins)), editor, hp, tuple(plugins)),
                   runtime or EditRuntime.from_settings({}, where="card"), seed)
     source: dict[str, Any] = {"cli": True} | ({"derived_hparams": derived} if derived else {})
@@ -200,7 +202,8 @@ def job_from_request(bundle: Bundle, method: str, request: EditRequest, *, parap
 
 def _candidates(pre: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
     """Every scored candidate of a suite's probes, pre and post side by side (log-prob summed over the answer's
-    tokens; ``p_*`` = exp of the mean token log-prob, the probability PEAK and ROME compare)."""
+    tokens; ``p_*`` = exp of the mean token log-prob, the probability PEAK and ROME compare; ``top1_*``: every token
+    the argmax, None where the suite's probe does not record it, as a plug-in suite's need not)."""
     out = []
     for a, b in zip(pre.get("prompts", []), post.get("prompts", []), strict=True):
         for x, y in zip(a.get("candidates", []), b.get("candidates", []), strict=True):
@@ -208,8 +211,13 @@ def _candidates(pre: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any
             out.append({"role": a["role"], "prompt": a["prompt"], "text": x["text"], "kind": x["kind"],
                         "n_tokens": n, "pre": float(x["logprob_sum"]), "post": float(y["logprob_sum"]),
                         "p_pre": math.exp(float(x["logprob_sum"]) / n), "p_post": math.exp(float(y["logprob_sum"]) / n),
-                        "top1_pre": all(x["token_is_argmax"]), "top1_post": all(y["token_is_argmax"])})
+                        "top1_pre": _top1(x), "top1_post": _top1(y)})
     return out
+
+
+def _top1(candidate: dict[str, Any]) -> bool | None:
+    flags = candidate.get("token_is_argmax")
+    return None if flags is None else all(flags)
 
 
 def _answers(pre: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
@@ -351,7 +359,7 @@ class _Measured:
 def _measure(job: CardJob, engine: ScoringEngine, collateral: CollateralSuite | None, gen_prompts: list[str],
              generate_tokens: int, *stage: str) -> _Measured:
     """Probe the case (``stage``: "pre" before the edit), scan the known facts and generate, on the model as it is."""
-    probes = job.trial.probe(engine, [job.case], job.group, *stage).of(0)
+    probes = job.trial.probe(engine, [job.case], *stage).of(0)
     scan = collateral.scan(engine) if collateral is not None else ([], [])
     text = engine.generate(gen_prompts, max_new_tokens=generate_tokens) if generate_tokens else []
     return _Measured(probes, scan, text)
@@ -380,7 +388,7 @@ def _card_body(job: CardJob, pre: _Measured, post: _Measured, metrics: dict[str,
                  "paraphrases": list(case.paraphrase_prompts), "neighborhood": [list(x) for x in case.neighborhood]},
         "method": {"label": method.label, "editor": method.editor.name, "display": method.display,
                    "hparams": method.hp.to_dict(), "conventions": method.hp.protocol(),
-                   "plugins": [p.to_dict() for p in method.plugins], "runtime": trial.runtime.settings()},
+                   "plugins": [p.to_dict() for p in method.plugins], "runtime": trial.runtime.settings.recorded()},
         "source": job.source,
         "suites": {name: {"run_suite": name in job.run_suites, "protocol": protocol[name],
                           "declared": specs_to_json(s.declarations.specs), "metrics": metrics[name],

@@ -34,7 +34,8 @@ from editscope.run.store import (
     write_results,
 )
 from editscope.run.suites import SuiteFactory, declared_metrics, recorded_facts
-from editscope.run.summary import SummaryRow, write_summary
+from editscope.run.summary import SummaryRow
+from editscope.run.summary_tables import write_summary
 
 
 def row_order(config: RunConfig):

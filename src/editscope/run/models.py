@@ -104,14 +104,12 @@ def _complete(config: RunConfig, out_dir: Path, shard: tuple[int, int], limit: i
               suite_factories: Any = None, log: Callable[[str], None] = print) -> bool:
     """Whether ``out_dir`` holds a finished run of ``config`` with this shard and limit (nothing left to do): its
     run.json says so and its files hold every planned row (else ``log`` gets one line saying what is missing)."""
-    from editscope.edit.runtime import EditRuntime
     from editscope.run.planned import count_rows, plan_run
 
     if not (out_dir / RUN_JSON).is_file():
         return False
     meta = read_json(out_dir / RUN_JSON)
-    settings = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime").settings()
-    if not (meta.get("status") == "complete" and meta.get("config_digest") == config.digest(settings)
+    if not (meta.get("status") == "complete" and meta.get("config_digest") == config.digest()
             and list(meta.get("shard", [0, 1])) == list(shard) and meta.get("limit") == limit):
         return False
     count = count_rows(out_dir, plan_run(config, limit=limit, shard=shard, suite_factories=suite_factories))

@@ -44,6 +44,9 @@ class Single:
     name = "single"
     chained = False
     edits = True
+    #: every case edited alone from the unedited model: a card replays a case's edit as the run made it, and a
+    #: window of independent edits may optimise several cases' v*/z together (runtime ``vstar_batch``)
+    alone = True
     #: whether a group's chain saves a checkpoint file after each checkpoint round and resumes from it
     resumable = False
 
@@ -106,6 +109,7 @@ class Batch(Single):
 
     n: int = 1
     name = "batch"
+    alone = False
 
     @property
     def group_size(self) -> int:
@@ -159,6 +163,7 @@ class Lifelong(Single):
     name = "sequential_batches"
     chained = True
     resumable = True
+    alone = False
 
     @property
     def group_size(self) -> int:
@@ -256,6 +261,7 @@ class ProbeOnly(Single):
     n: int = PROBE_GROUP
     name = "probe_only"
     edits = False
+    alone = False
 
     @property
     def group_size(self) -> int:

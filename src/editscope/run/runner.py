@@ -55,7 +55,7 @@ from editscope.run.blocks import Block, load_blocks
 from editscope.run.chain import remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
-from editscope.run.plan import Lifelong, Single, Unit
+from editscope.run.plan import Lifelong, Unit
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
@@ -72,7 +72,8 @@ from editscope.run.store import (
     write_results,
 )
 from editscope.run.suites import SuiteFactory, declarations_to_json
-from editscope.run.summary import SummaryRow, results_text, write_summary
+from editscope.run.summary import SummaryRow
+from editscope.run.summary_tables import results_text, write_summary
 from editscope.run.trial import PreProbeCache, Trial
 from editscope.run.worker import GroupWorker, Work
 
@@ -87,7 +88,7 @@ class RunResult:
     skipped: int
     total_rows: int
     summary: list[SummaryRow]
-    #: the headline tables as plain text (:func:`~editscope.run.summary.results_text`)
+    #: the headline tables as plain text (:func:`~editscope.run.summary_tables.results_text`)
     tables: str = ""
 
 
@@ -150,7 +151,7 @@ class LocalExecutor:
         return torch.get_num_threads()
 
     def run(self, runner: Runner, work: Work, tasks: list[Task]) -> Iterator[dict[str, Any]]:
-        size = (runner.runtime.vstar_batch or 1) if type(runner.mode) is Single else 1
+        size = (runner.config.settings.vstar_batch or 1) if runner.mode.alone else 1
         for s in range(0, len(tasks), size):
             window = [work.blocks[b].requests[i] for b, _, members, _ in tasks[s:s + size] for i in members]
             with independent_edits(runner.runtime, work.engine.fingerprint, window):
@@ -220,8 +221,8 @@ class Runner:
         return {
             "format": FORMAT,
             "config": self.config.to_dict(),
-            "config_digest": self.config.digest(self.runtime.settings()),
-            "runtime": self.runtime.settings(),
+            "config_digest": self.config.digest(),
+            "runtime": self.config.settings.recorded(),
             "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers,
                       "device": bundle.device.type},
             "torch_threads": self._threads,
@@ -255,7 +256,7 @@ class Runner:
         self._row_digests = ROW_RUN_FLAG in meta
         assert self.bundle is not None
         self._check_runtime(meta.get("runtime") or {})
-        if meta.get("config_digest") != self.config.digest(self.runtime.settings()):
+        if meta.get("config_digest") != self.config.digest():
             raise EditscopeError(f"{self.out_dir} holds a run of a different config; use another output directory")
         if meta.get("model", {}).get("fingerprint") != self.bundle.fingerprint:
             raise EditscopeError(f"{self.out_dir} holds a run on a model with another fingerprint "
@@ -306,7 +307,7 @@ class Runner:
         rows, damaged = read_sound_results(self.out_dir / RESULTS, repair=True)
         for line in damaged:
             self.log(f"warning: {line}; computing it again")
-        own = self.config.digest(self.runtime.settings())
+        own = self.config.digest()
         foreign = [r for r in rows if r.get(ROW_CONFIG_KEY, own) != own]
         if foreign:
             for r in foreign:
@@ -321,7 +322,7 @@ class Runner:
         written before run.json recorded them were computed under the defaults)."""
         from editscope.edit.runtime import DEFAULT_SETTINGS
 
-        for key, value in self.runtime.settings().items():
+        for key, value in self.config.settings.recorded().items():
             before = stored.get(key, DEFAULT_SETTINGS[key])
             if before != value:
                 raise EditscopeError(f"{self.out_dir} holds rows computed with runtime {key}={before}, this run has "
@@ -371,7 +372,7 @@ class Runner:
                                                   log=self.log)
             self.worker.lm_eval_hook.baseline(bundle)
         written, status, failure = 0, "interrupted", {}
-        own = self.config.digest(self.runtime.settings())
+        own = self.config.digest()
         from tqdm import tqdm
 
         bar = tqdm(total=pending, desc="edit+evaluate", unit="row", disable=not self.progress, dynamic_ncols=True)

@@ -258,28 +258,21 @@ class Trial:
         return self.method.label if self.method is not None else "none"
 
     # -- seeds: the identity of each unit of work -------------------------------------------------------------
-    def pre_seed(self, group: int) -> int:
-        return derived_seed(self.seed, self.dataset, group, "pre")
-
     def edit_seed(self, group: int, *round_: int) -> int:
         return derived_seed(self.seed, self.dataset, self.label, group, "edit", *round_)
-
-    def post_seed(self, group: int, *tag: object) -> int:
-        return derived_seed(self.seed, self.dataset, self.label, group, "post", *tag)
 
     def reprobe_seed(self, group: int) -> int:
         """The seed of a lifelong group's re-probe sample (:func:`editscope.run.plan.reprobe_seed`)."""
         return reprobe_seed(self.seed, self.dataset, group)
 
     # -- the steps ------------------------------------------------------------------------------------------
-    def probe(self, engine: Scorer, cases: Sequence[Case], group: int, stage: str = "post",
-              *tag: object) -> Probes:
-        """Every suite's probes of ``cases`` on the model as it is now (``stage`` "pre": before any edit, seeded
-        by the group alone; "post": after this trial's edits, seeded by method, group and ``tag``)."""
+    def probe(self, engine: Scorer, cases: Sequence[Case], stage: str = "post") -> Probes:
+        """Every suite's probes of ``cases`` on the model as it is now (``stage`` "pre": before any edit; "post":
+        after this trial's edits; the progress line says which). A probe draws nothing from torch's global stream:
+        a suite that samples (CounterFact's GE) draws from a generator of its own seeded by its options."""
         if stage not in ("pre", "post"):
             raise ValueError(f"stage {stage!r}: expected 'pre' or 'post'")
         t0 = time.perf_counter()
-        torch.manual_seed(self.pre_seed(group) if stage == "pre" else self.post_seed(group, *tag))
         head = (f"{self.dataset}: probing {len(cases)} case(s) before editing" if stage == "pre" else
                 f"{self.dataset}, {self.label}: probing {len(cases)} case(s) after the edits")
         by_suite = {}
@@ -376,7 +369,7 @@ class Trial:
             edit_info=dict(edit_info or {}), requests=request_dicts(requests),
             hparams=method.hp.to_dict() if method else {},
             conventions=method.hp.protocol() if method else None,
-            runtime=self.runtime.settings() if method and self.runtime is not None else None,
+            runtime=self.runtime.settings.recorded() if method and self.runtime is not None else None,
             protocol=self.protocol(), metrics=self.metrics(case, pre, post),
             pre={name: pre[name] for name in self.suites},
             post={name: post[name] for name in self.suites} if post is not None else {},

@@ -63,8 +63,9 @@ class GroupWorker:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.progress = progress
         self.pre_probes = pre_probes
-        #: how edits are computed: the config's runtime settings, the environment's defaults for the others
-        self.runtime = EditRuntime.from_settings(dict(config.runtime), where=f"{config.where}: runtime")
+        #: the state of the run's edits under the config's settings (prepare makes it anew, with diagnostics as
+        #: the suites ask)
+        self.runtime = EditRuntime(config.settings)
         self.declared: dict[tuple[str, str], tuple] = {}  # (dataset, suite) -> MetricSpecs (set by prepare)
         self.facts: dict[str, SuiteFacts] = {}  # suite name -> what the summary needs of it (set by prepare)
         self.prompt_format: dict[str, str] | None = None  # the engine's chat template, when prompts are wrapped
@@ -80,7 +81,8 @@ class GroupWorker:
         self.declared = {(b.label, name): s.declarations.specs for b in blocks for name, s in b.suites.items()}
         self.facts = {name: SuiteFacts.of(s) for b in blocks for name, s in b.suites.items()}
         # editors report what a suite's curves show of their rounds (a solve's condition number) only when asked
-        self.runtime.diagnostics = any(s.edit_info_curves for b in blocks for s in b.suites.values())
+        self.runtime = EditRuntime(self.config.settings,
+                                   diagnostics=any(s.edit_info_curves for b in blocks for s in b.suites.values()))
         assign_groups(blocks, self.mode.group_size, self.shard)
         if self.bundle is None:
             from editscope.lm import load
@@ -119,7 +121,7 @@ class GroupWorker:
         cases = [block.cases[members[k]] for k in positions]
 
         def probe() -> Probes:
-            return trial.probe(engine, cases, g, "pre").at(positions, len(members))
+            return trial.probe(engine, cases, "pre").at(positions, len(members))
 
         pre = probe() if self.pre_probes is None else self.pre_probes.get(
             self.pre_key(engine, block, g, cases, positions, len(members)), probe)
@@ -137,7 +139,7 @@ class GroupWorker:
                 size: int) -> tuple:
         """Everything a group's pre probe depends on: the config but its methods (model, seed, datasets, suites,
         mode), the runtime settings, the weights, the group and the cases probed at their positions."""
-        return (self.config.digest(self.runtime.settings(), without=("methods",)), engine.fingerprint, block.label, g,
+        return (self.config.digest(without=("methods",)), engine.fingerprint, block.label, g,
                 tuple(c.case_id for c in cases), tuple(positions), size)
 
     def _trial(self, block: Block, method: Method | None = None) -> Trial:
@@ -164,7 +166,7 @@ class GroupWorker:
                 self._state_templates[label] = state.without_edits()
             positions = mode.final_positions(len(members), trial.reprobe_seed(g))
             final = (len(log.records), sum(len(block.requests[i]) for i in members), positions,
-                     trial.probe(engine, [block.cases[members[k]] for k in positions], g))
+                     trial.probe(engine, [block.cases[members[k]] for k in positions]))
         yield from self._rows(trial, block, g, members, pre, log, final, todo)
         chain.finished()
 
@@ -189,7 +191,7 @@ class GroupWorker:
         return rows
 
     def _chain_host(self) -> ChainHost:
-        return ChainHost(self.out_dir, self.config.digest(self.runtime.settings()), self.lm_eval_hook, self.log)
+        return ChainHost(self.out_dir, self.config.digest(), self.lm_eval_hook, self.log)
 
     def _new_state(self, label: str, editor) -> Any:
         """A fresh sequential state: the first group's state without its edits (``EditState.without_edits``;

@@ -84,7 +84,7 @@ class Suite(ABC):
     card_section: ClassVar[str | None] = None
     #: an evaluation protocol's pairing with the teacher-forced suites (teacher-forced suite name -> pairs of (its
     #: column, this suite's column) that measure the same thing): the summary's paired gap table of a block that
-    #: holds both (:func:`editscope.run.summary.protocol_gaps`); empty for a teacher-forced suite
+    #: holds both (:func:`editscope.run.summary_tables.protocol_gaps`); empty for a teacher-forced suite
     counterparts: ClassVar[Mapping[str, tuple[tuple[str, str], ...]]] = {}
     #: quantities the editors report per round (``edit_info`` key -> its declaration) that this suite's curves
     #: against the number of edits show beside its own metrics (:func:`editscope.run.summary.edit_info_curves`)

@@ -65,6 +65,7 @@ class MendHParams(HParams):
     checkpoint every ``checkpoint_every`` steps."""
 
     method = "mend"
+    PLAN_LAYERS = "last3"  # a plan without a file: MEND's default edit layers
     rank: int = 64
     shared: bool = True
     edit_lr: float = 1e-4

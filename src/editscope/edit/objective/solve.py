@@ -82,8 +82,9 @@ class IndependentEdits:
 def independent_edits(runtime: EditRuntime, fingerprint: str,
                       groups: Sequence[Sequence[EditRequest]]) -> Iterator[None]:
     """Open the window of :class:`IndependentEdits` on ``runtime`` for the block (closed on exit, also on error),
-    for the model of ``fingerprint``. Fewer than two groups, or ``runtime.vstar_batch`` unset or 1, open nothing."""
-    if len(groups) < 2 or not runtime.vstar_batch or runtime.vstar_batch < 2:
+    for the model of ``fingerprint``. Fewer than two groups, or ``runtime.settings.vstar_batch`` unset or 1, open
+    nothing."""
+    if len(groups) < 2 or not runtime.settings.vstar_batch or runtime.settings.vstar_batch < 2:
         yield
         return
     if runtime.window is not None:
@@ -114,9 +115,10 @@ def solve_requests(engine: ScoringEngine, runtime: EditRuntime, requests: Sequen
         todo = [r for r in requests if (*key, r) not in window.solved]
         todo += [r for r in dict.fromkeys(peers(window.groups)) if (*key, r) not in window.solved and r not in todo]
     terms = [spec.terms() + list(extra_terms) for _ in todo]
-    ctxs = [build_context(engine, r, spec.templates, spec.hook_point, forward=runtime.strategy, terms=ts)
+    ctxs = [build_context(engine, r, spec.templates, spec.hook_point, forward=runtime.settings.strategy, terms=ts)
             for r, ts in zip(todo, terms, strict=True)]
-    deltas = optimise(ctxs, terms, spec.adam, token_budget=engine.token_budget, max_requests=runtime.vstar_batch)
+    deltas = optimise(ctxs, terms, spec.adam, token_budget=engine.token_budget,
+                      max_requests=runtime.settings.vstar_batch)
     found = [Solved(c.v_init, d, c.store["losses"]) for c, d in zip(ctxs, deltas, strict=True)]  # type: ignore[arg-type]
     if window is None:
         return found
