@@ -130,7 +130,7 @@ def bench_batched(bundle, editor, hp, reqs: list[EditRequest], template, fast_de
     independent edits, whose first edit optimises every record's v*/z in one batched loop (each record its own δ
     and early stop), then each record's ΔW as in (a). Must agree with (a) to 1e-4 relative."""
     engine = ScoringEngine(bundle)
-    runtime = EditRuntime(vstar_batch=len(reqs))
+    runtime = EditRuntime(RuntimeSettings(vstar_batch=len(reqs)))
     context_templates(engine, hp.context_templates, hp.template_seed, cache=runtime.templates)
     t0 = time.perf_counter()
     with independent_edits(runtime, bundle.fingerprint, [[r] for r in reqs]):

@@ -2,7 +2,9 @@
 plug-in (ridge), a metric (p_new), a suite (p_new) and an evaluation protocol (said), each registered with one
 line, and a run config names that module in ``plugin_modules`` and nothing else. The run goes through the runner on
 tiny-llama; every number is checked against an independent computation (ROME's own patch, the plug-in attached to
-ROME directly, the engine's scores before and after applying the saved patch, a plain greedy loop)."""
+ROME directly, the engine's scores before and after applying the saved patch, a plain greedy loop). Every kind then
+goes through the report, the edit card (the card's metrics must be the run's rows) and, for the editor with its
+plug-in and for the added family, ``tune``."""
 
 from __future__ import annotations
 
@@ -285,6 +287,20 @@ def test_a_family_module_reaches_every_command_through_the_global_option(olmo_ru
     bad = subprocess.run([sys.executable, "-m", "editscope", "--plugin-module", "no_such_module_x", "models"],
                          capture_output=True, text=True, env=env, cwd=repo)
     assert bad.returncode == 2 and "plug-in module 'no_such_module_x' cannot be imported" in bad.stderr
+
+
+def test_the_model_family_reaches_the_report_the_card_and_tune(olmo_run, tmp_path):
+    """The family the example module adds: its run is reported, each case's card replays its edit, and ``tune``
+    searches ROME's knob on it (candidates run on the folder's model, the family found through the module)."""
+    from editscope.tune import Tuner, TuneSettings
+
+    bundle = load(str(olmo_run["folder"]))
+    _report_and_cards(olmo_run["out"], olmo_run["rows"], bundle, tmp_path / "report")
+    settings = TuneSettings(model=str(olmo_run["folder"]), method="rome", out=str(tmp_path / "tune"),
+                            hparams=olmo_run["rome_hparams"], overrides=OVERRIDES, knobs=["v_lr"],
+                            grid={"v_lr": (0.1, 0.5)}, first=2, eta=2, max_cases=2)
+    result = Tuner(settings, bundle=bundle, progress=False, log=lambda _m: None).run()
+    assert result.chosen is not None and len(list((tmp_path / "tune" / "candidates").iterdir())) == 2
 
 
 def test_a_stored_run_config_imports_its_own_plugin_modules(olmo_run):
