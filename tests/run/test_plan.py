@@ -56,6 +56,8 @@ def test_steps_cut_a_group_as_each_mode_edits_it():
     # only a single group edits each case alone from the unedited model (a card replays it; v* windows open)
     assert [m.alone for m in (Single(), Batch(5), Sequential(5), Lifelong(2, 3), ProbeOnly(16))] == \
         [True, False, False, False, False]
+    assert Lifelong(2, 3, (1, 2)).chain_schedule == ((1, 2), 2)  # where lm-eval tasks may run: chains alone
+    assert all(m.chain_schedule is None for m in (Single(), Batch(5), Sequential(5), ProbeOnly(16)))
 
 
 def test_lifelong_units_are_the_final_rows_and_each_checkpoints_cases():

@@ -88,6 +88,12 @@ class Single:
         first step is; a ``sequential`` group's later edits continue the group's random stream."""
         return r == 1, ()
 
+    @property
+    def chain_schedule(self) -> tuple[int | tuple[int, ...], int] | None:
+        """(checkpoints, batch) of a chain whose rounds may end with checkpoints (where lm-eval tasks run); None: the
+        mode edits no such chain."""
+        return None
+
     def step_name(self, r: int, case_ids: Sequence[str]) -> str:
         """The cases of step ``r``, as an editor's error names them."""
         return f"case {case_ids[0]}" if len(case_ids) == 1 else f"cases {case_ids[0]}..{case_ids[-1]}"
@@ -218,6 +224,10 @@ class Lifelong(Single):
     def edit_seeding(self, r: int) -> tuple[bool, tuple[int, ...]]:
         """Every round seeded by its identity: a resumed chain edits round r exactly as an uninterrupted one."""
         return True, (r,)
+
+    @property
+    def chain_schedule(self) -> tuple[int | tuple[int, ...], int]:
+        return self.checkpoints, self.batch
 
     def step_name(self, r: int, case_ids: Sequence[str]) -> str:
         return f"round {r} (cases {case_ids[0]}..{case_ids[-1]})"

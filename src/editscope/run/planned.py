@@ -25,7 +25,7 @@ from editscope.rowdigest import damage, required_in
 from editscope.run.blocks import assign_groups, load_blocks
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LM_EVAL_FILE, due_points
-from editscope.run.plan import Lifelong, Unit, reprobe_seed
+from editscope.run.plan import Unit, reprobe_seed
 from editscope.run.store import RESULTS, read_sound_results, row_key, unit_key
 from editscope.run.suites import SuiteFactory
 
@@ -75,7 +75,7 @@ def plan_run(config: RunConfig, *, limit: int | None = None, shard: tuple[int, i
 def longest_chain(config: RunConfig, blocks: Sequence[Any]) -> int:
     """The most edits any chain of ``config`` applies over ``blocks`` (their cases' requests, before sharding;
     0 outside ``sequential_batches``)."""
-    if not isinstance(config.mode, Lifelong):
+    if config.mode.chain_schedule is None:
         return 0
     size = config.mode.group_size
     return max((sum(len(r) for r in b.requests[s:s + size]) for b in blocks for s in range(0, len(b.cases), size)),

@@ -55,7 +55,7 @@ from editscope.run.blocks import Block, load_blocks
 from editscope.run.chain import remove_chain_files
 from editscope.run.config import NO_EDIT, RunConfig
 from editscope.run.lmeval import LmEvalFailed, lm_eval_units
-from editscope.run.plan import Lifelong, Unit
+from editscope.run.plan import Unit
 from editscope.run.store import (
     MODELS_JSON,
     RESULTS,
@@ -366,7 +366,7 @@ class Runner:
         if self.config.lm_eval is not None:  # lm-evaluation-harness at chain checkpoints (editscope.run.lmeval)
             from editscope.run.lmeval import LmEvalHook
 
-            every, batch = (self.mode.checkpoints, self.mode.batch) if isinstance(self.mode, Lifelong) else (0, 0)
+            every, batch = self.mode.chain_schedule or (0, 0)
             self.worker.lm_eval_hook = LmEvalHook(self.config.lm_eval, self.out_dir, every=every,
                                                   batch=batch, chat_template=self.config.chat_template,
                                                   log=self.log)
