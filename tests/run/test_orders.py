@@ -14,7 +14,7 @@ from editscope.edit.patch import tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.blocks import load_blocks
-from editscope.run.plan import base_label, order_label
+from editscope.run.plan import base_label, label_threads, order_label
 from editscope.run.runner import timing_free
 from editscope.run.summary import across_orders, summarize_by_edits
 from tests.run.helpers import close
@@ -152,3 +152,77 @@ def test_break_points_follow_a_hand_example():
     assert (got["cf~order1"].edits, got["cf~order1"].sigma_jump) == (None, 8)
     table = break_table(list(got.values()))
     assert table.rows == [["cf", "ultraedit", 2, "1 of 2", "8; 8–8", "10; 8–12 [-15, 35]"]]
+
+
+def test_thread_counts_label_their_chains_and_refuse_bad_input():
+    """``threads: [1, 2]``: each order's chain once per thread count, the same cases in the same order, the first
+    count's keeping the order's label and the others' labelled ``...~threadsN``; recorded in the canonical form; older
+    configs keep their digest."""
+    data = orders_data(2)
+    data["mode"]["sequential_batches"]["threads"] = [1, 2]
+    config = parse_config(data)
+    blocks = load_blocks(config)
+    assert [b.label for b in blocks] == config.block_labels() == [
+        "counterfact", "counterfact~threads2", "counterfact~order1", "counterfact~order1~threads2"]
+    assert [b.threads for b in blocks] == [1, 2, 1, 2]
+    assert blocks[0].cases == blocks[1].cases and blocks[2].cases == blocks[3].cases != blocks[0].cases
+    assert [base_label(b.label) for b in blocks] == [("counterfact", 0)] * 2 + [("counterfact", 1)] * 2
+    assert [label_threads(b.label) for b in blocks] == [None, 2, None, 2]
+    assert [b.threads for b in load_blocks(parse_config(orders_data(2)))] == [None, None]
+    assert config.to_dict()["threads"] == [1, 2] and "threads" not in parse_config(orders_data(2)).to_dict()
+    assert parse_config(orders_data(2)).digest() != config.digest()
+    for bad, why in (([0], r"threads\[0\]"), ([2, 2], "listed twice"), (2, "a list of torch thread counts")):
+        data["mode"]["sequential_batches"]["threads"] = bad
+        with pytest.raises(EditscopeError, match=why):
+            parse_config(data)
+
+
+def test_each_chain_runs_under_its_thread_count_with_its_orders_seeds(tiny_bundles, tmp_path, monkeypatch):
+    """Every edit of a chain runs under its torch thread count (the process's count restored after);
+    the two chains of one order draw the same seeds and probe the same cases, run.json records both counts, and the
+    spread across chains counts each chain once."""
+    import dataclasses
+    import json
+
+    import torch
+
+    from editscope.edit.registry import EDITORS
+    from editscope.run.trial import Trial
+
+    data = orders_data(1)
+    data["mode"]["sequential_batches"]["threads"] = [1, 2]
+    config = parse_config(data)
+    seen, seeds = [], []
+    editor = EDITORS["ultraedit"]
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return editor.compute(*args, **kwargs)
+
+    real_seed = Trial.edit_seed
+
+    def seed(self, group, *round_):
+        seeds.append((self.dataset, real_seed(self, group, *round_)))
+        return seeds[-1][1]
+
+    monkeypatch.setitem(EDITORS, "ultraedit", dataclasses.replace(editor, compute=spy))
+    monkeypatch.setattr(Trial, "edit_seed", seed)
+    before = torch.get_num_threads()
+    Runner(config, out_dir=tmp_path / "run", bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
+    assert torch.get_num_threads() == before
+    assert seen == [1, 1, 1, 2, 2, 2]  # 3 rounds per chain, the chains in label order
+    chains = ("counterfact", "counterfact~threads2")
+    first, second = ([s for d, s in seeds if d == label] for label in chains)
+    assert first == second and len(first) == 3
+    rows = read_results(tmp_path / "run" / "results.jsonl")
+    probed = [sorted((r["case_id"], r["edits_applied"]) for r in rows if r["dataset"] == label) for label in chains]
+    assert probed[0] == probed[1] and probed[0]
+    assert set(json.loads((tmp_path / "run" / "run.json").read_text())["torch_threads"]) >= {1, 2}
+    spread = across_orders(summarize_by_edits(rows))
+    assert {p.row.n for p in spread[("counterfact", "counterfact")]} == {2}
+    summary = (tmp_path / "run" / "summary.md").read_text()  # named for what it is across, not as edit orders
+    assert "## counterfact on counterfact, across 2 chains (edit orders × torch thread counts)" in summary
+    from editscope.report.build import build_report
+
+    _html, md = build_report([tmp_path / "run"], tmp_path / "report")
+    assert "Across 2 chains (edit orders × torch thread counts):" in md.read_text()

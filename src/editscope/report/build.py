@@ -271,13 +271,13 @@ def _orders_figure(dataset: str, suite: str, points: Sequence[OrderPoint], metho
     for key in {(p.row.method, p.row.metric) for p in points}:
         mine = sorted((p for p in points if (p.row.method, p.row.metric) == key), key=lambda p: p.edits)
         faint[key] = [([p.edits for p in mine], [p.values[k] for p in mine]) for k in range(len(mine[0].values))]
-    n = len(points[0].values)
+    across = points[0].chains
     shown = [m for m in methods if any(p.row.method == m for p in points)]
-    return Figure(f"orders-{dataset}-{suite}", f"{suite} on {dataset} across {n} edit orders",
-                  f"Each line: the mean across {n} edit orders of the mean over the cases edited so far; band: 95% t "
+    return Figure(f"orders-{dataset}-{suite}", f"{suite} on {dataset} across {across}",
+                  f"Each line: the mean across {across} of the mean over the cases edited so far; band: 95% t "
                   "interval over the orders; faint: each order's own curve.",
                   figures.edit_curves(dict(sorted(means.items())), shown, f"{suite} on {dataset}", specs,
-                                      faint=faint, caption=f"mean across {n} edit orders, band: 95% t interval"))
+                                      faint=faint, caption=f"mean across {across}, band: 95% t interval"))
 
 
 def _add_edit_info_curves(curves: CurveMap, specs: DeclaredMetrics, rows: list[dict[str, Any]],

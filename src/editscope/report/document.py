@@ -50,7 +50,7 @@ Cards = Mapping[tuple[str, str, str], str]
 @dataclass
 class OrdersPart:
     """A block edited in several orders: each checkpoint's spread across the orders and its figure."""
-    count: int  # how many edit orders
+    chains: str  # what the spread is across: "3 edit orders" (:attr:`~editscope.run.summary.OrderPoint.chains`)
     table: Table
     figure: Figure
 
@@ -155,6 +155,6 @@ def _curve(a: Analysis, figs: Mapping[str, Figure], dataset: str, suite: str) ->
         curve.figures.append(figs[f"retention-{dataset}-{suite}"])
     orders = orders_table(a.orders.get((dataset, suite), []), a.specs.get((dataset, suite)))
     if orders is not None:
-        curve.orders = OrdersPart(len(a.orders[(dataset, suite)][0].values), orders,
+        curve.orders = OrdersPart(a.orders[(dataset, suite)][0].chains, orders,
                                   figs[f"orders-{dataset}-{suite}"])
     return curve

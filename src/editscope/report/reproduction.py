@@ -176,7 +176,7 @@ def render_block(a: Analysis, block: Block, figure_dir: Path, link_prefix: str) 
     for (dataset, suite), points in a.orders.items():
         table = orders_table(points, a.specs.get((dataset, suite)))
         if table is not None:
-            lines += [f"{suite} on {dataset}, across {len(points[0].values)} edit orders:", "",
+            lines += [f"{suite} on {dataset}, across {points[0].chains}:", "",
                       *table.markdown().split("\n"), ""]
     breaks = break_table(break_points(a.rows)) if a.orders else None
     if breaks is not None:

@@ -105,7 +105,7 @@ def _markdown_curve(curve: CurvePart) -> list[str]:
     for f in curve.figures:
         lines += _markdown_figure(f)
     if curve.orders is not None:
-        lines += [f"Across {curve.orders.count} edit orders:", "", *curve.orders.table.markdown().split("\n"), ""]
+        lines += [f"Across {curve.orders.chains}:", "", *curve.orders.table.markdown().split("\n"), ""]
         lines += _markdown_figure(curve.orders.figure)
     return lines
 

@@ -6,13 +6,13 @@ module."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from editscope.data import load_cases
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
 from editscope.run.config import RunConfig
-from editscope.run.plan import order_label, order_permutation
+from editscope.run.plan import chain_labels, order_label, order_permutation
 from editscope.run.suites import SuiteFactory, make_suite
 from editscope.suites.base import Suite
 
@@ -26,14 +26,18 @@ class Block:
     suites: dict[str, Suite]
     requests: list[tuple[EditRequest, ...]] = field(default_factory=list)  # what is edited, per case
     groups: list[tuple[int, list[int]]] = field(default_factory=list)  # (group index, case indices)
+    threads: int | None = None  # the torch thread count its chain runs under (mode ``threads``; None: the process's)
 
 
 def load_blocks(config: RunConfig, *, limit: int | None = None,
                 suite_factories: Mapping[str, SuiteFactory] | None = None) -> list[Block]:
     """Cases (validated: a malformed record fails here, before any work) and suites of every block; a lifelong
-    mode with ``orders: K`` adds each block in K − 1 seeded permutations of its cases (:func:`in_order`)."""
+    mode with ``orders: K`` adds each block in K − 1 seeded permutations of its cases (:func:`in_order`), and with
+    ``threads`` each order once per torch thread count (:func:`~editscope.run.plan.chain_labels`: the same cases in the
+    same order)."""
     blocks = []
     orders = getattr(config.mode, "orders", 1)
+    threads = getattr(config.mode, "threads", ())  # each order's chain once per thread count
     for spec in config.blocks:
         n = spec.limit if limit is None else (limit if spec.limit is None else min(limit, spec.limit))
         cases = load_cases(spec.dataset, offset=spec.offset, limit=n)
@@ -43,8 +47,10 @@ def load_blocks(config: RunConfig, *, limit: int | None = None,
         if len(set(ids)) != len(ids):
             raise EditscopeError(f"dataset {spec.label}: case ids are not unique")
         suites = {s.name: make_suite(s.name, s.options, suite_factories) for s in spec.suites}
-        blocks.append(Block(spec.label, cases, suites, [edit_requests(spec.label, suites, c) for c in cases]))
-        blocks += [in_order(blocks[-1], config.seed, k) for k in range(1, orders)]
+        block = Block(spec.label, cases, suites, [edit_requests(spec.label, suites, c) for c in cases])
+        ordered = [block, *(in_order(block, config.seed, k) for k in range(1, orders))]
+        blocks += [replace(ordered[k], label=label, threads=t)
+                   for label, k, t in chain_labels(spec.label, orders, threads)]
     return blocks
 
 

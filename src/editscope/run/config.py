@@ -21,7 +21,9 @@ Schema (every key but ``model`` (or ``models``), ``methods`` and the dataset(s) 
                                  #   sampled: true -> only the batch just written and that sample, at every
                                  #   checkpoint and at the end: a long stream's evaluation stays bounded;
                                  #   orders: K -> every block also in K-1 seeded permutations, each its own
-                                 #   chain labelled LABEL~orderK; summaries add the spread across orders)
+                                 #   chain labelled LABEL~orderK; summaries add the spread across orders;
+                                 #   threads: [1, 2] -> each order's chain once per torch thread count,
+                                 #   labelled ...~threadsN: a second source of spread)
     save_patches: false          # also write each edit's patch (safetensors) under OUTPUT/patches/
     chat_template: false         # wrap prompts in the tokenizer's chat template (instruct models); --chat-template
     lm_eval:                     # sequential_batches only: lm-evaluation-harness tasks at chain checkpoints
@@ -71,14 +73,15 @@ from editscope.run.lmeval import LmEvalSpec, parse_spec
 from editscope.run.plan import (
     ORDER_MARK,
     REPROBE,
+    THREADS_MARK,
     Batch,
     Lifelong,
     Mode,
     ProbeOnly,
     Sequential,
     Single,
+    chain_labels,
     mode_from_dict,
-    order_label,
 )
 from editscope.typed import typed as fits  # _Checker.typed is the method of that name
 
@@ -92,7 +95,7 @@ BLOCK_KEYS = {"dataset", "label", "slice", "suites"}
 SLICE_KEYS = {"offset", "limit"}
 SUITE_KEYS = {"name", "options"}
 MODES = ("single", "batch", "sequential", "sequential_batches", "probe_only")
-SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe", "sampled", "orders"}
+SEQ_BATCH_KEYS = {"batch", "rounds", "checkpoints", "reprobe", "sampled", "orders", "threads"}
 NO_EDIT = "none"  # the method name of probe-only runs (``methods: [none]``)
 #: fields of a config left out of its canonical form while at their default (they came after the first digests;
 #: an unset one keeps an older config's digest)
@@ -249,7 +252,9 @@ class RunConfig:
 
     def block_labels(self) -> list[str]:
         """The labels of the blocks a run edits, in order: each block's, then its other edit orders' (``orders``)."""
-        return [order_label(b.label, k) for b in self.blocks for k in range(getattr(self.mode, "orders", 1))]
+        mode = self.mode
+        return [label for b in self.blocks
+                for label, _k, _t in chain_labels(b.label, getattr(mode, "orders", 1), getattr(mode, "threads", ()))]
 
     def digest(self, runtime: dict[str, Any] | None = None, *, without: tuple[str, ...] = ()) -> str:
         """Identity of what is computed: everything but the output directory and the device, with ``runtime`` (the
@@ -343,11 +348,12 @@ def parse_config(data: Any, *, where: str = "<config>", base_dir: Path | None = 
     mode, method_specs = _methods(c, data, mode, known_methods, base_dir)
     blocks = [_block(c, raw, prefix, known_datasets, known_suites, base_dir) for raw, prefix in _raw_blocks(c, data)]
     _unique(c, [b.label for b in blocks], "datasets", "dataset")
-    if getattr(mode, "orders", 1) > 1:
+    if getattr(mode, "orders", 1) > 1 or getattr(mode, "threads", ()):
         for i, b in enumerate(blocks):
-            if ORDER_MARK in b.label:
-                raise c.fail(f"datasets[{i}].label", f"{b.label!r}: '{ORDER_MARK}' marks the blocks of other edit "
-                                                     "orders; choose another label")
+            for mark, what in ((ORDER_MARK, "other edit orders"), (THREADS_MARK, "chains run under a thread count")):
+                if mark in b.label:
+                    raise c.fail(f"datasets[{i}].label", f"{b.label!r}: '{mark}' marks the blocks of {what}; choose "
+                                                         "another label")
     chat_template = c.typed(data.get("chat_template", False), bool, "chat_template", "true or false")
     lm_eval = parse_spec(data["lm_eval"], c.fail, base_dir, mode.name) if data.get("lm_eval") is not None else None
     config = RunConfig(model=model, models=models, methods=method_specs, blocks=tuple(blocks), mode=mode,
@@ -500,8 +506,19 @@ def _mode(c: _Checker, raw: Any) -> Mode:
     reprobe = c.count(n.get("reprobe", REPROBE), "mode.sequential_batches.reprobe", 1)
     sampled = c.typed(n.get("sampled", False), bool, "mode.sequential_batches.sampled", "true or false")
     orders = c.count(n.get("orders", 1), "mode.sequential_batches.orders", 1)
+    threads = _thread_counts(c, n.get("threads", []))
     # one group = one sequence of edits from the unedited model
-    return Lifelong(batch, rounds, checkpoints, reprobe, sampled, orders)
+    return Lifelong(batch, rounds, checkpoints, reprobe, sampled, orders, threads)
+
+
+def _thread_counts(c: _Checker, raw: Any) -> tuple[int, ...]:
+    """``threads``: distinct positive torch thread counts, each order's chain run once under each."""
+    key = "mode.sequential_batches.threads"
+    counts = c.typed(raw, list, key, "a list of torch thread counts, e.g. [1, 2]")
+    out = tuple(c.count(t, f"{key}[{i}]", 1) for i, t in enumerate(counts))
+    if len(set(out)) != len(out):
+        raise c.fail(key, f"a thread count is listed twice in {list(out)}")
+    return out
 
 
 def _checkpoint_rounds(c: _Checker, raw: Any, rounds: int) -> int | tuple[int, ...]:

@@ -33,8 +33,15 @@ def derived_seed(*parts: object) -> int:
 
 def reprobe_seed(seed: int, dataset: str, group: int) -> int:
     """The seed of a lifelong group's re-probe sample: no method in it, so every method samples alike (and the
-    planner draws the same sample as the trial, with no model)."""
-    return derived_seed(seed, dataset, group, "reprobe")
+    planner draws the same sample as the trial, with no model); the chains of one order under other thread counts
+    sample alike too (:func:`seed_label`)."""
+    return derived_seed(seed, seed_label(dataset), group, "reprobe")
+
+
+def seed_label(label: str) -> str:
+    """The block label a chain's seeds are drawn from: its own, less a thread count's mark (:func:`replica_label`),
+    so that one order's chains under several thread counts edit and probe alike and differ only in their bits."""
+    return label.rpartition(THREADS_MARK)[0] if label_threads(label) is not None else label
 
 
 @dataclass(frozen=True)
@@ -158,7 +165,13 @@ class Lifelong(Single):
     ``orders``: each dataset block is edited in this many orders, each its own chain: the block's own order and
     ``orders − 1`` seeded permutations of its cases (:func:`order_permutation`), each run as a block of its own
     labelled ``LABEL~orderK`` (:func:`editscope.run.blocks.load_blocks`); summaries add each checkpoint's spread
-    across the orders (:func:`editscope.run.summary.across_orders`)."""
+    across the orders (:func:`editscope.run.summary.across_orders`).
+
+    ``threads``: the torch thread counts as a second source of spread. Each order's chain is run once under each
+    count (a CPU matmul's last bits depend on it, and in a long chain such bits can decide where an editor breaks),
+    each a block of its own: the first count's keeps the order's label, the others' are ``LABEL[~orderK]~threadsN``
+    (:func:`chain_labels`); the spread across chains then covers orders and thread counts together. Empty: every
+    chain runs under the process's own count."""
 
     batch: int = 1
     rounds: int = 1
@@ -166,6 +179,7 @@ class Lifelong(Single):
     reprobe: int = REPROBE
     sampled: bool = False
     orders: int = 1
+    threads: tuple[int, ...] = ()
     name = "sequential_batches"
     chained = True
     resumable = True
@@ -252,6 +266,8 @@ class Lifelong(Single):
             shape["sampled"] = True
         if self.orders > 1:
             shape["orders"] = self.orders
+        if self.threads:
+            shape["threads"] = list(self.threads)
         return super().to_dict() | shape
 
     def units(self, members: Sequence[int], n_requests: Callable[[int], int], seed: int) -> list[Unit]:
@@ -293,7 +309,8 @@ def mode_from_dict(data: Mapping[str, Any]) -> Mode:
     if name == "sequential_batches":
         every = data.get("checkpoints", 0)
         return Lifelong(data["batch"], data["rounds"], tuple(every) if isinstance(every, list) else every,
-                        data.get("reprobe", REPROBE), bool(data.get("sampled", False)), int(data.get("orders", 1)))
+                        data.get("reprobe", REPROBE), bool(data.get("sampled", False)), int(data.get("orders", 1)),
+                        tuple(int(t) for t in data.get("threads", ())))
     if name == "probe_only":
         return ProbeOnly(n)
     raise ValueError(f"unknown mode {name!r}")
@@ -311,13 +328,35 @@ def order_permutation(n: int, seed: int, order: int) -> list[int]:
     return [int(i) for i in np.random.default_rng([int(seed), int(order)]).permutation(n)]
 
 
+THREADS_MARK = "~threads"
+"""Between a block's (order's) label and a torch thread count in the label of a chain run under that count."""
+
+
 def order_label(label: str, order: int) -> str:
     """The label of ``label``'s block in edit order ``order`` (order 0 keeps the label)."""
     return label if order == 0 else f"{label}{ORDER_MARK}{order}"
 
 
+def chain_labels(label: str, orders: int, threads: Sequence[int] = ()) -> list[tuple[str, int, int | None]]:
+    """(label, edit order, torch thread count) of every chain of the block ``label``: each order (its label from
+    :func:`order_label`) under each of ``threads``, the first count's chain keeping the order's label and the others'
+    marked ``~threadsN`` (no count: the process's own, one chain per order)."""
+    counts: list[int | None] = list(threads) or [None]
+    return [(order_label(label, k) + ("" if i == 0 else f"{THREADS_MARK}{t}"), k, t)
+            for k in range(orders) for i, t in enumerate(counts)]
+
+
+def label_threads(label: str) -> int | None:
+    """The torch thread count a block label :func:`replica_label` made names (None: none)."""
+    head, mark, tail = label.rpartition(THREADS_MARK)
+    return int(tail) if mark and tail.isdigit() else None
+
+
 def base_label(label: str) -> tuple[str, int]:
-    """(the block's own label, its edit order) of a block label :func:`order_label` made."""
+    """(the block's own label, its edit order) of a block label :func:`order_label` or :func:`replica_label`
+    made."""
+    if label_threads(label) is not None:
+        label = label.rpartition(THREADS_MARK)[0]
     head, mark, tail = label.rpartition(ORDER_MARK)
     return (head, int(tail)) if mark and tail.isdigit() else (label, 0)
 
@@ -347,4 +386,4 @@ def reprobe_positions(n_edited: int, n_new: int, limit: int, group_size: int, se
 
 __all__ = ["PROBE_GROUP", "REPROBE", "Batch", "Lifelong", "Mode", "ProbeOnly", "Sequential", "Single", "Unit",
            "checkpoint_due", "mode_from_dict", "reprobe_positions", "ORDER_MARK", "order_permutation", "order_label",
-           "base_label"]
+           "base_label", "THREADS_MARK", "chain_labels", "label_threads", "seed_label"]

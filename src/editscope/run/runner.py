@@ -225,7 +225,7 @@ class Runner:
             "runtime": self.config.settings.recorded(),
             "model": {"name": bundle.name, "fingerprint": bundle.fingerprint, "n_layers": bundle.n_layers,
                       "device": bundle.device.type},
-            "torch_threads": self._threads,
+            "torch_threads": list(dict.fromkeys([*self._threads, *getattr(self.mode, "threads", ())])),
             "shard": list(self.shard),
             "limit": self.limit,
             "versions": package_versions(),

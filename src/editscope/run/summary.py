@@ -32,7 +32,7 @@ from editscope.metrics.intervals import (
     stratified_mean_ci,
 )
 from editscope.metrics.registry import Declarations, MetricSpec
-from editscope.run.plan import base_label
+from editscope.run.plan import base_label, label_threads
 from editscope.run.suites import FactsMap, facts_of
 
 SpecMap = Mapping[tuple[str, str], Sequence[MetricSpec]]
@@ -252,21 +252,33 @@ class OrderPoint:
     edits: int
     row: SummaryRow
     values: tuple[float, ...]
+    #: whether the chains include runs under several torch thread counts (mode ``threads``)
+    threads: bool = False
+
+    @property
+    def chains(self) -> str:
+        """What the values are across, as a reader needs it: "3 edit orders", or "4 chains (edit orders × torch
+        thread counts)"."""
+        n = len(self.values)
+        return f"{n} chains (edit orders × torch thread counts)" if self.threads else f"{n} edit orders"
 
 
 OrderMap = dict[tuple[str, str], list[OrderPoint]]
 
 
 def across_orders(curves: CurveMap) -> OrderMap:
-    """For every (block, suite) whose curves (:func:`summarize_by_edits`) exist in two or more edit orders (block
-    labels ``LABEL~orderK``), each (method, metric, edits) point every order reached, keyed by the block's own label
-    (:class:`OrderPoint`)."""
-    by: dict[tuple[str, str], dict[tuple[int, str, str], dict[int, float]]] = {}
+    """For every (block, suite) whose curves (:func:`summarize_by_edits`) exist in two or more chains -- edit orders
+    (block labels ``LABEL~orderK``) and, where the mode lists them, thread counts (``...~threadsN``: each a chain of
+    its own, counted as one more order) --, each (method, metric, edits) point every chain reached, keyed by the
+    block's own label (:class:`OrderPoint`)."""
+    by: dict[tuple[str, str], dict[tuple[int, str, str], dict[tuple[int, int], float]]] = {}
+    threaded = {base_label(d)[0] for d, _ in curves if label_threads(d) is not None}
     for (dataset, suite), points in curves.items():
         base, order = base_label(dataset)
+        chain = (order, label_threads(dataset) or 0)
         for edits, rs in points.items():
             for r in rs:
-                by.setdefault((base, suite), {}).setdefault((edits, r.method, r.metric), {})[order] = r.mean
+                by.setdefault((base, suite), {}).setdefault((edits, r.method, r.metric), {})[chain] = r.mean
     out: OrderMap = {}
     for (base, suite), points in by.items():
         orders = sorted({o for per in points.values() for o in per})
@@ -278,7 +290,7 @@ def across_orders(curves: CurveMap) -> OrderMap:
             values = tuple(per[o] for o in orders)
             mean, low, high, sd = mean_ci(values)
             row = SummaryRow(base, suite, method, metric, len(values), mean, low, high, sd, ci="orders")
-            out.setdefault((base, suite), []).append(OrderPoint(edits, row, values))
+            out.setdefault((base, suite), []).append(OrderPoint(edits, row, values, base in threaded))
     return out
 
 

@@ -447,7 +447,7 @@ def to_markdown(summary: Sequence[SummaryRow], *, specs: SpecMap | None = None,
     for (dataset, suite), points in across_orders(curves or {}).items():
         table = orders_table(points, (specs or {}).get((dataset, suite)))
         if table is not None:
-            lines += ["", f"## {suite} on {dataset}, across {len(points[0].values)} edit orders", ""]
+            lines += ["", f"## {suite} on {dataset}, across {points[0].chains}", ""]
             lines += table.markdown().split("\n")
     table = break_table(breaks)
     if table is not None:

@@ -35,7 +35,7 @@ import torch
 from editscope.edit.patch import Patch, tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.progress import report
-from editscope.run.plan import derived_seed, reprobe_seed
+from editscope.run.plan import derived_seed, reprobe_seed, seed_label
 from editscope.run.store import clean_metrics
 from editscope.run.suites import probe_cases
 
@@ -259,7 +259,7 @@ class Trial:
 
     # -- seeds: the identity of each unit of work -------------------------------------------------------------
     def edit_seed(self, group: int, *round_: int) -> int:
-        return derived_seed(self.seed, self.dataset, self.label, group, "edit", *round_)
+        return derived_seed(self.seed, seed_label(self.dataset), self.label, group, "edit", *round_)
 
     def reprobe_seed(self, group: int) -> int:
         """The seed of a lifelong group's re-probe sample (:func:`editscope.run.plan.reprobe_seed`)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,13 @@ class GroupWorker:
     def group_rows(self, work: Work, b: int, g: int, members: list[int], todo: dict[str, set[Unit]]
                    ) -> Iterator[dict[str, Any]]:
         """One task (block ``b``'s group ``g``): pre probes from the unedited model, then each method's rows (edit,
-        probe, restore) of the units in ``todo[method]``."""
+        probe, restore) of the units in ``todo[method]``; all of it under the block's torch thread count, where it
+        has one (mode ``threads``)."""
+        with torch_threads(work.blocks[b].threads):
+            yield from self._group_rows(work, b, g, members, todo)
+
+    def _group_rows(self, work: Work, b: int, g: int, members: list[int], todo: dict[str, set[Unit]]
+                    ) -> Iterator[dict[str, Any]]:
         block, engine = work.blocks[b], work.engine
         trial = self._trial(block)
         positions = self.mode.pre_positions(len(members), trial.reprobe_seed(g))
@@ -215,6 +222,22 @@ class GroupWorker:
                      "first run)")
             second_moments(self.bundle, sorted(layers), token_budget=budget, progress=self.progress,
                            stats_dtype=dtype)
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """The body under ``count`` torch threads, the process's own count restored after (None: unchanged)."""
+    if count is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _check_context_suites(label: str, editor, blocks: Sequence[Block]) -> None:
