@@ -18,7 +18,7 @@ from editscope.edit.rect import keep_top_relative
 from editscope.edit.rome import rank_one_update
 from editscope.edit.runtime import EditRuntime
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import second_moment
+from editscope.stats.second_moment import second_moment
 
 
 def random_spd(n: int, seed: int = 0) -> torch.Tensor:

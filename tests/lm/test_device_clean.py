@@ -25,7 +25,7 @@ from editscope.data.records import EditRequest
 from editscope.edit import get_editor
 from editscope.lm import load
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import second_moment
+from editscope.stats.second_moment import second_moment
 
 SRC = Path(editscope.__file__).parent
 #: modules whose tensors meet the model's activations and weights (MEND's nets are nn.Modules moved as a whole)

@@ -44,6 +44,17 @@ def test_the_results_and_report_load_no_model_library(module):
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.parametrize("module", ["editscope.run.config", "editscope.run.plan", "editscope.run.blocks",
+                                    "editscope.run.planned", "editscope.run.budget", "editscope.edit.budget",
+                                    "editscope.edit.hparams", "editscope.lm.archs", "editscope.stats.settings"])
+def test_what_to_run_loads_no_model_library(module):
+    """What to run -- the config and its modes, seeds and blocks, the planner, the budget check and the hparams it
+    reads, the architecture maps -- is decided without torch or transformers: the edit and stats packages load their
+    modules on first use, and the maps name torch types for type checking only."""
+    code = f"import sys, {module}; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_lazy_package_names_are_the_defining_modules_objects():
     code = ("import sys, editscope.lm as lm, editscope.run as run\n"
             "assert 'torch' not in sys.modules\n"

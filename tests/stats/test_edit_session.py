@@ -16,7 +16,8 @@ from editscope.errors import EditscopeError
 from editscope.lm import load
 from editscope.lm.bundle import fingerprint_model
 from editscope.lm.engine import ScoringEngine
-from editscope.stats import Corpus, cache_file, corpus_rows, second_moment
+from editscope.stats import Corpus, cache_file, corpus_rows
+from editscope.stats.second_moment import second_moment
 from tests.stats.test_second_moment import naive_second_moment
 
 BUDGET, SEQ = 256, 32

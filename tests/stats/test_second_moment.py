@@ -10,7 +10,8 @@ import torch
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import capture, hooks
-from editscope.stats import Corpus, accumulate, cache_file, corpus_rows, second_moment, second_moments
+from editscope.stats import Corpus, accumulate, cache_file, corpus_rows, second_moments
+from editscope.stats.second_moment import second_moment
 
 BUDGET, SEQ = 256, 32
 

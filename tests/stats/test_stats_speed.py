@@ -13,7 +13,8 @@ import torch
 from safetensors import safe_open
 
 from editscope.lm import load
-from editscope.stats import cache_file, second_moment
+from editscope.stats import cache_file
+from editscope.stats.second_moment import second_moment
 
 sm = importlib.import_module("editscope.stats.second_moment")  # the package re-exports a function of that name
 LAYER = 1

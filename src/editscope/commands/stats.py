@@ -28,7 +28,7 @@ HELP = "compute, list, export or import layer statistics"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from editscope.stats.second_moment import DEFAULT_SEQ_LEN, DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPES
+    from editscope.stats.settings import DEFAULT_SEQ_LEN, DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPE_NAMES
 
     parser = sub.add_parser("stats", help=HELP,
                             description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help=f"tokens, in {BUDGET} (default: the editors' default, {DEFAULT_TOKEN_BUDGET})")
     compute.add_argument("--seq-len", type=option(int, SEQ_LEN), default=None,
                          help=f"tokens per row, in {SEQ_LEN} (default: {DEFAULT_SEQ_LEN})")
-    compute.add_argument("--stats-dtype", choices=list(STATS_DTYPES), default=DEFAULT_STATS_DTYPE,
+    compute.add_argument("--stats-dtype", choices=list(STATS_DTYPE_NAMES), default=DEFAULT_STATS_DTYPE,
                          help="precision C is summed and cached in (the hparams key mom2_dtype; default "
                               f"{DEFAULT_STATS_DTYPE}; float32 halves C, relative error ~1e-7, docs/scale.md)")
     compute.set_defaults(func=run_compute)
@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--corpus-digest", help="which corpus, when several are cached")
     export.add_argument("--budget", type=option(int, BUDGET), default=None,
                         help="which token budget, when several are cached (e.g. the demo's and an editor's)")
-    export.add_argument("--stats-dtype", choices=list(STATS_DTYPES), default=None,
+    export.add_argument("--stats-dtype", choices=list(STATS_DTYPE_NAMES), default=None,
                         help="which precision, when both are cached")
     export.set_defaults(func=run_export)
     imp = actions.add_parser("import", help="check an exported file against a model and cache its layers")
@@ -80,7 +80,7 @@ def run_compute(args: argparse.Namespace) -> int:
 
     corpus = corpus_from(args.corpus, args.field)
     bundle = load(args.model, device=args.device, dtype=args.dtype)
-    from editscope.stats.second_moment import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET
+    from editscope.stats.settings import DEFAULT_SEQ_LEN, DEFAULT_TOKEN_BUDGET
 
     budget = DEFAULT_TOKEN_BUDGET if args.budget is None else args.budget
     seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len

@@ -24,7 +24,7 @@ from editscope.finite import non_finite
 from editscope.lm.archs import MLP_MATRICES
 from editscope.paths import configs_dir
 from editscope.ranges import Range
-from editscope.stats.second_moment import DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPES
+from editscope.stats.settings import DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPE_NAMES
 from editscope.typed import typed
 
 
@@ -185,7 +185,7 @@ class HParams(Params):
         return DEFAULT_TOKEN_BUDGET
 
     def stats_dtype(self) -> str:
-        """Precision the statistics are summed and held in (a key of :data:`STATS_DTYPES`)."""
+        """Precision the statistics are summed and held in (:data:`~editscope.stats.settings.STATS_DTYPE_NAMES`)."""
         return DEFAULT_STATS_DTYPE
 
     def protocol(self) -> dict[str, str]:
@@ -337,8 +337,8 @@ class VStarHParams(HParams):
     def check(self, where: str = "<hparams>", n_layers: int | None = None) -> None:
         super().check(where, n_layers)
         check_convention(self, where, CONVENTIONS, SWITCH_VALUES)
-        if self.mom2_dtype not in STATS_DTYPES:
-            raise EditscopeError(f"{where}: key 'mom2_dtype': must be one of {', '.join(STATS_DTYPES)}, "
+        if self.mom2_dtype not in STATS_DTYPE_NAMES:
+            raise EditscopeError(f"{where}: key 'mom2_dtype': must be one of {', '.join(STATS_DTYPE_NAMES)}, "
                                  f"got {self.mom2_dtype!r}")
         for spec in self.context_templates:
             if len(spec) != 2 or min(spec) < 1:

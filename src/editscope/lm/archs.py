@@ -15,13 +15,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, NamedTuple
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from editscope.errors import EditscopeError
 from editscope.registry import Registry
+
+if TYPE_CHECKING:  # the maps are data: reading one (a plan, a config check) loads no torch
+    import torch
+    from torch import nn
 
 
 class HookPoint(NamedTuple):

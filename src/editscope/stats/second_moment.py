@@ -64,19 +64,11 @@ from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.hooks import hooks
 from editscope.paths import home
+from editscope.stats.settings import DEFAULT_SEQ_LEN, DEFAULT_STATS_DTYPE, DEFAULT_TOKEN_BUDGET, STATS_DTYPE_NAMES
 
-#: Default token budget: ~80 s for one early SmolLM2 layer (layer 4: ~85 s, two layers 3+4 in one pass
-#: ~90 s) on 2 CPU cores, measured when the budget was chosen; the statistics of C change by < 2 % (relative Frobenius
-#: norm) between 50k and 100k tokens.
-DEFAULT_TOKEN_BUDGET = 100_000
-DEFAULT_SEQ_LEN = 256
 DEFAULT_BATCH_ROWS = 8
-#: Statistics precision (hparams ``mom2_dtype``, ``editscope stats compute --stats-dtype``): the dtype C is summed,
-#: returned and cached in. ``float32`` halves C on disk, in the editors and in the pass (sum + compensation instead
-#: of float64 sum + mean); the solves convert C to float64 either way. It changes C (docs/scale.md gives the error),
-#: so it is part of the cache key and recorded with the hparams of every row.
-STATS_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
-DEFAULT_STATS_DTYPE = "float64"
+#: the torch dtype of each statistics precision a hparams file may name (:mod:`editscope.stats.settings`)
+STATS_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in STATS_DTYPE_NAMES}
 
 
 class _StopForward(Exception):
