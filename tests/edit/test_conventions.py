@@ -19,17 +19,21 @@ from editscope.edit import get_editor
 from editscope.edit.context import context_templates, template_weights
 from editscope.edit.objective import EssenceKL
 from editscope.errors import EditscopeError
+from editscope.lm.archs import ARCHS
 from editscope.lm.engine import ScoringEngine
+from editscope.lm.tiny import tiny_family
 from editscope.stats import second_moments
+from tests.conftest import TINY_MODELS
 
 STEPS = 3
 #: the HF module names of each tiny model's MLP down projection by model_type, written out here (not the arch maps)
 DOWN = {"llama": "down_proj", "gemma3_text": "down_proj", "gpt2": "c_proj", "gptj": "fc_out", "qwen3": "down_proj",
         "gemma2": "down_proj", "phi3": "down_proj", "gpt_neox": "dense_4h_to_h", "olmo2": "down_proj",
         "smollm3": "down_proj"}
-#: MEMIT's residual spread needs a linear residual: not Gemma 2/3 or OLMo 2, whose MLP output passes a norm first
-MEMIT_FAMILIES = ["llama", "gpt2", "gptj", "llama3", "qwen3", "phi3", "gpt_neox", "smollm3"]
-ROME_FAMILIES = MEMIT_FAMILIES + ["gemma3", "gemma2", "olmo2"]
+#: MEMIT's residual spread needs a linear residual: not a family whose MLP output passes a norm first (Gemma 2/3,
+#: OLMo 2), read off each tiny model's architecture map
+ROME_FAMILIES = TINY_MODELS
+MEMIT_FAMILIES = [m for m in TINY_MODELS if ARCHS[tiny_family(m)].mlp_post_norm is None]
 
 
 def blocks(model):

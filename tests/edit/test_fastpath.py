@@ -14,9 +14,9 @@ from editscope.edit.runtime import EditRuntime, RuntimeSettings
 from editscope.lm.engine import ScoringEngine
 from editscope.lm.full_forward import FullForward
 from editscope.lm.partial_forward import SuffixForward, lanes_of, start_block
+from tests.conftest import TINY_MODELS
 
-FAMILIES = ["llama", "gpt2", "gptj", "gemma3", "llama3", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2",
-            "smollm3"]
+FAMILIES = TINY_MODELS  # every family's tiny model, and Llama 3's rope scaling
 
 
 def _context(bundle, request, hook_point: str):
