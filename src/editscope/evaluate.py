@@ -138,7 +138,7 @@ def _each_request(trial: Trial, block: Block, engine: Any, bundle: Bundle, keep:
     each request a group of its own (``mode: single``), its edit undone once probed."""
     assert trial.method is not None
     editor, n = trial.method.editor, len(block.cases)
-    host = ChainHost(Path("."), "")  # nothing is saved: neither mode resumes from a file
+    host = ChainHost(Path("."), "")  # never written: neither mode is resumable, so no chain file is made
     report(f"request 1/{n}: editing")
     if keep:
         mode, members, log = EachProbed(rounds=n), list(range(n)), Edits(bundle)

@@ -249,7 +249,8 @@ class GroupChain:
         self.trial, self.mode, self.block, self.g, self.members = trial, mode, block, g, members
         self.engine, self.log, self.todo, self.host = engine, log, todo, host
         self.chunks = mode.steps(members)
-        self.path = chain_path(host.out_dir, block.label, g, trial.label)
+        #: the chain's checkpoint file (None: the mode saves none)
+        self.path = chain_path(host.out_dir, block.label, g, trial.label) if mode.resumable else None
         self.state: Any = None
 
     @property
@@ -267,7 +268,7 @@ class GroupChain:
 
     def _resume(self) -> int:
         """Restore the last checkpoint when there is a usable one; the number of rounds it holds (0: none)."""
-        if not self.path.is_file():
+        if self.path is None or not self.path.is_file():
             return 0
         ckpt = ChainCheckpoint.load(self.path)
         mine = self._identity()
@@ -303,6 +304,7 @@ class GroupChain:
     def _save(self, r: int, applied: int) -> None:
         meta = self._identity() | {"round": r, "edits_applied": applied, "rounds": self.log.records,
                                    "templates": templates_to_json(self.trial.runtime.templates)}
+        assert self.path is not None  # only a resumable mode saves
         ChainCheckpoint.capture(self.log.bundle, self.state, meta).save(self.path)
 
     def rounds(self, new_state: Callable[[], Any]) -> Iterator[tuple[int, int, list[int], Probes]]:
@@ -336,7 +338,8 @@ class GroupChain:
 
     def finished(self) -> None:
         """The chain's final rows are written: its checkpoint file is no longer needed."""
-        self.path.unlink(missing_ok=True)
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 def remove_chain_files(out_dir: str | Path) -> None:
