@@ -25,7 +25,8 @@
     per edit and ``ratio X.X`` = AlphaEdit / each. Then (s) the scoring overhead of a context editor's longer
     prompts: the counterfact suite probes ``--s-cases`` cases with no edit, then with the retrieval store of the batch
     in force (one fact before each prompt) and with IKE's 32 demonstrations, ``ratio`` = with / without (the engine
-    shares each context's forward among its continuations: prefix sharing is already on).
+    shares each context's forward among its continuations, and a context edit's opening text among the prompts that
+    share it); then IKE's probe with that opening forwarded once per prompt against once per case (``share_prefix``).
 (k) A checkpoint's evaluation cost at ``--k-edits`` (default 1,000 and 10,000) edits applied, emulated: a synthetic
     accumulated ΔW (one real UltraEdit batch's ΔW scaled to that many edits) is folded into the bundle as a chain
     does, and the suites of ``lifelong-stream`` (counterfact, general, weights) probe the cases that config's
@@ -296,6 +297,18 @@ def part_g(bundle, args) -> None:
     for name in ("retrieval", "ike", "wise"):
         what = "router" if name == "wise" else "context"
         print(f"(s) ratio {timings[name] / timings['none']:.2f} (probe seconds with the {name} {what} / without)")
+    # IKE's demonstrations open every prompt: forwarded once per probe (share_prefix) or once per prompt
+    editor = get_editor("ike")
+    edit = editor.apply(bundle, reqs[:1], editor.load_hparams(bundle), editor.new_state(), engine=engine)
+    shared = {}
+    for share in (False, True):
+        t0 = time.perf_counter()
+        for case in probe_cases:  # one case at a time, as a single-edit run probes
+            suite.probe_many(ScoringEngine(bundle, share_prefix=share), [case])
+        shared[share] = time.perf_counter() - t0
+    edit.revert(bundle)
+    print(f"(s) ratio {shared[False] / shared[True]:.2f} (IKE probe seconds, each prompt forwarding the "
+          "demonstrations / the demonstrations forwarded once per case)")
 
 
 def _stream_mode(args):

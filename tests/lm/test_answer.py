@@ -80,3 +80,59 @@ def test_cut_at_stop_and_bad_settings(tiny_bundles):
         engine.answer(PROMPTS, max_new_tokens=0)
     with pytest.raises(EditscopeError, match="empty stop string"):
         engine.answer(PROMPTS, stop=("",))
+
+
+class _Demonstrations:
+    """A context edit as IKE's: the same demonstrations before every prompt, then the prompt's own fact."""
+
+    method = "demos"
+    text = "New Fact: The capital of Spain is Lisbon\nPrompt: The capital of Spain is Lisbon\n\n"
+
+    def prefix(self, prompt: str) -> str:
+        return self.text + f"New Fact: {prompt.split()[-1]} is new\nPrompt: "
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3"])
+def test_answers_after_a_shared_context_are_prefilled_once_and_equal_a_plain_loop(tiny_bundles, family, monkeypatch):
+    """Reference: the plain greedy loop over the tokens of (context text + prompt) with no context edit in force.
+    Prompts that all open with the context's text decode from one prefilled copy of it: (rows − 1) × its length fewer
+    tokens go through the model than with sharing off."""
+    bundle = tiny_bundles[family]
+    monkeypatch.setattr(ScoringEngine, "share_prefix_min", 16)  # a short text: the tiny Gemma's window is 64 tokens
+    edit = _Demonstrations()
+    prompts = [p for p in PROMPTS if not p.startswith("Q:")]
+    plain = ScoringEngine(bundle, share_prefix=False)
+    expected = []
+    for p in PROMPTS:  # the reference, without the edit in force
+        ids = bundle.tokenizer(edit.prefix(p) + p)["input_ids"]
+        expected.append(greedy_ids(bundle, ids, 8))
+    counted: list[int] = []
+    bundle.add_context(edit)
+    handle = ScoringEngine(bundle).base_module.register_forward_pre_hook(
+        lambda module, args, kwargs: counted.append(kwargs["position_ids"].numel()), with_kwargs=True)
+    try:
+        shared = ScoringEngine(bundle).answer(prompts, max_new_tokens=8, stop=())
+        shared_tokens = sum(counted)
+        counted.clear()
+        separate = plain.answer(prompts, max_new_tokens=8, stop=())
+        separate_tokens = sum(counted)
+        mixed = ScoringEngine(bundle, token_budget=48).answer(PROMPTS, max_new_tokens=8, stop=())  # several calls
+    finally:
+        handle.remove()
+        bundle.remove_context(edit)
+    assert shared == separate == [e for p, e in zip(PROMPTS, expected, strict=True) if not p.startswith("Q:")]
+    assert mixed == expected
+    opening = len(bundle.tokenizer(edit.text)["input_ids"])
+    assert separate_tokens - shared_tokens >= (len(prompts) - 1) * opening
+
+
+def greedy_ids(bundle, ids: list[int], max_new: int) -> str:
+    """The plain loop of :func:`greedy_loop` from token ids: no padding, no cache, no stop string."""
+    new: list[int] = []
+    for _ in range(max_new):
+        with torch.no_grad():
+            token = int(bundle.model(torch.tensor([ids + new])).logits[0, -1].argmax())
+        if token == bundle.tokenizer.eos_token_id:
+            break
+        new.append(token)
+    return bundle.tokenizer.decode(new, skip_special_tokens=True).strip()

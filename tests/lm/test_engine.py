@@ -294,3 +294,55 @@ def test_progress_counts_every_request_once_and_changes_no_score(tiny):
     assert len(set(calls)) == len(calls)  # each batch adds requests
     plain = engine.score(asked)
     assert [list(s.token_logprobs) for s in scores] == [list(s.token_logprobs) for s in plain]
+
+
+DEMOS = "New Fact: The capital of Spain is Lisbon\nPrompt: The capital of Spain is Lisbon\n\n"
+
+
+class _Demonstrations:
+    """A context edit as IKE's: the same long demonstrations before every prompt, then the prompt's own fact (one
+    prompt gets other text, so not every context opens the same way)."""
+
+    method = "demos"
+
+    def prefix(self, prompt: str) -> str:
+        if prompt.startswith("Q:"):
+            return "Unrelated text comes first here. "
+        return DEMOS + f"New Fact: {prompt.split()[-1]} is new\nPrompt: "
+
+
+def _forwarded_tokens(engine, requests) -> tuple[int, list]:
+    seen = []
+    handle = engine.base_module.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"].numel()), with_kwargs=True)
+    try:
+        scores = engine.score(requests)
+    finally:
+        handle.remove()
+    return sum(seen), scores
+
+
+@pytest.mark.parametrize("max_row_tokens", [32, 5])
+def test_prompts_opening_with_one_context_share_its_forward_and_equal_naive(tiny, max_row_tokens, monkeypatch):
+    """Reference: one plain forward of (context edit's text + prompt + continuation) per request. With sharing the
+    demonstrations are forwarded once for all prompts that open with them, so far fewer tokens go through the model."""
+    reqs = [(ctx, cont) for ctx in CONTEXTS for cont in SHARED_PREFIXES[:4]]
+    monkeypatch.setattr(ScoringEngine, "share_prefix_min", 16)  # short texts: the tiny Gemmas' window is 64 tokens
+    options = dict(max_row_tokens=max_row_tokens, token_budget=32)  # one row per forward: no padding counted
+    edit = _Demonstrations()
+    tiny.add_context(edit)
+    try:
+        shared_tokens, shared = _forwarded_tokens(ScoringEngine(tiny, **options), reqs)
+        plain_tokens, plain = _forwarded_tokens(
+            ScoringEngine(tiny, share_prefix=False, **options), reqs)
+    finally:
+        tiny.remove_context(edit)
+    demo_tokens = len(tiny.tokenizer(DEMOS)["input_ids"])
+    assert demo_tokens >= ScoringEngine.share_prefix_min
+    for (ctx, cont), score, separate in zip(reqs, shared, plain, strict=True):
+        ref = naive_logprobs(tiny, edit.prefix(ctx) + ctx, cont)
+        np.testing.assert_allclose(score.token_logprobs, ref, atol=1e-4)
+        np.testing.assert_allclose(score.token_logprobs, separate.token_logprobs, atol=1e-5)
+        assert list(score.token_is_argmax) == list(separate.token_is_argmax)
+    if max_row_tokens == 32:  # two prompts open with the demonstrations: they are forwarded once, not twice
+        assert plain_tokens - shared_tokens >= demo_tokens

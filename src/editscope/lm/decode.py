@@ -24,13 +24,15 @@ Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache], torch.
 
 def greedy_rows(step: Step, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
                 ended: Callable[[list[int]], bool], eos_ids: frozenset[int],
-                on_select: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
+                on_select: Callable[[torch.Tensor], None] | None = None,
+                cache: DynamicCache | None = None) -> list[list[int]]:
     """New token ids of each left-padded row of ``ids`` (``mask`` 1 on real tokens), greedily decoded: a row ends
     at an EOS id (not kept), when ``ended(its new ids)`` is true (the token that ended it kept), or after
     ``max_new_tokens`` tokens. ``on_select`` is told the batch rows kept whenever rows leave (a module memory's
-    per-row choice follows them)."""
-    cache = DynamicCache()  # full (non-sliding) layers: the mask sets any window
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    per-row choice follows them). ``cache`` may already hold the keys/values of a prefix every row opens with (one
+    copy per row); ``mask`` then covers the prefix too."""
+    cache = DynamicCache() if cache is None else cache  # full (non-sliding) layers: the mask sets any window
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, mask.shape[1] - ids.shape[1]:]
     logits = step(ids, mask, positions, cache)
     out: list[list[int]] = [[] for _ in range(ids.shape[0])]
     alive = list(range(ids.shape[0]))  # the original row of each batch row

@@ -118,37 +118,48 @@ class TokenBatch:
 
 
 class _TreeRow:
-    """A context followed by the prefix tree of its continuations, scored as one sequence.
+    """A shared prefix followed by the prefix tree of what its members add to it, scored as one sequence.
 
-    Node k stands for a continuation prefix t_1..t_j (j >= 1) that some continuation extends: it holds t_j at
-    position len(context) + j - 1 and attends to the context, its ancestors and itself, so its hidden state
-    equals the one an ordinary forward of context + t_1..t_j gives at t_j. A prefix shared by several
-    continuations (" New York", " New Jersey") is computed once; the last token of a continuation is never
-    forwarded (nothing reads its logits).
+    A member is a (context, continuation) pair whose context opens with the row's prefix (usually the whole context;
+    with :attr:`ScoringEngine.share_prefix`, a context edit's long common text). Node k stands for a prefix
+    t_1..t_j (j >= 1) of a member's tail (its context after the row's prefix, then its continuation) that some
+    token is read after or that a longer node extends: it holds t_j at position len(prefix) + j - 1 and attends to
+    the prefix, its ancestors and itself, so its hidden state equals the one an ordinary forward of prefix +
+    t_1..t_j gives at t_j. Text shared by several members (" New York", " New Jersey"; the same demonstrations
+    before different prompts) is computed once; the last token of a continuation is never forwarded (nothing reads
+    its logits).
     """
 
     def __init__(self, ctx_ids: tuple[int, ...], embeds: torch.Tensor | None) -> None:
-        self.ctx_ids = ctx_ids
+        self.ctx_ids = ctx_ids  # the shared prefix
         self.embeds = embeds
         self._node_of: dict[tuple[int, ...], int] = {}
         self.node_tokens: list[int] = []
-        self.node_parent: list[int] = []  # parent node, -1 for the context's last token
+        self.node_parent: list[int] = []  # parent node, -1 for the prefix's last token
         self.node_depth: list[int] = []
-        #: (continuation, read index per token): 0 is the context's last token, 1 + k is node k
+        #: (member, read index per continuation token): 0 is the prefix's last token, 1 + k is node k
         self.members: list[tuple[_Encoded, list[int]]] = []
 
+    def tail(self, enc: _Encoded) -> tuple[int, ...]:
+        """What ``enc`` adds to the row's prefix: the rest of its context, then its continuation."""
+        return enc.ctx_ids[len(self.ctx_ids):] + enc.cont_ids
+
     def add(self, enc: _Encoded) -> None:
-        reads, parent = [0], -1
-        for j in range(1, len(enc.cont_ids)):
-            node = self._node_of.get(enc.cont_ids[:j])
+        if enc.ctx_ids[:len(self.ctx_ids)] != self.ctx_ids:
+            raise ValueError("a tree row's member must open with the row's prefix")
+        tail = self.tail(enc)
+        node_at, parent = [-1], -1  # node_at[j]: the node of tail[:j] (-1: the prefix's last token)
+        for j in range(1, len(tail)):
+            node = self._node_of.get(tail[:j])
             if node is None:
-                node = self._node_of[enc.cont_ids[:j]] = len(self.node_tokens)
-                self.node_tokens.append(enc.cont_ids[j - 1])
+                node = self._node_of[tail[:j]] = len(self.node_tokens)
+                self.node_tokens.append(tail[j - 1])
                 self.node_parent.append(parent)
                 self.node_depth.append(j)
-            reads.append(1 + node)
+            node_at.append(node)
             parent = node
-        self.members.append((enc, reads))
+        start = len(enc.ctx_ids) - len(self.ctx_ids)  # continuation token i is read after tail[:start + i]
+        self.members.append((enc, [1 + node_at[start + i] for i in range(len(enc.cont_ids))]))
 
     @property
     def n_nodes(self) -> int:
@@ -189,6 +200,12 @@ class _TreeRow:
         return allowed
 
 
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` open with in common."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
 def normalize_boundary(context: str, continuation: str, add_space: bool = True) -> tuple[str, str]:
     """Apply DESIGN.md rule 2 to one pair; see the module docstring."""
     stripped = context.rstrip()
@@ -209,8 +226,14 @@ class ScoringEngine(Scorer):
     """Batched scoring for one model bundle (implements :class:`Scorer`). ``token_budget`` bounds the tokens in
     one forward."""
 
+    #: the fewest common opening tokens for which contexts share one row's prefix (below it the saving is small)
+    share_prefix_min = 32
+    #: answers decoded after a shared prefix: at most this many token budgets of keys and values cached per call
+    KV_BUDGET_FACTOR = 8
+
     def __init__(self, bundle: Bundle, *, token_budget: int = 2048, add_space: bool = True,
-                 padding_side: str = "right", max_row_tokens: int = 512, chat_template: bool = False) -> None:
+                 padding_side: str = "right", max_row_tokens: int = 512, chat_template: bool = False,
+                 share_prefix: bool = True) -> None:
         if padding_side not in ("left", "right"):
             raise ValueError("padding_side must be 'left' or 'right'")
         self.bundle = bundle
@@ -220,6 +243,9 @@ class ScoringEngine(Scorer):
         self.token_budget = token_budget
         #: a context's prefix tree is split over several rows beyond this length (attention cost is quadratic)
         self.max_row_tokens = max(1, min(max_row_tokens, token_budget))
+        #: prompts whose context edit's text opens the same way share its forward (:meth:`_prefixes`); the scores
+        #: agree with separate forwards to float rounding
+        self.share_prefix = share_prefix
         self.add_space = add_space
         self.padding_side = padding_side
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
@@ -452,19 +478,41 @@ class ScoringEngine(Scorer):
         return results  # type: ignore[return-value]
 
     def _rows(self, groups: list[list[_Encoded]]) -> list[_TreeRow]:
-        """One tree row per context group, split when a row would exceed ``max_row_tokens``."""
+        """One tree row per shared prefix (:meth:`_prefixes`), split when the row's tree would exceed
+        ``max_row_tokens`` (a prefix shared by several contexts is not counted: it is computed once either way)."""
         rows = []
-        for group in groups:
-            ctx_len = len(group[0].ctx_ids)
-            row = _TreeRow(group[0].ctx_ids, group[0].embeds)
-            # Sorted continuations keep shared prefixes in one row when a group is split.
-            for enc in sorted(group, key=lambda e: e.cont_ids):
-                if len(row.members) and ctx_len + row.n_nodes + len(enc.cont_ids) - 1 > self.max_row_tokens:
+        for prefix, members in self._prefixes(groups):
+            embeds = members[0].embeds
+            row = _TreeRow(prefix, embeds)
+            shared = any(len(enc.ctx_ids) > len(prefix) for enc in members)
+            cap = self.max_row_tokens + (len(prefix) if shared else 0)
+            # Sorted tails keep shared prefixes in one row when a group is split.
+            for enc in sorted(members, key=row.tail):
+                if len(row.members) and len(prefix) + row.n_nodes + len(row.tail(enc)) - 1 > cap:
                     rows.append(row)
-                    row = _TreeRow(group[0].ctx_ids, group[0].embeds)
+                    row = _TreeRow(prefix, embeds)
                 row.add(enc)
             rows.append(row)
         return rows
+
+    def _prefixes(self, groups: list[list[_Encoded]]) -> list[tuple[tuple[int, ...], list[_Encoded]]]:
+        """(prefix, members) per row tree: each context group alone, or, while a context edit is in force and
+        :attr:`share_prefix` is on, the groups whose contexts open with the same :attr:`share_prefix_min` tokens or
+        more (IKE's demonstrations before every prompt of a case) merged under their common prefix. Not with a
+        module memory in force: it reads each prompt's last token, which a merged row would not end on."""
+        if not (self.share_prefix and self.bundle.contexts) or self.bundle.has_memory:
+            return [(group[0].ctx_ids, group) for group in groups]
+        merged: list[tuple[tuple[int, ...], list[_Encoded]]] = []
+        for group in sorted(groups, key=lambda g: g[0].ctx_ids):  # long common openings become neighbours
+            ctx = group[0].ctx_ids
+            if merged:
+                prefix, members = merged[-1]
+                n = _common_length(prefix, ctx)
+                if n >= self.share_prefix_min:
+                    merged[-1] = (prefix[:n], members + group)
+                    continue
+            merged.append((ctx, list(group)))
+        return merged
 
     def _pack(self, rows: list[_TreeRow]) -> Iterator[list[_TreeRow]]:
         """Batches of rows of similar length whose padded token count stays within the budget."""
@@ -675,25 +723,53 @@ class ScoringEngine(Scorer):
         Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
         new text (each row leaves the batch when it ends: :mod:`editscope.lm.decode`), the text before that stop string
         kept whole, surrounding whitespace stripped. Rows go left-padded with a KV cache, as many at a time as
-        the token budget holds with room for the new tokens."""
+        the token budget holds with room for the new tokens. A context edit's text that every prompt opens with
+        (IKE's demonstrations) is forwarded once and its cache copied to each row (:meth:`_shared_opening`)."""
         if max_new_tokens < 1:
             raise EditscopeError(f"answer: max_new_tokens must be >= 1, got {max_new_tokens}")
         if any(not s for s in stop):
             raise EditscopeError("answer: an empty stop string would end every answer before it starts")
         rows = self._context_forward(prompts, None)
-        per_call = max(1, self.token_budget // (max(len(r[0]) for r in rows) + max_new_tokens))
+        prefix = self._shared_opening([ids for ids, _ in rows])
+        longest = max(len(r[0]) for r in rows) + max_new_tokens
+        per_call = max(1, self.token_budget // (longest - len(prefix)))
+        if prefix:  # each row holds its own copy of the prefix's keys and values: bound the cache too
+            per_call = min(per_call, max(1, self.KV_BUDGET_FACTOR * self.token_budget // longest))
         ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop)
         answers = []
         for start in range(0, len(rows), per_call):
-            ids, mask, _, _ = self._inputs(rows[start:start + per_call], "left")
+            chunk = rows[start:start + per_call]
+            ids, mask, _, _ = self._inputs([(row[len(prefix):], e) for row, e in chunk], "left")
             # left padding: every prompt ends at the last column; decoding steps continue each row's memory choice
             read = self._reading([ids.shape[1] - 1] * ids.shape[0], (mask == 0).sum(-1))
+            cache = self._prefilled(prefix, len(chunk)) if prefix else None
+            if prefix:
+                mask = torch.cat([mask.new_ones((len(chunk), len(prefix))), mask], dim=1)
             with self.bundle.memory_read(read):
                 for new in greedy_rows(self._continuing(read), ids, mask, max_new_tokens=max_new_tokens,
-                                       ended=ended, eos_ids=self._eos_ids,
+                                       ended=ended, eos_ids=self._eos_ids, cache=cache,
                                        on_select=read.select if read is not None else None):
                     answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop))
         return answers
+
+    def _shared_opening(self, rows: Sequence[Sequence[int]]) -> tuple[int, ...]:
+        """The tokens every row opens with, when a context edit is in force and they are :attr:`share_prefix_min`
+        or more (each row keeps at least its last token: decoding starts there); else () (see :meth:`_prefixes`)."""
+        if not (self.share_prefix and self.bundle.contexts) or self.bundle.has_memory or len(rows) < 2:
+            return ()
+        n = min(min(len(row) for row in rows) - 1, *(_common_length(rows[0], row) for row in rows[1:]))
+        return tuple(rows[0][:n]) if n >= self.share_prefix_min else ()
+
+    def _prefilled(self, prefix: Sequence[int], copies: int):
+        """A key/value cache holding ``prefix`` once per row, from one forward of it."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        ids = torch.tensor([list(prefix)], device=self.bundle.device)
+        self._base(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(len(prefix),
+                   device=ids.device)[None], **cache_kwargs(self._base, cache))
+        cache.batch_repeat_interleave(copies)
+        return cache
 
     def _reading(self, queries: Sequence[int] | torch.Tensor, starts: Sequence[int] | torch.Tensor | None = None
                  ) -> MemoryRead | None:
