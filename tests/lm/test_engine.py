@@ -300,15 +300,15 @@ DEMOS = "New Fact: The capital of Spain is Lisbon\nPrompt: The capital of Spain 
 
 
 class _Demonstrations:
-    """A context edit as IKE's: the same long demonstrations before every prompt, then the prompt's own fact (one
-    prompt gets other text, so not every context opens the same way)."""
+    """A context edit as IKE's: the same demonstrations before every prompt, then a fact of the prompt's first word
+    (one prompt gets other text, so not every context opens the same way)."""
 
     method = "demos"
 
     def prefix(self, prompt: str) -> str:
         if prompt.startswith("Q:"):
             return "Unrelated text comes first here. "
-        return DEMOS + f"New Fact: {prompt.split()[-1]} is new\nPrompt: "
+        return DEMOS + f"New Fact: {prompt.split()[0]} is new\nPrompt: "
 
 
 def _forwarded_tokens(engine, requests) -> tuple[int, list]:
@@ -335,6 +335,11 @@ def test_prompts_opening_with_one_context_share_its_forward_and_equal_naive(tiny
         shared_tokens, shared = _forwarded_tokens(ScoringEngine(tiny, **options), reqs)
         plain_tokens, plain = _forwarded_tokens(
             ScoringEngine(tiny, share_prefix=False, **options), reqs)
+        # one context opens the other: the shorter one's whole context is the row's prefix, read at its end
+        nested = [("The capital of France is", "Paris"), ("The capital of France", "is Paris")]
+        for (ctx, cont), score in zip(nested, ScoringEngine(tiny, **options).score(nested), strict=True):
+            np.testing.assert_allclose(score.token_logprobs, naive_logprobs(tiny, edit.prefix(ctx) + ctx, cont),
+                                       atol=1e-4)
     finally:
         tiny.remove_context(edit)
     demo_tokens = len(tiny.tokenizer(DEMOS)["input_ids"])
