@@ -7,11 +7,13 @@
 #
 #   benchmarks/gpu_check.sh big  [--dry]   # call 1: the Llama-3-8B-shaped model (benchmarks/gpu_check.py --part big)
 #   benchmarks/gpu_check.sh smol [--dry]   # call 2: SmolLM2 converted there; the GPU/CPU agreement test in the
-#                                          # background; lifelong AlphaEdit, then UltraEdit, until the time is spent
+#                                          # background; lifelong AlphaEdit, UltraEdit, GRACE, then retrieval, each
+#                                          # until its time is spent
 #
 # Every figure goes to $OUT as it is measured (gpu_check.jsonl, the logs), so a killed call keeps what it has.
 # --dry: the same steps on this CPU with a small model (a check of the script before GPU minutes are spent on it).
-# Time budgets (seconds): BIG_S (default 200), AGREE_S (330), ALPHA_S (170), ULTRA_S (110).
+# Time budgets (seconds): BIG_S (default 200), AGREE_S (330), ALPHA_S (150), ULTRA_S (100), GRACE_S (60),
+# RETRIEVAL_S (45).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STEP=${1:?usage: gpu_check.sh pack|big|smol [--dry]}
@@ -79,8 +81,13 @@ $PY "$ROOT/benchmarks/gpu_check.py" --part stats --out "$OUT" --device $DEVICE >
 AGREE=$!
 if [ "$DRY" = "--dry" ]; then extra=(--dry); else extra=(); fi
 OMP_NUM_THREADS=6 $PY "$ROOT/benchmarks/gpu_check.py" --part lifelong --method alphaedit --out "$OUT" --runs "$WORK/runs" \
-    --device $DEVICE --seconds "${ALPHA_S:-170}" "${extra[@]}" > "$OUT/lifelong.log" 2>&1
+    --device $DEVICE --seconds "${ALPHA_S:-150}" "${extra[@]}" > "$OUT/lifelong.log" 2>&1
 OMP_NUM_THREADS=6 $PY "$ROOT/benchmarks/gpu_check.py" --part lifelong --method ultraedit --out "$OUT" --runs "$WORK/runs" \
-    --device $DEVICE --seconds "${ULTRA_S:-110}" "${extra[@]}" >> "$OUT/lifelong.log" 2>&1
+    --device $DEVICE --seconds "${ULTRA_S:-100}" "${extra[@]}" >> "$OUT/lifelong.log" 2>&1
+# the editors that write no weight: GRACE's codebook (one value trained per edit), retrieval's store (no training)
+OMP_NUM_THREADS=6 $PY "$ROOT/benchmarks/gpu_check.py" --part lifelong --method grace --out "$OUT" --runs "$WORK/runs" \
+    --device $DEVICE --seconds "${GRACE_S:-60}" "${extra[@]}" >> "$OUT/lifelong.log" 2>&1
+OMP_NUM_THREADS=6 $PY "$ROOT/benchmarks/gpu_check.py" --part lifelong --method retrieval --out "$OUT" --runs "$WORK/runs" \
+    --device $DEVICE --seconds "${RETRIEVAL_S:-45}" "${extra[@]}" >> "$OUT/lifelong.log" 2>&1
 wait $AGREE
 exit 0
