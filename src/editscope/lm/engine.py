@@ -229,7 +229,7 @@ class ScoringEngine(Scorer):
     #: the fewest common opening tokens for which contexts share one row's prefix (below it the saving is small)
     share_prefix_min = 32
     #: answers decoded after a shared prefix: at most this many token budgets of keys and values cached per call
-    KV_BUDGET_FACTOR = 8
+    kv_budget_factor = 8
 
     def __init__(self, bundle: Bundle, *, token_budget: int = 2048, add_space: bool = True,
                  padding_side: str = "right", max_row_tokens: int = 512, chat_template: bool = False,
@@ -734,7 +734,7 @@ class ScoringEngine(Scorer):
         longest = max(len(r[0]) for r in rows) + max_new_tokens
         per_call = max(1, self.token_budget // (longest - len(prefix)))
         if prefix:  # each row holds its own copy of the prefix's keys and values: bound the cache too
-            per_call = min(per_call, max(1, self.KV_BUDGET_FACTOR * self.token_budget // longest))
+            per_call = min(per_call, max(1, self.kv_budget_factor * self.token_budget // longest))
         ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop)
         answers = []
         for start in range(0, len(rows), per_call):
