@@ -109,3 +109,19 @@ def test_gpu_check_big_part_runs_dry_and_records_the_plan_beside_the_edit(tmp_pa
     assert edit["method"] == "memit" and edit["layers"] == [4, 5, 6, 7, 8] and edit["revert_bit_equal"]
     assert edit["predicted_peak_mib"] > 0 and edit["warm_s"] > 0 and edit["plain_vstar1_s"] > 0
     assert [r["method"] for r in rows if r["kind"] == "skipped"] == ["rome", "ultraedit", "alphaedit"]
+
+
+@pytest.mark.slow
+def test_gpu_check_lifelong_part_runs_an_editor_that_writes_no_weight(tmp_path):
+    """A retrieval chain through the runner: checkpoint rows with ES/PS/NS and no weights suite (no ΔW to measure)."""
+    import json
+
+    _run("gpu_check.py", "--part", "lifelong", "--method", "retrieval", "--dry", "--device", "cpu", "--out",
+         str(tmp_path), "--seconds", "45")
+    config = json.loads((tmp_path / "lifelong-retrieval.yaml").read_text())
+    assert config["datasets"][0]["suites"] == ["counterfact"]
+    row = next(json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()
+               if json.loads(line)["kind"] == "lifelong")
+    assert row["method"] == "retrieval" and row["curve"], row
+    point = row["curve"][0]
+    assert 0 <= point["ES"] <= 1 and point["NormGrowth"] is None and point["edit_s_last_round"] is not None
