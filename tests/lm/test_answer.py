@@ -16,9 +16,13 @@ PROMPTS = ["The capital of France is", "Danielle Darrieux is a citizen of", "Q: 
 
 
 def greedy_loop(bundle, engine: ScoringEngine, prompt: str, max_new: int, stop: tuple[str, ...]) -> str:
-    """One prompt, no padding, no cache: argmax token after token until EOS, max_new tokens, or a stop string in
-    the new text; the text before the first stop string."""
-    ids = list(engine.context_ids(prompt))
+    """One prompt as the engine encodes it, decoded by :func:`greedy_ids`."""
+    return greedy_ids(bundle, list(engine.context_ids(prompt)), max_new, stop)
+
+
+def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = ()) -> str:
+    """No padding, no cache: argmax token after token until EOS, max_new tokens, or a stop string in the new text;
+    the text before the first stop string."""
     eos = bundle.tokenizer.eos_token_id
     new: list[int] = []
     text = ""
@@ -125,14 +129,3 @@ def test_answers_after_a_shared_context_are_prefilled_once_and_equal_a_plain_loo
     opening = len(bundle.tokenizer(edit.text)["input_ids"])
     assert separate_tokens - shared_tokens >= (len(prompts) - 1) * opening
 
-
-def greedy_ids(bundle, ids: list[int], max_new: int) -> str:
-    """The plain loop of :func:`greedy_loop` from token ids: no padding, no cache, no stop string."""
-    new: list[int] = []
-    for _ in range(max_new):
-        with torch.no_grad():
-            token = int(bundle.model(torch.tensor([ids + new])).logits[0, -1].argmax())
-        if token == bundle.tokenizer.eos_token_id:
-            break
-        new.append(token)
-    return bundle.tokenizer.decode(new, skip_special_tokens=True).strip()

@@ -40,6 +40,7 @@ from functools import cached_property
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
@@ -762,8 +763,6 @@ class ScoringEngine(Scorer):
 
     def _prefilled(self, prefix: Sequence[int], copies: int):
         """A key/value cache holding ``prefix`` once per row, from one forward of it."""
-        from transformers import DynamicCache
-
         cache = DynamicCache()
         ids = torch.tensor([list(prefix)], device=self.bundle.device)
         self._base(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(len(prefix),
