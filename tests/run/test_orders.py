@@ -14,8 +14,11 @@ from editscope.edit.patch import tensor_checksum
 from editscope.errors import EditscopeError
 from editscope.run import Runner, parse_config, read_results
 from editscope.run.blocks import load_blocks
+from editscope.run.merge import merge_runs
 from editscope.run.plan import base_label, label_threads, order_label
+from editscope.run.planned import plan_run
 from editscope.run.runner import timing_free
+from editscope.run.store import read_json
 from editscope.run.summary import across_orders, summarize_by_edits
 from tests.run.helpers import close
 from tests.run.test_lifelong import Kill, lifelong_data
@@ -123,6 +126,57 @@ def test_two_orders_run_as_two_chains_resume_and_their_spread_matches_a_hand_com
     regenerate(page, tmp_path)
     text = page.read_text()
     assert "counterfact on counterfact, across 2 edit orders:" in text and "Where the chains break:" in text
+
+
+def test_shards_spread_the_orders_and_merge_into_the_unsharded_rows(tiny_bundles, tmp_path):
+    config = parse_config(orders_data(3))
+    labels = ["counterfact", "counterfact~order1", "counterfact~order2"]
+
+    def chains(shard):  # the chains a shard edits, from its planned rows
+        return sorted({key[0] for key in plan_run(config, shard=shard).rows}, key=labels.index)
+
+    # a chain is one group (group 0), so chain c goes to shard c mod n
+    assert [chains((i, 3)) for i in range(3)] == [[labels[0]], [labels[1]], [labels[2]]]
+    assert [chains((i, 2)) for i in range(2)] == [[labels[0], labels[2]], [labels[1]]]
+    assert chains((0, 1)) == labels
+    both = [k for i in range(2) for k in plan_run(config, shard=(i, 2)).rows]
+    assert sorted(both) == sorted(plan_run(config).rows)  # every row once
+    # a config of one order is cut as before: every group of the block goes to shard g mod n
+    plain = parse_config(lifelong_data(["ultraedit"]))
+    assert [len(plan_run(plain, shard=(i, 2)).rows) for i in range(2)] == [len(plan_run(plain).rows), 0]
+
+    # run as two shards and merged: the rows of the unsharded run
+    bundle = tiny_bundles["llama"]
+    two = parse_config(orders_data(2))
+    whole = Runner(two, out_dir=tmp_path / "whole", bundle=bundle, progress=False, log=lambda _m: None).run()
+    for i in range(2):
+        Runner(two, out_dir=tmp_path / f"s{i}", bundle=bundle, progress=False, shard=(i, 2),
+               log=lambda _m: None).run()
+    assert {r["dataset"] for r in read_results(tmp_path / "s1" / "results.jsonl")} == {labels[1]}
+    merge_runs(tmp_path / "merged", [tmp_path / "s0", tmp_path / "s1"])
+    got, want = (sorted(read_results(d / "results.jsonl"), key=_key) for d in (tmp_path / "merged", whole.out_dir))
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert close(timing_free(a), timing_free(b)), _key(a)
+
+    # an unsharded run stopped after its first chain, its second chain run as shard 1 of 2: merged, complete
+    def stop(row):
+        if row["dataset"] == labels[1]:
+            raise Kill
+
+    with pytest.raises(Kill):
+        Runner(two, out_dir=tmp_path / "stopped", bundle=bundle, progress=False, on_row=stop,
+               log=lambda _m: None).run()
+    merge_runs(tmp_path / "rest", [tmp_path / "s1", tmp_path / "stopped"])
+    assert read_json(tmp_path / "rest" / "run.json")["status"] == "complete"
+    got = sorted(read_results(tmp_path / "rest" / "results.jsonl"), key=_key)
+    assert [timing_free(r) for r in got] == [timing_free(r) for r in sorted(read_results(tmp_path / "merged"
+                                                                                         / "results.jsonl"), key=_key)]
+    # without the second chain's shard the same merge is incomplete, and says which row it lacks first
+    merge_runs(tmp_path / "lacking", [tmp_path / "stopped"])
+    meta = read_json(tmp_path / "lacking" / "run.json")
+    assert meta["status"] == "incomplete" and meta["missing_rows"] == len(want) - len(
+        read_results(tmp_path / "stopped" / "results.jsonl"))
 
 
 def _key(row: dict) -> tuple:

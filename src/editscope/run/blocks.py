@@ -27,6 +27,7 @@ class Block:
     requests: list[tuple[EditRequest, ...]] = field(default_factory=list)  # what is edited, per case
     groups: list[tuple[int, list[int]]] = field(default_factory=list)  # (group index, case indices)
     threads: int | None = None  # the torch thread count its chain runs under (mode ``threads``; None: the process's)
+    chain: int = 0  # which of its dataset block's chains (edit orders × thread counts) it is; 0: the block itself
 
 
 def load_blocks(config: RunConfig, *, limit: int | None = None,
@@ -49,8 +50,8 @@ def load_blocks(config: RunConfig, *, limit: int | None = None,
         suites = {s.name: make_suite(s.name, s.options, suite_factories) for s in spec.suites}
         block = Block(spec.label, cases, suites, [edit_requests(spec.label, suites, c) for c in cases])
         ordered = [block, *(in_order(block, config.seed, k) for k in range(1, orders))]
-        blocks += [replace(ordered[k], label=label, threads=t)
-                   for label, k, t in chain_labels(spec.label, orders, threads)]
+        blocks += [replace(ordered[k], label=label, threads=t, chain=c)
+                   for c, (label, k, t) in enumerate(chain_labels(spec.label, orders, threads))]
     return blocks
 
 
@@ -79,12 +80,14 @@ def edit_requests(label: str, suites: Mapping[str, Suite], case: Case) -> tuple[
 
 
 def assign_groups(blocks: Sequence[Block], group_size: int, shard: tuple[int, int]) -> None:
-    """Cut each block into groups of ``group_size`` consecutive cases; keep this shard's groups."""
+    """Cut each block into groups of ``group_size`` consecutive cases; keep this shard's groups: group ``g`` of chain
+    ``c`` goes to shard ``(g + c) mod n``. A lifelong chain is one group, so the offset is what spreads a block's edit
+    orders over the shards; a block's own chain (c = 0) is cut as it always was."""
     i, n = shard
     for block in blocks:
         idx = list(range(len(block.cases)))
         groups = [(g, idx[s:s + group_size]) for g, s in enumerate(range(0, len(idx), group_size))]
-        block.groups = [(g, members) for g, members in groups if g % n == i]
+        block.groups = [(g, members) for g, members in groups if (g + block.chain) % n == i]
 
 
 __all__ = ["Block", "assign_groups", "edit_requests", "in_order", "load_blocks"]

@@ -2,9 +2,11 @@
 ran the same config on the same model), ordered as an unsharded run writes them.
 
 The merged rows are counted against the config's plan (:mod:`editscope.run.planned`): the merged run is
-``complete`` only when every shard of 0..n-1 is there, no shard's ``results.jsonl`` ends in a torn line (a killed
-write, which a reader drops) or holds a row its digest does not vouch for (:mod:`editscope.rowdigest`: left out
-like a torn line), and no planned row is missing. Otherwise it is ``incomplete``, ``run.json`` holds
+``complete`` only when every planned row is there (from any shard, or from an unsharded run stopped partway whose
+other chains shards ran: the rows of one config are the same whichever process computed them) and no shard's
+``results.jsonl`` ends in a torn line (a killed write, which a reader drops) or holds a row its digest does not
+vouch for (:mod:`editscope.rowdigest`: left out like a torn line); where the cases or suites are not to be had, every
+shard of 0..n-1 must be there and complete. Otherwise it is ``incomplete``, ``run.json`` holds
 ``missing_rows`` and ``problems`` (one line each: the torn or damaged ``file:line N``, the missing rows), and
 ``log`` gets the same lines: resume the shard that lacks them and merge again into the same folder (a merge may
 overwrite an incomplete merge)."""
@@ -71,13 +73,15 @@ def _merge_locked(out_dir: Path, shard_dirs: Sequence[str | Path],
                             dataset_order=config.block_labels())
     shards = sorted({tuple(m.get("shard", [0, 1])) for m in metas})
     n = shards[0][1] if shards else 1
-    if len(shards) != n or any(s[1] != n for s in shards):
-        problems.append(f"merge: shards {', '.join(f'{i}/{k}' for i, k in shards)} of {n}: not every shard is here")
     planned = _planned(config, first.get("limit"), suite_factories)
+    if planned is None and (len(shards) != n or any(s[1] != n for s in shards)):
+        problems.append(f"merge: shards {', '.join(f'{i}/{k}' for i, k in shards)} of {n}: not every shard is here")
     missing = _missing(planned, rows, problems)
     for line in problems:
         log(line)
-    complete = not problems and all(m.get("status") == "complete" for m in metas)
+    # with a plan to count against, the rows decide: a run stopped partway whose remaining chains a shard of
+    # another cut computed is complete once every planned row is here; without one, every shard must be complete
+    complete = not problems and (planned is not None or all(m.get("status") == "complete" for m in metas))
     meta = {**first, "shard": [0, 1], "merged_from": [str(Path(d).resolve()) for d in shard_dirs],
             "merged_shards": [list(s) for s in shards], "rows": len(merged),
             "torch_threads": list(dict.fromkeys(t for m in metas for t in m.get("torch_threads") or [])),

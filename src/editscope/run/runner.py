@@ -25,8 +25,8 @@ existed are the run's model). A config with a ``models`` list is one such run pe
 Resuming skips finished rows (key: dataset, case, method, plus the checkpoint's ``edits_applied``:
 :func:`~editscope.run.store.row_key`); a group with some rows missing is edited again (a lifelong chain from its
 last checkpoint file) and only the missing rows are written (edits are seeded per dataset/method/group and round, so
-they are the same). Sharding assigns whole groups (group index mod n), so a sharded run and ``merge`` give the rows
-of an unsharded run.
+they are the same). Sharding assigns whole groups (group index plus chain index mod n: a block's edit orders and
+thread counts spread over the shards), so a sharded run and ``merge`` give the rows of an unsharded run.
 """
 
 from __future__ import annotations
