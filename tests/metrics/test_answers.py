@@ -336,6 +336,44 @@ def test_first_object_reads_the_object_asserted_first(answer, gold, expected):
     assert judge_answer("first_object", "q", answer, [gold]) == expected
 
 
+@pytest.mark.parametrize(("answer", "gold", "expected"), [
+    # SmolLM2's answers (zsRE / QAEdit, the QA wrapper) to questions whose gold answer holds a clause break of its
+    # own: version 1 ended the clause inside the gold answer and judged each 0; a reader judges each 1
+    ('The song "Roar" by Katy Perry', '"Roar" by Katy Perry', 1.0),
+    ("The answer is December 29, 1998", "December 29, 1998", 1.0),
+    ("The answer is: Charles Lennox, 2nd Duke of Richmond", "Charles Lennox, 2nd Duke of Richmond", 1.0),
+    ("The architect of Symphony Towers is Skidmore, Owings and Merrill", "Skidmore, Owings and Merrill", 1.0),
+    ("Stormed Fortress in the series of Wars of Light and Shadow", "Wars of Light and Shadow", 1.0),
+    ("The Frontios is a Doctor Who series", "Doctor Who", 1.0),  # "who" is a clause word
+    ("the country of Trinidad and Tobago", "Trinidad and Tobago", 1.0),
+    ("The song “Roar” by Katy Perry", '"Roar" by Katy Perry', 1.0),  # other quote marks around the same words
+    # the gold answer after another object still is not the first object, break inside it or not
+    ("Toronto, Trinidad and Tobago", "Trinidad and Tobago", 0.0),
+    ("Doctor Foster, not Doctor Who", "Doctor Who", 0.0),
+    ("Paris, December 29, 1998", "December 29, 1998", 0.0),
+    ("Skidmore College", "Skidmore, Owings and Merrill", 0.0),  # only part of the gold's words
+])
+def test_first_object_reads_a_gold_answer_with_a_break_of_its_own_whole(answer, gold, expected):
+    assert first_object(answer, [gold]) == expected
+
+
+def test_the_first_object_judges_record_their_version():
+    from editscope.metrics.answers import FIRST_OBJECT_VERSION
+    from editscope.suites.wild import WildSuite, recorded_judges
+
+    assert FIRST_OBJECT_VERSION == 2
+    assert JUDGES["first_object"].version == 2 and JUDGES["exact_match"].version == 1
+    proto = WildSuite(judge="first_object", locality_judge="same_object").protocol
+    assert proto["judge_version"] == 2 and proto["locality_judge_version"] == 2
+    assert "judged by first_object v2 against" in proto["note"]
+    assert recorded_judges(proto) == ("first_object v2", "same_object v2")
+    plain = WildSuite(judge="exact_match", locality_judge="same_start").protocol
+    assert "judge_version" not in plain and "locality_judge_version" not in plain
+    # rows written under version 1 recorded no version: a resume under version 2 sees other judges
+    assert recorded_judges({"judge": "first_object", "locality_judge": "same_start"}) != recorded_judges(
+        WildSuite(judge="first_object", locality_judge="same_start").protocol)
+
+
 def test_first_object_against_exact_match_on_the_run_on_answers():
     """Whole-answer exact match scores every run-on answer wrong; the first-object judge scores it right."""
     answers = ["Toronto, Canada", "English, and the English language", "Sony, is a 2013"]

@@ -292,7 +292,8 @@ def test_peak_bad_protocol_fails():
 def test_every_suite_names_its_protocol():
     for name in SUITES:
         proto = get_suite(name).protocol
-        extra = {"judge", "locality_judge"} if name == "wild" else set()  # the judges, as values for the summary
+        # the judges (and the default answer judge's version), as values for the summary
+        extra = {"judge", "locality_judge", "judge_version"} if name == "wild" else set()
         assert set(proto) == {"name", "note"} | extra and proto["name"] and proto["note"], name
     assert get_suite("peak").protocol["name"] == "paper"
     assert get_suite("peak", protocol="reference").protocol["name"] == "reference"

@@ -76,7 +76,7 @@ def test_object_level_judges_on_run_on_answers():
     assert default["Efficacy_post"] == 1.0 and default["Generalization_post"] == 0.5
     assert default["Locality"] == 0.0  # "Rome, the capital" -> "Rome, a city": the first three words differ
     note = WildSuite(judge="first_object", locality_judge="same_object").protocol["note"]
-    assert "judged by first_object" in note and "answers unchanged (same_object)" in note
+    assert "judged by first_object v2" in note and "answers unchanged (same_object)" in note
     with pytest.raises(EditscopeError, match="unknown neighbourhood judge 'whole'"):
         WildSuite(locality_judge="whole")
 
@@ -188,7 +188,7 @@ def test_wild_beside_counterfact_in_a_run(tmp_path, tiny_bundles):
     page = write_card(card, tmp_path / "card.html").read_text()
     assert "Answers the model generated for suite <code>wild</code>" in page
     assert html.escape(row["post"]["wild"]["prompts"][0]["answer"]) in page
-    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | first_object | 2 |" in summary
+    assert "| counterfact | rome | counterfact ES_post | Efficacy_post | first_object v2 | 2 |" in summary
     assert "| counterfact | rome | counterfact NS_post | Locality | same_start | 2 |" in summary
 
 

@@ -62,6 +62,7 @@ from editscope.registry import Registry
 __all__ = [
     "JUDGES",
     "NEIGHBOUR_JUDGES",
+    "FIRST_OBJECT_VERSION",
     "AnswerMatchJudge",
     "Judge",
     "NeighbourJudge",
@@ -208,11 +209,35 @@ def _run_at(tokens: list[str], gold: list[str]) -> int | None:
     return None
 
 
+_MASK = "\u27e8gold\u27e9"  # stands in for a gold answer inside an answer: one token, no clause break, not a word
+
+
+def _gold_in_clause(prediction: str, gold: str) -> bool:
+    """Whether ``gold``, a gold answer whose own text holds a clause break (:data:`_CLAUSE_BREAK`: ``"Trinidad and
+    Tobago"``, ``'"Roar" by Katy Perry'``, ``"December 29, 1998"``, ``"Doctor Who"``), is stated inside the answer's
+    first clause: its first occurrence in the answer (its words in order, case-insensitive, any punctuation or space
+    between them, and the punctuation around it when the gold opens or closes with some) is replaced by one neutral
+    token and the leading clause of what remains is read. A break inside the gold is the gold's, not the answer's."""
+    raw = gold.strip()
+    if not _CLAUSE_BREAK.search(raw, next((i for i, ch in enumerate(raw) if ch.isalnum()), len(raw))):
+        return False  # no break of its own: the plain clause test decides
+    words = re.findall(r"\w+", raw)
+    lead = "" if raw[0].isalnum() else r"\W*"
+    tail = "" if raw[-1].isalnum() else r"\W*"
+    found = re.search(lead + r"(?<!\w)" + r"\W+".join(map(re.escape, words)) + r"(?!\w)" + tail, prediction,
+                      re.IGNORECASE)
+    if found is None:
+        return False
+    return _MASK in leading_clause(f"{prediction[:found.start()]} {_MASK} {prediction[found.end():]}")
+
+
 def first_object(prediction: str, truths: Sequence[str]) -> float:
     """Whether the object the answer asserts first is a gold answer, max over gold answers: 1 when the normalised
     answer *begins* with the gold answer's tokens (``"Trinidad and Tobago, an island"`` for "Trinidad and Tobago"),
     or when the gold answer's tokens are a whole-token run of the answer's :func:`leading_clause` (``"the city of
-    Toronto"``, ``"The continent ... is Europe"``); else 0.
+    Toronto"``, ``"The continent ... is Europe"``), or, for a gold answer whose own text holds a clause break, when it
+    is stated inside the first clause (:func:`_gold_in_clause`: ``"The answer is December 29, 1998"``, ``'The song
+    "Roar" by Katy Perry'``; version 2 of the judge, :data:`FIRST_OBJECT_VERSION`); else 0.
 
     Neither the Mirage paper (Yang et al., ACL 2025), which judges the whole answer by exact match or a judge model,
     nor SQuAD defines it: it is editscope's reading of the object an answer asserts, for greedy answers that go on
@@ -222,12 +247,19 @@ def first_object(prediction: str, truths: Sequence[str]) -> float:
     pred = answer_tokens(_text(prediction, "prediction"))
     clause = leading_clause(prediction)
 
-    def holds(gold: list[str]) -> bool:
+    def holds(raw: str) -> bool:
+        gold = answer_tokens(raw)
         if not gold:
             return not pred
-        return pred[:len(gold)] == gold or _run_at(clause, gold) is not None
+        return pred[:len(gold)] == gold or _run_at(clause, gold) is not None or _gold_in_clause(prediction, raw)
 
-    return max(float(holds(answer_tokens(g))) for g in _golds(truths))
+    return max(float(holds(g)) for g in _golds(truths))
+
+
+FIRST_OBJECT_VERSION = 2
+"""Version 1 ended every answer's first clause at a break inside the gold answer itself, so ``'The song "Roar" by
+Katy Perry'`` was 0 for ``'"Roar" by Katy Perry'``; version 2 reads such a gold answer whole (:func:`_gold_in_clause`).
+Wild rows record the version (a run begun under version 1 is not resumed under 2)."""
 
 
 @runtime_checkable
@@ -253,6 +285,7 @@ class AnswerMatchJudge:
     name: str
     score: Callable[[str, Sequence[str]], float]
     binary: bool
+    version: int = 1  # bumped when the judge's verdicts change; rows record a version above 1
 
     def __call__(self, question: str, prediction: str, golds: Sequence[str]) -> float:
         _text(question, "question")
@@ -275,7 +308,7 @@ JUDGES.register(
     description="the answer holds a gold answer as a whole-token span after SQuAD normalisation (lenient)",
 )
 JUDGES.register(
-    AnswerMatchJudge("first_object", first_object, binary=True),
+    AnswerMatchJudge("first_object", first_object, binary=True, version=FIRST_OBJECT_VERSION),
     description="the answer begins with a gold answer, or its first clause holds one (the object it asserts first)",
 )
 
@@ -346,6 +379,7 @@ class AnswerPairJudge:
 
     name: str
     same: Callable[[str, str, Sequence[str]], float]
+    version: int = 1  # bumped when the judge's verdicts change; rows record a version above 1
 
     def __call__(self, question: str, before: str, after: str, golds: Sequence[str]) -> float:
         _text(question, "question")
@@ -365,7 +399,7 @@ NEIGHBOUR_JUDGES.register(
     description="the first three normalised words unchanged",
 )
 NEIGHBOUR_JUDGES.register(
-    AnswerPairJudge("same_object", same_object),
+    AnswerPairJudge("same_object", same_object, version=FIRST_OBJECT_VERSION),  # it reads first_object
     description="the same first asserted object (the gold answer kept when it was asserted, else the same first "
                 "clause)",
 )

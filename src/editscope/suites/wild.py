@@ -119,11 +119,16 @@ _JUDGED_WHOLE = re.compile(r"judged (?:whole )?by (\S+)")
 
 
 def recorded_judges(protocol: dict[str, Any]) -> tuple[str, str] | None:
-    """(answer judge, neighbourhood judge) a wild row's protocol records: its ``judge`` / ``locality_judge`` keys;
-    rows written before those keys existed name the answer judge in the note and compared neighbour answers whole
-    (``unchanged``). None: not a wild protocol that names a judge."""
+    """(answer judge, neighbourhood judge) a wild row's protocol records: its ``judge`` / ``locality_judge`` keys, with
+    `` vN`` where a ``judge_version`` / ``locality_judge_version`` above 1 is recorded; rows written before those keys
+    existed name the answer judge in the note and compared neighbour answers whole (``unchanged``). None: not a wild
+    protocol that names a judge."""
     if "judge" in protocol:
-        return str(protocol["judge"]), str(protocol.get("locality_judge", "unchanged"))
+        def named(key: str, default: str) -> str:
+            version = int(protocol.get(f"{key}_version", 1))
+            return str(protocol.get(key, default)) + ("" if version == 1 else f" v{version}")
+
+        return named("judge", ""), named("locality_judge", "unchanged")
     found = _JUDGED_WHOLE.search(str(protocol.get("note", "")))
     return None if found is None else (found.group(1), "unchanged")
 
@@ -165,7 +170,7 @@ class WildSuite(Suite):
         """``wild``, with every setting that changes its numbers in the note."""
         shown = "the prompt as published" if self.context == "plain" else f"the QA wrapper {QA_TEMPLATE!r}"
         stops = " / ".join(repr(s) for s in self.stop)
-        return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge,
+        return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge, **self._versions(),
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged by "
                         f"{self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
@@ -173,10 +178,19 @@ class WildSuite(Suite):
                         + ("" if self.share == 1 else f"; asked of the cases whose id hashes below share "
                            f"{self.share:g} (the same at every probe)")}
 
+    def _versions(self) -> dict[str, int]:
+        """The judges' versions above 1 (a judge whose verdicts changed since rows first recorded it)."""
+        answer = getattr(JUDGES.get(self.judge), "version", 1)
+        neighbour = getattr(NEIGHBOUR_JUDGES.get(self.locality_judge), "version", 1)
+        return {**({"judge_version": answer} if answer > 1 else {}),
+                **({"locality_judge_version": neighbour} if neighbour > 1 else {})}
+
     def _judge_version(self) -> str:
         style = judge_prompt_of(self.judge)
+        version = self._versions().get("judge_version")
         return f" (judge prompt v{style.version})" if style is not None and style.name == "model" else (
-            f" (judge prompt {style.name} v{style.version})" if style is not None else "")
+            f" (judge prompt {style.name} v{style.version})" if style is not None else
+            f" v{version}" if version else "")
 
     def edit_target(self, case: Case) -> str:
         """The answer the rewrite and paraphrase answers are judged against."""
