@@ -196,9 +196,14 @@ def leading_clause(text: str) -> list[str]:
     ``["paris"]``; ``'"Roar" by Katy Perry'`` -> ``["roar"]`` (punctuation before the first letter or digit is no
     break)."""
     raw = _text(text, "text")
-    first = next((i for i, ch in enumerate(raw) if ch.isalnum()), len(raw))  # an opening quote or bracket is no break
-    found = _CLAUSE_BREAK.search(raw, first)
+    found = _first_break(raw)
     return answer_tokens(raw[:found.start()] if found else raw)
+
+
+def _first_break(text: str) -> re.Match | None:
+    """The first clause break (:data:`_CLAUSE_BREAK`) after ``text``'s first letter or digit: an opening quote or
+    bracket is no break."""
+    return _CLAUSE_BREAK.search(text, next((i for i, ch in enumerate(text) if ch.isalnum()), len(text)))
 
 
 def _run_at(tokens: list[str], gold: list[str]) -> int | None:
@@ -219,7 +224,7 @@ def _gold_in_clause(prediction: str, gold: str) -> bool:
     between them, and the punctuation around it when the gold opens or closes with some) is replaced by one neutral
     token and the leading clause of what remains is read. A break inside the gold is the gold's, not the answer's."""
     raw = gold.strip()
-    if not _CLAUSE_BREAK.search(raw, next((i for i, ch in enumerate(raw) if ch.isalnum()), len(raw))):
+    if not _first_break(raw):
         return False  # no break of its own: the plain clause test decides
     words = re.findall(r"\w+", raw)
     lead = "" if raw[0].isalnum() else r"\W*"
