@@ -223,3 +223,41 @@ def test_a_task_that_evaluates_nothing_is_an_error_naming_it(tiny_bundles, tmp_p
         Runner(config, bundle=tiny_bundles["llama"], progress=False, log=lambda _m: None).run()
     assert not (tmp_path / "run" / LM_EVAL_FILE).exists() or not (tmp_path / "run" / LM_EVAL_FILE).read_text()
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+
+
+def test_merged_shards_hold_the_unsharded_runs_lm_eval_rows(tiny_bundles, tmp_path, offline):
+    """Two edit orders spread over two shards: the merge holds every lm_eval row an unsharded run writes (the same
+    keys, metrics and order) and is complete; a shard that lost a row leaves the merge incomplete, naming it."""
+    lm_eval_or_skip()
+    from editscope.run.merge import merge_runs
+
+    tasks = write_task(tmp_path / "tasks")
+    raw = lifelong_config(tmp_path, {"tasks": [TASK], "include_path": str(tasks), "checkpoints": [0, 3]})
+    raw["mode"]["sequential_batches"]["orders"] = 2
+    config = parse_config(raw)
+
+    def run(name, shard=(0, 1)):
+        Runner(config, out_dir=tmp_path / name, shard=shard, bundle=tiny_bundles["llama"], progress=False,
+               log=lambda _m: None).run()
+
+    def lm_rows(name):
+        rows = [json.loads(line) for line in (tmp_path / name / LM_EVAL_FILE).read_text().splitlines()]
+        return [(r["dataset"], r["method"], r["edits_applied"], r["task"], r["metrics"]) for r in rows]
+
+    run("whole")
+    run("s0", (0, 2))
+    run("s1", (1, 2))
+    assert {r[0] for r in lm_rows("s0")} != {r[0] for r in lm_rows("s1")}  # each shard ran one order's chain
+    merge_runs(tmp_path / "merged", [tmp_path / "s0", tmp_path / "s1"])
+    assert lm_rows("merged") == lm_rows("whole")
+    assert [r[:3] for r in lm_rows("whole")] == [(None, "none", 0), ("counterfact", "rome", 3),
+                                                 ("counterfact~order1", "rome", 3)]
+    assert json.loads((tmp_path / "merged" / "run.json").read_text())["status"] == "complete"
+
+    lines = (tmp_path / "s1" / LM_EVAL_FILE).read_text().splitlines(keepends=True)
+    (tmp_path / "s1" / LM_EVAL_FILE).write_text("".join(line for line in lines if "order1" not in line))
+    merge_runs(tmp_path / "lacking", [tmp_path / "s0", tmp_path / "s1"])
+    meta = json.loads((tmp_path / "lacking" / "run.json").read_text())
+    assert meta["status"] == "incomplete"
+    assert any("2 of 3 planned lm_eval.jsonl rows (1 missing, the first: task editscope_tiny_mc at 3 edit(s) "
+               "(dataset counterfact~order1" in p for p in meta["problems"])

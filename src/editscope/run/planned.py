@@ -101,6 +101,14 @@ def lm_eval_key(row: Mapping[str, Any]) -> LmEvalKey:
     return (row.get("dataset"), row.get("group"), row.get("method"), row.get("edits_applied"), row.get("task"))
 
 
+def lm_eval_missing_text(planned: int, missing: Sequence[LmEvalKey]) -> str:
+    """``N of M planned lm_eval.jsonl rows (K missing, the first: task T at ...)`` for a non-empty ``missing``."""
+    d, g, method, applied, task = missing[0]
+    at = "the unedited model" if d is None else f"{applied} edit(s) (dataset {d}, group {g}, method {method})"
+    return (f"{planned - len(missing)} of {planned} planned {LM_EVAL_FILE} rows ({len(missing)} missing, the "
+            f"first: task {task} at {at})")
+
+
 @dataclass(frozen=True)
 class RowCount:
     """A run directory's files counted against its :class:`Plan`."""
@@ -128,10 +136,7 @@ class RowCount:
             parts.append(f"{self.present} of {self.planned} planned rows ({len(self.missing)} missing, the first: "
                          f"dataset {d}, case {case}, method {method})")
         if self.lm_eval_missing:
-            d, g, method, applied, task = self.lm_eval_missing[0]
-            at = "the unedited model" if d is None else f"{applied} edit(s) (dataset {d}, group {g}, method {method})"
-            parts.append(f"{self.lm_eval_planned - len(self.lm_eval_missing)} of {self.lm_eval_planned} planned "
-                         f"{LM_EVAL_FILE} rows ({len(self.lm_eval_missing)} missing, the first: task {task} at {at})")
+            parts.append(lm_eval_missing_text(self.lm_eval_planned, self.lm_eval_missing))
         if self.torn:
             parts.append(f"{self.torn}: a torn last line (a killed write), not counted")
         if self.damaged:
@@ -178,5 +183,5 @@ def rows_text(n: int, planned: int | None) -> str:
     return f"{n} of {planned} planned ({planned - n} missing: resume the run to compute them)"
 
 
-__all__ = ["LmEvalKey", "Plan", "RowCount", "RowKey", "count_rows", "lm_eval_key", "plan_run", "planned_count",
-           "rows_text"]
+__all__ = ["LmEvalKey", "Plan", "RowCount", "RowKey", "count_rows", "lm_eval_key", "lm_eval_missing_text", "plan_run",
+           "planned_count", "rows_text"]
