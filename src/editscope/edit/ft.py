@@ -25,11 +25,9 @@ from editscope.edit.hparams import (
     TUNE_LAYERS,
     HParams,
     Modules,
+    ModulesKey,
     check_modules,
     default_modules,
-    implied_layers,
-    module_targets,
-    without_default_modules,
 )
 from editscope.edit.objective import ObjectiveTerm, TargetNLL, VContext, VStep, setup_terms, weights_context
 from editscope.edit.objective.optimise import concat_batches, request_groups
@@ -39,7 +37,7 @@ from editscope.progress import report
 
 
 @dataclass
-class FTHParams(HParams):
+class FTHParams(ModulesKey, HParams):
     LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
     method = "ft"
     lr: float = 5e-4
@@ -62,20 +60,6 @@ class FTHParams(HParams):
         super().check(where, n_layers)
         check_modules(self.modules, self.layers, where)
 
-    @classmethod
-    def implied(cls, data: dict) -> dict:
-        return implied_layers(data)
-
-    def matrices(self) -> list[str]:
-        return list(self.modules)
-
-    def written(self) -> list[tuple[int, str]]:
-        return module_targets(self.modules, self.layers)
-
-    def to_dict(self) -> dict:
-        """The fields, without ``modules`` while it holds the default (rows made before it existed keep their
-        bytes)."""
-        return without_default_modules(super().to_dict())
 
 
 def _step_loss(step: VStep, terms: Sequence[ObjectiveTerm]) -> torch.Tensor:

@@ -264,6 +264,30 @@ def without_default_modules(data: dict) -> dict:
     return data
 
 
+class ModulesKey:
+    """For the hparams of an editor with a ``modules`` key (FT, UltraEdit; put before :class:`HParams` in the
+    bases): ``layers`` implied by a per-matrix mapping, the matrices and (layer, matrix) pairs an edit writes, and
+    the key left out of the record while it holds the default."""
+
+    modules: Modules
+    layers: list[int]
+
+    @classmethod
+    def implied(cls, data: dict) -> dict:
+        return implied_layers(data)
+
+    def matrices(self) -> list[str]:
+        return list(self.modules)
+
+    def written(self) -> list[tuple[int, str]]:
+        return module_targets(self.modules, self.layers)
+
+    def to_dict(self) -> dict:
+        """The fields, without ``modules`` while it holds the default (rows made before it existed keep their
+        bytes)."""
+        return without_default_modules(super().to_dict())  # type: ignore[misc]
+
+
 #: Editor conventions (DESIGN rule 10): presets of the three switches where the reference code computes otherwise
 #: than the paper's equations read literally. ``kl_at``: where the essence KL reads its distributions (``next``:
 #: after "{subject} is a", ROME eq. 4; ``subject``: at the subject's last token, kmeng01/rome ``compute_v``).

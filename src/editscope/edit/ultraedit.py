@@ -43,12 +43,10 @@ from editscope.edit.hparams import (
     TUNE_LAYERS,
     HParams,
     Modules,
+    ModulesKey,
     check_convention,
     check_modules,
     default_modules,
-    implied_layers,
-    module_targets,
-    without_default_modules,
 )
 from editscope.edit.objective import ObjectiveTerm
 from editscope.edit.runtime import EditRuntime
@@ -80,7 +78,7 @@ _CONVENTION_FIELDS = {"convention": "paper", "loss": None, "variance": None, "su
 
 
 @dataclass
-class UltraEditHParams(HParams):
+class UltraEditHParams(ModulesKey, HParams):
     method = "ultraedit"
     lr: float = 1e-6
     ridge: float = 1.0
@@ -107,16 +105,6 @@ class UltraEditHParams(HParams):
             raise EditscopeError(f"{where}: key 'sub_batch': must be a positive integer, got {self.sub_batch!r}")
         check_modules(self.modules, self.layers, where)
 
-    @classmethod
-    def implied(cls, data: dict) -> dict:
-        return implied_layers(data)
-
-    def matrices(self) -> list[str]:
-        return list(self.modules)
-
-    def written(self) -> list[tuple[int, str]]:
-        return module_targets(self.modules, self.layers)
-
     def switches(self) -> dict[str, str]:
         """The switches in force: the preset of ``convention``, overridden by any switch given."""
         preset = ULTRA_CONVENTIONS[self.convention]
@@ -132,7 +120,7 @@ class UltraEditHParams(HParams):
     def to_dict(self) -> dict:
         """The fields, without the convention fields and ``modules`` while they hold the defaults (what runs before
         the switches existed recorded: their rows and patches keep their bytes)."""
-        data = without_default_modules(super().to_dict())
+        data = super().to_dict()  # ModulesKey: without modules while default
         if all(data[k] == v for k, v in _CONVENTION_FIELDS.items()):
             for k in _CONVENTION_FIELDS:
                 del data[k]
