@@ -20,9 +20,9 @@ def greedy_loop(bundle, engine: ScoringEngine, prompt: str, max_new: int, stop: 
     return greedy_ids(bundle, list(engine.context_ids(prompt)), max_new, stop)
 
 
-def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = ()) -> str:
-    """No padding, no cache: argmax token after token until EOS, max_new tokens, or a stop string in the new text;
-    the text before the first stop string."""
+def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = (), skip_blank: bool = False) -> str:
+    """No padding, no cache: argmax token after token until EOS, max_new tokens, or a stop string in the new text
+    (``skip_blank``: in the new text once its leading whitespace is dropped); the text before the first stop string."""
     eos = bundle.tokenizer.eos_token_id
     new: list[int] = []
     text = ""
@@ -34,6 +34,8 @@ def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = ())
             break
         new.append(token)
         text = bundle.tokenizer.decode(new, skip_special_tokens=True)
+        if skip_blank:
+            text = text.lstrip()
         if any(s in text for s in stop):
             break
     if stop:
@@ -55,6 +57,42 @@ def test_answers_equal_a_plain_greedy_loop(tiny_bundles, family):
     assert engine.answer(PROMPTS, max_new_tokens=12, stop=stop) == expected
     assert any(len(e) < len(f) for e, f in zip(expected, free, strict=True))
     assert engine.answer(PROMPTS[:1], max_new_tokens=3, stop=()) == [greedy_loop(bundle, engine, PROMPTS[0], 3, ())]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_skip_blank_answers_equal_a_loop_that_drops_leading_whitespace(tiny_bundles, family):
+    """Stop at a space: a random model's words come with a leading space, so the reference rule answers "" where
+    ``skip_blank`` reads on to the first word's end; both equal the plain loop of their rule."""
+    bundle = tiny_bundles[family]
+    engine = ScoringEngine(bundle, token_budget=64)
+    strict = engine.answer(PROMPTS, max_new_tokens=8, stop=(" ",))
+    skipping = engine.answer(PROMPTS, max_new_tokens=8, stop=(" ",), skip_blank=True)
+    assert strict == [greedy_loop(bundle, engine, p, 8, (" ",)) for p in PROMPTS]
+    assert skipping == [greedy_ids(bundle, list(engine.context_ids(p)), 8, (" ",), skip_blank=True)
+                        for p in PROMPTS]
+    assert "" in strict and all(skipping) and all(" " not in a for a in skipping)
+
+
+@pytest.mark.slow
+def test_skip_blank_reads_past_smollm2s_leading_newline(smollm2):
+    """With four zsRE facts retrieved before the QA-wrapped question, SmolLM2 opens its answer with a newline: the
+    reference's rule answers "", ``skip_blank`` keeps the words after it; each equals a plain loop of its rule over
+    the tokens the model sees (the retrieved facts, then the question)."""
+    from editscope.data.records import EditRequest
+    from editscope.edit import edited
+
+    facts = [EditRequest("In which country did {} live?", "Madeleine Biardeau", "France"),
+             EditRequest("What city did {} live when he died?", "Melvyn Douglas", "New York City"),
+             EditRequest("What constellation is home to {}?", "HD 213429", "Aquarius"),
+             EditRequest("When was {} first discovered?", "Venus of Savignano", "1925")]
+    prompt = "Question: In which country did Madeleine Biardeau live?\nAnswer:"
+    with edited(smollm2, "retrieval", facts):
+        engine = ScoringEngine(smollm2)
+        ids = list(engine.context_ids(prompt))
+        strict, skipped = engine.answer([prompt]), engine.answer([prompt], skip_blank=True)
+        assert strict == [""] == [greedy_ids(smollm2, ids, 50, (".", "\n"))]
+        assert skipped == [greedy_ids(smollm2, ids, 50, (".", "\n"), skip_blank=True)]
+    assert "France" in skipped[0]
 
 
 def test_answer_stops_at_eos(tiny_bundles):
@@ -79,6 +117,8 @@ def test_cut_at_stop_and_bad_settings(tiny_bundles):
     assert cut_at_stop("Tokyo\nJapan.", (".", "\n")) == "Tokyo"
     assert cut_at_stop("  no stop here ", (".",)) == "no stop here"
     assert cut_at_stop("\nleading newline", ("\n",)) == ""  # the protocol is strict: an empty answer
+    assert cut_at_stop("\n leading newline\nmore", ("\n",), skip_blank=True) == "leading newline"
+    assert cut_at_stop(" .5 m. Then", (".",), skip_blank=True) == ""  # only whitespace is skipped
     engine = ScoringEngine(tiny_bundles["llama"])
     with pytest.raises(EditscopeError, match="max_new_tokens must be >= 1"):
         engine.answer(PROMPTS, max_new_tokens=0)

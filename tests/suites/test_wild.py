@@ -92,6 +92,11 @@ def test_options_are_checked_and_recorded():
         WildSuite(judge="llm")
     note = WildSuite(context="qa", max_new_tokens=7, judge="token_f1").protocol["note"]
     assert "context qa" in note and "max_new_tokens 7" in note and "token_f1" in note and "'\\n'" in note
+    with pytest.raises(EditscopeError, match="wild suite: option blank_start must be one of stop, skip"):
+        WildSuite(blank_start="strip")
+    assert "blank_start" not in WildSuite().protocol and "visible" not in WildSuite().protocol["note"]
+    skipping = WildSuite(blank_start="skip").protocol
+    assert skipping["blank_start"] == "skip" and "counted from the first visible character" in skipping["note"]
 
 
 def greedy(bundle, engine: ScoringEngine, text: str, steps: int = 50) -> str:

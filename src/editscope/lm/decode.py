@@ -60,10 +60,14 @@ def greedy_rows(step: Step, ids: torch.Tensor, mask: torch.Tensor, *, max_new_to
     return out
 
 
-def stop_check(decode: Callable[[Sequence[int]], str], stop: Sequence[str]) -> Callable[[list[int]], bool]:
-    """``ended`` for :func:`greedy_rows`: true once any of ``stop`` occurs in the decoded new text."""
+def stop_check(decode: Callable[[Sequence[int]], str], stop: Sequence[str], *,
+               skip_blank: bool = False) -> Callable[[list[int]], bool]:
+    """``ended`` for :func:`greedy_rows`: true once any of ``stop`` occurs in the decoded new text (``skip_blank``:
+    in the text from its first non-whitespace character on, so a newline before the answer does not end it)."""
     if not stop:
         return lambda new: False
+    if skip_blank:
+        return lambda new: any(s in decode(new).lstrip() for s in stop)
     return lambda new: any(s in decode(new) for s in stop)
 
 

@@ -217,8 +217,11 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     return context, continuation
 
 
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """``text`` before the first occurrence of any of ``stop``, whitespace stripped (the wild protocol's answer)."""
+def cut_at_stop(text: str, stop: Sequence[str], *, skip_blank: bool = False) -> str:
+    """``text`` before the first occurrence of any of ``stop``, whitespace stripped (the wild protocol's answer);
+    ``skip_blank``: the first occurrence after its leading whitespace (``"\\nParis\\n"`` -> ``"Paris"``, not ``""``)."""
+    if skip_blank:
+        text = text.lstrip()
     ends = [i for i in (text.find(s) for s in stop) if i >= 0]
     return text[:min(ends)].strip() if ends else text.strip()
 
@@ -719,13 +722,15 @@ class ScoringEngine(Scorer):
 
     @torch.no_grad()
     def answer(self, prompts: Sequence[str], *, max_new_tokens: int = 50,
-               stop: Sequence[str] = (".", "\n")) -> list[str]:
+               stop: Sequence[str] = (".", "\n"), skip_blank: bool = False) -> list[str]:
         """Greedy answers as evaluation in the wild reads them (Yang et al., ACL 2025, "The Mirage of Model
         Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
         new text (each row leaves the batch when it ends: :mod:`editscope.lm.decode`), the text before that stop string
-        kept whole, surrounding whitespace stripped. Rows go left-padded with a KV cache, as many at a time as
-        the token budget holds with room for the new tokens. A context edit's text that every prompt opens with
-        (IKE's demonstrations) is forwarded once and its cache copied to each row (:meth:`_shared_opening`)."""
+        kept whole, surrounding whitespace stripped. ``skip_blank``: stop strings count from the new text's first
+        non-whitespace character (the reference stops at a newline the model writes before its answer: empty).
+        Rows go left-padded with a KV cache, as many at a time as the token budget holds with room for the new
+        tokens. A context edit's text that every prompt opens with (IKE's demonstrations) is forwarded once and its
+        cache copied to each row (:meth:`_shared_opening`)."""
         if max_new_tokens < 1:
             raise EditscopeError(f"answer: max_new_tokens must be >= 1, got {max_new_tokens}")
         if any(not s for s in stop):
@@ -736,7 +741,8 @@ class ScoringEngine(Scorer):
         per_call = max(1, self.token_budget // (longest - len(prefix)))
         if prefix:  # each row holds its own copy of the prefix's keys and values: bound the cache too
             per_call = min(per_call, max(1, self.kv_budget_factor * self.token_budget // longest))
-        ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop)
+        ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop,
+                           skip_blank=skip_blank)
         answers = []
         for start in range(0, len(rows), per_call):
             chunk = rows[start:start + per_call]
@@ -750,7 +756,8 @@ class ScoringEngine(Scorer):
                 for new in greedy_rows(self._continuing(read), ids, mask, max_new_tokens=max_new_tokens,
                                        ended=ended, eos_ids=self._eos_ids, cache=cache,
                                        on_select=read.select if read is not None else None):
-                    answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop))
+                    answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop,
+                                               skip_blank=skip_blank))
         return answers
 
     def _shared_opening(self, rows: Sequence[Sequence[int]]) -> tuple[int, ...]:

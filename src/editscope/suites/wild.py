@@ -25,6 +25,9 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
   ``methods: [none]`` the unedited model's Efficacy/Generalization are the share of facts it *says*; with an editor
   they count the answers the edit left at the old fact; the edit itself still writes ``target_new``);
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
+* ``blank_start``: what a stop string before the answer's first visible character does -- ``stop`` (default, the
+  reference code's ``stop_strings``: a model that opens with a newline answers ``""``, judged wrong) or ``skip``
+  (stop strings count from the first non-whitespace character: the words after that newline are the answer);
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
   (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``contains``, the answer holds the gold
   answer as a whole-token span; ``first_object``, the object the answer asserts first; ``model:NAME``, a local
@@ -83,6 +86,8 @@ QA_TEMPLATE = "Question: {prompt}\nAnswer:"
 
 CONTEXTS = ("plain", "qa")
 TARGETS = ("target_new", "answers0", "target_true")
+#: what a stop string before an answer's first visible character does (``stop``: the reference's; ``skip``)
+BLANK_STARTS = ("stop", "skip")
 
 _P = "Mirage (Yang et al., ACL 2025), evaluation in the wild"
 METRICS: tuple[MetricSpec, ...] = (
@@ -147,8 +152,10 @@ class WildSuite(Suite):
     def __init__(self, *, context: Literal["plain", "qa"] = "plain",
                  target: Literal["target_new", "answers0", "target_true"] = "target_new", max_new_tokens: int = 50,
                  stop: Sequence[str] = (".", "\n"), judge: str = DEFAULT_JUDGE,
-                 locality_judge: str = DEFAULT_LOCALITY_JUDGE, share: float = 1.0) -> None:
+                 locality_judge: str = DEFAULT_LOCALITY_JUDGE, share: float = 1.0,
+                 blank_start: Literal["stop", "skip"] = "stop") -> None:
         check_choice(self.name, "context", context, CONTEXTS)
+        check_choice(self.name, "blank_start", blank_start, BLANK_STARTS)
         check_choice(self.name, "target", target, TARGETS)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1000:
             raise EditscopeError(f"wild suite: option max_new_tokens must be an integer in [1, 1000], not "
@@ -164,15 +171,19 @@ class WildSuite(Suite):
         self.context, self.target, self.max_new_tokens = context, target, max_new_tokens
         self.stop, self.judge, self.share = tuple(stop), judge, float(share)
         self.locality_judge = locality_judge
+        self.blank_start = blank_start
 
     @property
     def protocol(self) -> dict[str, str]:
         """``wild``, with every setting that changes its numbers in the note."""
         shown = "the prompt as published" if self.context == "plain" else f"the QA wrapper {QA_TEMPLATE!r}"
         stops = " / ".join(repr(s) for s in self.stop)
+        skip = self.blank_start == "skip"  # recorded only when set: rows of the default keep their bytes
         return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge, **self._versions(),
+                **({"blank_start": "skip"} if skip else {}),
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
-                        f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}, judged by "
+                        f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}"
+                        f"{' (stop strings counted from the first visible character)' if skip else ''}, judged by "
                         f"{self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
                         f"answers unchanged ({self.locality_judge})"
                         + ("" if self.share == 1 else f"; asked of the cases whose id hashes below share "
@@ -232,7 +243,8 @@ class WildSuite(Suite):
         asked about has no prompts, and no metrics)."""
         questions = [self.questions(c) if self.asked(c) else [] for c in cases]
         flat = [self.shown(p) for qs in questions for p, _, _ in qs]
-        answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop) if flat else [])
+        answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop,
+                                     skip_blank=self.blank_start == "skip") if flat else [])
         return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
                              for p, role, gold in qs]} for qs in questions]
 
@@ -279,5 +291,5 @@ class WildSuite(Suite):
             raise EditscopeError(f"wild suite: case {case.case_id}, prompt {before['prompt'][:60]!r}: {exc}") from exc
 
 
-__all__ = ["CONTEXTS", "COUNTERPARTS", "DEFAULT_JUDGE", "DEFAULT_LOCALITY_JUDGE", "METRICS", "QA_TEMPLATE", "TARGETS",
-           "WildSuite", "recorded_judges"]
+__all__ = ["BLANK_STARTS", "CONTEXTS", "COUNTERPARTS", "DEFAULT_JUDGE", "DEFAULT_LOCALITY_JUDGE", "METRICS",
+           "QA_TEMPLATE", "TARGETS", "WildSuite", "recorded_judges"]
