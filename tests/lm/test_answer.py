@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from editscope.errors import EditscopeError
+from editscope.lm.decode import sentence_end
 from editscope.lm.engine import ScoringEngine, cut_at_stop
 
 PROMPTS = ["The capital of France is", "Danielle Darrieux is a citizen of", "Q: Who wrote Hamlet?\nA:",
@@ -95,6 +96,73 @@ def test_skip_blank_reads_past_smollm2s_leading_newline(smollm2):
     assert "France" in skipped[0]
 
 
+@pytest.mark.parametrize(("text", "decoding", "final"), [
+    ("Paris. It is big", 5, 5),
+    ("Paris.", None, 5),  # still decoding: the next token decides
+    ("Robert C. Newton. He", 16, 16),  # an initial
+    ("Robert C.", None, None),
+    ("U.S. Army", None, None),
+    ("J.R.R. Tolkien", None, None),
+    ("3.5 million years. Yes", 17, 17),  # a decimal point is followed by a digit
+    ("Dr. Rajendra Prasad", None, None),  # a title
+    ("No. 5 in the charts. It", 19, 19),
+    ("https://doi.org/10.1515 is it", None, None),  # followed by a letter
+    ("in 1998. He", 7, 7),
+    ("Knee... And Other Low Joints", 4, 4),  # an ellipsis ends at its first dot
+    ("c. 3000 BC", None, None),
+    ("", None, None),
+])
+def test_sentence_end_by_hand(text, decoding, final):
+    assert sentence_end(text, final=False) == decoding
+    assert sentence_end(text, final=True) == final
+
+
+def sentence_cut(text: str, final: bool) -> int | None:
+    """The sentence rule read word by word (independent of :func:`sentence_end`'s scan): the first word that ends
+    in "." and is followed by whitespace (or, ``final``, ends the text) ends the sentence, unless the part of it
+    before its dots ends in a single-letter word or is a title."""
+    titles = {"Mr", "Mrs", "Ms", "Dr", "Prof", "St", "Mt", "Ft", "Jr", "Sr", "No", "vs", "Gen", "Col", "Lt", "Sgt",
+              "Capt", "Rev", "Hon", "Gov", "Sen", "Rep", "ca"}
+    for word in re.finditer(r"\S+", text):
+        w = word.group()
+        if not w.endswith(".") or (word.end() == len(text) and not final):
+            continue
+        stem = w.rstrip(".")
+        last = re.split(r"\W", stem)[-1]
+        if len(last) == 1 and last.isalpha() or last in titles:
+            continue
+        return word.start() + len(stem)
+    return None
+
+
+@pytest.mark.slow
+def test_full_stop_sentence_reads_initials_and_decimals_on_smollm2(smollm2):
+    """SmolLM2's answers with initials and a decimal: the reference's rule cuts them at the first ".", ``sentence``
+    reads on to the sentence's end; each equals a one-prompt greedy loop of its rule."""
+    engine = ScoringEngine(smollm2)
+    prompts = ["Question: Who was the 18th president of the United States?\nAnswer:",
+               "The Lord of the Rings was written by",
+               "Question: What is the value of pi to two decimals?\nAnswer:"]
+    any_stop = engine.answer(prompts)
+    sentence = engine.answer(prompts, full_stop="sentence")
+    assert any_stop == ["John F", "J", "3"]
+    assert sentence == ["John F. Kennedy", "J.R.R. Tolkien", "3.14159"]
+    for prompt, answer in zip(prompts, sentence, strict=True):
+        ids, new, text = list(engine.context_ids(prompt)), [], ""
+        for _ in range(50):
+            with torch.no_grad():
+                token = int(smollm2.model(torch.tensor([ids + new])).logits[0, -1].argmax())
+            if token == smollm2.tokenizer.eos_token_id:
+                break
+            new.append(token)
+            text = smollm2.tokenizer.decode(new, skip_special_tokens=True)
+            if "\n" in text or sentence_cut(text, final=False) is not None:
+                break
+        text = text.split("\n")[0]
+        end = sentence_cut(text, final=True)
+        assert answer == (text[:end] if end is not None else text).strip()
+
+
 def test_answer_stops_at_eos(tiny_bundles):
     bundle = tiny_bundles["llama"]
     engine = ScoringEngine(bundle)
@@ -124,6 +192,12 @@ def test_cut_at_stop_and_bad_settings(tiny_bundles):
         engine.answer(PROMPTS, max_new_tokens=0)
     with pytest.raises(EditscopeError, match="empty stop string"):
         engine.answer(PROMPTS, stop=("",))
+    with pytest.raises(EditscopeError, match="full_stop must be one of any, sentence, not 'initials'"):
+        engine.answer(PROMPTS, full_stop="initials")
+    assert cut_at_stop(" Robert C. Newton. He", (".", "\n"), full_stop="sentence") == "Robert C. Newton"
+    assert cut_at_stop(" Robert C. Newton\nHe", (".", "\n"), full_stop="sentence") == "Robert C. Newton"
+    assert cut_at_stop(" Robert C.", (".",), full_stop="sentence") == "Robert C."  # no sentence end: kept whole
+    assert cut_at_stop(" Robert C. Newton. He", ("\n",), full_stop="sentence") == "Robert C. Newton. He"
 
 
 class _Demonstrations:

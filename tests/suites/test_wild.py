@@ -97,6 +97,14 @@ def test_options_are_checked_and_recorded():
     assert "blank_start" not in WildSuite().protocol and "visible" not in WildSuite().protocol["note"]
     skipping = WildSuite(blank_start="skip").protocol
     assert skipping["blank_start"] == "skip" and "counted from the first visible character" in skipping["note"]
+    with pytest.raises(EditscopeError, match="wild suite: option full_stop must be one of any, sentence"):
+        WildSuite(full_stop="initials")
+    with pytest.raises(EditscopeError, match=r"full_stop: sentence reads the '\.' among the stop strings, and stop "
+                       r"\['\\n'\] has none"):
+        WildSuite(stop=["\n"], full_stop="sentence")
+    assert "full_stop" not in WildSuite().protocol and "sentence" not in WildSuite().protocol["note"]
+    sentence = WildSuite(full_stop="sentence").protocol
+    assert sentence["full_stop"] == "sentence" and "a full stop only where it ends a sentence" in sentence["note"]
 
 
 def greedy(bundle, engine: ScoringEngine, text: str, steps: int = 50) -> str:

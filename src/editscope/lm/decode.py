@@ -12,6 +12,7 @@ argmax of the last position's logits), which ``tests/lm/test_answer.py`` checks 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -60,15 +61,61 @@ def greedy_rows(step: Step, ids: torch.Tensor, mask: torch.Tensor, *, max_new_to
     return out
 
 
-def stop_check(decode: Callable[[Sequence[int]], str], stop: Sequence[str], *,
-               skip_blank: bool = False) -> Callable[[list[int]], bool]:
-    """``ended`` for :func:`greedy_rows`: true once any of ``stop`` occurs in the decoded new text (``skip_blank``:
-    in the text from its first non-whitespace character on, so a newline before the answer does not end it)."""
+#: what a full stop in the stop strings ends: ``any`` (every ".", the reference's ``stop_strings``) or ``sentence``
+#: (a "." that ends a sentence, :func:`sentence_end`)
+FULL_STOPS = ("any", "sentence")
+
+#: words a full stop follows without ending the sentence: titles and abbreviations inside names ("Dr. Rajendra
+#: Prasad", "St. Moritz", "No. 5"); single letters (initials, "U.S.") are caught apart
+ABBREVIATIONS = frozenset({"Mr", "Mrs", "Ms", "Dr", "Prof", "St", "Mt", "Ft", "Jr", "Sr", "No", "vs", "Gen", "Col",
+                           "Lt", "Sgt", "Capt", "Rev", "Hon", "Gov", "Sen", "Rep", "ca"})
+_INITIAL = re.compile(r"(?:^|\W)[A-Za-z]\.*$")  # a single letter (its own word) before the stop: "C." "U.S."
+_LAST_WORD = re.compile(r"(\w+)\.*$")
+
+
+def sentence_end(text: str, *, final: bool) -> int | None:
+    """The index of the first "." of ``text`` that ends a sentence: followed by whitespace (or, ``final``, by the
+    end of the text) and not after an initial or an :data:`ABBREVIATIONS` word, so "Robert C. Newton", "U.S. Army",
+    "3.5 million", "doi.org" and "Dr. Who" run on ("Knee... And" ends at the ellipsis's first dot); None when there
+    is none. A "." that ends a text still being
+    decoded (not ``final``) is undecided: None, and the next token says."""
+    for found in re.finditer(r"\.", text):
+        i = found.start()
+        after = text[i + 1:i + 2]
+        if not after and not final:
+            return None
+        if after and not after.isspace():
+            continue
+        before = text[:i]
+        word = _LAST_WORD.search(before)
+        if _INITIAL.search(before) or (word is not None and word.group(1) in ABBREVIATIONS):
+            continue
+        return len(before.rstrip("."))  # an ellipsis ends where its first dot stands
+    return None
+
+
+def first_stop(text: str, stop: Sequence[str], *, full_stop: str = "any", final: bool = True) -> int | None:
+    """Where ``text`` ends by the stop strings: the least index of any of ``stop`` in it, the "." among them read
+    by ``full_stop`` (:data:`FULL_STOPS`); None when none occurs. ``final``: no more text will follow (decoding
+    ended), which decides a "." at the very end under ``sentence``."""
+    sentence = full_stop == "sentence" and "." in stop
+    ends = [text.find(s) for s in stop if not (sentence and s == ".")]
+    if sentence:
+        i = sentence_end(text, final=final)
+        ends.append(-1 if i is None else i)
+    ends = [i for i in ends if i >= 0]
+    return min(ends) if ends else None
+
+
+def stop_check(decode: Callable[[Sequence[int]], str], stop: Sequence[str], *, skip_blank: bool = False,
+               full_stop: str = "any") -> Callable[[list[int]], bool]:
+    """``ended`` for :func:`greedy_rows`: true once the decoded new text ends by :func:`first_stop` (``skip_blank``:
+    the text from its first non-whitespace character on, so a newline before the answer does not end it)."""
     if not stop:
         return lambda new: False
     if skip_blank:
-        return lambda new: any(s in decode(new).lstrip() for s in stop)
-    return lambda new: any(s in decode(new) for s in stop)
+        return lambda new: first_stop(decode(new).lstrip(), stop, full_stop=full_stop, final=False) is not None
+    return lambda new: first_stop(decode(new), stop, full_stop=full_stop, final=False) is not None
 
 
-__all__ = ["Step", "greedy_rows", "stop_check"]
+__all__ = ["FULL_STOPS", "Step", "first_stop", "greedy_rows", "sentence_end", "stop_check"]

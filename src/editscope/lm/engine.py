@@ -45,7 +45,7 @@ from transformers import DynamicCache
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
 from editscope.lm.bundle import MemoryRead
-from editscope.lm.decode import greedy_rows, stop_check
+from editscope.lm.decode import FULL_STOPS, first_stop, greedy_rows, stop_check
 from editscope.lm.hooks import capture
 from editscope.lm.kv_cache import cache_kwargs
 from editscope.lm.loading import Bundle
@@ -217,13 +217,14 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     return context, continuation
 
 
-def cut_at_stop(text: str, stop: Sequence[str], *, skip_blank: bool = False) -> str:
+def cut_at_stop(text: str, stop: Sequence[str], *, skip_blank: bool = False, full_stop: str = "any") -> str:
     """``text`` before the first occurrence of any of ``stop``, whitespace stripped (the wild protocol's answer);
-    ``skip_blank``: the first occurrence after its leading whitespace (``"\\nParis\\n"`` -> ``"Paris"``, not ``""``)."""
+    ``skip_blank``: the first occurrence after its leading whitespace (``"\\nParis\\n"`` -> ``"Paris"``, not ``""``);
+    ``full_stop``: which "." ends it (:func:`~editscope.lm.decode.first_stop`)."""
     if skip_blank:
         text = text.lstrip()
-    ends = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return text[:min(ends)].strip() if ends else text.strip()
+    end = first_stop(text, stop, full_stop=full_stop)
+    return text[:end].strip() if end is not None else text.strip()
 
 
 class ScoringEngine(Scorer):
@@ -722,19 +723,23 @@ class ScoringEngine(Scorer):
 
     @torch.no_grad()
     def answer(self, prompts: Sequence[str], *, max_new_tokens: int = 50,
-               stop: Sequence[str] = (".", "\n"), skip_blank: bool = False) -> list[str]:
+               stop: Sequence[str] = (".", "\n"), skip_blank: bool = False, full_stop: str = "any") -> list[str]:
         """Greedy answers as evaluation in the wild reads them (Yang et al., ACL 2025, "The Mirage of Model
         Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
         new text (each row leaves the batch when it ends: :mod:`editscope.lm.decode`), the text before that stop string
         kept whole, surrounding whitespace stripped. ``skip_blank``: stop strings count from the new text's first
         non-whitespace character (the reference stops at a newline the model writes before its answer: empty).
-        Rows go left-padded with a KV cache, as many at a time as the token budget holds with room for the new
-        tokens. A context edit's text that every prompt opens with (IKE's demonstrations) is forwarded once and its
-        cache copied to each row (:meth:`_shared_opening`)."""
+        ``full_stop``: ``any`` ends at every "." (the reference's), ``sentence`` only at one that ends a sentence
+        (:func:`~editscope.lm.decode.sentence_end`: not "Robert C. Newton" at "C."). Rows go left-padded with a KV
+        cache, as many at a time as the token budget holds with room for the new tokens. A context edit's text that
+        every prompt opens with (IKE's demonstrations) is forwarded once and its cache copied to each row
+        (:meth:`_shared_opening`)."""
         if max_new_tokens < 1:
             raise EditscopeError(f"answer: max_new_tokens must be >= 1, got {max_new_tokens}")
         if any(not s for s in stop):
             raise EditscopeError("answer: an empty stop string would end every answer before it starts")
+        if full_stop not in FULL_STOPS:
+            raise EditscopeError(f"answer: full_stop must be one of {', '.join(FULL_STOPS)}, not {full_stop!r}")
         rows = self._context_forward(prompts, None)
         prefix = self._shared_opening([ids for ids, _ in rows])
         longest = max(len(r[0]) for r in rows) + max_new_tokens
@@ -742,7 +747,7 @@ class ScoringEngine(Scorer):
         if prefix:  # each row holds its own copy of the prefix's keys and values: bound the cache too
             per_call = min(per_call, max(1, self.kv_budget_factor * self.token_budget // longest))
         ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop,
-                           skip_blank=skip_blank)
+                           skip_blank=skip_blank, full_stop=full_stop)
         answers = []
         for start in range(0, len(rows), per_call):
             chunk = rows[start:start + per_call]
@@ -757,7 +762,7 @@ class ScoringEngine(Scorer):
                                        ended=ended, eos_ids=self._eos_ids, cache=cache,
                                        on_select=read.select if read is not None else None):
                     answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop,
-                                               skip_blank=skip_blank))
+                                               skip_blank=skip_blank, full_stop=full_stop))
         return answers
 
     def _shared_opening(self, rows: Sequence[Sequence[int]]) -> tuple[int, ...]:

@@ -28,6 +28,10 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
 * ``blank_start``: what a stop string before the answer's first visible character does -- ``stop`` (default, the
   reference code's ``stop_strings``: a model that opens with a newline answers ``""``, judged wrong) or ``skip``
   (stop strings count from the first non-whitespace character: the words after that newline are the answer);
+* ``full_stop``: which ``.`` ends an answer -- ``any`` (default, the reference's: every one, so "Robert C. Newton"
+  is answered "Robert C" and judged wrong) or ``sentence`` (one that ends a sentence: followed by a space and not
+  after an initial or a title, :func:`~editscope.lm.decode.sentence_end`; decoding reads one token past a final
+  ``.`` to tell);
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
   (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``contains``, the answer holds the gold
   answer as a whole-token span; ``first_object``, the object the answer asserts first; ``model:NAME``, a local
@@ -64,6 +68,7 @@ from typing import Any, Literal
 
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
+from editscope.lm.decode import FULL_STOPS
 from editscope.lm.scorer import Scorer
 from editscope.metrics._validate import MetricInputError
 from editscope.metrics.answers import JUDGES, NEIGHBOUR_JUDGES, judge_answer, judge_neighbour, token_f1
@@ -153,9 +158,10 @@ class WildSuite(Suite):
                  target: Literal["target_new", "answers0", "target_true"] = "target_new", max_new_tokens: int = 50,
                  stop: Sequence[str] = (".", "\n"), judge: str = DEFAULT_JUDGE,
                  locality_judge: str = DEFAULT_LOCALITY_JUDGE, share: float = 1.0,
-                 blank_start: Literal["stop", "skip"] = "stop") -> None:
+                 blank_start: Literal["stop", "skip"] = "stop", full_stop: Literal["any", "sentence"] = "any") -> None:
         check_choice(self.name, "context", context, CONTEXTS)
         check_choice(self.name, "blank_start", blank_start, BLANK_STARTS)
+        check_choice(self.name, "full_stop", full_stop, FULL_STOPS)
         check_choice(self.name, "target", target, TARGETS)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1000:
             raise EditscopeError(f"wild suite: option max_new_tokens must be an integer in [1, 1000], not "
@@ -172,6 +178,10 @@ class WildSuite(Suite):
         self.stop, self.judge, self.share = tuple(stop), judge, float(share)
         self.locality_judge = locality_judge
         self.blank_start = blank_start
+        if full_stop == "sentence" and "." not in self.stop:
+            raise EditscopeError(f"wild suite: option full_stop: sentence reads the '.' among the stop strings, and "
+                                 f"stop {list(self.stop)!r} has none")
+        self.full_stop = full_stop
 
     @property
     def protocol(self) -> dict[str, str]:
@@ -179,11 +189,13 @@ class WildSuite(Suite):
         shown = "the prompt as published" if self.context == "plain" else f"the QA wrapper {QA_TEMPLATE!r}"
         stops = " / ".join(repr(s) for s in self.stop)
         skip = self.blank_start == "skip"  # recorded only when set: rows of the default keep their bytes
+        sentence = self.full_stop == "sentence"
         return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge, **self._versions(),
-                **({"blank_start": "skip"} if skip else {}),
+                **({"blank_start": "skip"} if skip else {}), **({"full_stop": "sentence"} if sentence else {}),
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}"
-                        f"{' (stop strings counted from the first visible character)' if skip else ''}, judged by "
+                        f"{' (stop strings counted from the first visible character)' if skip else ''}"
+                        f"{' (a full stop only where it ends a sentence)' if sentence else ''}, judged by "
                         f"{self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
                         f"answers unchanged ({self.locality_judge})"
                         + ("" if self.share == 1 else f"; asked of the cases whose id hashes below share "
@@ -244,7 +256,8 @@ class WildSuite(Suite):
         questions = [self.questions(c) if self.asked(c) else [] for c in cases]
         flat = [self.shown(p) for qs in questions for p, _, _ in qs]
         answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop,
-                                     skip_blank=self.blank_start == "skip") if flat else [])
+                                     skip_blank=self.blank_start == "skip", full_stop=self.full_stop)
+                       if flat else [])
         return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
                              for p, role, gold in qs]} for qs in questions]
 
