@@ -21,12 +21,14 @@ def greedy_loop(bundle, engine: ScoringEngine, prompt: str, max_new: int, stop: 
     return greedy_ids(bundle, list(engine.context_ids(prompt)), max_new, stop)
 
 
-def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = (), skip_blank: bool = False) -> str:
+def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = (), skip_blank: bool = False,
+               lead_in: bool = False) -> str:
     """No padding, no cache: argmax token after token until EOS, max_new tokens, or a stop string in the new text
-    (``skip_blank``: in the new text once its leading whitespace is dropped); the text before the first stop string."""
+    (``skip_blank``: in the new text once its leading whitespace is dropped; ``lead_in``: also once a first line
+    ending in ":" is dropped); the text before the first stop string, with what was dropped before it."""
     eos = bundle.tokenizer.eos_token_id
     new: list[int] = []
-    text = ""
+    head, body = "", ""
     for _ in range(max_new):
         with torch.no_grad():
             logits = bundle.model(torch.tensor([ids + new])).logits[0, -1]
@@ -34,14 +36,24 @@ def greedy_ids(bundle, ids: list[int], max_new: int, stop: tuple[str, ...] = (),
         if token == eos:
             break
         new.append(token)
-        text = bundle.tokenizer.decode(new, skip_special_tokens=True)
-        if skip_blank:
-            text = text.lstrip()
-        if any(s in text for s in stop):
+        head, body = split_lead(bundle.tokenizer.decode(new, skip_special_tokens=True), skip_blank or lead_in,
+                                lead_in)
+        if any(s in body for s in stop):
             break
     if stop:
-        text = re.split("|".join(re.escape(s) for s in stop), text, maxsplit=1)[0]
-    return text.strip()
+        body = re.split("|".join(re.escape(s) for s in stop), body, maxsplit=1)[0]
+    return (head + body).strip()
+
+
+def split_lead(text: str, blank: bool, lead_in: bool) -> tuple[str, str]:
+    """(what the stop strings do not read, what they read): leading whitespace (``blank``), then a first line that
+    ends in ":" with the whitespace after it (``lead_in``)."""
+    body = text.lstrip() if blank else text
+    head = text[:len(text) - len(body)]
+    first, newline, rest = body.partition("\n")
+    if lead_in and newline and first.rstrip().endswith(":"):
+        head, body = head + first + newline + rest[:len(rest) - len(rest.lstrip())], rest.lstrip()
+    return head, body
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -67,7 +79,7 @@ def test_skip_blank_answers_equal_a_loop_that_drops_leading_whitespace(tiny_bund
     bundle = tiny_bundles[family]
     engine = ScoringEngine(bundle, token_budget=64)
     strict = engine.answer(PROMPTS, max_new_tokens=8, stop=(" ",))
-    skipping = engine.answer(PROMPTS, max_new_tokens=8, stop=(" ",), skip_blank=True)
+    skipping = engine.answer(PROMPTS, max_new_tokens=8, stop=(" ",), blank_start="skip")
     assert strict == [greedy_loop(bundle, engine, p, 8, (" ",)) for p in PROMPTS]
     assert skipping == [greedy_ids(bundle, list(engine.context_ids(p)), 8, (" ",), skip_blank=True)
                         for p in PROMPTS]
@@ -90,7 +102,7 @@ def test_skip_blank_reads_past_smollm2s_leading_newline(smollm2):
     with edited(smollm2, "retrieval", facts):
         engine = ScoringEngine(smollm2)
         ids = list(engine.context_ids(prompt))
-        strict, skipped = engine.answer([prompt]), engine.answer([prompt], skip_blank=True)
+        strict, skipped = engine.answer([prompt]), engine.answer([prompt], blank_start="skip")
         assert strict == [""] == [greedy_ids(smollm2, ids, 50, (".", "\n"))]
         assert skipped == [greedy_ids(smollm2, ids, 50, (".", "\n"), skip_blank=True)]
     assert "France" in skipped[0]
@@ -163,6 +175,29 @@ def test_full_stop_sentence_reads_initials_and_decimals_on_smollm2(smollm2):
         assert answer == (text[:end] if end is not None else text).strip()
 
 
+@pytest.mark.slow
+def test_lead_in_reads_the_line_after_smollm2s_colon(smollm2):
+    """With four zsRE facts retrieved before the QA-wrapped question, SmolLM2 answers "The answer is:" and goes on on
+    the next line: ``skip`` cuts the answer at that newline, ``lead_in`` keeps the next line; each equals a plain
+    loop of its rule over the tokens the model sees (the retrieved facts, then the question)."""
+    from editscope.data.records import EditRequest
+    from editscope.edit import edited
+
+    facts = [EditRequest("What year did {} start?", "Bech-Bodson Ministry", "1953"),
+             EditRequest("What country did {} originate?", "Daytime Drinking", "South Korea"),
+             EditRequest("What is {}'s place of employment?", "Peter Koslowski", "Vrije Universiteit"),
+             EditRequest("Which was the position that {} held?", "Peter Damian", "cardinal")]
+    prompt = "Question: What position did Peter Damian hold?\nAnswer:"
+    with edited(smollm2, "retrieval", facts):
+        engine = ScoringEngine(smollm2)
+        ids = list(engine.context_ids(prompt))
+        skipped, led = engine.answer([prompt], blank_start="skip"), engine.answer([prompt], blank_start="lead_in")
+        assert skipped == [greedy_ids(smollm2, ids, 50, (".", "\n"), skip_blank=True)]
+        assert led == [greedy_ids(smollm2, ids, 50, (".", "\n"), lead_in=True)]
+    assert skipped == ["The answer is:"]
+    assert led == ["The answer is:\nPeter Koslowski"]  # read on, and wrong: another retrieved fact's subject
+
+
 def test_answer_stops_at_eos(tiny_bundles):
     bundle = tiny_bundles["llama"]
     engine = ScoringEngine(bundle)
@@ -185,9 +220,20 @@ def test_cut_at_stop_and_bad_settings(tiny_bundles):
     assert cut_at_stop("Tokyo\nJapan.", (".", "\n")) == "Tokyo"
     assert cut_at_stop("  no stop here ", (".",)) == "no stop here"
     assert cut_at_stop("\nleading newline", ("\n",)) == ""  # the protocol is strict: an empty answer
-    assert cut_at_stop("\n leading newline\nmore", ("\n",), skip_blank=True) == "leading newline"
-    assert cut_at_stop(" .5 m. Then", (".",), skip_blank=True) == ""  # only whitespace is skipped
+    assert cut_at_stop("\n leading newline\nmore", ("\n",), blank_start="skip") == "leading newline"
+    assert cut_at_stop(" .5 m. Then", (".",), blank_start="skip") == ""  # only whitespace is skipped
+    stops = (".", "\n")
+    assert cut_at_stop(" The answer is:\nFrance.\nMore", stops, blank_start="skip") == "The answer is:"
+    assert cut_at_stop(" The answer is:\nFrance.\nMore", stops, blank_start="lead_in") == "The answer is:\nFrance"
+    assert cut_at_stop("\n\nThe answer is: \n\n Paris. It", stops, blank_start="lead_in") == (
+        "The answer is: \n\n Paris")
+    assert cut_at_stop("Answer: Paris\nMore", stops, blank_start="lead_in") == "Answer: Paris"  # no lead-in line
+    assert cut_at_stop("The answer is:\n", stops, blank_start="lead_in") == "The answer is:"
+    assert cut_at_stop("Note: it is\nParis", stops, blank_start="lead_in") == "Note: it is"
+    assert cut_at_stop("\nThe answer is:\nParis", stops) == ""  # the reference's rule
     engine = ScoringEngine(tiny_bundles["llama"])
+    with pytest.raises(EditscopeError, match="blank_start must be one of stop, skip, lead_in, not 'strip'"):
+        engine.answer(PROMPTS, blank_start="strip")
     with pytest.raises(EditscopeError, match="max_new_tokens must be >= 1"):
         engine.answer(PROMPTS, max_new_tokens=0)
     with pytest.raises(EditscopeError, match="empty stop string"):

@@ -92,11 +92,13 @@ def test_options_are_checked_and_recorded():
         WildSuite(judge="llm")
     note = WildSuite(context="qa", max_new_tokens=7, judge="token_f1").protocol["note"]
     assert "context qa" in note and "max_new_tokens 7" in note and "token_f1" in note and "'\\n'" in note
-    with pytest.raises(EditscopeError, match="wild suite: option blank_start must be one of stop, skip"):
+    with pytest.raises(EditscopeError, match="wild suite: option blank_start must be one of stop, skip, lead_in"):
         WildSuite(blank_start="strip")
     assert "blank_start" not in WildSuite().protocol and "visible" not in WildSuite().protocol["note"]
     skipping = WildSuite(blank_start="skip").protocol
     assert skipping["blank_start"] == "skip" and "counted from the first visible character" in skipping["note"]
+    leading = WildSuite(blank_start="lead_in").protocol
+    assert leading["blank_start"] == "lead_in" and "past a first line ending with a colon" in leading["note"]
     with pytest.raises(EditscopeError, match="wild suite: option full_stop must be one of any, sentence"):
         WildSuite(full_stop="initials")
     with pytest.raises(EditscopeError, match=r"full_stop: sentence reads the '\.' among the stop strings, and stop "

@@ -61,6 +61,11 @@ def greedy_rows(step: Step, ids: torch.Tensor, mask: torch.Tensor, *, max_new_to
     return out
 
 
+#: where an answer starts for its stop strings (:func:`answer_start`): ``stop`` (the reference's ``stop_strings``: a
+#: newline the model opens with ends the answer, ``""``), ``skip`` (after leading whitespace), ``lead_in`` (also after
+#: a first line that ends with a colon, "The answer is:")
+BLANK_STARTS = ("stop", "skip", "lead_in")
+
 #: what a full stop in the stop strings ends: ``any`` (every ".", the reference's ``stop_strings``) or ``sentence``
 #: (a "." that ends a sentence, :func:`sentence_end`)
 FULL_STOPS = ("any", "sentence")
@@ -107,15 +112,34 @@ def first_stop(text: str, stop: Sequence[str], *, full_stop: str = "any", final:
     return min(ends) if ends else None
 
 
-def stop_check(decode: Callable[[Sequence[int]], str], stop: Sequence[str], *, skip_blank: bool = False,
+def answer_start(text: str, blank_start: str = "stop") -> int:
+    """Where the answer in ``text`` starts, the stop strings counting from there (:data:`BLANK_STARTS`): ``stop``
+    at its first character; ``skip`` at its first non-whitespace one; ``lead_in`` there too, or, when its first
+    line ends with a colon (``"The answer is:\\nFrance"``), at the first non-whitespace character after that line."""
+    if blank_start == "stop":
+        return 0
+    start = len(text) - len(text.lstrip())
+    line_end = text.find("\n", start)
+    if blank_start == "lead_in" and line_end >= 0 and text[start:line_end].rstrip().endswith(":"):
+        rest = text[line_end:]
+        start = line_end + len(rest) - len(rest.lstrip())
+    return start
+
+
+def stop_check(decode: Callable[[Sequence[int]], str], stop: Sequence[str], *, blank_start: str = "stop",
                full_stop: str = "any") -> Callable[[list[int]], bool]:
-    """``ended`` for :func:`greedy_rows`: true once the decoded new text ends by :func:`first_stop` (``skip_blank``:
-    the text from its first non-whitespace character on, so a newline before the answer does not end it)."""
+    """``ended`` for :func:`greedy_rows`: true once the decoded new text, from its :func:`answer_start` on, ends by
+    :func:`first_stop` (a newline before the answer, or after a lead-in, does not end it unless ``blank_start`` is
+    ``stop``)."""
     if not stop:
         return lambda new: False
-    if skip_blank:
-        return lambda new: first_stop(decode(new).lstrip(), stop, full_stop=full_stop, final=False) is not None
-    return lambda new: first_stop(decode(new), stop, full_stop=full_stop, final=False) is not None
+
+    def ended(new: list[int]) -> bool:
+        text = decode(new)
+        return first_stop(text[answer_start(text, blank_start):], stop, full_stop=full_stop, final=False) is not None
+
+    return ended
 
 
-__all__ = ["FULL_STOPS", "Step", "first_stop", "greedy_rows", "sentence_end", "stop_check"]
+__all__ = ["BLANK_STARTS", "FULL_STOPS", "Step", "answer_start", "first_stop", "greedy_rows", "sentence_end",
+           "stop_check"]

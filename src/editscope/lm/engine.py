@@ -45,7 +45,7 @@ from transformers import DynamicCache
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
 from editscope.lm.bundle import MemoryRead
-from editscope.lm.decode import FULL_STOPS, first_stop, greedy_rows, stop_check
+from editscope.lm.decode import BLANK_STARTS, FULL_STOPS, answer_start, first_stop, greedy_rows, stop_check
 from editscope.lm.hooks import capture
 from editscope.lm.kv_cache import cache_kwargs
 from editscope.lm.loading import Bundle
@@ -217,14 +217,14 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
     return context, continuation
 
 
-def cut_at_stop(text: str, stop: Sequence[str], *, skip_blank: bool = False, full_stop: str = "any") -> str:
-    """``text`` before the first occurrence of any of ``stop``, whitespace stripped (the wild protocol's answer);
-    ``skip_blank``: the first occurrence after its leading whitespace (``"\\nParis\\n"`` -> ``"Paris"``, not ``""``);
-    ``full_stop``: which "." ends it (:func:`~editscope.lm.decode.first_stop`)."""
-    if skip_blank:
-        text = text.lstrip()
-    end = first_stop(text, stop, full_stop=full_stop)
-    return text[:end].strip() if end is not None else text.strip()
+def cut_at_stop(text: str, stop: Sequence[str], *, blank_start: str = "stop", full_stop: str = "any") -> str:
+    """``text`` before the first occurrence of any of ``stop`` from its :func:`~editscope.lm.decode.answer_start` on,
+    whitespace stripped (the wild protocol's answer): ``blank_start`` ``skip`` reads ``"\\nParis\\n"`` as ``"Paris"``,
+    not ``""``; ``lead_in`` keeps ``"The answer is:\\nParis"`` whole; ``full_stop``: which "." ends it
+    (:func:`~editscope.lm.decode.first_stop`)."""
+    start = answer_start(text, blank_start)
+    end = first_stop(text[start:], stop, full_stop=full_stop)
+    return (text[:start + end] if end is not None else text).strip()
 
 
 class ScoringEngine(Scorer):
@@ -723,12 +723,13 @@ class ScoringEngine(Scorer):
 
     @torch.no_grad()
     def answer(self, prompts: Sequence[str], *, max_new_tokens: int = 50,
-               stop: Sequence[str] = (".", "\n"), skip_blank: bool = False, full_stop: str = "any") -> list[str]:
+               stop: Sequence[str] = (".", "\n"), blank_start: str = "stop", full_stop: str = "any") -> list[str]:
         """Greedy answers as evaluation in the wild reads them (Yang et al., ACL 2025, "The Mirage of Model
         Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
         new text (each row leaves the batch when it ends: :mod:`editscope.lm.decode`), the text before that stop string
-        kept whole, surrounding whitespace stripped. ``skip_blank``: stop strings count from the new text's first
-        non-whitespace character (the reference stops at a newline the model writes before its answer: empty).
+        kept whole, surrounding whitespace stripped. ``blank_start``: where the stop strings start counting
+        (:func:`~editscope.lm.decode.answer_start`: ``stop``, the reference's, stops at a newline the model writes
+        before its answer, empty; ``skip`` after leading whitespace; ``lead_in`` also after "The answer is:\\n").
         ``full_stop``: ``any`` ends at every "." (the reference's), ``sentence`` only at one that ends a sentence
         (:func:`~editscope.lm.decode.sentence_end`: not "Robert C. Newton" at "C."). Rows go left-padded with a KV
         cache, as many at a time as the token budget holds with room for the new tokens. A context edit's text that
@@ -738,6 +739,8 @@ class ScoringEngine(Scorer):
             raise EditscopeError(f"answer: max_new_tokens must be >= 1, got {max_new_tokens}")
         if any(not s for s in stop):
             raise EditscopeError("answer: an empty stop string would end every answer before it starts")
+        if blank_start not in BLANK_STARTS:
+            raise EditscopeError(f"answer: blank_start must be one of {', '.join(BLANK_STARTS)}, not {blank_start!r}")
         if full_stop not in FULL_STOPS:
             raise EditscopeError(f"answer: full_stop must be one of {', '.join(FULL_STOPS)}, not {full_stop!r}")
         rows = self._context_forward(prompts, None)
@@ -747,7 +750,7 @@ class ScoringEngine(Scorer):
         if prefix:  # each row holds its own copy of the prefix's keys and values: bound the cache too
             per_call = min(per_call, max(1, self.kv_budget_factor * self.token_budget // longest))
         ended = stop_check(lambda new: self.tokenizer.decode(new, skip_special_tokens=True), stop,
-                           skip_blank=skip_blank, full_stop=full_stop)
+                           blank_start=blank_start, full_stop=full_stop)
         answers = []
         for start in range(0, len(rows), per_call):
             chunk = rows[start:start + per_call]
@@ -762,7 +765,7 @@ class ScoringEngine(Scorer):
                                        ended=ended, eos_ids=self._eos_ids, cache=cache,
                                        on_select=read.select if read is not None else None):
                     answers.append(cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), stop,
-                                               skip_blank=skip_blank, full_stop=full_stop))
+                                               blank_start=blank_start, full_stop=full_stop))
         return answers
 
     def _shared_opening(self, rows: Sequence[Sequence[int]]) -> tuple[int, ...]:

@@ -123,9 +123,9 @@ class Scorer(Protocol):
         ...
 
     def answer(self, prompts: Sequence[str], *, max_new_tokens: int = 50,
-               stop: Sequence[str] = (".", "\n"), skip_blank: bool = False, full_stop: str = "any") -> list[str]:
+               stop: Sequence[str] = (".", "\n"), blank_start: str = "stop", full_stop: str = "any") -> list[str]:
         """Greedy answers, each ended at EOS, ``max_new_tokens`` or its first stop string (evaluation in the
-        wild): the text before that stop string, whitespace stripped (``skip_blank``: stop strings count from the
-        first non-whitespace character; ``full_stop``: every "." ends it, ``any``, or one that ends a sentence,
-        ``sentence``)."""
+        wild): the text before that stop string, whitespace stripped (``blank_start``: where the stop strings start
+        counting, ``stop`` / ``skip`` / ``lead_in``; ``full_stop``: every "." ends it, ``any``, or one that ends a
+        sentence, ``sentence``)."""
         ...

@@ -27,7 +27,9 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
 * ``max_new_tokens`` (50) and ``stop`` (``.``, newline): the decoding bounds;
 * ``blank_start``: what a stop string before the answer's first visible character does -- ``stop`` (default, the
   reference code's ``stop_strings``: a model that opens with a newline answers ``""``, judged wrong) or ``skip``
-  (stop strings count from the first non-whitespace character: the words after that newline are the answer);
+  (stop strings count from the first non-whitespace character: the words after that newline are the answer) or
+  ``lead_in`` (as ``skip``, and a first line that ends with a colon is a lead-in, not the answer: "The answer
+  is:\\nFrance" is kept whole, not cut to "The answer is:");
 * ``full_stop``: which ``.`` ends an answer -- ``any`` (default, the reference's: every one, so "Robert C. Newton"
   is answered "Robert C" and judged wrong) or ``sentence`` (one that ends a sentence: followed by a space and not
   after an initial or a title, :func:`~editscope.lm.decode.sentence_end`; decoding reads one token past a final
@@ -68,7 +70,7 @@ from typing import Any, Literal
 
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
-from editscope.lm.decode import FULL_STOPS
+from editscope.lm.decode import BLANK_STARTS, FULL_STOPS
 from editscope.lm.scorer import Scorer
 from editscope.metrics._validate import MetricInputError
 from editscope.metrics.answers import JUDGES, NEIGHBOUR_JUDGES, judge_answer, judge_neighbour, token_f1
@@ -91,8 +93,6 @@ QA_TEMPLATE = "Question: {prompt}\nAnswer:"
 
 CONTEXTS = ("plain", "qa")
 TARGETS = ("target_new", "answers0", "target_true")
-#: what a stop string before an answer's first visible character does (``stop``: the reference's; ``skip``)
-BLANK_STARTS = ("stop", "skip")
 
 _P = "Mirage (Yang et al., ACL 2025), evaluation in the wild"
 METRICS: tuple[MetricSpec, ...] = (
@@ -158,7 +158,8 @@ class WildSuite(Suite):
                  target: Literal["target_new", "answers0", "target_true"] = "target_new", max_new_tokens: int = 50,
                  stop: Sequence[str] = (".", "\n"), judge: str = DEFAULT_JUDGE,
                  locality_judge: str = DEFAULT_LOCALITY_JUDGE, share: float = 1.0,
-                 blank_start: Literal["stop", "skip"] = "stop", full_stop: Literal["any", "sentence"] = "any") -> None:
+                 blank_start: Literal["stop", "skip", "lead_in"] = "stop",
+                 full_stop: Literal["any", "sentence"] = "any") -> None:
         check_choice(self.name, "context", context, CONTEXTS)
         check_choice(self.name, "blank_start", blank_start, BLANK_STARTS)
         check_choice(self.name, "full_stop", full_stop, FULL_STOPS)
@@ -188,13 +189,17 @@ class WildSuite(Suite):
         """``wild``, with every setting that changes its numbers in the note."""
         shown = "the prompt as published" if self.context == "plain" else f"the QA wrapper {QA_TEMPLATE!r}"
         stops = " / ".join(repr(s) for s in self.stop)
-        skip = self.blank_start == "skip"  # recorded only when set: rows of the default keep their bytes
+        # recorded only when set: rows of the default keep their bytes
+        starts = {"stop": "", "skip": " (stop strings counted from the first visible character)",
+                  "lead_in": " (stop strings counted from the first visible character, and past a first line ending "
+                             "with a colon)"}
         sentence = self.full_stop == "sentence"
         return {"name": "wild", "judge": self.judge, "locality_judge": self.locality_judge, **self._versions(),
-                **({"blank_start": "skip"} if skip else {}), **({"full_stop": "sentence"} if sentence else {}),
+                **({"blank_start": self.blank_start} if self.blank_start != "stop" else {}),
+                **({"full_stop": "sentence"} if sentence else {}),
                 "note": f"evaluation in the wild (Mirage, ACL 2025): context {self.context}, greedy answers to "
                         f"{shown}, stopped at {stops} / EOS or max_new_tokens {self.max_new_tokens}"
-                        f"{' (stop strings counted from the first visible character)' if skip else ''}"
+                        f"{starts[self.blank_start]}"
                         f"{' (a full stop only where it ends a sentence)' if sentence else ''}, judged by "
                         f"{self.judge}{self._judge_version()} against {self.target}; Locality = neighbourhood "
                         f"answers unchanged ({self.locality_judge})"
@@ -256,7 +261,7 @@ class WildSuite(Suite):
         questions = [self.questions(c) if self.asked(c) else [] for c in cases]
         flat = [self.shown(p) for qs in questions for p, _, _ in qs]
         answers = iter(engine.answer(flat, max_new_tokens=self.max_new_tokens, stop=self.stop,
-                                     skip_blank=self.blank_start == "skip", full_stop=self.full_stop)
+                                     blank_start=self.blank_start, full_stop=self.full_stop)
                        if flat else [])
         return [{"prompts": [{"prompt": p, "role": role, "gold": gold, "answer": next(answers)}
                              for p, role, gold in qs]} for qs in questions]
