@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from editscope.errors import EditscopeError
-from editscope.lm.decode import sentence_end
 from editscope.lm.engine import ScoringEngine, cut_at_stop
+from editscope.lm.stops import sentence_end
 
 PROMPTS = ["The capital of France is", "Danielle Darrieux is a citizen of", "Q: Who wrote Hamlet?\nA:",
            "The Eiffel Tower is located in the city of"]

@@ -45,11 +45,12 @@ from transformers import DynamicCache
 from editscope.errors import EditscopeError
 from editscope.lm.archs import BLOCK_POINT_PREFIX
 from editscope.lm.bundle import MemoryRead
-from editscope.lm.decode import BLANK_STARTS, FULL_STOPS, answer_start, first_stop, greedy_rows, stop_check
+from editscope.lm.decode import greedy_rows, stop_check
 from editscope.lm.hooks import capture
 from editscope.lm.kv_cache import cache_kwargs
 from editscope.lm.loading import Bundle
 from editscope.lm.scorer import ContinuationScore, Scorer, ScoreRequest
+from editscope.lm.stops import BLANK_STARTS, FULL_STOPS, answer_start, first_stop
 
 __all__ = ["ChatFormat", "ContinuationScore", "ScoreRequest", "Scorer", "ScoringEngine", "TokenBatch",
            "normalize_boundary"]
@@ -218,10 +219,10 @@ def normalize_boundary(context: str, continuation: str, add_space: bool = True) 
 
 
 def cut_at_stop(text: str, stop: Sequence[str], *, blank_start: str = "stop", full_stop: str = "any") -> str:
-    """``text`` before the first occurrence of any of ``stop`` from its :func:`~editscope.lm.decode.answer_start` on,
+    """``text`` before the first occurrence of any of ``stop`` from its :func:`~editscope.lm.stops.answer_start` on,
     whitespace stripped (the wild protocol's answer): ``blank_start`` ``skip`` reads ``"\\nParis\\n"`` as ``"Paris"``,
     not ``""``; ``lead_in`` keeps ``"The answer is:\\nParis"`` whole; ``full_stop``: which "." ends it
-    (:func:`~editscope.lm.decode.first_stop`)."""
+    (:func:`~editscope.lm.stops.first_stop`)."""
     start = answer_start(text, blank_start)
     end = first_stop(text[start:], stop, full_stop=full_stop)
     return (text[:start + end] if end is not None else text).strip()
@@ -728,10 +729,10 @@ class ScoringEngine(Scorer):
         Editing"): no gold prefix, each row decoded until EOS, ``max_new_tokens`` or the first stop string in its
         new text (each row leaves the batch when it ends: :mod:`editscope.lm.decode`), the text before that stop string
         kept whole, surrounding whitespace stripped. ``blank_start``: where the stop strings start counting
-        (:func:`~editscope.lm.decode.answer_start`: ``stop``, the reference's, stops at a newline the model writes
+        (:func:`~editscope.lm.stops.answer_start`: ``stop``, the reference's, stops at a newline the model writes
         before its answer, empty; ``skip`` after leading whitespace; ``lead_in`` also after "The answer is:\\n").
         ``full_stop``: ``any`` ends at every "." (the reference's), ``sentence`` only at one that ends a sentence
-        (:func:`~editscope.lm.decode.sentence_end`: not "Robert C. Newton" at "C."). Rows go left-padded with a KV
+        (:func:`~editscope.lm.stops.sentence_end`: not "Robert C. Newton" at "C."). Rows go left-padded with a KV
         cache, as many at a time as the token budget holds with room for the new tokens. A context edit's text that
         every prompt opens with (IKE's demonstrations) is forwarded once and its cache copied to each row
         (:meth:`_shared_opening`)."""

@@ -32,7 +32,7 @@ Options (all recorded in :attr:`WildSuite.protocol`, so in every results row):
   is:\\nFrance" is kept whole, not cut to "The answer is:");
 * ``full_stop``: which ``.`` ends an answer -- ``any`` (default, the reference's: every one, so "Robert C. Newton"
   is answered "Robert C" and judged wrong) or ``sentence`` (one that ends a sentence: followed by a space and not
-  after an initial or a title, :func:`~editscope.lm.decode.sentence_end`; decoding reads one token past a final
+  after an initial or a title, :func:`~editscope.lm.stops.sentence_end`; decoding reads one token past a final
   ``.`` to tell);
 * ``judge``: the :data:`~editscope.metrics.answers.JUDGES` entry that decides whether an answer is right
   (``exact_match``, default: SQuAD-normalised exact match; ``token_f1``; ``contains``, the answer holds the gold
@@ -70,8 +70,8 @@ from typing import Any, Literal
 
 from editscope.data.records import Case, EditRequest
 from editscope.errors import EditscopeError
-from editscope.lm.decode import BLANK_STARTS, FULL_STOPS
 from editscope.lm.scorer import Scorer
+from editscope.lm.stops import BLANK_STARTS, FULL_STOPS
 from editscope.metrics._validate import MetricInputError
 from editscope.metrics.answers import JUDGES, NEIGHBOUR_JUDGES, judge_answer, judge_neighbour, token_f1
 from editscope.metrics.registry import MetricSpec
