@@ -86,26 +86,44 @@ def test_skip_blank_answers_equal_a_loop_that_drops_leading_whitespace(tiny_bund
     assert "" in strict and all(skipping) and all(" " not in a for a in skipping)
 
 
+RETRIEVED = {  # four zsRE facts retrieved before a QA-wrapped question, and SmolLM2's answer under each rule
+    "leading newline": ([("In which country did {} live?", "Madeleine Biardeau", "France"),
+                         ("What city did {} live when he died?", "Melvyn Douglas", "New York City"),
+                         ("What constellation is home to {}?", "HD 213429", "Aquarius"),
+                         ("When was {} first discovered?", "Venus of Savignano", "1925")],
+                        "In which country did Madeleine Biardeau live?",
+                        {"stop": "", "skip": "France"}),  # skip: the words after the newline (a substring here)
+    "lead-in colon": ([("What year did {} start?", "Bech-Bodson Ministry", "1953"),
+                       ("What country did {} originate?", "Daytime Drinking", "South Korea"),
+                       ("What is {}'s place of employment?", "Peter Koslowski", "Vrije Universiteit"),
+                       ("Which was the position that {} held?", "Peter Damian", "cardinal")],
+                      "What position did Peter Damian hold?",
+                      # lead_in reads on, and is wrong: another retrieved fact's subject
+                      {"skip": "The answer is:", "lead_in": "The answer is:\nPeter Koslowski"}),
+}
+
+
 @pytest.mark.slow
-def test_skip_blank_reads_past_smollm2s_leading_newline(smollm2):
-    """With four zsRE facts retrieved before the QA-wrapped question, SmolLM2 opens its answer with a newline: the
-    reference's rule answers "", ``skip_blank`` keeps the words after it; each equals a plain loop of its rule over
-    the tokens the model sees (the retrieved facts, then the question)."""
+@pytest.mark.parametrize("case", sorted(RETRIEVED))
+def test_blank_start_rules_on_smollm2s_retrieval_answers(smollm2, case):
+    """SmolLM2 with four retrieved facts opens its answer with a newline, or answers "The answer is:" and goes on on
+    the next line: the reference's rule answers "", ``skip`` reads past leading whitespace, ``lead_in`` past the
+    colon's line too; each rule's answer equals a plain loop of that rule over the tokens the model sees (the
+    retrieved facts, then the question)."""
     from editscope.data.records import EditRequest
     from editscope.edit import edited
 
-    facts = [EditRequest("In which country did {} live?", "Madeleine Biardeau", "France"),
-             EditRequest("What city did {} live when he died?", "Melvyn Douglas", "New York City"),
-             EditRequest("What constellation is home to {}?", "HD 213429", "Aquarius"),
-             EditRequest("When was {} first discovered?", "Venus of Savignano", "1925")]
-    prompt = "Question: In which country did Madeleine Biardeau live?\nAnswer:"
-    with edited(smollm2, "retrieval", facts):
+    facts, question, expected = RETRIEVED[case]
+    prompt = f"Question: {question}\nAnswer:"
+    loop_rule = {"stop": {}, "skip": {"skip_blank": True}, "lead_in": {"lead_in": True}}
+    with edited(smollm2, "retrieval", [EditRequest(*f) for f in facts]):
         engine = ScoringEngine(smollm2)
         ids = list(engine.context_ids(prompt))
-        strict, skipped = engine.answer([prompt]), engine.answer([prompt], blank_start="skip")
-        assert strict == [""] == [greedy_ids(smollm2, ids, 50, (".", "\n"))]
-        assert skipped == [greedy_ids(smollm2, ids, 50, (".", "\n"), skip_blank=True)]
-    assert "France" in skipped[0]
+        answers = {rule: engine.answer([prompt], blank_start=rule)[0] for rule in expected}
+        for rule, answer in answers.items():
+            assert answer == greedy_ids(smollm2, ids, 50, (".", "\n"), **loop_rule[rule])
+    for rule, want in expected.items():
+        assert want in answers[rule] if case == "leading newline" and rule == "skip" else answers[rule] == want
 
 
 @pytest.mark.parametrize(("text", "decoding", "final"), [
@@ -173,29 +191,6 @@ def test_full_stop_sentence_reads_initials_and_decimals_on_smollm2(smollm2):
         text = text.split("\n")[0]
         end = sentence_cut(text, final=True)
         assert answer == (text[:end] if end is not None else text).strip()
-
-
-@pytest.mark.slow
-def test_lead_in_reads_the_line_after_smollm2s_colon(smollm2):
-    """With four zsRE facts retrieved before the QA-wrapped question, SmolLM2 answers "The answer is:" and goes on on
-    the next line: ``skip`` cuts the answer at that newline, ``lead_in`` keeps the next line; each equals a plain
-    loop of its rule over the tokens the model sees (the retrieved facts, then the question)."""
-    from editscope.data.records import EditRequest
-    from editscope.edit import edited
-
-    facts = [EditRequest("What year did {} start?", "Bech-Bodson Ministry", "1953"),
-             EditRequest("What country did {} originate?", "Daytime Drinking", "South Korea"),
-             EditRequest("What is {}'s place of employment?", "Peter Koslowski", "Vrije Universiteit"),
-             EditRequest("Which was the position that {} held?", "Peter Damian", "cardinal")]
-    prompt = "Question: What position did Peter Damian hold?\nAnswer:"
-    with edited(smollm2, "retrieval", facts):
-        engine = ScoringEngine(smollm2)
-        ids = list(engine.context_ids(prompt))
-        skipped, led = engine.answer([prompt], blank_start="skip"), engine.answer([prompt], blank_start="lead_in")
-        assert skipped == [greedy_ids(smollm2, ids, 50, (".", "\n"), skip_blank=True)]
-        assert led == [greedy_ids(smollm2, ids, 50, (".", "\n"), lead_in=True)]
-    assert skipped == ["The answer is:"]
-    assert led == ["The answer is:\nPeter Koslowski"]  # read on, and wrong: another retrieved fact's subject
 
 
 def test_answer_stops_at_eos(tiny_bundles):
