@@ -382,6 +382,28 @@ def test_first_object_against_exact_match_on_the_run_on_answers():
     assert [first_object(a, [g]) for a, g in zip(answers, golds, strict=True)] == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize(("answer", "gold", "loops", "fluent"), [
+    # Qwen2.5-Coder-1.5B's answers after single ROME edits (zsRE, the QA wrapper): the object first, then a loop
+    ("Welsh Welsh Welsh Welsh Welsh Welsh Welsh Welsh", "Welsh", True, 0.0),
+    ("Rijmenam, Rijmenam, Rijmenam, Rijmenam, Rijmenam,", "Rijmenam", True, 0.0),
+    ("Miami University, Oxford, Oxford, Oxford, Oxford, Oxford, Oxford", "Miami University", True, 0.0),
+    ("prostate cancer prostate cancer prostate cancer prostate", "prostate cancer", True, 0.0),
+    # a run-on that repeats a word but not itself: 6 distinct of 10 words
+    ("Central District is located in Central District of Central District", "Central District", False, 1.0),
+    ("Toronto, Canada", "Toronto", False, 1.0),
+    ("Welsh Welsh Welsh", "Welsh", False, 1.0),  # under four words: too short to call a loop
+    ("the the the the Paris", "Paris", False, 1.0),  # articles are not answer tokens: one token, "paris"
+    ("Oxford Oxford Oxford Oxford", "Cambridge", True, 0.0),
+])
+def test_the_fluent_judge_is_first_object_with_loops_wrong(answer, gold, loops, fluent):
+    from editscope.metrics.answers import first_object_fluent, repeats_itself
+
+    words = answer_tokens(answer)  # an independent count of the rule: >= 4 words, under half of them distinct
+    assert repeats_itself(answer) is loops is (len(words) >= 4 and 2 * len(set(words)) < len(words))
+    assert first_object_fluent(answer, [gold]) == fluent == (0.0 if loops else first_object(answer, [gold]))
+    assert judge_answer("first_object_fluent", "q", answer, [gold]) == fluent
+
+
 def test_leading_clause_breaks_at_punctuation_and_clause_words_not_at_colons():
     assert leading_clause("Toronto, Canada") == ["toronto"]
     assert leading_clause("Paris (France)") == ["paris"]

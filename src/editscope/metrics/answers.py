@@ -261,6 +261,24 @@ def first_object(prediction: str, truths: Sequence[str]) -> float:
     return max(float(holds(g)) for g in _golds(truths))
 
 
+LOOP_WORDS, LOOP_DISTINCT = 4, 0.5
+
+
+def repeats_itself(prediction: str) -> bool:
+    """Whether an answer is a repetition loop: at least :data:`LOOP_WORDS` answer tokens (:func:`answer_tokens`), fewer
+    than :data:`LOOP_DISTINCT` of them distinct (``"Welsh Welsh Welsh Welsh"``, ``"Rijmenam, Rijmenam, Rijmenam,
+    Rijmenam"``). The rule of editscope's quick check for a degenerate continuation, read on words."""
+    tokens = answer_tokens(_text(prediction, "prediction"))
+    return len(tokens) >= LOOP_WORDS and len(set(tokens)) < LOOP_DISTINCT * len(tokens)
+
+
+def first_object_fluent(prediction: str, truths: Sequence[str]) -> float:
+    """:func:`first_object`, and 0 for an answer that :func:`repeats_itself`: an edit that leaves the model saying
+    ``"Welsh Welsh Welsh ..."`` asserts the object first but does not answer as a speaker would. Stricter than the
+    hand-label rule, which counts a run-on that opens with the object right."""
+    return 0.0 if repeats_itself(prediction) else first_object(prediction, truths)
+
+
 FIRST_OBJECT_VERSION = 2
 """Version 1 ended every answer's first clause at a break inside the gold answer itself, so ``'The song "Roar" by
 Katy Perry'`` was 0 for ``'"Roar" by Katy Perry'``; version 2 reads such a gold answer whole (:func:`_gold_in_clause`).
@@ -315,6 +333,10 @@ JUDGES.register(
 JUDGES.register(
     AnswerMatchJudge("first_object", first_object, binary=True, version=FIRST_OBJECT_VERSION),
     description="the answer begins with a gold answer, or its first clause holds one (the object it asserts first)",
+)
+JUDGES.register(
+    AnswerMatchJudge("first_object_fluent", first_object_fluent, binary=True),
+    description="first_object, and an answer that loops (fewer than half of its 4 or more words distinct) is wrong",
 )
 
 
