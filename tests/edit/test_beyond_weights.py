@@ -255,6 +255,49 @@ def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundle
     assert weights(bundle.model) == before and not bundle.has_memory
 
 
+@pytest.mark.parametrize("convention", ["paper", "reference"])
+def test_grace_value_training_equals_a_loop_of_full_forwards(tiny, request_a, convention):
+    """GRACE trains its value running only the blocks from its layer and the head at the answer's positions; a plain
+    Adam loop over full forwards of the model, with a hand-installed hook writing the value, gives the same losses,
+    step count and value."""
+    from editscope.edit.grace import module_path, train_value
+
+    engine = ScoringEngine(tiny)
+    hp = hparams("grace", tiny).replace(n_iter=4, lr=0.1, stop_loss=0.0, convention=convention)
+    module = tiny.model.get_submodule(module_path(tiny, hp))
+    with torch.no_grad():  # a warm start: the projection's own output at the prompt's last token
+        key = engine.hidden_states([request_a.text], hp.layers, kind="mlp_key")[0, 0]
+        start = module.forward(key[None].to(module.weight.dtype))[0]
+    got, got_loss, got_steps = train_value(engine, module, hp.layers[0], request_a, start, hp)
+
+    ctx, cont = engine.encode_pair(request_a.text, request_a.target_new)
+    query = len(ctx) - 1
+    span = slice(query, None) if convention == "paper" else slice(0, query)
+    value = start.detach().clone().float().requires_grad_(True)
+    optimiser = torch.optim.Adam([value], lr=hp.lr)
+
+    def write(_m, _a, out):
+        out = out.clone()
+        out[:, span] = value.to(out)
+        return out
+
+    losses = []
+    handle = module.register_forward_hook(write)
+    try:
+        for _ in range(hp.n_iter):
+            optimiser.zero_grad()
+            lp = tiny.model(torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
+            loss = -sum(lp[query + j, t] for j, t in enumerate(cont)) / len(cont)
+            losses.append(float(loss.detach()))
+            value.grad = torch.autograd.grad(loss, [value])[0]
+            optimiser.step()
+    finally:
+        handle.remove()
+    assert got_steps == hp.n_iter and got_loss == pytest.approx(losses[-1], rel=1e-4, abs=1e-5)
+    assert torch.allclose(got, value.detach(), atol=1e-4), float((got - value).abs().max())
+    assert losses[-1] < losses[0]  # the loop trains: the value moved the answer
+
+
 # -- files and kinds through the contract -------------------------------------------------------------------------
 @pytest.mark.parametrize("method", NON_WEIGHT)
 def test_each_kind_saves_loads_and_reapplies_exactly(tiny_bundles, request_a, method, tmp_path):
