@@ -22,7 +22,9 @@
 (g) The editors that write no weight against AlphaEdit (the baseline) on the same batch of ``--u-batch`` CounterFact
     requests, same process: GRACE (its codebook trained request by request), retrieval (facts stored; BM25 needs no
     index until queried) and PROMPT, each from a fresh store, AlphaEdit after a warm-up edit as in (u). Prints seconds
-    per edit and ``ratio X.X`` = AlphaEdit / each. Then (s) the scoring overhead of a context editor's longer
+    per edit and ``ratio X.X`` = AlphaEdit / each; and GRACE's value training (30 steps on ``--s-cases`` requests) from
+    its layer on against a full forward each step (the faithful baseline, as it ran before), ``ratio`` = full / from
+    the layer. Then (s) the scoring overhead of a context editor's longer
     prompts: the counterfact suite probes ``--s-cases`` cases with no edit, then with the retrieval store of the batch
     in force (one fact before each prompt) and with IKE's 32 demonstrations, ``ratio`` = with / without (the engine
     shares each context's forward among its continuations, and a context edit's opening text among the prompts that
@@ -280,6 +282,7 @@ def part_g(bundle, args) -> None:
     for name in ("grace", "wise", "retrieval", "prompt"):
         print(f"(g) ratio {per['alphaedit'] / per[name]:.1f} (seconds per edit, AlphaEdit / {name}, same batch of "
               f"{len(reqs)})")
+    _grace_partial_forward(bundle, engine, reqs[:args.s_cases])
     probe_cases = load_cases("counterfact", limit=args.s_cases)
     suite = get_suite("counterfact")
     timings = {}
@@ -309,6 +312,56 @@ def part_g(bundle, args) -> None:
     edit.revert(bundle)
     print(f"(s) ratio {shared[False] / shared[True]:.2f} (IKE probe seconds, each prompt forwarding the "
           "demonstrations / the demonstrations forwarded once per case)")
+
+
+def _grace_full_forward_value(engine, module, request, start, hp):
+    """GRACE's value training as it ran before the partial forward (the faithful baseline): a full forward of the
+    model and the log-softmax at every position, each step."""
+    batch = engine.prepare([(request.text, request.target_new)])
+    query = batch.context_lengths[0] - 1
+    value = start.detach().clone().float().requires_grad_(True)
+    optimiser = torch.optim.Adam([value], lr=hp.lr)
+    span = slice(query, None) if hp.where == "answer" else slice(0, query)
+
+    def replace(_module, _args, output):
+        out = output.clone()
+        out[:, span] = value.to(out)
+        return out
+
+    handle = module.register_forward_hook(replace)
+    try:
+        for _ in range(hp.n_iter):
+            optimiser.zero_grad()
+            loss = -engine.batch_logprobs(batch).sum() / float(batch.target_mask.sum())
+            value.grad = torch.autograd.grad(loss, [value])[0]
+            optimiser.step()
+    finally:
+        handle.remove()
+    return float(loss.detach())
+
+
+def _grace_partial_forward(bundle, engine, reqs) -> None:
+    """(g) GRACE's value training (a fixed 30 steps, no early stop) from its layer on against full forwards, same
+    requests, same process: seconds and the largest difference of the final losses."""
+    from editscope.edit.grace import module_path, train_value
+
+    hp = get_editor("grace").load_hparams(bundle).replace(n_iter=30, stop_loss=0.0)
+    module, layer = bundle.model.get_submodule(module_path(bundle, hp)), hp.layers[0]
+    seconds, gap = {"partial": 0.0, "full": 0.0}, 0.0
+    for request in reqs:
+        with torch.no_grad():
+            key = engine.hidden_states([request.text], [layer], kind="mlp_key")[0, 0]
+            start = module.forward(key[None].to(module.weight.dtype))[0]
+        t0 = time.perf_counter()
+        _, partial, _ = train_value(engine, module, layer, request, start, hp)
+        seconds["partial"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        full = _grace_full_forward_value(engine, module, request, start, hp)
+        seconds["full"] += time.perf_counter() - t0
+        gap = max(gap, abs(partial - full))
+    print(f"(g) GRACE value training, {len(reqs)} requests x {hp.n_iter} steps: full forward {seconds['full']:.2f} s, "
+          f"from layer {layer} {seconds['partial']:.2f} s; ratio {seconds['full'] / seconds['partial']:.2f} "
+          f"(final losses within {gap:.1e})")
 
 
 def _stream_mode(args):
