@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--labels", metavar="FILE.jsonl", help="labelled answers (JSON Lines; default: packaged)")
     parser.add_argument("--judges", nargs="+", metavar="JUDGE",
-                        help="answer judges (default: every binary string judge: exact_match, contains, first_object "
-                        "and any a plug-in registered; model:NAME and mirage:NAME add a judge model)")
+                        help="answer judges (default: every binary string judge: exact_match, contains, first_object, "
+                        "first_object_fluent and any a plug-in registered; model:NAME and mirage:NAME add a judge "
+                        "model)")
     parser.add_argument("--locality-judges", nargs="+", metavar="JUDGE",
                         help="neighbourhood judges (default: all registered: unchanged, same_start, same_object)")
     parser.add_argument("--split", choices=("all", "dev", "test"), default="all",
