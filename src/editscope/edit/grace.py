@@ -188,7 +188,7 @@ def train_value(engine: ScoringEngine, module: torch.nn.Module, layer: int, requ
     token on (Adam, ``hp.n_iter`` steps, stopping below ``hp.stop_loss``): (v, final loss, steps taken). The module
     sits in block ``layer``, so each step runs blocks ``layer``.. only
     (:class:`~editscope.lm.partial_forward.BlockForward`: the blocks below cannot see v) and the head at the target
-    positions only: the model's full forward to float rounding, several times faster."""
+    positions only: the model's full forward to float rounding, about twice as fast on SmolLM2 (layer 25 of 30)."""
     batch = engine.prepare([(request.text, request.target_new)])
     query = batch.context_lengths[0] - 1
     value = start.detach().clone().float().to(engine.bundle.device).requires_grad_(True)
