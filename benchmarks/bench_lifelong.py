@@ -20,15 +20,16 @@
     each from a fresh chain state after a warm-up edit (so AlphaEdit's statistics and projector, computed once per
     chain, are not counted): seconds per edit of each and ``ratio X.X`` = AlphaEdit / UltraEdit.
 (g) The editors that write no weight against AlphaEdit (the baseline) on the same batch of ``--u-batch`` CounterFact
-    requests, same process: GRACE (its codebook trained request by request), retrieval (facts stored; BM25 needs no
-    index until queried) and PROMPT, each from a fresh store, AlphaEdit after a warm-up edit as in (u). Prints seconds
-    per edit and ``ratio X.X`` = AlphaEdit / each; and GRACE's value training (30 steps on ``--s-cases`` requests) from
-    its layer on against a full forward each step (the faithful baseline, as it ran before), ``ratio`` = full / from
-    the layer. Then (s) the scoring overhead of a context editor's longer
-    prompts: the counterfact suite probes ``--s-cases`` cases with no edit, then with the retrieval store of the batch
-    in force (one fact before each prompt) and with IKE's 32 demonstrations, ``ratio`` = with / without (the engine
-    shares each context's forward among its continuations, and a context edit's opening text among the prompts that
-    share it); then IKE's probe with that opening forwarded once per prompt against once per case (``share_prefix``).
+    requests, same process: GRACE (its codebook placed request by request, the values trained together), retrieval
+    (facts stored; BM25 needs no index until queried) and PROMPT, each from a fresh store, AlphaEdit after a warm-up
+    edit as in (u). Prints seconds per edit and ``ratio X.X`` = AlphaEdit / each; and GRACE's value training (30
+    steps on ``--s-cases`` requests) as it runs now (the values together, from its layer and the query token on)
+    against a full forward each step, one request at a time (the faithful baseline, as it ran before), ``ratio`` =
+    full / now. Then (s) the scoring overhead of a context editor's longer prompts: the counterfact suite probes
+    ``--s-cases`` cases with no edit, then with the retrieval store of the batch in force (one fact before each
+    prompt) and with IKE's 32 demonstrations, ``ratio`` = with / without (the engine shares each context's forward
+    among its continuations, and a context edit's opening text among the prompts that share it); then IKE's probe
+    with that opening forwarded once per prompt against once per case (``share_prefix``).
 (k) A checkpoint's evaluation cost at ``--k-edits`` (default 1,000 and 10,000) edits applied, emulated: a synthetic
     accumulated ΔW (one real UltraEdit batch's ΔW scaled to that many edits) is folded into the bundle as a chain
     does, and the suites of ``lifelong-stream`` (counterfact, general, weights) probe the cases that config's
@@ -341,27 +342,26 @@ def _grace_full_forward_value(engine, module, request, start, hp):
 
 
 def _grace_partial_forward(bundle, engine, reqs) -> None:
-    """(g) GRACE's value training (a fixed 30 steps, no early stop) from its layer on against full forwards, same
-    requests, same process: seconds and the largest difference of the final losses."""
-    from editscope.edit.grace import module_path, train_value
+    """(g) GRACE's value training (a fixed 30 steps, no early stop) as it runs now — the requests' values trained
+    together, each step from the codebook's layer on and from the query token on — against full forwards one request
+    at a time, same requests, same process: seconds and the largest difference of the final losses."""
+    from editscope.edit.grace import module_path, train_values
 
     hp = get_editor("grace").load_hparams(bundle).replace(n_iter=30, stop_loss=0.0)
     module, layer = bundle.model.get_submodule(module_path(bundle, hp)), hp.layers[0]
-    seconds, gap = {"partial": 0.0, "full": 0.0}, 0.0
-    for request in reqs:
-        with torch.no_grad():
-            key = engine.hidden_states([request.text], [layer], kind="mlp_key")[0, 0]
-            start = module.forward(key[None].to(module.weight.dtype))[0]
-        t0 = time.perf_counter()
-        _, partial, _ = train_value(engine, module, layer, request, start, hp)
-        seconds["partial"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        full = _grace_full_forward_value(engine, module, request, start, hp)
-        seconds["full"] += time.perf_counter() - t0
-        gap = max(gap, abs(partial - full))
-    print(f"(g) GRACE value training, {len(reqs)} requests x {hp.n_iter} steps: full forward {seconds['full']:.2f} s, "
-          f"from layer {layer} {seconds['partial']:.2f} s; ratio {seconds['full'] / seconds['partial']:.2f} "
-          f"(final losses within {gap:.1e})")
+    with torch.no_grad():
+        keys = [engine.hidden_states([r.text], [layer], kind="mlp_key")[0, 0] for r in reqs]
+        starts = torch.stack([module.forward(k[None].to(module.weight.dtype))[0] for k in keys])
+    t0 = time.perf_counter()
+    _, partial, _ = train_values(engine, module, layer, reqs, starts, hp)
+    seconds = {"partial": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    full = [_grace_full_forward_value(engine, module, r, s, hp) for r, s in zip(reqs, starts, strict=True)]
+    seconds["full"] = time.perf_counter() - t0
+    gap = max(abs(a - b) for a, b in zip(partial, full, strict=True))
+    print(f"(g) GRACE value training, {len(reqs)} requests x {hp.n_iter} steps: full forwards one request at a time "
+          f"{seconds['full']:.2f} s, together from layer {layer} and the query token {seconds['partial']:.2f} s; ratio "
+          f"{seconds['full'] / seconds['partial']:.2f} (final losses within {gap:.1e})")
 
 
 def _stream_mode(args):

@@ -255,24 +255,14 @@ def test_grace_governs_the_answer_and_leaves_other_queries_bit_equal(tiny_bundle
     assert weights(bundle.model) == before and not bundle.has_memory
 
 
-@pytest.mark.parametrize("convention", ["paper", "reference"])
-def test_grace_value_training_equals_a_loop_of_full_forwards(tiny, request_a, convention):
-    """GRACE trains its value running only the blocks from its layer and the head at the answer's positions; a plain
-    Adam loop over full forwards of the model, with a hand-installed hook writing the value, gives the same losses,
-    step count and value."""
-    from editscope.edit.grace import module_path, train_value
-
-    engine = ScoringEngine(tiny)
-    hp = hparams("grace", tiny).replace(n_iter=4, lr=0.1, stop_loss=0.0, convention=convention)
-    module = tiny.model.get_submodule(module_path(tiny, hp))
-    with torch.no_grad():  # a warm start: the projection's own output at the prompt's last token
-        key = engine.hidden_states([request_a.text], hp.layers, kind="mlp_key")[0, 0]
-        start = module.forward(key[None].to(module.weight.dtype))[0]
-    got, got_loss, got_steps = train_value(engine, module, hp.layers[0], request_a, start, hp)
-
-    ctx, cont = engine.encode_pair(request_a.text, request_a.target_new)
+def loop_value(bundle, module, request, start, hp):
+    """GRACE's value training written plainly: Adam over full forwards of the model, one request, a hand-installed
+    hook writing the value (from the query token on, or before it), stopping before a step once the loss (mean NLL
+    per target token) is below ``stop_loss``. (value, per-step losses, steps)."""
+    engine = ScoringEngine(bundle)
+    ctx, cont = engine.encode_pair(request.text, request.target_new)
     query = len(ctx) - 1
-    span = slice(query, None) if convention == "paper" else slice(0, query)
+    span = slice(query, None) if hp.where == "answer" else slice(0, query)
     value = start.detach().clone().float().requires_grad_(True)
     optimiser = torch.optim.Adam([value], lr=hp.lr)
 
@@ -281,21 +271,96 @@ def test_grace_value_training_equals_a_loop_of_full_forwards(tiny, request_a, co
         out[:, span] = value.to(out)
         return out
 
-    losses = []
+    losses, steps = [], 0
     handle = module.register_forward_hook(write)
     try:
-        for _ in range(hp.n_iter):
+        for steps in range(1, hp.n_iter + 1):  # noqa: B007
             optimiser.zero_grad()
-            lp = tiny.model(torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
+            lp = bundle.model(torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
             loss = -sum(lp[query + j, t] for j, t in enumerate(cont)) / len(cont)
             losses.append(float(loss.detach()))
+            if losses[-1] < hp.stop_loss:
+                break
             value.grad = torch.autograd.grad(loss, [value])[0]
             optimiser.step()
     finally:
         handle.remove()
-    assert got_steps == hp.n_iter and got_loss == pytest.approx(losses[-1], rel=1e-4, abs=1e-5)
-    assert torch.allclose(got, value.detach(), atol=1e-4), float((got - value).abs().max())
+    return value.detach(), losses, steps
+
+
+def warm_start(engine, module, hp, request):
+    with torch.no_grad():  # the projection's own output at the prompt's last token
+        key = engine.hidden_states([request.text], hp.layers, kind="mlp_key")[0, 0]
+        return module.forward(key[None].to(module.weight.dtype))[0]
+
+
+@pytest.mark.parametrize("convention", ["paper", "reference"])
+def test_grace_value_training_equals_a_loop_of_full_forwards(tiny, request_a, convention):
+    """GRACE trains its value running only the blocks from its layer (under ``paper`` only the positions from the
+    query token on) and the head at the answer's positions; a plain Adam loop over full forwards of the model, with a
+    hand-installed hook writing the value, gives the same losses, step count and value."""
+    from editscope.edit.grace import module_path, train_value
+
+    engine = ScoringEngine(tiny)
+    hp = hparams("grace", tiny).replace(n_iter=4, lr=0.1, stop_loss=0.0, convention=convention)
+    module = tiny.model.get_submodule(module_path(tiny, hp))
+    start = warm_start(engine, module, hp, request_a)
+    got, got_loss, got_steps = train_value(engine, module, hp.layers[0], request_a, start, hp)
+    value, losses, steps = loop_value(tiny, module, request_a, start, hp)
+    assert got_steps == steps == hp.n_iter and got_loss == pytest.approx(losses[-1], rel=1e-4, abs=1e-5)
+    assert torch.allclose(got, value, atol=1e-4), float((got - value).abs().max())
     assert losses[-1] < losses[0]  # the loop trains: the value moved the answer
+
+
+@pytest.mark.parametrize("convention", ["paper", "reference"])
+def test_grace_trains_a_batch_of_values_as_each_alone(tiny_bundles, request_a, request_b, convention):
+    """Several values trained together (one batch, rows leaving it as they stop) equal each trained alone by the
+    plain loop: values, final losses and step counts, with rows stopping at different steps."""
+    from editscope.edit.grace import module_path, train_values
+
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    third = EditRequest("{} works in the field of", "Alan Turing", "cooking", "mathematics")
+    requests = [request_a, request_b, third]
+    hp = hparams("grace", bundle).replace(n_iter=8, lr=0.2, stop_loss=0.0, convention=convention)
+    module = bundle.model.get_submodule(module_path(bundle, hp))
+    starts = torch.stack([warm_start(engine, module, hp, r) for r in requests])
+    # a stopping loss the first request reaches at its 4th step (midway between its 3rd and 4th losses), the others
+    # at their own step (or never)
+    first = loop_value(bundle, module, request_a, starts[0], hp)[1]
+    hp = hp.replace(stop_loss=(first[2] + first[3]) / 2)
+    want = [loop_value(bundle, module, r, s, hp) for r, s in zip(requests, starts, strict=True)]
+    assert want[0][2] == 4 and len({w[2] for w in want}) > 1, [w[2] for w in want]
+    values, losses, steps = train_values(engine, module, hp.layers[0], requests, starts, hp)
+    assert steps == [w[2] for w in want]
+    assert losses == pytest.approx([w[1][-1] for w in want], rel=1e-4, abs=1e-5)
+    for got, (value, _, _) in zip(values, want, strict=True):
+        assert torch.allclose(got, value, atol=1e-4), float((got - value).abs().max())
+
+
+def test_grace_waves_hold_each_entry_s_requests_in_order():
+    from editscope.edit.grace import _waves
+
+    # entries of requests 0..5: entry 0 trained by 0, 2, 4; entry 1 by 1, 5; entry 2 by 3
+    assert _waves([0, 1, 0, 2, 0, 1]) == [[0, 1, 3], [2, 5], [4]]
+    assert _waves([]) == [] and _waves([3, 4]) == [[0, 1]]
+
+
+def test_grace_batch_edit_equals_editing_one_request_after_another(tiny_bundles, request_a, request_b):
+    """One batch holding an expand (the same fact twice: the second training starts from the first's value) equals
+    the codebook that editing the requests one call at a time leaves."""
+    bundle = tiny_bundles["llama"]
+    engine = ScoringEngine(bundle)
+    editor = get_editor("grace")
+    hp = hparams("grace", bundle).replace(n_iter=5, lr=0.2)
+    requests = [request_a, request_b, request_a]
+    _, batched = editor.compute_edit(bundle, requests, hp, editor.new_state(), engine=engine)
+    one_by_one = editor.new_state()
+    for r in requests:
+        _, one_by_one = editor.compute_edit(bundle, [r], hp, one_by_one, engine=engine)
+    assert batched.labels == one_by_one.labels and batched.size == one_by_one.size < len(requests)
+    assert torch.equal(batched.keys, one_by_one.keys) and torch.equal(batched.radii, one_by_one.radii)
+    assert torch.allclose(batched.values, one_by_one.values, atol=1e-4)
 
 
 # -- files and kinds through the contract -------------------------------------------------------------------------

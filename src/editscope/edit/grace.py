@@ -28,6 +28,7 @@ split that leaves the old radius 1e-5 short of d/2 so the midpoint belongs to th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -40,8 +41,9 @@ from editscope.edit.memory import MemoryEdit, nearest
 from editscope.edit.state import EditState
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
-from editscope.lm.engine import ScoringEngine
-from editscope.lm.partial_forward import BlockForward
+from editscope.lm.engine import ScoringEngine, TokenBatch
+from editscope.lm.full_forward import select_rows
+from editscope.lm.partial_forward import BlockForward, SuffixForward, continuation_nll
 
 REPLACEMENTS = ("answer", "prompt")
 CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"replacement": "answer"}, "reference": {"replacement": "prompt"}}
@@ -184,53 +186,107 @@ def _widths(module: torch.nn.Module) -> tuple[int, int]:
 
 def train_value(engine: ScoringEngine, module: torch.nn.Module, layer: int, request: EditRequest,
                 start: torch.Tensor, hp: GraceHParams) -> tuple[torch.Tensor, float, int]:
-    """v minimising the NLL of the target after the prompt with v as the module's output from the prompt's last
-    token on (Adam, ``hp.n_iter`` steps, stopping below ``hp.stop_loss``): (v, final loss, steps taken). The module
-    sits in block ``layer``, so each step runs blocks ``layer``.. only
-    (:class:`~editscope.lm.partial_forward.BlockForward`: the blocks below cannot see v) and the head at the target
-    positions only: the model's full forward to float rounding, about twice as fast on SmolLM2 (layer 25 of 30)."""
-    batch = engine.prepare([(request.text, request.target_new)])
-    query = batch.context_lengths[0] - 1
-    value = start.detach().clone().float().to(engine.bundle.device).requires_grad_(True)
-    optimiser = torch.optim.Adam([value], lr=hp.lr)
-    read = batch.target_mask[:, 1:].bool()  # position t predicts token t + 1
-    tokens = batch.input_ids[:, 1:][read]
-    n_target = float(batch.target_mask.sum())
-    forward = BlockForward(engine, batch, layer)  # block ``layer``'s input, recorded once before v acts
+    """v minimising the NLL of the target after the prompt with v as the module's output (``hp.where``), trained
+    from ``start``: (v, final loss, steps taken); :func:`train_values` for one request."""
+    values, losses, steps = train_values(engine, module, layer, [request], start[None], hp)
+    return values[0], losses[0], steps[0]
 
-    span = slice(query, None) if hp.where == "answer" else slice(0, query)
 
-    def replace(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
-        out = output.clone()
-        out[:, span] = value.to(out)
+def train_values(engine: ScoringEngine, module: torch.nn.Module, layer: int, requests: Sequence[EditRequest],
+                 starts: torch.Tensor, hp: GraceHParams) -> tuple[torch.Tensor, list[float], list[int]]:
+    """One value per request, each trained as if alone (§3.2): Adam at ``hp.lr`` on the NLL (mean per target token)
+    of the request's target after its prompt with the value as the module's output, from ``starts`` [B, d_out],
+    for ``hp.n_iter`` steps or until the loss is below ``hp.stop_loss`` (checked before each step; the value is kept
+    as it was then). Returns (values [B, d_out], final losses, steps taken).
+
+    The requests run as one batch: each value acts on its own row only, the loss is the sum of the rows' losses and
+    Adam works element by element, so each value follows the steps it would take alone; a row that stops leaves
+    the batch. Each step runs blocks ``layer``.. only (the blocks below cannot see a value): under ``where:
+    answer`` only the positions from the query token to the last target token's predecessor
+    (:class:`~editscope.lm.partial_forward.SuffixForward`, the prompt's earlier positions read from a key/value
+    cache), under ``where: prompt`` (or a row past a sliding window) every position
+    (:class:`~editscope.lm.partial_forward.BlockForward`); the head at the target positions only.
+    ``tests/edit/test_beyond_weights.py`` holds both to a plain loop of full forwards, one request at a time."""
+    batch = engine.prepare([(r.text, r.target_new) for r in requests])
+    queries = [n - 1 for n in batch.context_lengths]
+    values = starts.detach().clone().float().to(engine.bundle.device).requires_grad_(True)
+    optimiser = torch.optim.Adam([values], lr=hp.lr)
+    forward = _ValueForward(engine, module, layer, batch, queries, hp.where)
+    kept, losses, steps = values.detach().clone(), [float("inf")] * len(requests), [hp.n_iter] * len(requests)
+    active = list(range(len(requests)))  # batch rows still training
+    for step in range(1, hp.n_iter + 1):
+        nll = forward.nll(values, active)
+        current = nll.detach().tolist()
+        going = [i for i, loss in enumerate(current) if not loss < hp.stop_loss]
+        for i, loss in enumerate(current):
+            losses[active[i]] = loss
+            if i not in going:  # stopped: the value as it is now
+                kept[active[i]], steps[active[i]] = values.detach()[active[i]], step
+        if not going:
+            break
+        # the values' gradient alone (the model's parameters keep no .grad); a stopped row's value is not read again
+        values.grad = torch.autograd.grad(nll[going].sum(), [values])[0]
+        optimiser.step()
+        if len(going) < len(active):
+            forward = forward.select(going)
+            active = [active[i] for i in going]
+    else:
+        for r in active:  # ran all n_iter steps: the value after the last one
+            kept[r] = values.detach()[r]
+    return kept, losses, steps
+
+
+class _ValueForward:
+    """The final states of a batch of (prompt, target) rows with each row's value written at the module's output,
+    through the fastest exact forward (:func:`train_values`), and each row's target NLL."""
+
+    def __init__(self, engine: ScoringEngine, module: torch.nn.Module, layer: int, batch: TokenBatch,
+                 queries: list[int], where: str) -> None:
+        self.engine, self.module, self.batch, self.queries, self.where = engine, module, batch, queries, where
+        last_read = [c + n - 2 for c, n in zip(batch.context_lengths, batch.continuation_lengths, strict=True)]
+        self.suffix = (SuffixForward.build(engine, batch, queries, f"blocks.{layer}.mlp_out", last_read)
+                       if where == "answer" else None)
+        self.block = BlockForward(engine, batch, layer) if self.suffix is None else None
+
+    def select(self, rows: list[int]) -> _ValueForward:
+        out = copy.copy(self)
+        out.batch, out.queries = select_rows(self.batch, rows), [self.queries[r] for r in rows]
+        out.suffix = self.suffix.select(rows) if self.suffix is not None else None
+        out.block = self.block.select(rows) if self.block is not None else None
         return out
 
-    loss_value, steps = float("inf"), 0
-    handle = module.register_forward_hook(replace)
-    try:
-        for steps in range(1, hp.n_iter + 1):  # noqa: B007 -- the count is returned
-            optimiser.zero_grad()
-            hidden = forward.hidden()[:, :-1][read]
-            logprobs = engine.logits_from_hidden(hidden).log_softmax(-1).gather(-1, tokens[:, None])
-            loss = -logprobs.sum() / n_target
-            loss_value = float(loss.detach())
-            if loss_value < hp.stop_loss:
-                break
-            # the value's gradient alone: the model's parameters keep no .grad
-            value.grad = torch.autograd.grad(loss, [value])[0]
-            optimiser.step()
-    finally:
-        handle.remove()
-    return value.detach(), loss_value, steps
+    def nll(self, values: torch.Tensor, active: list[int]) -> torch.Tensor:
+        """[A]: each row's target NLL with ``values[active[r]]`` written in row r."""
+        mine = values[torch.tensor(active, dtype=torch.long, device=values.device)]
+        if self.suffix is not None:  # every computed suffix position is the query's or a later one
+            hidden = self.suffix.hidden_with(lambda x, rows: mine[rows][:, None, :].to(x).expand_as(x))
+            return continuation_nll(self.engine, self.batch, hidden)
+        columns = torch.arange(self.batch.input_ids.shape[1], device=values.device)[None, :]
+        query = torch.tensor(self.queries, device=values.device)[:, None]
+        span = (columns >= query) if self.where == "answer" else (columns < query)
+
+        def replace(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+            return torch.where(span[:, :, None], mine[:, None, :].to(output), output)
+
+        handle = self.module.register_forward_hook(replace)
+        try:
+            hidden = self.block.hidden()
+        finally:
+            handle.remove()
+        return continuation_nll(self.engine, self.batch, hidden)
 
 
 def compute(bundle: Bundle, requests: list[EditRequest], hp: GraceHParams, state: GraceCodebook, *,
             engine: ScoringEngine, **_: object) -> tuple[MemoryEdit, dict]:
-    """Edit the requests one after another (Algorithm 1), each on the codebook the earlier ones left."""
+    """Edit the requests one after another (Algorithm 1), each on the codebook the earlier ones left. Where a
+    request lands depends on the keys and labels only, so every request is placed first, in order; then the values
+    are trained in waves, wave k holding each entry's k-th request, started from the value the entry holds then
+    (its placement value, or what the previous wave trained for it on expand): the same values as editing one
+    request after another, trained together (:func:`train_values`)."""
     layer = hp.layers[0]
     module = bundle.model.get_submodule(module_path(bundle, hp))
     actions: dict[str, int] = {"new": 0, "expand": 0, "split": 0}
-    losses, steps = [], 0
+    entries = []
     for request in requests:
         # the key is the projection's input: a memory at this projection (the codebook in force) cannot change it
         key = engine.hidden_states([request.text], [layer], kind="mlp_key")[0, 0]
@@ -240,10 +296,28 @@ def compute(bundle: Bundle, requests: list[EditRequest], hp: GraceHParams, state
             own = torch.rand(own.shape, device=own.device, dtype=own.dtype)
         index, action = state.place(key, request.target_new.strip(), hp.eps_init, own)
         actions[action] += 1
-        value, loss, n = train_value(engine, module, layer, request, state.values[index], hp)
-        state.set_value(index, value)
-        losses.append(loss)
-        steps += n
+        entries.append(index)
+    losses, steps = [0.0] * len(requests), 0
+    for wave in _waves(entries):
+        starts = torch.stack([state.values[entries[r]] for r in wave])
+        values, wave_losses, wave_steps = train_values(engine, module, layer, [requests[r] for r in wave], starts, hp)
+        for r, value, loss in zip(wave, values, wave_losses, strict=True):
+            state.set_value(entries[r], value)
+            losses[r] = loss
+        steps += sum(wave_steps)
     info = {"codebook_size": state.size, "entries_new": actions["new"], "entries_expanded": actions["expand"],
             "entries_split": actions["split"], "value_loss": sum(losses) / len(losses), "value_steps": steps}
     return edit_of(bundle, requests, hp, state), info
+
+
+def _waves(entries: Sequence[int]) -> list[list[int]]:
+    """Request indices in waves: wave k holds, in request order, the k-th request placed on each entry."""
+    waves: list[list[int]] = []
+    seen: dict[int, int] = {}
+    for r, entry in enumerate(entries):
+        k = seen.get(entry, 0)
+        seen[entry] = k + 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(r)
+    return waves

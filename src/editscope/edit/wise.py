@@ -52,7 +52,8 @@ from editscope.edit.ties import ties_merge
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine
-from editscope.lm.partial_forward import BlockForward
+from editscope.lm.full_forward import select_rows
+from editscope.lm.partial_forward import BlockForward, continuation_nll
 
 CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"distance": "output", "hinge": "all"},
                                           "reference": {"distance": "activation", "hinge": "violated"}}
@@ -276,9 +277,7 @@ def train_shard(engine: ScoringEngine, module: torch.nn.Module, layer: int, rows
     act = activation_fn(str(engine.bundle.config.hidden_act)) if hp.distance == "activation" else None
     columns = torch.arange(batch.input_ids.shape[1], device=device)[None, :]
     span = columns < torch.tensor(batch.context_lengths, device=device)[:, None]  # each row's prompt
-    read = batch.target_mask[:n_edit, 1:]  # position t predicts token t + 1
-    tokens, row_of = batch.input_ids[:n_edit, 1:][read], read.nonzero()[:, 0]
-    n_target = read.sum(1).clamp(min=1)
+    edits = select_rows(batch, range(n_edit))  # the rows whose targets the loss reads
     side = shard.to(device=device, dtype=torch.float32).clone().requires_grad_(True)
     lower, upper = base.float() - hp.norm_constraint, base.float() + hp.norm_constraint
     grad_mask = mask.to(device=device, dtype=torch.float32)
@@ -297,9 +296,7 @@ def train_shard(engine: ScoringEngine, module: torch.nn.Module, layer: int, rows
     handle = module.register_forward_hook(swap)
     try:
         for steps in range(1, hp.n_iter + 1):  # noqa: B007 -- the count is returned
-            hidden = forward.hidden()[:n_edit, :-1][read]
-            lp = engine.logits_from_hidden(hidden).float().log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
-            nll = -(torch.zeros(n_edit, device=device).index_add(0, row_of, lp) / n_target).mean()
+            nll = continuation_nll(engine, edits, forward.hidden()[:n_edit]).mean()
             score = scores(seen["main"], seen["side"][None], span, act)[0]
             loss = nll + margin_loss(score[:n_edit], score[n_edit:], hp)
             loss_value, edit_score = float(loss.detach()), float(score[:n_edit].mean().detach())

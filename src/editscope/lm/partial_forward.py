@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -52,10 +52,14 @@ from torch import nn
 from transformers import DynamicCache
 
 from editscope.lm.engine import ScoringEngine, TokenBatch
+from editscope.lm.full_forward import select_rows
 from editscope.lm.hooks import capture, hooks
 from editscope.lm.kv_cache import cache_kwargs
 
 _BLOCK_POINT = re.compile(r"^blocks\.(\d+)\.([a-z_]+)$")
+
+SuffixEdit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""An intervention on a lane of suffixes: (states at the hook point [b, width, d], the lane's batch rows) -> states."""
 
 
 class _PassThrough(nn.Module):
@@ -244,21 +248,15 @@ class SuffixForward:
         out._layout()
         return out
 
-    def _run_lane(self, lane: _Lane, delta: torch.Tensor) -> torch.Tensor:
-        """The lane's suffix states [b, width, d] with δ (a vector [d] or one per lane row [b, d])."""
-        rows = torch.arange(lane.ids.shape[0], device=lane.ids.device)
-
-        def add(x: torch.Tensor) -> torch.Tensor:
-            x = x.clone()
-            x[rows, 0] = x[rows, 0] + delta.to(x)  # the subject's last token is each suffix's first
-            return x
+    def _run_lane(self, lane: _Lane, edit: SuffixEdit) -> torch.Tensor:
+        """The lane's suffix states [b, width, d] with ``edit`` applied at the hook point."""
 
         def enter(_x: torch.Tensor) -> torch.Tensor:
-            return add(lane.entry) if self.fold else lane.entry
+            return edit(lane.entry, lane.rows) if self.fold else lane.entry
 
         fns = {f"blocks.{self.start}.resid_pre": enter}
         if not self.fold:
-            fns[self.hook_point] = add
+            fns[self.hook_point] = lambda x: edit(x, lane.rows)
         cache = DynamicCache(ddp_cache_data=lane.prefix_kv) if lane.prefix else None
         model, arch = self.engine.model, self.engine.arch
         with hooks(model, arch, fns), _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
@@ -274,8 +272,19 @@ class SuffixForward:
         to each row's last read one computed now, lane by lane (differentiable in δ), the others from the unedited
         forward. ``delta`` is one vector [d] for every row or one per row [B, d] (several requests optimised
         together)."""
-        computed = [self._run_lane(lane, delta if delta.dim() == 1 else delta[lane.rows])[lane.read]
-                    for lane in self.lanes]
+
+        def add(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            x = x.clone()
+            x[:, 0] = x[:, 0] + (delta if delta.dim() == 1 else delta[rows]).to(x)  # each suffix opens at p_r
+            return x
+
+        return self.hidden_with(add)
+
+    def hidden_with(self, edit: SuffixEdit) -> torch.Tensor:
+        """:meth:`hidden` with any intervention at the hook point: ``edit(x, rows)`` maps the states there [b, width,
+        d] of a lane's rows (``rows``: their indices in the batch; column j is position p_r + j, padding past each
+        row's count) to the edited states, e.g. a value written at every computed position (GRACE)."""
+        computed = [self._run_lane(lane, edit)[lane.read] for lane in self.lanes]
         return self.base_hidden.index_put(self.targets, torch.cat(computed))
 
 
@@ -414,9 +423,27 @@ class BlockForward:
         _, self.as_tuple, store = _unedited_forward(engine, batch, [entry], None)
         self.entry = store[entry]
 
+    def select(self, rows: Sequence[int]) -> BlockForward:
+        """The same forward restricted to ``rows`` (in that order), without another unedited forward: what a batched
+        optimisation keeps running once some of its rows have stopped."""
+        out = copy.copy(self)
+        out.batch = select_rows(self.batch, rows)
+        out.entry = self.entry[torch.tensor(list(rows), dtype=torch.long, device=self.entry.device)]
+        return out
+
     def hidden(self) -> torch.Tensor:
         """Final hidden states [B, T, d], differentiable in whatever blocks S..n−1 read."""
         model, arch = self.engine.model, self.engine.arch
         with hooks(model, arch, {f"blocks.{self.start}.resid_pre": lambda _x: self.entry}), \
                 _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
             return self.engine.batch_hidden(self.batch)
+
+
+def continuation_nll(engine: ScoringEngine, batch: TokenBatch, hidden: torch.Tensor) -> torch.Tensor:
+    """[B]: each row's mean negative log-likelihood of its continuation tokens given the final states ``hidden`` [B,
+    T, d] (position t predicts token t + 1), the LM head applied at those positions only."""
+    read = batch.target_mask[:, 1:].bool()
+    tokens, row_of = batch.input_ids[:, 1:][read], read.nonzero()[:, 0]
+    lp = engine.logits_from_hidden(hidden[:, :-1][read]).float().log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+    total = torch.zeros(read.shape[0], dtype=lp.dtype, device=lp.device).index_add(0, row_of, lp)
+    return -total / read.sum(1).clamp(min=1)
