@@ -172,3 +172,60 @@ def test_a_long_scan_reports_inside_its_chunk(tiny_bundles, monkeypatch, tmp_pat
     monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path / "b"))  # no cache: chosen again, silently
     quiet = kf.choose_known(engine, pool, len(pool), "test rule", who="test")
     assert quiet.facts == chosen.facts and quiet.logprobs == chosen.logprobs
+
+
+
+def test_a_fresh_cache_reads_a_shipped_set_instead_of_scanning(tiny_bundles, monkeypatch, tmp_path):
+    """Where the home cache has no set, one shipped under the same key (fingerprint and rule) is read and the pool
+    is never scanned; under another key the scan runs; a set in the cache comes before a shipped one."""
+    from editscope.suites import known_facts as kf
+
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path))
+    engine = ScoringEngine(tiny_bundles["llama"])
+    key = kf.set_key(engine.base_fingerprint, "test rule")
+    ship = {"rule": "test rule", "facts": [["Ann lives in", "Oslo"]], "meta": [["Ann", "P1", "a:0", -1.5]],
+            "pool": 9, "known_in_pool": 1, "scanned": 9}
+    monkeypatch.setattr(kf, "shipped_set", lambda k: ship if k == key else None)
+
+    def never() -> list:
+        raise AssertionError("the pool was scanned")
+
+    got = kf.choose_known(engine, never, 5, "test rule", who="test")
+    assert [(f.prompt, f.answer, f.source) for f in got.facts] == [("Ann lives in", "Oslo", "a:0")]
+    assert got.logprobs == [-1.5] and (got.scanned, got.pool) == (9, 9)
+    scanned = kf.choose_known(engine, [kf.Fact("Bob lives in", "Rome")], 5, "other rule", who="test")
+    assert scanned.pool == 1 and scanned.scanned == 1  # no shipped set under this key: scanned
+    (tmp_path / "known_facts").mkdir(exist_ok=True)
+    cached = dict(ship, facts=[["Cid lives in", "Lima"]], meta=[["Cid", "P1", "a:2", -0.5]])
+    (tmp_path / "known_facts" / f"{key}.json").write_text(json.dumps(cached))
+    assert [f.prompt for f in kf.choose_known(engine, never, 5, "test rule", who="test").facts] == ["Cid lives in"]
+
+
+@pytest.mark.slow
+def test_the_shipped_known_set_of_smollm2_is_the_one_a_scan_chooses(smollm2):
+    """The set shipped for SmolLM2's default pool (read instead of a ~1 min scan on a fresh cache) is the set a scan
+    chooses: found under the key of the model's fingerprint and the default rule, every fact answered top-1 (each
+    answer token the argmax of a plain forward) with the recorded log-prob, in pool order, and none of a sample of
+    the pool's other facts answered top-1."""
+    from editscope.suites.known_facts import set_key, shipped_set
+
+    engine = ScoringEngine(smollm2)
+    suite = GeneralAbilitySuite()
+    rule = suite.pool.rule(engine, suite.facts)
+    shipped = shipped_set(set_key(engine.base_fingerprint, rule))
+    assert shipped is not None, "no shipped set under SmolLM2's fingerprint and the default rule: re-copy the cache"
+    assert shipped["rule"] == rule
+    facts = suite.pool.facts()
+    chosen = [tuple(f) for f in shipped["facts"]]
+    assert shipped["pool"] == len(facts) and len(chosen) < suite.facts and shipped["scanned"] == len(facts)
+    for (prompt, answer), meta in zip(chosen[::10], shipped["meta"][::10], strict=True):
+        assert _top1(smollm2, engine, prompt, answer), prompt
+        ctx, cont = engine.encode_pair(prompt, answer)
+        with torch.no_grad():
+            lp = smollm2.model(torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
+        assert sum(float(lp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)) == pytest.approx(meta[3], abs=1e-3)
+    assert all(all(s.token_is_argmax) for s in engine.score(chosen))
+    order = {(f.prompt, f.answer): i for i, f in enumerate(facts)}
+    assert [order[c] for c in chosen] == sorted(order[c] for c in chosen)
+    others = [(f.prompt, f.answer) for f in facts if (f.prompt, f.answer) not in set(chosen)][::20]
+    assert len(others) > 100 and not any(all(s.token_is_argmax) for s in engine.score(others))

@@ -9,7 +9,10 @@ filled prompt and ``target_true``). A fact is known when every token of its answ
 known facts are found (so a large pool costs only as much as the scan needs); the first ``n`` known facts in pool
 order are the set. The choice is cached as JSON under ``home()/known_facts/`` keyed by the model's weights
 fingerprint and the pool's rule (its sources, tail, ``n`` and the prompt format: everything the set depends on),
-with each fact's log-prob on the unedited model (the "before" of a scan).
+with each fact's log-prob on the unedited model (the "before" of a scan). Sets chosen ahead for the shipped models'
+default pools ship with editscope under the same key (``suites/known_sets/``: a scan's cache file, copied;
+``tests/suites/test_general.py`` checks each against the model): a fresh cache reads one instead of scanning (~1 min
+on SmolLM2 on one thread).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from editscope.errors import EditscopeError
@@ -53,6 +57,17 @@ class KnownSet:
     fingerprint: str = ""  # the weights the set was chosen (and its log-probs scored) on
 
 
+def set_key(fingerprint: str, rule: str) -> str:
+    """The cache key of the set a pool's ``rule`` chooses on the weights ``fingerprint``."""
+    return hashlib.blake2b(f"{fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
+
+
+def shipped_set(key: str) -> dict | None:
+    """The set shipped with editscope under ``key`` (the same JSON as a cache file), or None."""
+    res = resources.files("editscope") / "suites" / "known_sets" / f"{key}.json"
+    return json.loads(res.read_text()) if res.is_file() else None
+
+
 def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fact]], n: int, rule: str, *,
                  who: str, progress: Callable[[int, int, int], None] | None = None) -> KnownSet:
     """The first ``n`` facts of ``pool`` the model answers top-1 (cached; see the module docstring). ``pool`` may be a
@@ -60,9 +75,9 @@ def choose_known(engine: Scorer, pool: Sequence[Fact] | Callable[[], Sequence[Fa
     found)`` is called after each chunk and every few seconds inside one. The set belongs to the unedited model:
     cached under its fingerprint, it is read back while patches are applied (a run that took its pre-edit probes
     from elsewhere first asks after an edit), but a set not chosen yet is refused then."""
-    key = hashlib.blake2b(f"{engine.base_fingerprint}|{rule}".encode(), digest_size=10).hexdigest()
+    key = set_key(engine.base_fingerprint, rule)
     path = home() / "known_facts" / f"{key}.json"
-    cached = read_json(path)
+    cached = read_json(path) or shipped_set(key)
     if cached is None and engine.fingerprint != engine.base_fingerprint:
         raise EditscopeError(f"{who}: the known-fact probe set must be chosen on the unedited model, but "
                              "patches are applied")
