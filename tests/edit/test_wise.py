@@ -116,6 +116,65 @@ def test_block_forward_equals_the_full_forward(tiny_bundles):
         assert torch.allclose(BlockForward(engine, batch, start).hidden(), full, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("layer", [1, -1])  # a block follows (from its input on), the last block (from the module)
+def test_shard_training_equals_a_loop_of_full_forwards(tiny, layer):
+    """W'_v trained by ``train_shard`` (each step only what W'_v can change) equals a plain loop: a full forward of
+    the model per step with a hook putting W'_v in the module's place, the target NLL read from the logits, the
+    activation scores written out as norms of output differences, SGD, the shard's mask and the clamp."""
+    from editscope.edit.wise import module_path, train_shard
+
+    engine = ScoringEngine(tiny)
+    n_layers = engine.n_layers
+    hp = wise_hparams(tiny, layers=[layer % n_layers], n_iter=3, lr=0.5)
+    module = tiny.model.get_submodule(module_path(tiny, hp))
+    rows = [("The Eiffel Tower is in", " Rome"), ("Tourists say the Eiffel Tower is in", " Rome city"),
+            ("A cat sat on the", " mat")]
+    n_edit = 2
+    base = module.weight.detach()
+    mask = (torch.rand(base.shape, generator=torch.Generator().manual_seed(0)) < 0.5).float()
+    shard = base.clone()
+    got, got_score, got_loss, got_steps = train_shard(engine, module, hp.layers[0], rows, n_edit, shard, mask, hp)
+
+    transposed = type(module).__name__ == "Conv1D"
+    side = shard.clone().float().requires_grad_(True)
+    optimiser = torch.optim.SGD([side], lr=hp.lr, weight_decay=hp.weight_decay)
+    seen = {}
+
+    def swap(_m, args, out):
+        a = args[0]
+        seen["main"], seen["side"] = out.detach(), (a @ side if transposed else a @ side.T)
+        if getattr(module, "bias", None) is not None:
+            seen["side"] = seen["side"] + module.bias
+        return seen["side"].to(out.dtype)
+
+    losses = []
+    for _ in range(hp.n_iter):
+        loss = 0.0
+        all_scores = []
+        for r, (prompt, target) in enumerate(rows):
+            ctx, cont = engine.encode_pair(prompt, target)
+            handle = module.register_forward_hook(swap)
+            try:
+                lp = tiny.model(torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
+            finally:
+                handle.remove()
+            diff = (seen["side"] - seen["main"])[0, : len(ctx)].float()
+            all_scores.append(diff.norm(dim=-1).mean())
+            if r < n_edit:
+                loss = loss - sum(lp[len(ctx) - 1 + j, t] for j, t in enumerate(cont)) / len(cont) / n_edit
+        score = torch.stack(all_scores)
+        loss = loss + margin_loss(score[:n_edit], score[n_edit:], hp)
+        losses.append(float(loss.detach()))
+        side.grad = torch.autograd.grad(loss, [side])[0] * mask
+        optimiser.step()
+        with torch.no_grad():
+            side.copy_(torch.maximum(torch.minimum(side, base + hp.norm_constraint), base - hp.norm_constraint))
+    assert got_steps == hp.n_iter and got_loss == pytest.approx(losses[-1], rel=1e-4, abs=1e-5)
+    assert torch.allclose(got, side.detach(), atol=1e-5), float((got - side).abs().max())
+    assert not torch.equal(got, base)  # it trained
+
+
 def test_a_wise_edit_routes_as_the_hand_installed_side_weight_and_leaves_the_rest_bit_equal(tiny_bundles, request_a):
     """After one edit: a prompt whose score (computed by hand) reaches ε scores and answers exactly as the model with
     the side weight hand-installed; one below ε gives logits bit-equal to the unedited model; no weight changes."""

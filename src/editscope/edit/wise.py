@@ -51,7 +51,7 @@ from editscope.edit.state import EditState
 from editscope.edit.ties import ties_merge
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
-from editscope.lm.engine import ScoringEngine
+from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.full_forward import select_rows
 from editscope.lm.partial_forward import BlockForward, continuation_nll
 
@@ -269,48 +269,75 @@ def train_shard(engine: ScoringEngine, module: torch.nn.Module, layer: int, rows
                 shard: torch.Tensor, mask: torch.Tensor, hp: WiseHParams) -> tuple[torch.Tensor, float, float, int]:
     """W'_v after training on ``rows`` (the first ``n_edit`` the edit's, the rest irrelevant prompts) with the
     shard's ``mask``: (W'_v, the mean edit score of the last forward, the last loss, steps taken). Each step runs
-    blocks ``layer``.. only (:class:`~editscope.lm.partial_forward.BlockForward`) and the head at the targets."""
+    only what W'_v can change (:class:`_ShardForward`) and the head at the targets."""
     batch = engine.prepare(rows)
     device = engine.bundle.device
     base = module.weight.detach()
-    transposed, bias = type(module).__name__ == "Conv1D", getattr(module, "bias", None)
     act = activation_fn(str(engine.bundle.config.hidden_act)) if hp.distance == "activation" else None
     columns = torch.arange(batch.input_ids.shape[1], device=device)[None, :]
     span = columns < torch.tensor(batch.context_lengths, device=device)[:, None]  # each row's prompt
-    edits = select_rows(batch, range(n_edit))  # the rows whose targets the loss reads
     side = shard.to(device=device, dtype=torch.float32).clone().requires_grad_(True)
     lower, upper = base.float() - hp.norm_constraint, base.float() + hp.norm_constraint
     grad_mask = mask.to(device=device, dtype=torch.float32)
     optimiser = torch.optim.SGD([side], lr=hp.lr, weight_decay=hp.weight_decay)
-    seen: dict[str, torch.Tensor] = {}
-
-    def swap(_module: torch.nn.Module, args: tuple, _output: torch.Tensor) -> torch.Tensor:
-        a = args[0]  # the same every step: only the side weight changes, and it acts after this input
-        if "main" not in seen:
-            seen["main"] = side_outputs(a, base[None], transposed, bias)[0].detach()
-        seen["side"] = side_outputs(a, side[None], transposed, bias)[0]
-        return seen["side"].to(a.dtype)
-
-    forward = BlockForward(engine, batch, layer)
+    forward = _ShardForward(engine, module, layer, batch, n_edit)
     previous, loss_value, edit_score, steps = float("inf"), float("inf"), 0.0, 0
-    handle = module.register_forward_hook(swap)
-    try:
-        for steps in range(1, hp.n_iter + 1):  # noqa: B007 -- the count is returned
-            nll = continuation_nll(engine, edits, forward.hidden()[:n_edit]).mean()
-            score = scores(seen["main"], seen["side"][None], span, act)[0]
-            loss = nll + margin_loss(score[:n_edit], score[n_edit:], hp)
-            loss_value, edit_score = float(loss.detach()), float(score[:n_edit].mean().detach())
-            if abs(loss_value - previous) <= STOP_DELTA and loss_value <= STOP_LOSS:
-                break
-            previous = loss_value
-            # W'_v's gradient alone, masked to the shard: the model's parameters keep no .grad
-            side.grad = torch.autograd.grad(loss, [side])[0] * grad_mask
-            optimiser.step()
-            with torch.no_grad():
-                side.copy_(torch.maximum(torch.minimum(side, upper), lower))
-    finally:
-        handle.remove()
+    for steps in range(1, hp.n_iter + 1):  # noqa: B007 -- the count is returned
+        hidden, main, out = forward.step(side)
+        nll = continuation_nll(engine, forward.edits, hidden).mean()
+        score = scores(main, out[None], span, act)[0]
+        loss = nll + margin_loss(score[:n_edit], score[n_edit:], hp)
+        loss_value, edit_score = float(loss.detach()), float(score[:n_edit].mean().detach())
+        if abs(loss_value - previous) <= STOP_DELTA and loss_value <= STOP_LOSS:
+            break
+        previous = loss_value
+        # W'_v's gradient alone, masked to the shard: the model's parameters keep no .grad
+        side.grad = torch.autograd.grad(loss, [side])[0] * grad_mask
+        optimiser.step()
+        with torch.no_grad():
+            side.copy_(torch.maximum(torch.minimum(side, upper), lower))
     return side.detach(), edit_score, loss_value, steps
+
+
+class _ShardForward:
+    """One training step's forward with the side weight W'_v in place of the module's own: the edit rows' final
+    states and, for every row, the module's output with W_v and with W'_v (what the activation score compares).
+
+    The module's input a is the same every step (the blocks below cannot see W'_v), so it is recorded once. Where
+    the block adds the module's output to the residual stream as it is (no post-MLP norm) and a block follows, W'_v
+    changes block ``layer + 1``'s input by a·(W'_v − W_v)ᵀ alone: each step runs blocks ``layer + 1``.. on the edit
+    rows from that input (:class:`~editscope.lm.partial_forward.BlockForward`); elsewhere blocks ``layer``.. with the
+    module's output swapped by a hook. The irrelevant rows are scored at the module only. Both equal a full forward
+    with the hook to float rounding (``tests/edit/test_wise.py``)."""
+
+    def __init__(self, engine: ScoringEngine, module: torch.nn.Module, layer: int, batch: TokenBatch,
+                 n_edit: int) -> None:
+        self.module, self.base = module, module.weight.detach()
+        self.transposed, self.bias = type(module).__name__ == "Conv1D", getattr(module, "bias", None)
+        self.edits = select_rows(batch, range(n_edit))  # the rows whose targets the loss reads
+        self.additive = engine.arch.mlp_post_norm is None and layer + 1 < engine.n_layers
+        key = f"blocks.{layer}.mlp_key"
+        full = BlockForward(engine, batch, layer + 1 if self.additive else layer, also=[key])
+        self.inputs = full.recorded[key]  # a, every row [B, T, d_in]
+        self.main = side_outputs(self.inputs, self.base[None], self.transposed, self.bias)[0].detach()
+        self.forward = full.select(range(n_edit))
+
+    def step(self, side: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the edit rows' final states [n_edit, T, d], the module's output with W_v and with W'_v [B, T, d_out])."""
+        out = side_outputs(self.inputs, side[None], self.transposed, self.bias)[0]
+        n_edit = self.edits.input_ids.shape[0]
+        if self.additive:
+            shift = (out - self.main)[:n_edit].to(self.forward.entry.dtype)
+            return self.forward.hidden(shift), self.main, out
+
+        def swap(_module: torch.nn.Module, args: tuple, _output: torch.Tensor) -> torch.Tensor:
+            return out[:n_edit].to(args[0].dtype)
+
+        handle = self.module.register_forward_hook(swap)
+        try:
+            return self.forward.hidden(), self.main, out
+        finally:
+            handle.remove()
 
 
 def compute(bundle: Bundle, requests: list[EditRequest], hp: WiseHParams, state: WiseMemory, *,

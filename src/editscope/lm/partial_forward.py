@@ -417,24 +417,30 @@ class BlockForward:
     ``engine.batch_hidden(batch)`` to float rounding (``tests/edit/test_wise.py``). Rows longer than a sliding
     attention window are not special: every position is computed, under the model's own mask."""
 
-    def __init__(self, engine: ScoringEngine, batch: TokenBatch, start: int) -> None:
+    def __init__(self, engine: ScoringEngine, batch: TokenBatch, start: int, also: Sequence[str] = ()) -> None:
         self.engine, self.batch, self.start = engine, batch, int(start)
         entry = f"blocks.{self.start}.resid_pre"
-        _, self.as_tuple, store = _unedited_forward(engine, batch, [entry], None)
+        _, self.as_tuple, store = _unedited_forward(engine, batch, [entry, *also], None)
         self.entry = store[entry]
+        #: the unedited states at the hook points ``also`` names (e.g. a module's input the caller needs too)
+        self.recorded = {name: store[name] for name in also}
 
     def select(self, rows: Sequence[int]) -> BlockForward:
         """The same forward restricted to ``rows`` (in that order), without another unedited forward: what a batched
         optimisation keeps running once some of its rows have stopped."""
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.entry.device)
         out = copy.copy(self)
-        out.batch = select_rows(self.batch, rows)
-        out.entry = self.entry[torch.tensor(list(rows), dtype=torch.long, device=self.entry.device)]
+        out.batch, out.entry = select_rows(self.batch, rows), self.entry[idx]
+        out.recorded = {name: states[idx] for name, states in self.recorded.items()}
         return out
 
-    def hidden(self) -> torch.Tensor:
-        """Final hidden states [B, T, d], differentiable in whatever blocks S..n−1 read."""
+    def hidden(self, shift: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [B, T, d], differentiable in whatever blocks S..n−1 read, and in ``shift`` [B, T, d]
+        added to block S's recorded input when given (a change made below block S, e.g. to block S − 1's MLP
+        output)."""
         model, arch = self.engine.model, self.engine.arch
-        with hooks(model, arch, {f"blocks.{self.start}.resid_pre": lambda _x: self.entry}), \
+        entry = self.entry if shift is None else self.entry + shift
+        with hooks(model, arch, {f"blocks.{self.start}.resid_pre": lambda _x: entry}), \
                 _skip_blocks(model.get_submodule(arch.blocks), self.start, self.as_tuple):
             return self.engine.batch_hidden(self.batch)
 
