@@ -151,10 +151,11 @@ class GraceCodebook(EditState):
         self.labels = self.labels + (label,)
         return self.size - 1
 
-    def set_value(self, index: int, value: torch.Tensor) -> None:
-        values = self.values.clone()
-        values[index] = value.detach().float().cpu()
-        self.values = values
+    def set_values(self, indices: Sequence[int], values: torch.Tensor) -> None:
+        """Entries ``indices`` take ``values`` [len(indices), d_out] (one copy of the codebook's values per call)."""
+        updated = self.values.clone()
+        updated[torch.tensor(list(indices), dtype=torch.long)] = values.detach().float().cpu()
+        self.values = updated
 
 
 def module_path(bundle: Bundle, hp: GraceHParams) -> str:
@@ -220,7 +221,7 @@ def train_values(engine: ScoringEngine, module: torch.nn.Module, layer: int, req
         going = [i for i, loss in enumerate(current) if not loss < hp.stop_loss]
         for i, loss in enumerate(current):
             losses[active[i]] = loss
-            if i not in going:  # stopped: the value as it is now
+            if loss < hp.stop_loss:  # stopped: the value as it is now
                 kept[active[i]], steps[active[i]] = values.detach()[active[i]], step
         if not going:
             break
@@ -301,8 +302,8 @@ def compute(bundle: Bundle, requests: list[EditRequest], hp: GraceHParams, state
     for wave in _waves(entries):
         starts = torch.stack([state.values[entries[r]] for r in wave])
         values, wave_losses, wave_steps = train_values(engine, module, layer, [requests[r] for r in wave], starts, hp)
-        for r, value, loss in zip(wave, values, wave_losses, strict=True):
-            state.set_value(entries[r], value)
+        state.set_values([entries[r] for r in wave], values)  # a wave holds each entry once
+        for r, loss in zip(wave, wave_losses, strict=True):
             losses[r] = loss
         steps += sum(wave_steps)
     info = {"codebook_size": state.size, "entries_new": actions["new"], "entries_expanded": actions["expand"],
