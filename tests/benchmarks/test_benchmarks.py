@@ -125,3 +125,10 @@ def test_gpu_check_lifelong_part_runs_an_editor_that_writes_no_weight(tmp_path):
     assert row["method"] == "retrieval" and row["curve"], row
     point = row["curve"][0]
     assert 0 <= point["ES"] <= 1 and point["NormGrowth"] is None and point["edit_s_last_round"] is not None
+
+
+def test_bench_codebook_places_and_searches_as_the_baseline_does():
+    out = _run("bench_codebook.py", "--sizes", "200", "--place", "20", "--repeats", "1")
+    lines = out.splitlines()  # placements and nearest keys checked equal to the baseline's inside
+    assert [line.split()[0] for line in lines] == ["place", "search"]
+    assert all(float(line.rsplit("ratio ", 1)[1]) > 0 for line in lines)

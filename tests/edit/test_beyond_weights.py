@@ -18,7 +18,7 @@ from editscope.edit.context_edit import ContextEdit, fact_text, render
 from editscope.edit.grace import GraceCodebook
 from editscope.edit.ike import IkeHParams, choose
 from editscope.edit.intervention import load_intervention
-from editscope.edit.memory import MemoryEdit
+from editscope.edit.memory import MemoryEdit, SearchKeys, nearest
 from editscope.edit.retrievers import BM25, words
 from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
@@ -191,6 +191,45 @@ def test_grace_codebook_updates_follow_algorithm_1_by_hand():
     # far from every key (distance 10 > 1 + 1): a new entry with the initial radius
     assert book.place(torch.tensor([10.0, 0.0]), "Paris", 1.0, v) == (2, "new")
     assert book.radii.tolist() == [1.0 - 1e-5, 1.0, 1.0] and book.keys.tolist() == [[0, 0], [0, 2], [10, 0]]
+
+
+def test_nearest_key_equals_a_brute_force_search():
+    torch.manual_seed(0)
+    keys = torch.randn(300, 16) * 5
+    keys[200] = keys[50]  # a tie: the earlier key wins
+    queries = torch.cat([torch.randn(20, 16) * 5, keys[[7, 50, 123]]])
+    for searched in (keys, SearchKeys.of(keys)):
+        dist, index = nearest(queries, searched)
+        for q, d, j in zip(queries.tolist(), dist.tolist(), index.tolist(), strict=True):
+            brute = [math.dist(q, k) for k in keys.tolist()]
+            best = min(range(len(brute)), key=lambda i: (brute[i], i))
+            assert j == best and d == pytest.approx(brute[best], abs=1e-9)
+        assert index[-3:].tolist() == [7, 50, 123] and dist[-3:].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_grace_codebook_rows_held_earlier_never_change_when_forks_append():
+    # keys 100 apart, radius 1: every placement is a new entry; entry i holds key i and value i
+    keys = torch.arange(200, dtype=torch.float32)[:, None] * torch.tensor([100.0, 0.0])
+    book = GraceCodebook()
+    for i in range(100):  # past the first room of 64 rows: a doubling on the way
+        book.place(keys[i], f"y{i}", 1.0, torch.full((3,), float(i)))
+    held, _ = book.state_dict()
+    snapshot = {name: t.clone() for name, t in held.items()}
+    a, b = book.fork(), book.fork()
+    a.place(keys[150], "a", 1.0, torch.full((3,), -1.0))
+    b.place(keys[160], "b", 1.0, torch.full((3,), -2.0))  # must not write over a's row 100
+    book.place(keys[170], "c", 1.0, torch.full((3,), -3.0))
+    for name, t in held.items():
+        assert torch.equal(t, snapshot[name]), name
+    # each codebook is what concatenating its rows one by one gives
+    for twin, extra, value, label in ((a, 150, -1.0, "a"), (b, 160, -2.0, "b"), (book, 170, -3.0, "c")):
+        assert torch.equal(twin.keys, torch.cat([keys[:100], keys[extra][None]]))
+        assert torch.equal(twin.values, torch.cat([torch.arange(100.0)[:, None].expand(100, 3),
+                                                   torch.full((1, 3), value)]))
+        assert twin.radii.tolist() == [1.0] * 101 and twin.labels[-1] == label
+        # the next placement searches the keys it holds: key 150 is new to b and c, an expand on a
+        assert twin.place(keys[150] + torch.tensor([0.5, 0.0]), "a", 1.0, torch.zeros(3))[1] == \
+            ("expand" if twin is a else "new")
 
 
 def test_grace_refuses_a_radius_that_is_not_positive_and_a_layer_the_model_lacks(tiny_bundles):

@@ -37,7 +37,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.hparams import HParams, check_convention
-from editscope.edit.memory import MemoryEdit, nearest
+from editscope.edit.memory import MemoryEdit, SearchKeys, nearest
 from editscope.edit.state import EditState
 from editscope.errors import EditscopeError
 from editscope.lm.bundle import Bundle
@@ -86,14 +86,38 @@ class GraceHParams(HParams):
         return {"convention": self.convention, "replacement": self.where}
 
 
+class _Room:
+    """Spare rows after a tensor's last one, allocated ahead so that appending a row copies nothing. Every codebook
+    forked from one another shares the room; a codebook of n rows writes row n in place only while none has written
+    past n (``filled == n``), so the rows a codebook or an edit holds never change after it got them."""
+
+    def __init__(self, rows: torch.Tensor, capacity: int) -> None:
+        self.buffer = torch.empty((capacity, *rows.shape[1:]), dtype=rows.dtype)
+        self.buffer[:rows.shape[0]] = rows
+        self.filled = int(rows.shape[0])
+
+
+def _appended(rows: torch.Tensor, row: torch.Tensor, room: _Room | None) -> tuple[torch.Tensor, _Room]:
+    """``rows`` with ``row`` after them (a view of ``room``'s buffer), and the room; a new room of twice the rows
+    when this one is full, holds other rows or has been written past them (one copy per doubling)."""
+    n = int(rows.shape[0])
+    if room is None or room.filled != n or n == room.buffer.shape[0] or rows.data_ptr() != room.buffer.data_ptr():
+        room = _Room(rows, capacity=max(64, 2 * (n + 1)))
+    room.buffer[n] = row
+    room.filled = n + 1
+    return room.buffer[:n + 1], room
+
+
 class GraceCodebook(EditState):
     """The codebook: ``keys`` [N, d_in], ``values`` [N, d_out] (float32), ``radii`` [N] (float64), ``labels``;
-    replaced, never written into."""
+    rows are appended into spare room (:class:`_Room`) and otherwise replaced, never written into."""
 
     def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
                  radii: torch.Tensor | None = None, labels: Sequence[str] = ()) -> None:
         self.keys, self.values, self.radii = keys, values, radii
         self.labels: tuple[str, ...] = tuple(labels)
+        self._rooms: tuple[_Room | None, ...] = (None,) * 5  # keys, values, radii, search keys and norms
+        self._search: SearchKeys | None = None  # the keys as nearest() reads them, grown beside the keys
 
     @property
     def size(self) -> int:
@@ -125,7 +149,7 @@ class GraceCodebook(EditState):
         key = key.detach().float().cpu()
         if self.size == 0:
             return self._add(key, label, eps_init, start), "new"
-        dist, index = nearest(key[None], self.keys)
+        dist, index = nearest(key[None], self._search_keys())
         d, j = float(dist[0]), int(index[0])
         radius = float(self.radii[j])
         if d > radius + eps_init:
@@ -139,15 +163,25 @@ class GraceCodebook(EditState):
         self.radii = radii
         return self._add(key, label, d / 2, start), "split"
 
+    def _search_keys(self) -> SearchKeys:
+        if self._search is None or self._search.keys.shape[0] != self.size:
+            self._search = SearchKeys.of(self.keys)
+        return self._search
+
     def _add(self, key: torch.Tensor, label: str, radius: float, value: torch.Tensor) -> int:
-        value = value.detach().float().cpu()[None]
-        rad = torch.tensor([radius], dtype=torch.float64)
+        value = value.detach().float().cpu()
+        rad = torch.tensor(radius, dtype=torch.float64)
         if self.keys is None:
-            self.keys, self.values, self.radii = key[None], value, rad
+            self.keys, self.values, self.radii = key[None].clone(), value[None].clone(), rad[None]
         else:
-            self.keys = torch.cat([self.keys, key[None]])
-            self.values = torch.cat([self.values, value])
-            self.radii = torch.cat([self.radii, rad])
+            search, new = self._search_keys(), SearchKeys.of(key[None])
+            rooms = self._rooms
+            self.keys, k = _appended(self.keys, key, rooms[0])
+            self.values, v = _appended(self.values, value, rooms[1])
+            self.radii, r = _appended(self.radii, rad, rooms[2])
+            keys64, k64 = _appended(search.keys, new.keys[0], rooms[3])
+            norms, n = _appended(search.norms, new.norms[0], rooms[4])
+            self._search, self._rooms = SearchKeys(keys64, norms), (k, v, r, k64, n)
         self.labels = self.labels + (label,)
         return self.size - 1
 
