@@ -398,7 +398,9 @@ def test_grace_batch_edit_equals_editing_one_request_after_another(tiny_bundles,
     for r in requests:
         _, one_by_one = editor.compute_edit(bundle, [r], hp, one_by_one, engine=engine)
     assert batched.labels == one_by_one.labels and batched.size == one_by_one.size < len(requests)
-    assert torch.equal(batched.keys, one_by_one.keys) and torch.equal(batched.radii, one_by_one.radii)
+    # a batch's keys come from one forward of its prompts: equal to one forward each to float rounding
+    assert torch.allclose(batched.keys, one_by_one.keys, rtol=0, atol=1e-5)
+    assert torch.allclose(batched.radii, one_by_one.radii, rtol=0, atol=1e-5)
     assert torch.allclose(batched.values, one_by_one.values, atol=1e-4)
 
 

@@ -321,12 +321,13 @@ def compute(bundle: Bundle, requests: list[EditRequest], hp: GraceHParams, state
     layer = hp.layers[0]
     module = bundle.model.get_submodule(module_path(bundle, hp))
     actions: dict[str, int] = {"new": 0, "expand": 0, "split": 0}
+    # the keys are the projection's input, which no codebook at this projection (the one in force, or what the
+    # earlier requests add) can change: one forward for the batch
+    keys = engine.hidden_states([r.text for r in requests], [layer], kind="mlp_key")[:, 0]
+    with torch.no_grad():
+        owns = module.forward(keys.to(module.weight.dtype))  # forward(): the codebook's hook skipped
     entries = []
-    for request in requests:
-        # the key is the projection's input: a memory at this projection (the codebook in force) cannot change it
-        key = engine.hidden_states([request.text], [layer], kind="mlp_key")[0, 0]
-        with torch.no_grad():
-            own = module.forward(key[None].to(module.weight.dtype))[0]  # forward(): the codebook's hook skipped
+    for request, key, own in zip(requests, keys, owns, strict=True):
         if hp.val_init == "cold":  # the reference's default: uniform in [0, 1), from the edit's seeded stream
             own = torch.rand(own.shape, device=own.device, dtype=own.dtype)
         index, action = state.place(key, request.target_new.strip(), hp.eps_init, own)
