@@ -27,34 +27,20 @@ from editscope.edit.memory import SearchKeys, nearest
 D_KEY, D_VALUE = 1536, 576
 
 
-class BaselineCodebook:
-    """The previous code's placement (Algorithm 1 as :meth:`GraceCodebook.place`), copies and conversions kept."""
+class BaselineCodebook(GraceCodebook):
+    """The previous code's costs under the same Algorithm 1 (:meth:`GraceCodebook.place`): each search converts
+    every key to float64 and calls ``torch.cdist``; each new entry is concatenated onto copies of the codebook."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, radii: torch.Tensor, labels: list[str]) -> None:
-        self.keys, self.values, self.radii, self.labels = keys, values, radii, tuple(labels)
-
-    def place(self, key: torch.Tensor, label: str, eps_init: float, start: torch.Tensor) -> tuple[int, str]:
-        d_all = torch.cdist(key.double()[None][None], self.keys.double()[None])[0]
-        dist, index = d_all.min(dim=1)
-        d, j = float(dist[0]), int(index[0])
-        radius = float(self.radii[j])
-        if d > radius + eps_init:
-            return self._add(key, label, eps_init, start), "new"
-        radii = self.radii.clone()
-        if self.labels[j] == label:
-            radii[j] = max(radius, d)
-            self.radii = radii
-            return j, "expand"
-        radii[j] = d / 2 - 1e-5
-        self.radii = radii
-        return self._add(key, label, d / 2, start), "split"
+    def _nearest(self, key: torch.Tensor) -> tuple[float, int]:
+        dist, index = torch.cdist(key.double()[None][None], self.keys.double()[None])[0].min(dim=1)
+        return float(dist[0]), int(index[0])
 
     def _add(self, key: torch.Tensor, label: str, radius: float, value: torch.Tensor) -> int:
         self.keys = torch.cat([self.keys, key[None]])
         self.values = torch.cat([self.values, value[None]])
         self.radii = torch.cat([self.radii, torch.tensor([radius], dtype=torch.float64)])
         self.labels = self.labels + (label,)
-        return len(self.labels) - 1
+        return self.size - 1
 
 
 def codebook_of(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:

@@ -149,8 +149,7 @@ class GraceCodebook(EditState):
         key = key.detach().float().cpu()
         if self.size == 0:
             return self._add(key, label, eps_init, start), "new"
-        dist, index = nearest(key[None], self._search_keys())
-        d, j = float(dist[0]), int(index[0])
+        d, j = self._nearest(key)
         radius = float(self.radii[j])
         if d > radius + eps_init:
             return self._add(key, label, eps_init, start), "new"
@@ -162,6 +161,11 @@ class GraceCodebook(EditState):
         radii[j] = d / 2 - 1e-5
         self.radii = radii
         return self._add(key, label, d / 2, start), "split"
+
+    def _nearest(self, key: torch.Tensor) -> tuple[float, int]:
+        """(distance, index) of the key nearest ``key``."""
+        dist, index = nearest(key[None], self._search_keys())
+        return float(dist[0]), int(index[0])
 
     def _search_keys(self) -> SearchKeys:
         if self._search is None or self._search.keys.shape[0] != self.size:
