@@ -92,7 +92,7 @@ class _Room:
     past n (``filled == n``), so the rows a codebook or an edit holds never change after it got them."""
 
     def __init__(self, rows: torch.Tensor, capacity: int) -> None:
-        self.buffer = torch.empty((capacity, *rows.shape[1:]), dtype=rows.dtype)
+        self.buffer = torch.empty((capacity, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
         self.buffer[:rows.shape[0]] = rows
         self.filled = int(rows.shape[0])
 
