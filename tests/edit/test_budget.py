@@ -66,7 +66,8 @@ def test_alphaedit_llama3_terms_equal_their_closed_forms(shapes):
     phases = plan.phases()
     edit = B.RUNTIME_HOST + 8_030_261_248 * 2 + n * c + 2 * n * c + n * d * ff * 14 + max(8 * c, _term(plan, "vstar"))
     assert phases["edit"] == edit and plan.peak == edit and plan.peak_phase == "edit"
-    assert phases["load"] == B.RUNTIME_HOST + 8_030_261_248 * 4
+    # the float32 load and its bfloat16 copy are both resident while the copy is made
+    assert phases["load"] == B.RUNTIME_HOST + 8_030_261_248 * 4 + 8_030_261_248 * 2
     assert plan.biggest().name == "projector"
     assert 48 * GiB < plan.peak < 80 * GiB  # over a 48 GB card (AlphaEdit's own tracker ran out there), under 80
 
@@ -391,3 +392,20 @@ def test_each_editor_declares_its_cost_model_and_an_undeclared_one_gets_no_plan(
             plan_edit(shape, "memit_copy", hp)
     finally:
         del EDITORS["memit_copy"]
+
+
+def test_bfloat16_is_advised_only_where_its_own_peak_is_lower(shapes):
+    """On a CPU the bfloat16 load holds the float32 weights and their copy (6 B a parameter): for ROME on Llama-3-8B,
+    whose float32 edit needs little beyond the weights, bfloat16 would raise the peak, so it is not advised; on a
+    GPU the load is the host's and the device's weights halve."""
+    shape = shapes["Meta-Llama-3-8B"]
+    hp, _ = B.plan_hparams("rome", shape, shape.name)
+    n = 8_030_261_248
+    cpu = B.plan_edit(shape, "rome", hp, dtype="float32", device="cpu", available=20 * GiB, stats_cached=True)
+    assert cpu.fits is False and cpu.peak < B.RUNTIME_HOST + 6 * n  # the bfloat16 load phase, by hand
+    assert not any(a.startswith("--dtype bfloat16") for a in cpu.advice)
+    gpu = B.plan_edit(shape, "rome", hp, dtype="float32", device="cuda", available=20 * GiB, stats_cached=True)
+    bf16 = B.plan_edit(shape, "rome", hp, dtype="bfloat16", device="cuda", stats_cached=True)
+    saved = gpu.peak - bf16.peak
+    assert saved >= 2 * n  # at least the weights' two bytes a parameter
+    assert gpu.advice[0] == f"--dtype bfloat16: weights and activations in half the bytes (-{saved / GiB:.1f} GiB)"
