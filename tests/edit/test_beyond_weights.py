@@ -227,9 +227,23 @@ def test_grace_codebook_rows_held_earlier_never_change_when_forks_append():
         assert torch.equal(twin.values, torch.cat([torch.arange(100.0)[:, None].expand(100, 3),
                                                    torch.full((1, 3), value)]))
         assert twin.radii.tolist() == [1.0] * 101 and twin.labels[-1] == label
+        # the search keys grown row by row (and handed to the codebook's memory) are its keys' in float64
+        grown = twin.search_keys()
+        assert torch.equal(grown.keys, twin.keys.double())
+        assert torch.equal(grown.norms, torch.tensor([sum(x * x for x in k) for k in twin.keys.double().tolist()],
+                                                     dtype=torch.float64))
         # the next placement searches the keys it holds: key 150 is new to b and c, an expand on a
         assert twin.place(keys[150] + torch.tensor([0.5, 0.0]), "a", 1.0, torch.zeros(3))[1] == \
             ("expand" if twin is a else "new")
+
+
+def test_a_memory_refuses_search_keys_of_other_keys():
+    keys = torch.randn(4, 8)
+    common = dict(method="grace", hparams={}, fingerprint="f", module="m", values=torch.zeros(4, 3),
+                  radii=torch.ones(4, dtype=torch.float64), labels=("a", "b", "c", "d"))
+    assert MemoryEdit(keys=keys, search_keys=SearchKeys.of(keys), **common).size == 4
+    with pytest.raises(EditscopeError, match=r"grace memory: search keys of shape \(3, 8\) for keys of shape \(4, 8\)"):
+        MemoryEdit(keys=keys, search_keys=SearchKeys.of(keys[:3]), **common)
 
 
 def test_grace_refuses_a_radius_that_is_not_positive_and_a_layer_the_model_lacks(tiny_bundles):

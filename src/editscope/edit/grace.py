@@ -164,10 +164,11 @@ class GraceCodebook(EditState):
 
     def _nearest(self, key: torch.Tensor) -> tuple[float, int]:
         """(distance, index) of the key nearest ``key``."""
-        dist, index = nearest(key[None], self._search_keys())
+        dist, index = nearest(key[None], self.search_keys())
         return float(dist[0]), int(index[0])
 
-    def _search_keys(self) -> SearchKeys:
+    def search_keys(self) -> SearchKeys:
+        """The keys as :func:`nearest` searches them (float64, with their squared norms), grown with the keys."""
         if self._search is None or self._search.keys.shape[0] != self.size:
             self._search = SearchKeys.of(self.keys)
         return self._search
@@ -178,7 +179,7 @@ class GraceCodebook(EditState):
         if self.keys is None:
             self.keys, self.values, self.radii = key[None].clone(), value[None].clone(), rad[None]
         else:
-            search, new = self._search_keys(), SearchKeys.of(key[None])
+            search, new = self.search_keys(), SearchKeys.of(key[None])
             rooms = self._rooms
             self.keys, k = _appended(self.keys, key, rooms[0])
             self.values, v = _appended(self.values, value, rooms[1])
@@ -211,6 +212,7 @@ def edit_of(bundle: Bundle, requests: Sequence[EditRequest], hp: GraceHParams, b
                       values=torch.zeros(0, d_out) if empty else book.values,  # host
                       radii=torch.zeros(0, dtype=torch.float64) if empty else book.radii,  # host
                       labels=book.labels, model_name=bundle.name,
+                      search_keys=None if empty else book.search_keys(),  # the codebook grew them beside its keys
                       requests=[dict(prompt=r.prompt, subject=r.subject, target_new=r.target_new,
                                      target_true=r.target_true) for r in requests])
 

@@ -133,6 +133,9 @@ class MemoryEdit(ModuleMemory):
     radii: torch.Tensor
     labels: tuple[str, ...] = ()
     replacement: str = "answer"
+    #: ``keys`` as :func:`nearest` searches them, when whoever built the memory holds them already (a GRACE codebook
+    #: does); None: computed once on install. Derived from ``keys``, so never saved.
+    search_keys: SearchKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.keys.shape[0]
@@ -141,6 +144,9 @@ class MemoryEdit(ModuleMemory):
         if self.values.shape[0] != n or self.radii.shape[0] != n or len(self.labels) != n:
             raise EditscopeError(f"{self.method} memory: {n} keys, {self.values.shape[0]} values, "
                                  f"{self.radii.shape[0]} radii, {len(self.labels)} labels (one of each per entry)")
+        if self.search_keys is not None and self.search_keys.keys.shape != self.keys.shape:
+            raise EditscopeError(f"{self.method} memory: search keys of shape {tuple(self.search_keys.keys.shape)} "
+                                 f"for keys of shape {tuple(self.keys.shape)}")
 
     @property
     def size(self) -> int:
@@ -148,7 +154,7 @@ class MemoryEdit(ModuleMemory):
 
     def _hook(self, target: Bundle, module: torch.nn.Module) -> Callable[..., torch.Tensor]:
         owner = id(self)
-        keys = SearchKeys.of(self.keys)  # once per install, not once per forward
+        keys = SearchKeys.of(self.keys) if self.search_keys is None else self.search_keys  # once per install
 
         def hook(_module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             return govern(args[0], output, target.read, keys, self.values, self.radii, owner, self.replacement)
