@@ -373,7 +373,8 @@ def test_a_method_without_hparams_costs_its_own_plan_only(tmp_path, capsys, monk
 
 def test_each_editor_declares_its_cost_model_and_an_undeclared_one_gets_no_plan(shapes):
     """``plan`` asks the editor (``Editor.cost``): every declared model exists, the MEMIT family shares MEMIT's, the
-    memory and context editors declare none, and an editor registered without one gets "no plan", never another's."""
+    memory editors their own, the context editors one, and an editor registered without one gets "no plan", never
+    another's."""
     from dataclasses import replace
 
     from editscope.edit.budget import COST_MODELS, NoPlan, plan_edit
@@ -382,7 +383,9 @@ def test_each_editor_declares_its_cost_model_and_an_undeclared_one_gets_no_plan(
     costs = {name: EDITORS[name].cost for name in EDITORS.names()}
     assert {c for c in costs.values() if c is not None} == set(COST_MODELS)
     assert costs["prune"] == costs["rect"] == "memit" and costs["evk_edit"] == "alphaedit"
-    assert {n for n, c in costs.items() if c is None} == {"grace", "wise", "prompt", "ike", "retrieval"}
+    assert costs["grace"] == "grace" and costs["wise"] == "wise"
+    assert costs["prompt"] == costs["ike"] == costs["retrieval"] == "context"
+    assert {n for n, c in costs.items() if c is None} == set()
     shape = shapes["Meta-Llama-3-8B"]
     hp, _ = B.plan_hparams("memit", shape, shape.name)
     assert plan_edit(shape, "memit", hp).peak > 0
@@ -409,3 +412,38 @@ def test_bfloat16_is_advised_only_where_its_own_peak_is_lower(shapes):
     saved = gpu.peak - bf16.peak
     assert saved >= 2 * n  # at least the weights' two bytes a parameter
     assert gpu.advice[0] == f"--dtype bfloat16: weights and activations in half the bytes (-{saved / GiB:.1f} GiB)"
+
+
+def test_memory_and_context_editors_terms_equal_their_closed_forms(shapes):
+    """GRACE: a codebook of one entry per request (float32 key of width d_ff with its float64 copy and norm, float32
+    value of width d, float64 radius) in rooms up to twice the rows, the value rows through the blocks from its
+    layer on; WISE: the side memories in force after the requests (saved every save_freq, merged every merge_freq),
+    stacked in the edit, and one edit's training copies; a context editor: the weights alone. Llama-3-8B numbers."""
+    shape = shapes["Meta-Llama-3-8B"]
+    d, ff, n_layers, vocab = 4096, 14336, 32, 128256
+    hp, _ = B.plan_hparams("grace", shape, shape.name, overrides={"layers": [27]})
+    plan = B.plan_edit(shape, "grace", hp, dtype="bfloat16", requests=1000)
+    assert _term(plan, "codebook") == 2 * 1000 * (ff * 4 + ff * 8 + 8 + d * 4 + 8)
+    per_token = 6 * d + 3 * ff + 2 * 32 * 15  # ACT_D d + 3 d_ff (gated) + attention over 15 tokens
+    assert _term(plan, "vstar") == 1000 * 15 * (n_layers - 27) * per_token * 2 + 1000 * 3 * vocab * 12
+    assert not any(t.name in ("patch", "C", "statistics") for t in plan.terms)  # no weight written, no statistics
+    assert plan.phases()["edit"] == B.RUNTIME_HOST + 8_030_261_248 * 2 + _term(plan, "codebook") + _term(plan, "vstar")
+
+    weight = d * ff
+    for n, memories, mask in ((1, 1, 1), (500, 1, 0), (999, 2, 1), (1000, 1, 0), (2500, 2, 0)):
+        # after n edits (save 500, merge 1,000): 999 = one saved shard + the current; 1,000 = the merged memory;
+        # 2,500 = the merged memory and one saved shard, no current shard
+        hp, _ = B.plan_hparams("wise", shape, shape.name, overrides={"layers": [27]})
+        plan = B.plan_edit(shape, "wise", hp, dtype="bfloat16", requests=n)
+        assert _term(plan, "side memory") == memories * weight * 8 + mask * weight, n
+        assert _term(plan, "optimizer") == 5 * weight * 4
+    retrieve = B.plan_edit(shape, "wise", hp.replace(retrieve=True), dtype="bfloat16", requests=2500)
+    assert _term(retrieve, "side memory") == 3 * weight * 8  # two merges kept apart, one saved shard
+    rows, width = 11, 10 + 15  # "{}" and ten prefixes of context_templates [[5, 5], [10, 5]]; the widest row
+    assert _term(plan, "vstar") == (12 * width * (ff + 2 * d) * 4 + rows * width * 4 * (6 * d + 3 * ff + 2 * 32 * width)
+                                    * 2 + rows * 3 * vocab * 12)
+
+    for method in ("prompt", "ike", "retrieval"):
+        hp, _ = B.plan_hparams(method, shape, shape.name)
+        plan = B.plan_edit(shape, method, hp, dtype="bfloat16")
+        assert [t.name for t in plan.terms] == ["runtime", "weights", "load"] and plan.flops == {}

@@ -91,7 +91,7 @@ def test_score_json_holds_the_rank(capsys):
 
 def test_memory_and_context_edits_through_edit_patch_info_and_plan(tiny_bundles, tmp_path, capsys):
     """`editscope edit --save-patch` writes a memory or context edit; `patch info` describes it (no ΔW), `patch apply`
-    refuses it in one line (no weight to write), and `plan` says it has no plan for such an editor."""
+    refuses it in one line (no weight to write), and `plan` plans a memory and a context editor."""
     small = {"wise": ["--set", "n_iter=3", "irrelevant_pool=counterfact-train-sample", "context_templates=[[5,1]]"]}
     for method, kind in (("prompt", "context"), ("grace", "memory"), ("wise", "memory")):
         path = tmp_path / f"{method}.safetensors"
@@ -114,6 +114,6 @@ def test_memory_and_context_edits_through_edit_patch_info_and_plan(tiny_bundles,
         assert main(["patch", "apply", str(path), "--model", "tiny-llama", "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err
         assert f"a {kind} edit ({method}) writes no weight" in err and len(err.strip().splitlines()) == 1
-    assert main(["plan", "--model", "tiny-llama", "--method", "grace", "--method", "rome"]) == 0
-    assert ("no plan for grace: the editor declares no cost model (Editor.cost), so editscope has no memory model of "
-            "its memory edit") in capsys.readouterr().err
+    assert main(["plan", "--model", "tiny-llama", "--method", "grace", "--method", "ike"]) == 0
+    out = capsys.readouterr().out
+    assert "grace on layers 0 " in out and "\ncodebook " in out and "ike on no layer " in out

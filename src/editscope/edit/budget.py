@@ -40,7 +40,14 @@ model built on PyTorch's meta device) and an editor's hyperparameters. Memory is
 ``mend``
     MEND's editor networks (float32 low-rank MLPs, float64 normalisers) and the edited weights' gradients.
 ``optimizer``
-    FT: gradient, Adam's two moments and the pre-edit copy of each trained weight.
+    FT: gradient, Adam's two moments and the pre-edit copy of each trained weight; WISE: W'_v, its gradient, the
+    gradient mask and two bounds.
+``codebook``
+    GRACE: one entry per request (key, its float64 search copy and norm, value, radius), in rooms up to twice the
+    rows (:func:`_grace`).
+``side memory``
+    WISE: the memories in force after the plan's requests from an empty memory, held and stacked in the edit
+    (:func:`_wise`). Context editors (PROMPT, IKE, retrieval) add no term: an edit stores text.
 
 The peak is the largest of three phases that do not overlap: load (runtime + load, and the weights in another
 dtype), statistics (runtime + weights + statistics) and edit (runtime + weights + C + projector + the larger of the
@@ -734,9 +741,72 @@ def _mend(edit: _Edit, terms: list[Term], flops: dict) -> None:
     _patch(edit, terms)
 
 
+def _grace(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    """GRACE (Hartvigsen et al. 2023, Algorithm 1): a codebook of at most one entry per request (float32 key of
+    width d_ff and its float64 search copy with its squared norm, float32 value of width d, float64 radius), in
+    rooms up to twice the rows; each value trained on its prompt and target through the blocks from its layer on,
+    the head at the target positions only. No weight is written (no patch)."""
+    shape, n = edit.shape, edit.requests
+    row = shape.mlp * (4 + 8) + 8 + shape.hidden * 4 + 8
+    terms.append(Term("codebook", 2 * n * row, "edit", "host",
+                      f"{n} entries x (key d_ff x (4 + 8) B + norm + value d x 4 B + radius) x 2 (spare room)"))
+    tokens = n * (PROMPT_TOKENS + TARGET_TOKENS)
+    act = tokens * edit.after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * edit.b
+    terms.append(Term("vstar", act + n * TARGET_TOKENS * shape.vocab * 4 * 3, "edit", "device",
+                      f"{n} request row(s) through {edit.after} blocks + float32 logits x 3 at the targets"))
+    steps = int(getattr(edit.hp, "n_iter", 100))  # at most: a value stops once its loss is below stop_loss
+    flops["keys forward"] = n * PROMPT_TOKENS * 2.0 * shape.block_params * (edit.layers[0] + 1)
+    flops["value training (at most n_iter steps)"] = steps * (tokens * 4.0 * shape.block_params * edit.after
+                                                              + n * TARGET_TOKENS * 4.0 * shape.hidden * shape.vocab)
+
+
+def _wise(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    """WISE (Wang et al. 2024, §2.3): the side memories in force after ``requests`` edits from an empty memory
+    (shards saved every ``save_freq`` edits, merged every ``merge_freq``; the current shard and its mask) and the
+    edit's stacked copy of them; one edit's training (W'_v, its gradient, gradient mask and bounds: 5 float32 d x
+    d_ff) on the edit's rows (one per context template) and one irrelevant row: the module's inputs and outputs
+    recorded for every row, the edit rows through the blocks after the layer, the head at the targets."""
+    shape, hp, n = edit.shape, edit.hp, edit.requests
+    weight = shape.hidden * shape.mlp
+    save, merge = int(getattr(hp, "save_freq", 500)), int(getattr(hp, "merge_freq", 1000))
+    merged = 1 if n >= merge else 0
+    if bool(getattr(hp, "retrieve", False)):  # each merge stays its own memory
+        saved, merged = n // save - (n // merge) * (merge // save) + n // merge, 0
+    else:
+        saved = n // save - (n // merge) * (merge // save)
+    current = 1 if n % save else 0
+    memories = saved + merged + current
+    terms.append(Term("side memory", memories * weight * 4 * 2 + current * weight, "edit", "host",
+                      f"{memories} side memor(ies) x d x d_ff x 4 B, held and stacked in the edit, + the shard's "
+                      "mask (1 B)"))
+    terms.append(Term("optimizer", 5 * weight * 4, "edit", "device",
+                      "W'_v, its gradient, the gradient mask and two bounds: 5 x d x d_ff x 4 B"))
+    specs = getattr(hp, "context_templates", None) or [[5, 5], [10, 5]]
+    edit_rows = 1 + sum(int(k) for _, k in specs)
+    width = max(int(t) for t, _ in specs) + PROMPT_TOKENS + TARGET_TOKENS
+    tokens = edit_rows * width
+    after = edit.after - 1  # the blocks after the side memory's
+    recorded = (edit_rows + 1) * width * (shape.mlp + 2 * shape.hidden) * 4
+    act = tokens * after * _act_per_token_layer(shape, width) * edit.b
+    terms.append(Term("vstar", recorded + act + edit_rows * TARGET_TOKENS * shape.vocab * 4 * 3, "edit", "device",
+                      f"{edit_rows} edit rows of {width} tokens through {after} blocks, the module's input and "
+                      "outputs for every row, float32 logits x 3 at the targets"))
+    steps = int(getattr(hp, "n_iter", 70))
+    flops["side memory training (at most n_iter steps)"] = n * steps * (
+        tokens * 4.0 * shape.block_params * after + (edit_rows + 1) * width * 4.0 * weight
+        + edit_rows * TARGET_TOKENS * 4.0 * shape.hidden * shape.vocab)
+    flops["keys forward"] = n * (edit_rows + 1) * width * 2.0 * shape.block_params * (edit.layers[0] + 1)
+
+
+def _context(edit: _Edit, terms: list[Term], flops: dict) -> None:
+    """PROMPT, IKE, retrieval: an edit stores text; nothing beyond the runtime and the weights. Their cost is in
+    scoring (longer prompts), which no plan counts."""
+
+
 #: the editor-specific memory terms and FLOPs of each cost model an editor may declare (``Editor.cost``)
 COST_MODELS = {"rome": _vstar_editor("rome"), "memit": _vstar_editor("memit"), "alphaedit": _vstar_editor("alphaedit"),
-                "ultraedit": _ultraedit, "ft": _ft, "kn": _kn, "mend": _mend}
+                "ultraedit": _ultraedit, "ft": _ft, "kn": _kn, "mend": _mend, "grace": _grace, "wise": _wise,
+                "context": _context}
 
 
 def _float32_stats_saving(plan: Plan, hp) -> int:
@@ -878,9 +948,11 @@ def render(plan: Plan) -> str:
     lines = [f"{m.name}: {m.model_type} ({'editscope family ' + m.family if m.family else 'no editscope family'}), "
              f"{m.n_params / 1e9:.2f}B parameters, {m.n_layers} layers, hidden {m.hidden}, MLP {m.mlp}, "
              f"vocab {m.vocab}",
-             f"{plan.method} on layers {_span(plan.layers)} ({plan.hparams_note}); {plan.requests} request(s), "
-             f"vstar_batch {plan.vstar_batch or 'auto'}; {plan.dtype} on {plan.device}; statistics "
-             f"{'cached' if plan.stats_cached else 'computed'}"]
+             f"{plan.method} {f'on layers {_span(plan.layers)}' if plan.layers else 'on no layer'} "
+             f"({plan.hparams_note}); {plan.requests} request(s), vstar_batch {plan.vstar_batch or 'auto'}; "
+             f"{plan.dtype} on {plan.device}"
+             + ("; statistics cached" if plan.stats_cached else "; statistics computed"
+                if any(t.name == "statistics" for t in plan.terms) else "")]
     lines += [f"note: {n}" for n in plan.notes]
     lines.append("")
     lines.append(f"{'term':<11} {'phase':<19} {'where':<6} {'size':>12}  how")

@@ -379,17 +379,21 @@ for _editor in (
            state_class=ultraedit.UltraEditState, cost="ultraedit"),
     # a memory editor: a codebook beside one layer; the codebook is the sequential state
     Editor("grace", "GRACE", grace.GraceHParams, grace.compute, optimises=False, writes="",
-           state_class=grace.GraceCodebook, kind="memory", reinstate=lambda b, hp, s: grace.edit_of(b, [], hp, s)),
+           state_class=grace.GraceCodebook, kind="memory", reinstate=lambda b, hp, s: grace.edit_of(b, [], hp, s),
+           cost="grace"),
     # a memory editor: side copies of one layer's weight and a router; the side memories are the sequential state
     Editor("wise", "WISE", wise.WiseHParams, wise.compute, optimises=False, writes="",
-           state_class=wise.WiseMemory, kind="memory", reinstate=lambda b, hp, s: wise.edit_of(b, [], hp, s)),
+           state_class=wise.WiseMemory, kind="memory", reinstate=lambda b, hp, s: wise.edit_of(b, [], hp, s),
+           cost="wise"),
     # context editors: the facts live in the text before each prompt; the store is the sequential state
     Editor("prompt", "PROMPT", prompt.PromptHParams, prompt.compute, optimises=False, writes="",
-           state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: prompt.edit_of(b, [], hp, s)),
+           state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: prompt.edit_of(b, [], hp, s),
+           cost="context"),
     Editor("ike", "IKE", ike.IkeHParams, ike.compute, optimises=False, writes="", state_class=ContextStore,
-           kind="context", reinstate=lambda b, hp, s: ike.edit_of(b, [], hp, s)),
+           kind="context", reinstate=lambda b, hp, s: ike.edit_of(b, [], hp, s), cost="context"),
     Editor("retrieval", "Retrieval", retrieval.RetrievalHParams, retrieval.compute, optimises=False, writes="",
-           state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: retrieval.edit_of(b, [], hp, s)),
+           state_class=ContextStore, kind="context", reinstate=lambda b, hp, s: retrieval.edit_of(b, [], hp, s),
+           cost="context"),
 ):
     register_editor(_editor)
 
