@@ -282,6 +282,13 @@ def test_run_config_modes_set_the_requests_per_edit(tmp_path):
     cfg.write_text(base + "runtime: {vstar_batch: 8}\n")  # single mode: a window of 8 cases' v* optimised together
     (plan,) = plans_for_config(load_config(cfg), dtype="bfloat16", available=100 * GiB)
     assert (plan.requests, plan.dtype) == (8, "bfloat16")
+    assert plan.held == 0
+    # a chain's last edit: a memory editor's state holds the group's earlier edits (3 rounds of 10: 20 held)
+    cfg = _run_config(tmp_path, CONFIGS / "gpt2-xl", "grace", "float32")
+    cfg.write_text(cfg.read_text() + "mode: {sequential_batches: {batch: 10, rounds: 3}}\n")
+    (plan,) = plans_for_config(load_config(cfg), available=100 * GiB)
+    assert (plan.requests, plan.held) == (10, 20)
+    assert _term(plan, "codebook") == 2 * 30 * (6400 * 12 + 8 + 1600 * 4 + 8)  # GPT-2 XL: d 1,600, d_ff 6,400
 
 
 @pytest.mark.parametrize(("change", "needle"), [
@@ -437,6 +444,10 @@ def test_memory_and_context_editors_terms_equal_their_closed_forms(shapes):
         plan = B.plan_edit(shape, "wise", hp, dtype="bfloat16", requests=n)
         assert _term(plan, "side memory") == memories * weight * 8 + mask * weight, n
         assert _term(plan, "optimizer") == 5 * weight * 4
+    held = B.plan_edit(shape, "wise", hp, dtype="bfloat16", requests=1, held=2499)  # the 2,500th edit
+    assert _term(held, "side memory") == _term(plan, "side memory") and held.held == 2499
+    assert held.flops["side memory training (at most n_iter steps)"] * 2500 == pytest.approx(
+        plan.flops["side memory training (at most n_iter steps)"])  # the training is the one edit's
     retrieve = B.plan_edit(shape, "wise", hp.replace(retrieve=True), dtype="bfloat16", requests=2500)
     assert _term(retrieve, "side memory") == 3 * weight * 8  # two merges kept apart, one saved shard
     rows, width = 11, 10 + 15  # "{}" and ten prefixes of context_templates [[5, 5], [10, 5]]; the widest row

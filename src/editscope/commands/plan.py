@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default=None, help="cpu | cuda | cuda:N | auto (default auto)")
     parser.add_argument("--requests", type=option(int, "[1, 1000000]"), default=1, metavar="N",
                         help="requests edited together (a MEMIT-family batch; default 1)")
+    parser.add_argument("--held", type=option(int, "[0, 100000000]"), default=0, metavar="N",
+                        help="edits already in a memory editor's state before this edit (GRACE's codebook, WISE's "
+                             "side memories grow with them; default 0)")
     parser.add_argument("--vstar-batch", default=None, metavar="auto|N",
                         help="requests per batched v*/z forward (default $EDITSCOPE_VSTAR_BATCH, else auto)")
     parser.add_argument("--stats-cached", action="store_true",
@@ -107,6 +110,7 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
             continue
         try:
             plans.append(plan_edit(shape, method, hp, dtype=dtype, device=device, requests=args.requests,
+                                   held=args.held,
                                    vstar_batch=settings.vstar_batch,
                                    stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
                                    hparams_note=note, available=available, host_available=host))

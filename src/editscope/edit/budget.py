@@ -405,6 +405,7 @@ class Plan:
     layers: list[int]
     terms: list[Term]
     editable: bool
+    held: int = 0  # edits already in the editor's state (a memory editor's codebook or memories)
     notes: list[str] = field(default_factory=list)
     available: int | None = None
     host_available: int | None = None
@@ -477,7 +478,8 @@ class Plan:
         secs = self.seconds()
         return {
             "model": self.model.to_dict(), "method": self.method, "dtype": self.dtype, "device": self.device,
-            "requests": self.requests, "vstar_batch": self.vstar_batch or "auto", "stats_cached": self.stats_cached,
+            "requests": self.requests, "held": self.held, "vstar_batch": self.vstar_batch or "auto",
+            "stats_cached": self.stats_cached,
             "hparams": self.hparams_note, "layers": self.layers, "editable": self.editable, "notes": self.notes,
             "terms": [asdict(t) for t in self.terms], "phases": self.phases("device"),
             "host_phases": self.phases("host") if self.on_cuda else None,
@@ -525,6 +527,7 @@ class _Edit:
     per_request: int
     suffix: int
     width: int
+    held: int = 0  # edits already in the editor's sequential state
 
     @property
     def targets(self) -> list[tuple[int, str]]:
@@ -554,15 +557,18 @@ class NoPlan(EditscopeError):
 def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", device: str = "cpu", requests: int = 1,
               vstar_batch: int | None = None, stats_cached: bool = False, hparams_note: str = "",
               rates: Rates | None = None, available: int | None = None,
-              host_available: int | None = None) -> Plan:
+              host_available: int | None = None, held: int = 0) -> Plan:
     """The predicted memory terms and FLOPs of one edit of ``requests`` requests with ``method`` and ``hp`` (see the
-    module docstring for every term). ``stats_cached``: C is on disk already (no statistics pass)."""
+    module docstring for every term). ``stats_cached``: C is on disk already (no statistics pass). ``held``: edits
+    already in the editor's sequential state (a memory editor's codebook or side memories grow with them)."""
     from editscope.edit.registry import get_editor
 
     if dtype not in DTYPE_BYTES or dtype == "float64":
         raise EditscopeError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     if requests < 1:
         raise EditscopeError(f"requests must be >= 1, got {requests}")
+    if held < 0:
+        raise EditscopeError(f"held must be >= 0, got {held}")
     editor = get_editor(method)
     kind = editor.cost  # the editor declares its cost model; never another editor's plan
     if kind is None:
@@ -573,7 +579,7 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     b = DTYPE_BYTES[dtype]
     group, per_request, suffix, width = vstar_tokens(hp, requests, vstar_batch)
     edit = _Edit(shape, method, hp, b, requests, sorted(hp.layers), editor.stats_dtype(hp), group, per_request,
-                 suffix, width)
+                 suffix, width, held)
     terms: list[Term] = [
         Term("runtime", RUNTIME_HOST, "all", "host", "Python, libraries, tokenizer, kernels (measured)"),
         # converted from float32, the weights are made while the float32 load is still resident (module docstring)
@@ -592,7 +598,7 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     plan = Plan(model=shape, method=method, dtype=dtype, device=str(device), requests=requests,
                 vstar_batch=vstar_batch, stats_cached=stats_cached, hparams_note=hparams_note, layers=edit.layers,
                 terms=terms, editable=editable, notes=notes, available=available, host_available=host_available,
-                flops=flops, rates=rates, batch_tokens=group * suffix)
+                flops=flops, rates=rates, batch_tokens=group * suffix, held=held)
     plan.advice = advice(plan, hp)
     return plan
 
@@ -747,9 +753,9 @@ def _grace(edit: _Edit, terms: list[Term], flops: dict) -> None:
     rooms up to twice the rows; each value trained on its prompt and target through the blocks from its layer on,
     the head at the target positions only. No weight is written (no patch)."""
     shape, n = edit.shape, edit.requests
-    row = shape.mlp * (4 + 8) + 8 + shape.hidden * 4 + 8
-    terms.append(Term("codebook", 2 * n * row, "edit", "host",
-                      f"{n} entries x (key d_ff x (4 + 8) B + norm + value d x 4 B + radius) x 2 (spare room)"))
+    row, entries = shape.mlp * (4 + 8) + 8 + shape.hidden * 4 + 8, edit.held + n
+    terms.append(Term("codebook", 2 * entries * row, "edit", "host",
+                      f"{entries} entries x (key d_ff x (4 + 8) B + norm + value d x 4 B + radius) x 2 (spare room)"))
     tokens = n * (PROMPT_TOKENS + TARGET_TOKENS)
     act = tokens * edit.after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * edit.b
     terms.append(Term("vstar", act + n * TARGET_TOKENS * shape.vocab * 4 * 3, "edit", "device",
@@ -766,7 +772,7 @@ def _wise(edit: _Edit, terms: list[Term], flops: dict) -> None:
     edit's stacked copy of them; one edit's training (W'_v, its gradient, gradient mask and bounds: 5 float32 d x
     d_ff) on the edit's rows (one per context template) and one irrelevant row: the module's inputs and outputs
     recorded for every row, the edit rows through the blocks after the layer, the head at the targets."""
-    shape, hp, n = edit.shape, edit.hp, edit.requests
+    shape, hp, n = edit.shape, edit.hp, edit.held + edit.requests  # n: the edits in the memory after this one
     weight = shape.hidden * shape.mlp
     save, merge = int(getattr(hp, "save_freq", 500)), int(getattr(hp, "merge_freq", 1000))
     merged = 1 if n >= merge else 0
@@ -792,10 +798,10 @@ def _wise(edit: _Edit, terms: list[Term], flops: dict) -> None:
                       f"{edit_rows} edit rows of {width} tokens through {after} blocks, the module's input and "
                       "outputs for every row, float32 logits x 3 at the targets"))
     steps = int(getattr(hp, "n_iter", 70))
-    flops["side memory training (at most n_iter steps)"] = n * steps * (
+    flops["side memory training (at most n_iter steps)"] = edit.requests * steps * (
         tokens * 4.0 * shape.block_params * after + (edit_rows + 1) * width * 4.0 * weight
         + edit_rows * TARGET_TOKENS * 4.0 * shape.hidden * shape.vocab)
-    flops["keys forward"] = n * (edit_rows + 1) * width * 2.0 * shape.block_params * (edit.layers[0] + 1)
+    flops["keys forward"] = edit.requests * (edit_rows + 1) * width * 2.0 * shape.block_params * (edit.layers[0] + 1)
 
 
 def _context(edit: _Edit, terms: list[Term], flops: dict) -> None:
@@ -830,7 +836,7 @@ def advice(plan: Plan, hp) -> list[str]:
     gb = lambda n: f"{n / GiB:.1f} GiB"  # noqa: E731
     if plan.dtype == "float32":  # the bfloat16 plan's own peak: on a CPU its load holds both copies, often more
         half = plan_edit(plan.model, plan.method, hp, dtype="bfloat16", device=plan.device, requests=plan.requests,
-                         vstar_batch=plan.vstar_batch, stats_cached=plan.stats_cached)
+                         vstar_batch=plan.vstar_batch, stats_cached=plan.stats_cached, held=plan.held)
         if (saved := plan.peak - half.peak) > 0:
             out.append(f"--dtype bfloat16: weights and activations in half the bytes (-{gb(saved)})")
     vstar = next((t for t in plan.terms if t.name == "vstar" and t.during("edit")), None)
@@ -949,7 +955,8 @@ def render(plan: Plan) -> str:
              f"{m.n_params / 1e9:.2f}B parameters, {m.n_layers} layers, hidden {m.hidden}, MLP {m.mlp}, "
              f"vocab {m.vocab}",
              f"{plan.method} {f'on layers {_span(plan.layers)}' if plan.layers else 'on no layer'} "
-             f"({plan.hparams_note}); {plan.requests} request(s), vstar_batch {plan.vstar_batch or 'auto'}; "
+             f"({plan.hparams_note}); {plan.requests} request(s)"
+             f"{f' after {plan.held} held' if plan.held else ''}, vstar_batch {plan.vstar_batch or 'auto'}; "
              f"{plan.dtype} on {plan.device}"
              + ("; statistics cached" if plan.stats_cached else "; statistics computed"
                 if any(t.name == "statistics" for t in plan.terms) else "")]

@@ -57,11 +57,13 @@ def plans_for_config(config, *, device: str | None = None, dtype: str | None = N
         requests = _requests_per_edit(config)
         if config.mode.alone and settings.vstar_batch:  # a window of N cases optimised together
             requests = settings.vstar_batch
+        # a chain's last edit: a memory editor's state then holds every earlier edit of the group
+        held = max(0, config.mode.group_size - requests) if not config.mode.alone else 0
         try:
             plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
                                    vstar_batch=settings.vstar_batch,
                                    stats_cached=stats_cached(config.model, hp, dtype), hparams_note=note,
-                                   available=available, host_available=host_available))
+                                   available=available, host_available=host_available, held=held))
         except NoPlan:  # a method with no memory model is not checked (never with another method's plan)
             continue
     return plans
