@@ -24,8 +24,10 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ScoringEngine
 
 NON_WEIGHT = sorted(n for n, e in EDITORS.items() if e.kind != "weights")
-SMALL = {"ike": {"pool": "counterfact-train-sample", "k": 4}, "grace": {"n_iter": 5},
-         "wise": {"n_iter": 5, "context_templates": [[5, 1]], "irrelevant_pool": "counterfact-train-sample"}}
+# the memories at block 0 of the 4-block tiny models: every later block runs on what they write
+SMALL = {"ike": {"pool": "counterfact-train-sample", "k": 4}, "grace": {"n_iter": 5, "layers": [0]},
+         "wise": {"n_iter": 5, "context_templates": [[5, 1]], "irrelevant_pool": "counterfact-train-sample",
+                  "layers": [0]}}
 
 
 def weights(model) -> dict[str, str]:

@@ -147,12 +147,13 @@ def test_every_paper_model_file_validates_within_depth():
 
 
 def test_every_editor_declares_its_layer_rule_on_its_hparams_class():
-    """The rule lives with the editor: the ROME-like single-layer editors, the MEMIT family's window, none for KN,
+    """The rule lives with the editor: the ROME-like single-layer editors, the MEMIT family's window, the memory
+    editors' own published layer, none for KN,
     MEND, UltraEdit and the layerless context editors (which need no layers)."""
     from editscope.edit.registry import EDITORS
 
     rules = {name: EDITORS[name].hparams_class.LAYER_RULE for name in EDITORS.names()}
-    assert rules == {"rome": "single", "ft": "single", "grace": "single", "wise": "single", "memit": "window",
+    assert rules == {"rome": "single", "ft": "single", "grace": "own", "wise": "own", "memit": "window",
                      "prune": "window", "rect": "window", "alphaedit": "window", "evk_edit": "window", "kn": None,
                      "mend": None, "ultraedit": None, "prompt": None, "ike": None, "retrieval": None}
 
@@ -167,3 +168,22 @@ def test_tiny_models_share_one_file_per_method_unless_they_have_their_own():
     assert own.adaptive_threshold == 0.1
     assert shipped_hparams_path("rome", "tinyllama-1.1b") is None
     assert shipped_hparams_path("grace", "tiny-llama") is None
+
+
+def test_memory_editors_derive_their_own_published_late_layer():
+    """GRACE and WISE follow their own published layer (EasyEdit's configs: both 27 of 32 on LLaMA-2-7B; on GPT-J
+    GRACE 25 and WISE 21 of 28), not ROME's early one; a family without its own follows LLaMA-2-7B's."""
+    grace, wise = R("grace"), R("wise")
+    assert derived_layers(grace, "llama", 32)[0] == [27] and derived_layers(wise, "llama", 32)[0] == [27]
+    assert derived_layers(grace, "gptj", 28)[0] == [25] and derived_layers(wise, "gptj", 28)[0] == [21]
+    # SmolLM2 (30 layers): the shipped GRACE and WISE layer 25; Qwen2.5-Coder-1.5B (28): 23
+    assert derived_layers(grace, "llama", 30)[0] == [_hand(27, 32, 30)] == [25]
+    assert derived_layers(wise, "llama", 28)[0] == [_hand(27, 32, 28)] == [23]
+    for method, cls in (("grace", grace), ("wise", wise)):
+        assert load_yaml(shipped_hparams_path(method, "smollm2-135m"), cls).layers == [25]
+    assert derived_layers(grace, "gpt2", 48) == derived_layers(grace, "llama", 48)
+    layers, how = derived_layers(wise, "gptj", 12)
+    assert layers == [_hand(21, 28, 12)] and "WISE's layer 21 of 28 on GPT-J 6B" in how and "gpt-j-6B.yaml" in how
+    with pytest.warns(DerivedHParamsWarning, match=r"derived layers \[3\].*GRACE's layer 27 of 32"):
+        hp = resolve_hparams("grace", grace, "unshipped-llama", ("llama", 4))
+    assert hp.layers == [3]

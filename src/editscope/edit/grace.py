@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Self
 import torch
 
 from editscope.data.records import EditRequest
-from editscope.edit.hparams import HParams, check_convention
+from editscope.edit.hparams import HParams, OwnLayer, check_convention
 from editscope.edit.memory import MemoryEdit, SearchKeys, nearest
 from editscope.edit.state import EditState
 from editscope.errors import EditscopeError
@@ -53,7 +53,10 @@ CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"replacement": "answer"}, "r
 class GraceHParams(HParams):
     """One layer; ``eps_init``: the initial deferral radius ε (in the down projection's input space); ``n_iter``
     and ``lr``: the value's training; ``stop_loss``: stop training once the target NLL (mean per token) is below."""
-    LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
+    # derived layers follow GRACE's own published late layer (EasyEdit's GRACE configs; hparams.derived_layers)
+    LAYER_RULE = "own"
+    OWN_LAYERS = {"llama": OwnLayer("LLaMA-2-7B", 32, 27, "zjunlp/EasyEdit hparams/GRACE/llama-7b.yaml"),
+                  "gptj": OwnLayer("GPT-J 6B", 28, 25, "zjunlp/EasyEdit hparams/GRACE/gpt-j-6b.yaml")}
 
     method = "grace"
     layers: list[int] = field(default_factory=lambda: [0])

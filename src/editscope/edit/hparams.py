@@ -153,8 +153,12 @@ class HParams(Params):
     #: model, with no derived-hparams warning
     LAYERLESS: typing.ClassVar[bool] = False
     #: which published choice the layers derived for a model without a shipped file follow
-    #: (:func:`derived_layers`): ROME's single layer, MEMIT's window, or None (no rule: a file is needed)
-    LAYER_RULE: typing.ClassVar[typing.Literal["single", "window"] | None] = None
+    #: (:func:`derived_layers`): ROME's single layer, MEMIT's window, the editor's own published layer per family
+    #: (``own``: :attr:`OWN_LAYERS`), or None (no rule: a file is needed)
+    LAYER_RULE: typing.ClassVar[typing.Literal["single", "window", "own"] | None] = None
+    #: with ``LAYER_RULE = "own"``: the editor's published layer per architecture family (a family without one
+    #: follows ``llama``'s)
+    OWN_LAYERS: typing.ClassVar[dict[str, OwnLayer]] = {}
     #: the layers ``plan`` assumes on a model with neither a file nor a rule (:func:`plan_layers`): every layer, the
     #: last three, or None (no plan without a file)
     PLAN_LAYERS: typing.ClassVar[typing.Literal["all", "last3"] | None] = None
@@ -428,6 +432,16 @@ class LayerReference:
     source: str
 
 
+@dataclass(frozen=True)
+class OwnLayer:
+    """The one layer an editor's published config edits on one model: ``layer`` of ``depth``, from ``source``."""
+
+    model: str
+    depth: int
+    layer: int
+    source: str
+
+
 #: Published layer choices per architecture family (ArchMap.family). A family without its own (gemma2, gemma3, qwen3,
 #: phi3, olmo2, smollm3) uses ``llama``'s: the closest published pre-norm rotary decoder. GPT-NeoX's (Pythia's
 #: family) are GPT-NeoX-20B's: ROME's layer from the ROME config in kmeng01/memit; MEMIT's window from the MEMIT config
@@ -469,13 +483,19 @@ def scaled_layer(layer: int, ref_depth: int, n_layers: int) -> int:
 def derived_layers(cls: type[HParams], family: str, n_layers: int) -> tuple[list[int], str] | None:
     """The edit layers of the editor whose hparams class is ``cls`` on a ``family`` model of ``n_layers`` layers,
     by proportional depth from the family's published choice (:data:`LAYER_REFERENCES`) of the class's
-    ``LAYER_RULE``, with a sentence saying how; None without a rule. The MEMIT-based editors follow MEMIT's window
+    ``LAYER_RULE`` (or the editor's own published layer, ``own``), with a sentence saying how; None without a rule.
+    The MEMIT-based editors follow MEMIT's window
     (their original configs share MEMIT's layers); FT follows ROME's layer, as editscope's shipped FT configs do
     (the published FT configs disagree: layer 0 in ROME's FT-L, 21 in MEMIT's GPT-J FT-W and AlphaEdit's Llama-3
     FT); KN and MEND declare no rule."""
     rule = cls.LAYER_RULE
     if rule is None or n_layers < 1:
         return None
+    if rule == "own":
+        own = cls.OWN_LAYERS.get(family, cls.OWN_LAYERS[DEFAULT_REFERENCE_FAMILY])
+        how = (f"floor(layer * {n_layers} / {own.depth}) from {(cls.method or cls.__name__).upper()}'s layer {own.layer} of "
+               f"{own.depth} on {own.model} ({own.source})")
+        return [scaled_layer(own.layer, own.depth, n_layers)], how
     ref = LAYER_REFERENCES.get(family, LAYER_REFERENCES[DEFAULT_REFERENCE_FAMILY])
     if rule == "single":
         layers = [scaled_layer(ref.single, ref.depth, n_layers)]

@@ -45,7 +45,7 @@ import torch
 
 from editscope.data.records import EditRequest
 from editscope.edit.context import context_templates, fill
-from editscope.edit.hparams import HParams, check_convention
+from editscope.edit.hparams import HParams, OwnLayer, check_convention
 from editscope.edit.side_memory import SideMemoryEdit, activation_fn, scores, side_outputs
 from editscope.edit.state import EditState
 from editscope.edit.ties import ties_merge
@@ -65,7 +65,10 @@ MERGED_WEIGHT = 0.6  # an earlier merged memory's TIES weight in a later merge (
 class WiseHParams(HParams):
     """One layer (its MLP down projection); the routing margins α < β and γ; the shard and merge schedule; the
     side memory's training (``lr``, ``n_iter``, ``weight_decay``, ``norm_constraint``)."""
-    LAYER_RULE = "single"  # derived layers follow ROME's layer (hparams.derived_layers)
+    # derived layers follow WISE's own published late layer (its authors' configs in EasyEdit; hparams.derived_layers)
+    LAYER_RULE = "own"
+    OWN_LAYERS = {"llama": OwnLayer("LLaMA-2-7B", 32, 27, "zjunlp/EasyEdit hparams/WISE/llama-7b.yaml"),
+                  "gptj": OwnLayer("GPT-J 6B", 28, 21, "zjunlp/EasyEdit hparams/WISE/gpt-j-6B.yaml")}
 
     method = "wise"
     layers: list[int] = field(default_factory=lambda: [0])
