@@ -493,8 +493,9 @@ def derived_layers(cls: type[HParams], family: str, n_layers: int) -> tuple[list
         return None
     if rule == "own":
         own = cls.OWN_LAYERS.get(family, cls.OWN_LAYERS[DEFAULT_REFERENCE_FAMILY])
-        how = (f"floor(layer * {n_layers} / {own.depth}) from {(cls.method or cls.__name__).upper()}'s layer {own.layer} of "
-               f"{own.depth} on {own.model} ({own.source})")
+        editor = (cls.method or cls.__name__).upper()
+        how = (f"floor(layer * {n_layers} / {own.depth}) from {editor}'s layer {own.layer} of {own.depth} on "
+               f"{own.model} ({own.source})")
         return [scaled_layer(own.layer, own.depth, n_layers)], how
     ref = LAYER_REFERENCES.get(family, LAYER_REFERENCES[DEFAULT_REFERENCE_FAMILY])
     if rule == "single":
