@@ -246,6 +246,8 @@ def test_shards_are_saved_and_merged_on_schedule(tiny_bundles, request_a, reques
                                      (4, 0, True, False), (5, 0, True, True), (6, 1, True, False),
                                      (7, 1, True, True), (8, 0, True, False)]
     assert seen[2][4] == ("saved 0", "shard") and seen[4][4] == ("merged", "shard") and seen[7][4] == ("merged",)
+    # the closed form `plan` counts agrees with the schedule carried out
+    assert [hp.memories_after(count) for count, *_ in seen] == [(int(m), n, int(c)) for _, n, m, c, _ in seen]
 
     # the schedule on hand-made shards (edit k leaves W + 0.01·(k+1)·mask, score 10 − k): shard 0 ends at
     # W + 0.02·mask₀, shard 1 at W + 0.04·mask₁, and their merge is the hand-checked TIES of the two at weights 1/2
@@ -257,6 +259,8 @@ def test_shards_are_saved_and_merged_on_schedule(tiny_bundles, request_a, reques
             mem.begin(base, hp_r)
             masks.append(mem.mask)
             mem.record(base + 0.01 * (k + 1) * mem.mask, 10.0 - k, base, hp_r)
+            held = (int(mem.merged is not None), len(mem.saved), int(mem.shard is not None))
+            assert hp_r.memories_after(k + 1) == held
         assert torch.equal(masks[0], masks[1]) and torch.equal(masks[2], masks[3]) and not torch.equal(masks[0],
                                                                                                          masks[2])
         want = ties_merge(base, [base + 0.02 * masks[0], base + 0.04 * masks[2]], [0.5, 0.5], hp.density)

@@ -760,7 +760,7 @@ def _grace(edit: _Edit, terms: list[Term], flops: dict) -> None:
     act = tokens * edit.after * _act_per_token_layer(shape, PROMPT_TOKENS + TARGET_TOKENS) * edit.b
     terms.append(Term("vstar", act + n * TARGET_TOKENS * shape.vocab * 4 * 3, "edit", "device",
                       f"{n} request row(s) through {edit.after} blocks + float32 logits x 3 at the targets"))
-    steps = int(getattr(edit.hp, "n_iter", 100))  # at most: a value stops once its loss is below stop_loss
+    steps = edit.hp.n_iter  # at most: a value stops once its loss is below stop_loss
     flops["keys forward"] = n * PROMPT_TOKENS * 2.0 * shape.block_params * (edit.layers[0] + 1)
     flops["value training (at most n_iter steps)"] = steps * (tokens * 4.0 * shape.block_params * edit.after
                                                               + n * TARGET_TOKENS * 4.0 * shape.hidden * shape.vocab)
@@ -774,22 +774,15 @@ def _wise(edit: _Edit, terms: list[Term], flops: dict) -> None:
     recorded for every row, the edit rows through the blocks after the layer, the head at the targets."""
     shape, hp, n = edit.shape, edit.hp, edit.held + edit.requests  # n: the edits in the memory after this one
     weight = shape.hidden * shape.mlp
-    save, merge = int(getattr(hp, "save_freq", 500)), int(getattr(hp, "merge_freq", 1000))
-    merged = 1 if n >= merge else 0
-    if bool(getattr(hp, "retrieve", False)):  # each merge stays its own memory
-        saved, merged = n // save - (n // merge) * (merge // save) + n // merge, 0
-    else:
-        saved = n // save - (n // merge) * (merge // save)
-    current = 1 if n % save else 0
+    merged, saved, current = hp.memories_after(n)
     memories = saved + merged + current
     terms.append(Term("side memory", memories * weight * 4 * 2 + current * weight, "edit", "host",
                       f"{memories} side memor(ies) x d x d_ff x 4 B, held and stacked in the edit, + the shard's "
                       "mask (1 B)"))
     terms.append(Term("optimizer", 5 * weight * 4, "edit", "device",
                       "W'_v, its gradient, the gradient mask and two bounds: 5 x d x d_ff x 4 B"))
-    specs = getattr(hp, "context_templates", None) or [[5, 5], [10, 5]]
-    edit_rows = 1 + sum(int(k) for _, k in specs)
-    width = max(int(t) for t, _ in specs) + PROMPT_TOKENS + TARGET_TOKENS
+    edit_rows = 1 + sum(int(k) for _, k in hp.context_templates)
+    width = max(int(t) for t, _ in hp.context_templates) + PROMPT_TOKENS + TARGET_TOKENS
     tokens = edit_rows * width
     after = edit.after - 1  # the blocks after the side memory's
     recorded = (edit_rows + 1) * width * (shape.mlp + 2 * shape.hidden) * 4
@@ -797,7 +790,7 @@ def _wise(edit: _Edit, terms: list[Term], flops: dict) -> None:
     terms.append(Term("vstar", recorded + act + edit_rows * TARGET_TOKENS * shape.vocab * 4 * 3, "edit", "device",
                       f"{edit_rows} edit rows of {width} tokens through {after} blocks, the module's input and "
                       "outputs for every row, float32 logits x 3 at the targets"))
-    steps = int(getattr(hp, "n_iter", 70))
+    steps = hp.n_iter
     flops["side memory training (at most n_iter steps)"] = edit.requests * steps * (
         tokens * 4.0 * shape.block_params * after + (edit_rows + 1) * width * 4.0 * weight
         + edit_rows * TARGET_TOKENS * 4.0 * shape.hidden * shape.vocab)

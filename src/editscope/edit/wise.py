@@ -119,6 +119,17 @@ class WiseHParams(HParams):
         return {"convention": self.convention, "distance": self.distance,
                 "variant": "retrieve" if self.retrieve else "merge"}
 
+    def memories_after(self, n: int) -> tuple[int, int, int]:
+        """(merged, saved, current): the side memories :meth:`WiseMemory.record`'s schedule leaves in force after
+        ``n`` edits from an empty memory -- WISE-Merge's one merged memory (WISE-Retrieve keeps each merge among the
+        saved), the shards saved since the last merge, and 1 while a shard is being written (what ``plan`` counts)."""
+        per_merge = self.merge_freq // self.save_freq
+        merges, saved = n // self.merge_freq, n // self.save_freq - (n // self.merge_freq) * per_merge
+        current = 1 if n % self.save_freq else 0
+        if self.retrieve:
+            return 0, saved + merges, current
+        return min(merges, 1), saved, current
+
 
 class WiseMemory(EditState):
     """The side memories: ``merged`` (WISE-Merge's merged memory, None before the first merge), ``saved`` (shards,
