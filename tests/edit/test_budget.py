@@ -68,6 +68,10 @@ def test_alphaedit_llama3_terms_equal_their_closed_forms(shapes):
     assert phases["edit"] == edit and plan.peak == edit and plan.peak_phase == "edit"
     # the float32 load and its bfloat16 copy are both resident while the copy is made
     assert phases["load"] == B.RUNTIME_HOST + 8_030_261_248 * 4 + 8_030_261_248 * 2
+    # read from a cache already in bfloat16 (a registry model's converted copy): the weights alone, as stored
+    cached = B.plan_edit(shape, "alphaedit", hp, dtype="bfloat16", device="cpu", converted=True)
+    assert cached.phases()["load"] == B.RUNTIME_HOST + 8_030_261_248 * 2 and _term(cached, "load") == 8_030_261_248 * 2
+    assert cached.phases()["edit"] == edit and cached.to_dict()["converted"] is True
     assert plan.biggest().name == "projector"
     assert 48 * GiB < plan.peak < 80 * GiB  # over a 48 GB card (AlphaEdit's own tracker ran out there), under 80
 

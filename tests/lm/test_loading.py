@@ -240,3 +240,38 @@ def test_gemma_gguf_is_assembled_through_the_atomic_temporary_file(tmp_path, mon
     folder, name = loading._gemma3_source()
     assert (folder / name).read_bytes() == b"GGUF-bytes"
     assert [p.name for p in folder.iterdir()] == [name]  # no temporary file left behind
+
+
+def test_a_registry_model_in_bfloat16_is_read_from_its_own_cache(smollm2, tmp_path, monkeypatch):
+    """Reference: the float32 weights converted on load (``place``), as every bfloat16 load was before the cache.
+    The bfloat16 copy is made once into a sealed folder beside the float32 one; loading from it gives the same
+    parameters, buffers and fingerprint bit for bit, and a second load reads it without converting again."""
+    from editscope.edit.budget import converted_cached
+    from editscope.lm.device import place
+    from editscope.lm.loading import GGUF_MODELS, is_prepared, prepare
+
+    float32 = prepare("smollm2-135m")
+    monkeypatch.setenv("EDITSCOPE_HOME", str(tmp_path))  # a fresh cache holding the float32 folder only
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smollm2-135m").symlink_to(float32)
+    assert not is_prepared("smollm2-135m", torch.bfloat16) and not converted_cached("smollm2-135m", "bfloat16")
+    said: list[str] = []
+    cached = load("smollm2-135m", dtype="bfloat16", progress=said.append)
+    assert any("converting smollm2-135m to bfloat16" in m for m in said)
+    folder = GGUF_MODELS["smollm2-135m"].folder("smollm2-135m", torch.bfloat16)
+    assert folder.parent == tmp_path / "models" and is_prepared("smollm2-135m", torch.bfloat16)
+    assert converted_cached("smollm2-135m", "bfloat16") and not converted_cached("smollm2-135m", "float16")
+    assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) < 0.6 * sum(
+        f.stat().st_size for f in float32.glob("*.safetensors"))  # two bytes a parameter, not four
+
+    reference = place(load(str(float32)), "cpu", "bfloat16")
+    assert cached.base_fingerprint == reference.base_fingerprint != smollm2.base_fingerprint
+    params, expected = dict(cached.model.named_parameters()), dict(reference.model.named_parameters())
+    assert params.keys() == expected.keys()
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, expected[k]) for k, p in params.items())
+    buffers, expected = dict(cached.model.named_buffers()), dict(reference.model.named_buffers())
+    assert buffers.keys() == expected.keys() and all(torch.equal(b, expected[k]) for k, b in buffers.items())
+
+    said.clear()
+    again = load("smollm2-135m", dtype="bfloat16", progress=said.append)
+    assert not any("converting" in m for m in said) and again.base_fingerprint == cached.base_fingerprint

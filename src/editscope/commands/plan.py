@@ -83,7 +83,15 @@ def _config_plans(args: argparse.Namespace, available: int | None) -> list:
 
 def _model_plans(args: argparse.Namespace, available: int | None) -> list:
     """One plan per ``--method`` for ``--model`` (ROME when none is named)."""
-    from editscope.edit.budget import NoPlan, available_memory, model_shape, plan_edit, plan_hparams, stats_cached
+    from editscope.edit.budget import (
+        NoPlan,
+        available_memory,
+        converted_cached,
+        model_shape,
+        plan_edit,
+        plan_hparams,
+        stats_cached,
+    )
     from editscope.edit.hparams import parse_overrides
     from editscope.edit.runtime import RuntimeSettings
     from editscope.errors import EditscopeError
@@ -113,6 +121,7 @@ def _model_plans(args: argparse.Namespace, available: int | None) -> list:
                                    held=args.held,
                                    vstar_batch=settings.vstar_batch,
                                    stats_cached=args.stats_cached or stats_cached(args.model, hp, dtype),
+                                   converted=converted_cached(args.model, dtype),
                                    hparams_note=note, available=available, host_available=host))
         except NoPlan as exc:
             failed.append(str(exc))

@@ -7,11 +7,13 @@ model built on PyTorch's meta device) and an editor's hyperparameters. Memory is
     the process before any model: Python, torch, transformers and editscope imported (:data:`RUNTIME_HOST`,
     measured on this CPU); on a GPU the CUDA context and kernels' workspace (:data:`RUNTIME_CUDA`).
 ``weights``
-    parameters × bytes of the dtype (tied embeddings once). editscope loads every model in float32 on the host
-    and then converts it (:func:`editscope.lm.device.place`), so the *load* phase holds parameters × 4 bytes on the
+    parameters × bytes of the dtype (tied embeddings once). editscope loads a model in float32 on the host and
+    then converts it (:func:`editscope.lm.device.place`), so the *load* phase holds parameters × 4 bytes on the
     host whatever the dtype (term ``load``), and in another dtype the converted weights besides: the float32 file's
     pages stay resident while the copy is made (Qwen2.5-Coder-1.5B in bfloat16 on the CPU: 10,668 MiB measured,
-    runtime + float32 + bfloat16 = 10,609 MiB).
+    runtime + float32 + bfloat16 = 10,609 MiB). A registry model whose copy in that dtype is cached
+    (:func:`editscope.lm.loading.prepare`, made by its first load in the dtype; ``converted``) is read as stored:
+    its load is the weights alone.
 ``statistics``
     computing the key second moment C of the edited layers (:mod:`editscope.stats.second_moment`) in one pass: per
     layer a float64 sum d_ff² × 8 and its mean (another d_ff² × 8 while the sums are alive), or with the statistics
@@ -338,22 +340,37 @@ def _span(layers) -> str:
     return ",".join(map(str, layers))
 
 
+def converted_cached(model: str, dtype: str | None) -> bool:
+    """Whether ``model`` loads from a cache already in ``dtype`` (a registry model's lower-precision folder,
+    :func:`editscope.lm.loading.prepare`): its load then reads the weights as stored, not float32 first."""
+    from editscope.lm.device import resolve_dtype
+    from editscope.lm.loading import GGUF_MODELS, is_prepared
+
+    precision = resolve_dtype(dtype)
+    return precision != resolve_dtype("float32") and model in GGUF_MODELS and is_prepared(model, precision)
+
+
 def stats_cached(model: str, hp, dtype: str | None) -> bool:
     """Whether a statistics cache folder for this model exists at the hparams' budget (a registry or folder model
-    whose fingerprint is known without loading; otherwise False: the plan then counts the statistics pass)."""
+    whose fingerprint is known without loading, in ``dtype`` the fingerprint :func:`editscope.lm.device.place`
+    gives it; otherwise False: the plan then counts the statistics pass)."""
     from pathlib import Path
 
+    from editscope.lm.device import precision_fingerprint, resolve_dtype
     from editscope.lm.loading import FINGERPRINT_FILE, GGUF_MODELS
     from editscope.paths import home
 
-    if not hp.stats_layers() or dtype not in (None, "float32"):
+    if not hp.stats_layers():
         return False
     suffix = "-f32" if hp.stats_dtype() == "float32" else ""
     folder = GGUF_MODELS[model].folder(model) if model in GGUF_MODELS else Path(model).expanduser()
     stamp = folder / FINGERPRINT_FILE
     if not stamp.is_file():
         return False
-    root = home() / "stats" / stamp.read_text().strip()
+    fingerprint, precision = stamp.read_text().strip(), resolve_dtype(dtype)
+    if precision != resolve_dtype("float32"):
+        fingerprint = precision_fingerprint(fingerprint, precision)
+    root = home() / "stats" / fingerprint
     budget = f"-b{hp.stats_tokens()}-"
     if not root.is_dir():
         return False
@@ -406,6 +423,7 @@ class Plan:
     terms: list[Term]
     editable: bool
     held: int = 0  # edits already in the editor's state (a memory editor's codebook or memories)
+    converted: bool = False  # the weights are read from a cache already in ``dtype`` (no float32 load)
     notes: list[str] = field(default_factory=list)
     available: int | None = None
     host_available: int | None = None
@@ -479,7 +497,7 @@ class Plan:
         return {
             "model": self.model.to_dict(), "method": self.method, "dtype": self.dtype, "device": self.device,
             "requests": self.requests, "held": self.held, "vstar_batch": self.vstar_batch or "auto",
-            "stats_cached": self.stats_cached,
+            "stats_cached": self.stats_cached, "converted": self.converted,
             "hparams": self.hparams_note, "layers": self.layers, "editable": self.editable, "notes": self.notes,
             "terms": [asdict(t) for t in self.terms], "phases": self.phases("device"),
             "host_phases": self.phases("host") if self.on_cuda else None,
@@ -557,10 +575,11 @@ class NoPlan(EditscopeError):
 def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", device: str = "cpu", requests: int = 1,
               vstar_batch: int | None = None, stats_cached: bool = False, hparams_note: str = "",
               rates: Rates | None = None, available: int | None = None,
-              host_available: int | None = None, held: int = 0) -> Plan:
+              host_available: int | None = None, held: int = 0, converted: bool = False) -> Plan:
     """The predicted memory terms and FLOPs of one edit of ``requests`` requests with ``method`` and ``hp`` (see the
     module docstring for every term). ``stats_cached``: C is on disk already (no statistics pass). ``held``: edits
-    already in the editor's sequential state (a memory editor's codebook or side memories grow with them)."""
+    already in the editor's sequential state (a memory editor's codebook or side memories grow with them).
+    ``converted``: the weights are read from a cache already in ``dtype`` (:func:`converted_cached`)."""
     from editscope.edit.registry import get_editor
 
     if dtype not in DTYPE_BYTES or dtype == "float64":
@@ -583,9 +602,11 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     terms: list[Term] = [
         Term("runtime", RUNTIME_HOST, "all", "host", "Python, libraries, tokenizer, kernels (measured)"),
         # converted from float32, the weights are made while the float32 load is still resident (module docstring)
-        Term("weights", shape.n_params * b, "statistics,edit" if dtype == "float32" else "load,statistics,edit",
-             "device", f"{shape.n_params:,} parameters x {b} B"),
-        Term("load", shape.n_params * 4, "load", "host", "editscope loads float32 on the host, then converts"),
+        Term("weights", shape.n_params * b, "statistics,edit" if dtype == "float32" or converted
+             else "load,statistics,edit", "device", f"{shape.n_params:,} parameters x {b} B"),
+        Term("load", shape.n_params * b, "load", "host", f"the {dtype} cache, read as it is stored")
+        if converted else Term("load", shape.n_params * 4, "load", "host",
+                               "editscope loads float32 on the host, then converts"),
     ]
     if str(device).startswith("cuda"):
         terms.append(Term("runtime", RUNTIME_CUDA, "all", "device", "CUDA context, cuBLAS workspace, allocator slack"))
@@ -595,7 +616,7 @@ def plan_edit(shape: ModelShape, method: str, hp, *, dtype: str = "float32", dev
     if stats_layers and not stats_cached:
         _statistics(edit, stats_layers, editor.stats_tokens(hp), terms, flops)
     COST_MODELS[kind](edit, terms, flops)
-    plan = Plan(model=shape, method=method, dtype=dtype, device=str(device), requests=requests,
+    plan = Plan(model=shape, method=method, dtype=dtype, device=str(device), requests=requests, converted=converted,
                 vstar_batch=vstar_batch, stats_cached=stats_cached, hparams_note=hparams_note, layers=edit.layers,
                 terms=terms, editable=editable, notes=notes, available=available, host_available=host_available,
                 flops=flops, rates=rates, batch_tokens=group * suffix, held=held)
@@ -829,7 +850,8 @@ def advice(plan: Plan, hp) -> list[str]:
     gb = lambda n: f"{n / GiB:.1f} GiB"  # noqa: E731
     if plan.dtype == "float32":  # the bfloat16 plan's own peak: on a CPU its load holds both copies, often more
         half = plan_edit(plan.model, plan.method, hp, dtype="bfloat16", device=plan.device, requests=plan.requests,
-                         vstar_batch=plan.vstar_batch, stats_cached=plan.stats_cached, held=plan.held)
+                         vstar_batch=plan.vstar_batch, stats_cached=plan.stats_cached, held=plan.held,
+                         converted=converted_cached(plan.model.name, "bfloat16"))
         if (saved := plan.peak - half.peak) > 0:
             out.append(f"--dtype bfloat16: weights and activations in half the bytes (-{gb(saved)})")
     vstar = next((t for t in plan.terms if t.name == "vstar" and t.during("edit")), None)
@@ -846,9 +868,10 @@ def advice(plan: Plan, hp) -> list[str]:
                    "(editscope stats import): the statistics pass is the peak; a smaller statistics budget "
                    "(mom2_tokens) shortens that pass but does not shrink C")
     if plan.peak_phase == "load":
-        out.append(f"the load is the peak: editscope reads every model in float32 on the host before converting "
+        out.append(f"the load is the peak: editscope reads the model in float32 on the host before converting "
                    f"it to {plan.dtype} ({gb(plan.model.n_params * 4)}, held while the converted copy is made), "
-                   "whatever its folder stores; this needs a machine with more host memory")
+                   "whatever its folder stores (a registry model's cached copy in the dtype, editscope models "
+                   "prepare NAME --dtype, is read as stored); this needs a machine with more host memory")
     if saved := _float32_stats_saving(plan, hp):
         out.append(f"statistics in float32 (--set mom2_dtype=float32): halves C and the statistics pass's sums "
                    f"(-{gb(saved)}; C within ~1e-7 relative of float64's, docs/scale.md; the solves and the projector "
@@ -966,7 +989,8 @@ def render(plan: Plan) -> str:
     lines.append(f"peak {_size(plan.peak)} ({plan.peak_phase}; biggest term: {plan.biggest().name}){avail}: {verdict}")
     if plan.on_cuda:
         havail = f" of {_size(plan.host_available)}" if plan.host_available is not None else ""
-        lines.append(f"host peak {_size(plan.host_peak)}{havail} (the float32 load)")
+        lines.append(f"host peak {_size(plan.host_peak)}{havail} "
+                     f"({'the cached copy' if plan.converted else 'the float32 load'})")
     secs = plan.seconds()
     if secs is not None:
         lines.append("")

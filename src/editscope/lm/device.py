@@ -63,7 +63,12 @@ def place(bundle: Bundle, device: str | None = None, dtype: str | None = None) -
     current = next(bundle.model.parameters()).dtype
     bundle.model.to(device=target, dtype=precision)
     if precision != current:
-        digest = hashlib.blake2b(f"{bundle.base_fingerprint}:{precision}".encode(), digest_size=16)
-        bundle.base_fingerprint = digest.hexdigest()
+        bundle.base_fingerprint = precision_fingerprint(bundle.base_fingerprint, precision)
     return bundle
+
+
+def precision_fingerprint(fingerprint: str, precision: torch.dtype) -> str:
+    """The fingerprint of float32 weights (``fingerprint``) once converted to ``precision``: the same whether they
+    are converted on load or read from a folder already converted (a registry model's lower-precision cache)."""
+    return hashlib.blake2b(f"{fingerprint}:{precision}".encode(), digest_size=16).hexdigest()
 

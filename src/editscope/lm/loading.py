@@ -11,6 +11,11 @@
 - ``tiny-gpt2``, ``tiny-gptj``, ``tiny-llama``, ``tiny-mistral``, ``tiny-qwen2``, ``tiny-gemma3``: random-init
   models of each supported family from a fixed seed, with GPT-2's real BPE tokenizer, for tests.
 - any local folder holding a Hugging Face ``config.json``.
+
+A registry model asked for in bfloat16 or float16 is read from a second cache folder in that precision
+(``NAME-bfloat16``), made once from the float32 one by its first such load or ``editscope models prepare NAME
+--dtype bfloat16``: the same weights and fingerprint as converting on load, without holding the float32 weights
+and the copy at once. Every other model is read in float32 and converted (:func:`editscope.lm.device.place`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from editscope.errors import EditscopeError
 from editscope.integrity import FOLDER_MANIFEST, IntegrityError, seal_folder, verify_folder
 from editscope.lm.archs import arch_for_config
 from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
-from editscope.lm.device import place
+from editscope.lm.device import place, resolve_dtype
 from editscope.lm.tiny import TINY_FAMILIES, build_tiny
 from editscope.paths import home
 
@@ -48,8 +53,9 @@ FINGERPRINT_FILE = "editscope-fingerprint.txt"
 
 
 # -- local folders ----------------------------------------------------------------------------------
-def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
-    """Load a local Hugging Face model folder (config.json + weights + tokenizer files) in fp32."""
+def load_hf_folder(path: str | Path, name: str | None = None, dtype: torch.dtype = torch.float32) -> Bundle:
+    """Load a local Hugging Face model folder (config.json + weights + tokenizer files) in ``dtype`` (float32
+    unless it is a registry model's lower-precision cache)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
@@ -60,7 +66,7 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> Bundle:
     _check_weight_files(path, name)
     try:
         arch_for_config(AutoConfig.from_pretrained(path))  # fail fast, before loading weights
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:  # transformers' errors for damaged or incomplete folders
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -206,8 +212,11 @@ class GGUFModel:
     parts: tuple[tuple[str, str], ...] = ()  # every wheel the GGUF is assembled from, when it is cut in parts
     needs: str = ""  # what it needs beyond the wheel(s), shown by 'editscope models'
 
-    def folder(self, name: str) -> Path:
-        return home() / "models" / name
+    def folder(self, name: str, precision: torch.dtype = torch.float32) -> Path:
+        """The converted model's cache: float32, or a copy converted to a lower ``precision`` beside it."""
+        if precision == torch.float32:
+            return home() / "models" / name
+        return home() / "models" / f"{name}-{str(precision).removeprefix('torch.')}"
 
     def installed(self) -> bool:
         """Whether every wheel it is built from is installed."""
@@ -227,13 +236,13 @@ GGUF_MODELS: dict[str, GGUFModel] = {
 }
 
 
-def is_prepared(name: str) -> bool:
+def is_prepared(name: str, precision: torch.dtype = torch.float32) -> bool:
     """Whether a registry model is converted (a folder an earlier editscope left without its content digest is
-    not: it is converted again on load)."""
+    not: it is converted again on load), in ``precision``."""
     entry = GGUF_MODELS.get(name)
     if entry is None:
         return name.startswith("tiny-")
-    folder = entry.folder(name)
+    folder = entry.folder(name, precision)
     return (folder / FINGERPRINT_FILE).is_file() and (folder / FOLDER_MANIFEST).is_file()
 
 
@@ -247,11 +256,16 @@ def registry_name_of(fingerprint: str) -> str | None:
     return None
 
 
-def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> Path:
-    """Convert a registry model once; returns its cached folder. A second call is instant."""
+def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None,
+            precision: torch.dtype = torch.float32) -> Path:
+    """Convert a registry model once; returns its cached folder. A second call is instant. A lower ``precision``
+    is a second folder converted from the float32 one (prepared first): loading it reads half the bytes, where
+    converting on load holds the float32 weights and the converted copy at once."""
     entry = GGUF_MODELS.get(name)
     if entry is None:
         raise EditscopeError(f"unknown model {name!r}; registry models: {', '.join(registry_names())}")
+    if precision != torch.float32:
+        return _prepare_lower(name, entry, prepare(name, progress), precision, progress)
     folder = entry.folder(name)
     _drop_damaged(folder, f"model {name} (converted from GGUF)")
     if not is_prepared(name):
@@ -263,6 +277,32 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _msg: None) -> P
 
         # One conversion under a lock; the content digest, written last, marks the folder complete.
         build_dir(folder, build, ready=FOLDER_MANIFEST, what=f"model {name} (converted from GGUF)")
+        progress(f"saved {folder}")
+    return folder
+
+
+def _prepare_lower(name: str, entry: GGUFModel, source: Path, precision: torch.dtype,
+                   progress: Callable[[str], None]) -> Path:
+    """The float32 folder ``source`` converted to ``precision`` once, sealed like it; its fingerprint is the one
+    :func:`~editscope.lm.device.place` gives the float32 weights converted on load, and so are its weights
+    (``tests/lm/test_loading.py``)."""
+    folder = entry.folder(name, precision)
+    what = f"model {name} ({str(precision).removeprefix('torch.')}, converted from float32)"
+    _drop_damaged(folder, what)
+    if not is_prepared(name, precision):
+
+        def build(tmp: Path) -> None:
+            from transformers import AutoTokenizer
+
+            label = str(precision).removeprefix("torch.")
+            progress(f"converting {name} to {label} once (later loads read this copy directly)")
+            bundle = place(load_hf_folder(source, name=name), "cpu", label)
+            bundle.model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
+            (tmp / FINGERPRINT_FILE).write_text(bundle.base_fingerprint + "\n")
+            seal_folder(tmp, _cached_files(tmp))
+
+        build_dir(folder, build, ready=FOLDER_MANIFEST, what=what)
         progress(f"saved {folder}")
     return folder
 
@@ -330,7 +370,12 @@ def check_available(name_or_path: str) -> None:
 def load(name_or_path: str = DEFAULT_MODEL, *, seed: int = 0, progress: Callable[[str], None] | None = None,
          device: str | None = None, dtype: str | None = None) -> Bundle:
     """Load a model by registry name or local folder; see the module docstring. ``device``/``dtype``: see
-    :mod:`editscope.lm.device` (None: ``auto``, float32)."""
+    :mod:`editscope.lm.device` (None: ``auto``, float32). A registry model in a lower precision is read from its
+    cache in that precision (made once from the float32 one); any other model is read in float32, then converted."""
+    precision = resolve_dtype(dtype)
+    if precision != torch.float32 and name_or_path in GGUF_MODELS:
+        folder = prepare(name_or_path, progress or (lambda _m: None), precision)
+        return place(load_hf_folder(folder, name=name_or_path, dtype=precision), device, dtype)
     return place(_load_float32(name_or_path, seed, progress), device, dtype)
 
 

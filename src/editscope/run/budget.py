@@ -18,6 +18,7 @@ from editscope.edit.budget import (
     NoPlan,
     Plan,
     available_memory,
+    converted_cached,
     model_shape,
     plan_edit,
     plan_hparams,
@@ -63,6 +64,7 @@ def plans_for_config(config, *, device: str | None = None, dtype: str | None = N
             plans.append(plan_edit(shape, spec.name, hp, dtype=dtype, device=device, requests=requests,
                                    vstar_batch=settings.vstar_batch,
                                    stats_cached=stats_cached(config.model, hp, dtype), hparams_note=note,
+                                   converted=converted_cached(config.model, dtype),
                                    available=available, host_available=host_available, held=held))
         except NoPlan:  # a method with no memory model is not checked (never with another method's plan)
             continue
