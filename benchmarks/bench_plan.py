@@ -123,13 +123,14 @@ def measure(model: str, method: str, requests: int, dtype: str, overrides: list[
 
 
 def predict(model: str, method: str, requests: int, dtype: str, overrides: list[str]):
-    from editscope.edit.budget import model_shape, plan_edit, plan_hparams, stats_cached
+    from editscope.edit.budget import converted_cached, model_shape, plan_edit, plan_hparams, stats_cached
     from editscope.edit.hparams import parse_overrides
 
     shape = model_shape(model)
     hp, note = plan_hparams(method, shape, model, None, parse_overrides(overrides))
     return plan_edit(shape, method, hp, dtype=dtype, device="cpu", requests=requests,
-                     stats_cached=stats_cached(model, hp, dtype), hparams_note=note)
+                     stats_cached=stats_cached(model, hp, dtype), hparams_note=note,
+                     converted=converted_cached(model, dtype))
 
 
 def row_of(args: argparse.Namespace, method: str) -> dict:
@@ -140,7 +141,7 @@ def row_of(args: argparse.Namespace, method: str) -> dict:
     rates = measure_rates("cpu", args.dtype, plan.model, rows=max(16, plan.batch_tokens))
     plan.rates = rates
     got = measure(args.model, method, args.requests, args.dtype, args.set, baseline=bool(args.real_size))
-    row = {"method": method, "requests": args.requests, "stats_cached": plan.stats_cached,
+    row = {"method": method, "requests": args.requests, "stats_cached": plan.stats_cached, "converted": plan.converted,
            "predicted_mib": round(plan.peak / MiB), "phase": plan.peak_phase,
            "measured_mib": round(got["maxrss"] / MiB), "ratio": round(plan.peak / got["maxrss"], 3),
            "predicted_s": round(plan.seconds_first_edit(), 2), "measured_s": round(got["seconds"], 2),
