@@ -155,6 +155,33 @@ def test_greedy_generation_equals_argmax_loop(tiny):
     assert a == b
 
 
+def test_bfloat16_generation_gives_its_head_contiguous_rows_and_equals_an_argmax_loop():
+    """transformers hands the LM head the prompt's last position as a strided view; a bfloat16 CPU matmul with such
+    an input converts the whole head to float32 first (a transient of ~10 B a head parameter). The engine's
+    generate hands it a contiguous copy: every input the head sees is contiguous, and the greedy tokens still
+    equal a plain argmax loop of full forwards (each forward's last position read as a contiguous row)."""
+    from editscope.lm import load
+
+    bundle = load("tiny-llama", device="cpu", dtype="bfloat16")
+    engine = ScoringEngine(bundle)
+    seen = []
+    spy = engine.model.get_output_embeddings().register_forward_hook(  # the input as the head got it
+        lambda _m, args, _out: seen.append(args[0].is_contiguous()))
+    try:
+        out = engine.generate(CONTEXTS[:2], max_new_tokens=4)
+    finally:
+        spy.remove()
+    assert seen and all(seen)
+    head = engine.model.get_output_embeddings()
+    for ctx, text in zip(CONTEXTS[:2], out, strict=True):
+        ids = engine.encode(ctx)
+        for _ in range(4):
+            with torch.no_grad():
+                hidden = engine.model.model(torch.tensor([ids])).last_hidden_state[:, -1:].contiguous()
+                ids.append(int(head(hidden)[0, -1].argmax()))
+        assert text == bundle.tokenizer.decode(ids[len(engine.encode(ctx)):], skip_special_tokens=True)
+
+
 @pytest.mark.parametrize("seed", [0, 3])
 def test_top_k_sampling_equals_transformers_sampling(tiny, seed):
     """Top-k draws are made on the host (editscope.lm.sampling), so that a GPU samples what the CPU does: on any

@@ -18,8 +18,8 @@ from editscope.errors import EditscopeError
 from editscope.integrity import (
     DIGEST_KEY,
     FOLDER_MANIFEST,
-    file_digest,
     IntegrityError,
+    file_digest,
     read_json,
     seal,
     seal_folder,
