@@ -338,14 +338,17 @@ class _Demonstrations:
         return DEMOS + f"New Fact: {prompt.split()[0]} is new\nPrompt: "
 
 
-def _forwarded_tokens(engine, requests) -> tuple[int, list]:
+def _forwarded_tokens(engine, requests, head_rows: list | None = None) -> tuple[int, list]:
     seen = []
     handle = engine.base_module.register_forward_pre_hook(
         lambda module, args, kwargs: seen.append(kwargs["position_ids"].numel()), with_kwargs=True)
+    head = engine.model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: head_rows.append(args[0].shape[0]) if head_rows is not None else None)
     try:
         scores = engine.score(requests)
     finally:
         handle.remove()
+        head.remove()
     return sum(seen), scores
 
 
@@ -359,9 +362,10 @@ def test_prompts_opening_with_one_context_share_its_forward_and_equal_naive(tiny
     edit = _Demonstrations()
     tiny.add_context(edit)
     try:
-        shared_tokens, shared = _forwarded_tokens(ScoringEngine(tiny, **options), reqs)
+        shared_reads, plain_reads = [], []
+        shared_tokens, shared = _forwarded_tokens(ScoringEngine(tiny, **options), reqs, shared_reads)
         plain_tokens, plain = _forwarded_tokens(
-            ScoringEngine(tiny, share_prefix=False, **options), reqs)
+            ScoringEngine(tiny, share_prefix=False, **options), reqs, plain_reads)
         # one context opens the other: the shorter one's whole context is the row's prefix, read at its end
         nested = [("The capital of France is", "Paris"), ("The capital of France", "is Paris")]
         for (ctx, cont), score in zip(nested, ScoringEngine(tiny, **options).score(nested), strict=True):
@@ -378,3 +382,6 @@ def test_prompts_opening_with_one_context_share_its_forward_and_equal_naive(tiny
         assert list(score.token_is_argmax) == list(separate.token_is_argmax)
     if max_row_tokens == 32:  # two prompts open with the demonstrations: they are forwarded once, not twice
         assert plain_tokens - shared_tokens >= demo_tokens
+    # the head reads only where a continuation token is read: a shared row's context tokens (the fact, the prompt)
+    # are forwarded but not read, so it reads no more than the plain rows, whose contexts are never nodes
+    assert 0 < sum(shared_reads) <= sum(plain_reads) < sum(len(tiny.tokenizer(c)["input_ids"]) for c, _ in reqs)
