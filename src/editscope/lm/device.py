@@ -45,6 +45,11 @@ def resolve_device(spec: str | None) -> torch.device:
     raise EditscopeError(f"{source} {spec!r}: expected cpu, cuda, cuda:N or auto")
 
 
+def dtype_name(precision: torch.dtype) -> str:
+    """The ``--dtype`` name of a torch dtype (``torch.bfloat16`` -> ``bfloat16``)."""
+    return str(precision).removeprefix("torch.")
+
+
 def resolve_dtype(spec: str | None) -> torch.dtype:
     if spec is None:
         return torch.float32

