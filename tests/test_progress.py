@@ -53,6 +53,35 @@ def test_the_optimiser_reports_every_step(tiny_bundles):
     assert steps == [f"v* optimisation of 1 request(s), step {i}/6" for i in range(1, 7)]
 
 
+REQUESTS = [EditRequest("{} is a citizen of", "Danielle Darrieux", "Japan", "France"),
+            EditRequest("The mother tongue of {} is", "Thomas Joannes Stieltjes", "English", "Dutch")]
+
+
+@pytest.mark.parametrize("method, overrides, want", [
+    # one side-memory training per edit, each step counted (the loss cannot meet the stop rule's margins in 3)
+    ("wise", {"n_iter": 3, "layers": [1], "context_templates": [[5, 1]], "irrelevant_pool": "counterfact-train-sample"},
+     [f"wise: edit {i}/2, step {s}/3" for i in (1, 2) for s in (1, 2, 3)]),
+    # both values trained in one wave, a row leaving only when its loss is below stop_loss (0: never)
+    ("grace", {"n_iter": 3, "layers": [1], "stop_loss": 0.0},
+     [f"grace: values of 2 request(s), step {s}/3" for s in (1, 2, 3)]),
+    ("kn", {}, [f"kn: locating the neurons of request {i}/2" for i in (1, 2)]),
+])
+def test_editors_without_a_v_star_loop_report_each_request_and_step(tiny_bundles, method, overrides, want):
+    """A WISE round of 100 edits runs for half an hour on a CPU: what it is doing is shown while it does it."""
+    from editscope.edit import get_editor
+    from editscope.lm.engine import ScoringEngine
+
+    bundle = tiny_bundles["llama"]
+    editor = get_editor(method)
+    hp = editor.load_hparams(bundle, overrides=overrides)
+    heard: list[str] = []
+    with listening(heard.append):
+        edit = editor.apply(bundle, REQUESTS, hp, editor.new_state(), engine=ScoringEngine(bundle))
+    edit.revert(bundle)
+    assert heard[0] == f"{method}: editing 2 fact(s)"
+    assert [m for m in heard if m.startswith(f"{method}: ") and m != heard[0]] == want
+
+
 def test_edit_command_shows_progress_on_stderr_and_is_quiet_when_asked(capsys):
     args = ["edit", "--model", "tiny-llama", "--method", "rome", "--prompt", "{} is a citizen of", "--subject",
             "Danielle Darrieux", "--target", "Japan", "--set", "v_steps=3"]

@@ -44,6 +44,7 @@ from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.full_forward import select_rows
 from editscope.lm.partial_forward import BlockForward, SuffixForward, continuation_nll
+from editscope.progress import report
 
 REPLACEMENTS = ("answer", "prompt")
 CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"replacement": "answer"}, "reference": {"replacement": "prompt"}}
@@ -259,6 +260,7 @@ def train_values(engine: ScoringEngine, module: torch.nn.Module, layer: int, req
     kept, losses, steps = values.detach().clone(), [float("inf")] * len(requests), [hp.n_iter] * len(requests)
     active = list(range(len(requests)))  # batch rows still training
     for step in range(1, hp.n_iter + 1):
+        report(f"grace: values of {len(active)} request(s), step", step, hp.n_iter)
         nll = forward.nll(values, active)
         current = nll.detach().tolist()
         going = [i for i, loss in enumerate(current) if not loss < hp.stop_loss]

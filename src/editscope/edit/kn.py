@@ -56,6 +56,7 @@ from editscope.locate import LocatePrompt, encode_prompt
 from editscope.locate.attribution import knowledge_neurons
 from editscope.locate.prompt import answer_prob
 from editscope.paths import home
+from editscope.progress import report
 
 OLD_ANSWERS = ("target_true", "argmax")
 EMBEDDINGS = ("output", "input")
@@ -204,7 +205,8 @@ def compute(bundle, requests: Sequence[EditRequest], hp: KNHParams, state=None, 
     params = dict(bundle.model.named_parameters())
     out_in: dict[int, torch.Tensor] = {}
     info: dict = {"neurons": [], "old_token": [], "new_token": [], "attributions_cached": []}
-    for request in requests:
+    for i, request in enumerate(requests, 1):
+        report("kn: locating the neurons of request", i, len(requests))
         neurons, old_id, signs, cached = locate_request(engine, request, hp)
         _, cont = engine.encode_pair(request.text, request.target_new)
         new_id = int(cont[0])

@@ -54,6 +54,7 @@ from editscope.lm.bundle import Bundle
 from editscope.lm.engine import ScoringEngine, TokenBatch
 from editscope.lm.full_forward import select_rows
 from editscope.lm.partial_forward import BlockForward, continuation_nll
+from editscope.progress import report
 
 CONVENTIONS: dict[str, dict[str, str]] = {"paper": {"distance": "output", "hinge": "all"},
                                           "reference": {"distance": "activation", "hinge": "violated"}}
@@ -280,10 +281,12 @@ def margin_loss(edit_scores: torch.Tensor, irrelevant_scores: torch.Tensor, hp: 
 
 
 def train_shard(engine: ScoringEngine, module: torch.nn.Module, layer: int, rows: list[tuple[str, str]], n_edit: int,
-                shard: torch.Tensor, mask: torch.Tensor, hp: WiseHParams) -> tuple[torch.Tensor, float, float, int]:
+                shard: torch.Tensor, mask: torch.Tensor, hp: WiseHParams, *, what: str = "wise: training the side "
+                "memory") -> tuple[torch.Tensor, float, float, int]:
     """W'_v after training on ``rows`` (the first ``n_edit`` the edit's, the rest irrelevant prompts) with the
     shard's ``mask``: (W'_v, the mean edit score of the last forward, the last loss, steps taken). Each step runs
-    only what W'_v can change (:class:`_ShardForward`) and the head at the targets."""
+    only what W'_v can change (:class:`_ShardForward`) and the head at the targets; each is reported as ``what``,
+    step s/n_iter (:func:`editscope.progress.report`)."""
     batch = engine.prepare(rows)
     device = engine.bundle.device
     base = module.weight.detach()
@@ -297,6 +300,7 @@ def train_shard(engine: ScoringEngine, module: torch.nn.Module, layer: int, rows
     forward = _ShardForward(engine, module, layer, batch, n_edit)
     previous, loss_value, edit_score, steps = float("inf"), float("inf"), 0.0, 0
     for steps in range(1, hp.n_iter + 1):  # noqa: B007 -- the count is returned
+        report(f"{what}, step", steps, hp.n_iter)
         hidden, main, out = forward.step(side)
         nll = continuation_nll(engine, forward.edits, hidden).mean()
         score = scores(main, out[None], span, act)[0]
@@ -362,12 +366,12 @@ def compute(bundle: Bundle, requests: list[EditRequest], hp: WiseHParams, state:
     templates = context_templates(engine, hp.context_templates, hp.template_seed, hp.template_start,
                                   getattr(runtime, "templates", None))
     losses, scores_, steps = [], [], 0
-    for request in requests:
+    for i, request in enumerate(requests, 1):
         state.begin(base, hp)
         rows = [(fill(t, request.text), request.target_new) for t in templates]
         rows.append(irrelevant(request, hp.irrelevant_pool))
         trained, score, loss, n = train_shard(engine, module, hp.layers[0], rows, len(templates), state.shard,
-                                              state.mask, hp)
+                                              state.mask, hp, what=f"wise: edit {i}/{len(requests)}")
         state.record(trained, score, base, hp)
         losses.append(loss), scores_.append(score)
         steps += n
