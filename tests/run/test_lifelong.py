@@ -16,9 +16,10 @@ from editscope.errors import EditscopeError
 from editscope.paths import configs_dir
 from editscope.report import build_report
 from editscope.run import Runner, parse_config, read_results
-from editscope.run.chain import CHAINS_DIR, ChainCheckpoint, chain_path
+from editscope.run.chain import CHAINS_DIR, ChainCheckpoint, chain_path, pre_path
 from editscope.run.runner import timing_free
 from editscope.run.summary import retention
+from editscope.run.trial import Trial
 from tests.run.helpers import close
 
 BATCH, ROUNDS = 4, 3
@@ -94,26 +95,43 @@ class Kill(Exception):
 RESUMED = ["memit", "alphaedit", "prune"]  # AlphaEdit carries K_p K_pᵀ, PRUNE the accumulated ΔW
 
 
-def test_lifelong_chains_resume_at_their_last_checkpoint(tiny_bundles, tmp_path):
+def test_lifelong_chains_resume_at_their_last_checkpoint(tiny_bundles, tmp_path, monkeypatch):
     """Each method's chain is killed once, at its first final row (round 3 edited, the round-2 checkpoint on disk);
-    each rerun resumes that chain after round 2 and the rows, in order, equal an uninterrupted run's."""
+    each rerun resumes that chain after round 2 and the rows, in order, equal an uninterrupted run's. The unedited
+    model is probed once: the reruns read its probes from the file the first run stored (a damaged one is named and
+    probed again)."""
     bundle = tiny_bundles["llama"]
     weights = {n: tensor_checksum(p) for n, p in bundle.model.named_parameters()}
     config = parse_config(lifelong_data(RESUMED))
+    pre_probed: list[int] = []  # per Trial.probe call before editing: how many cases it probed
+    probe = Trial.probe
+
+    def counting(self, engine, cases, stage="post"):
+        if stage == "pre":
+            pre_probed.append(len(cases))
+        return probe(self, engine, cases, stage)
+
+    monkeypatch.setattr(Trial, "probe", counting)
 
     def run(out, **kw):
         return Runner(config, out_dir=out, bundle=bundle, progress=False, **kw).run()
 
     want = read_results(run(tmp_path / "whole", log=lambda _m: None).out_dir / "results.jsonl")
     assert not (tmp_path / "whole" / CHAINS_DIR).exists()  # a finished run leaves no chain state on disk
+    assert pre_probed == [BATCH * ROUNDS]  # one group: probed once for every method
     out = tmp_path / "killed"
+    stored = pre_path(out, "counterfact", 0)
     for k, method in enumerate([*RESUMED, None]):
         logs: list[str] = []
+        pre_probed.clear()
+        if k == 2:  # a flipped digit in the stored probes: named, and the unedited model probed again
+            stored.write_text(stored.read_text().replace('"logprob_sum":-', '"logprob_sum":-1', 1))
 
         def kill(row, method=method):
             if row["method"] == method and not row["checkpoint"]:
                 path = chain_path(out, "counterfact", 0, method)
-                assert sorted((out / CHAINS_DIR).iterdir()) == [path]  # one file: the latest state of this chain
+                # the latest state of this chain, and the group's pre-edit probes
+                assert sorted((out / CHAINS_DIR).iterdir()) == sorted([path, stored])
                 ckpt = ChainCheckpoint.load(path)
                 assert (ckpt.round, ckpt.edits_applied, len(ckpt.meta["rounds"])) == (2, 8, 2)
                 assert ckpt.meta["state_class"] == {"memit": "NoState", "alphaedit": "AlphaEditState",
@@ -136,6 +154,9 @@ def test_lifelong_chains_resume_at_their_last_checkpoint(tiny_bundles, tmp_path)
             assert len(resumed) == 1 and f"method {RESUMED[k - 1]} after round 2 (8 edits)" in resumed[0], logs
         else:
             assert resumed == []
+        read = [m for m in logs if "the unedited model's probes of 12 case(s) read from" in m]
+        damaged = [m for m in logs if m.startswith(f"warning: {stored}: does not match its digest")]
+        assert (pre_probed, len(read), len(damaged)) == [([12], 0, 0), ([], 1, 0), ([12], 0, 1), ([], 1, 0)][k], logs
     got = read_results(out / "results.jsonl")
     assert len(got) == len(want) == len(RESUMED) * (4 + 8 + 12)  # no row lost, none twice
     assert [r["method"] for r in got] == [r["method"] for r in want]

@@ -18,8 +18,13 @@ A checkpoint probes the cases edited since the previous checkpoint and re-probes
 with a checkpoint every round cost 100 probes of at most 1,100 cases rather than half a million. The final rows
 (after the last round) cover every case.
 
-On a rerun a chain whose file exists restarts from it: the runner has already computed the pre-edit probes on
-the loaded weights, the folded ΔW of the file is applied (checked: the loaded weights must match the file's
+The unedited model's probes of a chained group are stored once, when they are taken
+(``chains/<dataset>-g<group>-pre-<hash>.json``, :func:`save_pre_probes`; sealed by a digest, keyed by everything they
+depend on): a rerun reads them instead of probing again, so every row of a case carries the same pre probe and a
+resume does not pay for probing the unedited model again.
+
+On a rerun a chain whose file exists restarts from it: the runner has already read (or computed) the pre-edit probes
+on the loaded weights, the folded ΔW of the file is applied (checked: the loaded weights must match the file's
 pre-edit checksums, and the restored weights its post-edit checksums, bit for bit), the editor state and the
 context templates generated so far are loaded, and the chain continues with the next round. Every round is
 seeded by its identity (config seed, dataset, method, group, round), so the rows equal an uninterrupted run's.
@@ -48,10 +53,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from editscope.atomic import atomic_write
+from editscope.atomic import atomic_write, atomic_write_text
 from editscope.edit.patch import Patch, exact_index, tensor_checksum, write_exact
 from editscope.errors import EditscopeError
 from editscope.integrity import seal, verify
+from editscope.rowdigest import damage, dumps_sealed
 
 if TYPE_CHECKING:
     from editscope.lm.bundle import Bundle
@@ -59,6 +65,7 @@ if TYPE_CHECKING:
     from editscope.run.trial import Edits, Probes, Trial
 
 FORMAT = "editscope-chain-1"
+PRE_FORMAT = "editscope-pre-probes-1"
 CHAINS_DIR = "chains"
 _DELTA, _INDEX, _VALUES, _STATE = "delta::", "exact_index::", "exact_value::", "state::"
 
@@ -69,6 +76,51 @@ def chain_path(out_dir: str | Path, dataset: str, group: int, method: str) -> Pa
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{dataset}-g{group:05d}-{method}")[:80]
     return Path(out_dir) / CHAINS_DIR / f"{stem}-{hashlib.blake2b(ident.encode(), digest_size=4).hexdigest()}" \
         ".safetensors"
+
+
+def pre_path(out_dir: str | Path, dataset: str, group: int) -> Path:
+    """The file of a chained group's pre-edit probes (:func:`save_pre_probes`), beside its chains' checkpoints."""
+    return chain_path(out_dir, dataset, group, "pre").with_suffix(".json")
+
+
+def save_pre_probes(path: Path, key: list[Any], probes: Probes) -> bool:
+    """Store the unedited model's probes of a chained group once they are taken, so that a resume reads them instead
+    of probing again and every row of a case carries the same pre probe, whatever batches or thread count the resume
+    would probe with. ``key`` is everything the probes depend on (:meth:`editscope.run.worker.GroupWorker.pre_key`).
+    A probe holding a non-finite value is not stored (False): strict JSON cannot hold it, and the resume probes again
+    as before."""
+    from editscope.run.store import json_default
+
+    body = {"format": PRE_FORMAT, "key": key, "seconds": probes.seconds, "by_suite": probes.by_suite}
+    try:
+        text = json.dumps(body, default=json_default, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, dumps_sealed(text) + "\n")
+    return True
+
+
+def load_pre_probes(path: Path, key: list[Any]) -> tuple[Probes | None, str | None]:
+    """(the probes :func:`save_pre_probes` stored under ``key``, None) -- (None, None) without a file, (None, why)
+    for a file that cannot be used (damaged, or stored under another key): the caller probes again."""
+    from editscope.run.trial import Probes
+
+    if not path.is_file():
+        return None, None
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, f"not readable ({exc})"
+    if not isinstance(body, dict):
+        return None, "not a JSON object"
+    if damage(body, required=True) is not None:
+        return None, "does not match its digest (altered or corrupted)"
+    if body.get("format") != PRE_FORMAT or not isinstance(body.get("by_suite"), dict):
+        return None, f"not an editscope pre-probe file (format {body.get('format')!r})"
+    if body.get("key") != json.loads(json.dumps(key)):
+        return None, "stored for another config, model, group or case set"
+    return Probes(body["by_suite"], float(body["seconds"])), None
 
 
 def cases_digest(case_ids: list[str]) -> str:
@@ -347,7 +399,7 @@ def remove_chain_files(out_dir: str | Path) -> None:
     removal of its file leaves one behind, a kill while one was written its temporary file)."""
     folder = Path(out_dir) / CHAINS_DIR
     if folder.is_dir():
-        for path in [*folder.glob("*.safetensors"), *folder.glob(".*.tmp")]:
+        for path in [*folder.glob("*.safetensors"), *folder.glob("*.json"), *folder.glob(".*.tmp")]:
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()

@@ -52,7 +52,9 @@ def unit_key(dataset: str, case_id: str, method: str, checkpoint: int | None = N
     return (dataset, case_id, method if checkpoint is None else f"{method}@{checkpoint}")
 
 
-def _default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps``'s ``default`` for the values probes hold besides JSON's own: numpy and torch scalars and
+    arrays."""
     if hasattr(obj, "item"):  # numpy / torch scalars
         return obj.item()
     if hasattr(obj, "tolist"):
@@ -73,7 +75,7 @@ def dumps_row(row: dict[str, Any]) -> str:
     """One strict JSON line (no newline inside) ending in the row's digest (:mod:`editscope.rowdigest`). A non-finite
     float (a raw probe that underflowed, a metric over nothing) is written as ``null`` with the reason in the row's
     ``non_finite`` field (:mod:`editscope.finite`)."""
-    return dumps_sealed(json.dumps(with_reasons(row), default=_default, separators=(",", ":"), allow_nan=False))
+    return dumps_sealed(json.dumps(with_reasons(row), default=json_default, separators=(",", ":"), allow_nan=False))
 
 
 def read_results(path: str | Path, *, repair: bool = False, dedupe: bool = False) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from editscope.errors import EditscopeError
 from editscope.lm.engine import ChatFormat, ScoringEngine
 from editscope.lm.loading import Bundle
 from editscope.run.blocks import Block, assign_groups, load_blocks
-from editscope.run.chain import ChainHost, GroupChain
+from editscope.run.chain import ChainHost, GroupChain, load_pre_probes, pre_path, save_pre_probes
 from editscope.run.config import RunConfig
 from editscope.run.lengths import check_lengths
 from editscope.run.plan import Unit, base_label
@@ -130,8 +130,12 @@ class GroupWorker:
         def probe() -> Probes:
             return trial.probe(engine, cases, "pre").at(positions, len(members))
 
-        pre = probe() if self.pre_probes is None else self.pre_probes.get(
-            self.pre_key(engine, block, g, cases, positions, len(members)), probe)
+        key = self.pre_key(engine, block, g, cases, positions, len(members))
+        pre = self._stored_pre(block, g, key, len(cases)) if self.mode.resumable else None
+        if pre is None:
+            pre = probe() if self.pre_probes is None else self.pre_probes.get(key, probe)
+            if self.mode.resumable:
+                save_pre_probes(pre_path(self.out_dir, block.label, g), list(key), pre)
         for label in [m.label for m in self.config.methods]:
             if not todo[label]:
                 continue
@@ -141,6 +145,17 @@ class GroupWorker:
             else:
                 yield from self._edit_group(self._trial(block, work.methods[label]), block, g, members, pre, engine,
                                             todo[label])
+
+    def _stored_pre(self, block: Block, g: int, key: tuple, n_cases: int) -> Probes | None:
+        """A chained group's pre probes as its first run stored them (:func:`~editscope.run.chain.save_pre_probes`),
+        or None (no usable file: a damaged or foreign one is named in a warning)."""
+        path = pre_path(self.out_dir, block.label, g)
+        pre, problem = load_pre_probes(path, list(key))
+        if problem is not None:
+            self.log(f"warning: {path}: {problem}; probing the unedited model again")
+        elif pre is not None:
+            self.log(f"{block.label} group {g}: the unedited model's probes of {n_cases} case(s) read from {path}")
+        return pre
 
     def pre_key(self, engine: ScoringEngine, block: Block, g: int, cases: Sequence[Case], positions: Sequence[int],
                 size: int) -> tuple:
