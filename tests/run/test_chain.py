@@ -102,3 +102,30 @@ def test_alphaedit_state_round_trips_and_checks_its_entries():
         AlphaEditState.from_state_dict(tensors, {"null_dims": {"3": 2}}, "f")
     with pytest.raises(EditscopeError, match="unexpected tensor"):
         NoState.from_state_dict({"x": torch.zeros(1)}, {}, "f")
+
+
+def test_stored_pre_probes_come_back_equal_and_only_under_their_key(tmp_path):
+    """The pre probes a chained group stores read back equal (numpy scalars as the numbers they hold), under the key
+    they were stored with only; a probe with a non-finite value is not stored; a file that is not one is named."""
+    import numpy as np
+
+    from editscope.run.chain import load_pre_probes, pre_path, save_pre_probes
+    from editscope.run.trial import Probes
+
+    path = pre_path(tmp_path, "counterfact", 3)
+    assert path.parent.name == "chains" and path.suffix == ".json"
+    probes = Probes({"counterfact": [{"lp": [-1.25, -0.1], "n": np.int64(4), "ids": (7, 8)}, None],
+                     "wild": [{"answer": "Paris"}, None]}, 0.5)
+    key = ["digest", "fingerprint", "counterfact", 3, ("a", "b"), (0,), 2]
+    assert load_pre_probes(path, key) == (None, None)  # no file yet
+    assert save_pre_probes(path, key, probes)
+    got, problem = load_pre_probes(path, key)
+    assert problem is None and got.seconds == 0.5
+    assert got.by_suite == {"counterfact": [{"lp": [-1.25, -0.1], "n": 4, "ids": [7, 8]}, None],
+                            "wild": [{"answer": "Paris"}, None]}
+    assert load_pre_probes(path, key[:-1] + [3]) == (None, "stored for another config, model, group or case set")
+    path.write_text("[1, 2]")
+    assert load_pre_probes(path, key) == (None, "not a JSON object")
+    path.unlink()
+    assert not save_pre_probes(path, key, Probes({"counterfact": [{"lp": [float("-inf")]}]}, 0.1))
+    assert not path.exists()
