@@ -131,11 +131,12 @@ class GroupWorker:
             return trial.probe(engine, cases, "pre").at(positions, len(members))
 
         key = self.pre_key(engine, block, g, cases, positions, len(members))
-        pre = self._stored_pre(block, g, key, len(cases)) if self.mode.resumable else None
+        stored = pre_path(self.out_dir, block.label, g) if self.mode.resumable else None  # a chain's: kept on disk
+        pre = self._stored_pre(stored, block, g, key, len(cases)) if stored is not None else None
         if pre is None:
             pre = probe() if self.pre_probes is None else self.pre_probes.get(key, probe)
-            if self.mode.resumable:
-                save_pre_probes(pre_path(self.out_dir, block.label, g), list(key), pre)
+            if stored is not None:
+                save_pre_probes(stored, list(key), pre)
         for label in [m.label for m in self.config.methods]:
             if not todo[label]:
                 continue
@@ -146,10 +147,10 @@ class GroupWorker:
                 yield from self._edit_group(self._trial(block, work.methods[label]), block, g, members, pre, engine,
                                             todo[label])
 
-    def _stored_pre(self, block: Block, g: int, key: tuple, n_cases: int) -> Probes | None:
-        """A chained group's pre probes as its first run stored them (:func:`~editscope.run.chain.save_pre_probes`),
-        or None (no usable file: a damaged or foreign one is named in a warning)."""
-        path = pre_path(self.out_dir, block.label, g)
+    def _stored_pre(self, path: Path, block: Block, g: int, key: tuple, n_cases: int) -> Probes | None:
+        """A chained group's pre probes as its first run stored them in ``path``
+        (:func:`~editscope.run.chain.save_pre_probes`), or None (no usable file: a damaged or foreign one is named in
+        a warning)."""
         pre, problem = load_pre_probes(path, list(key))
         if problem is not None:
             self.log(f"warning: {path}: {problem}; probing the unedited model again")
